@@ -1,0 +1,110 @@
+//! The `wirl` command.
+
+mod inspect;
+mod score;
+mod tasks;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "wirl", version, about = "Reinforcement-learning post-training with sandboxed WebAssembly plugins")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Score completions with a reward plugin: JSONL in, JSONL out, a summary on stderr.
+    Score(score::Args),
+    /// Print tasks of an environment plugin as JSONL.
+    Tasks(tasks::Args),
+    /// Work with plugin files.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Show a plugin's world, WIT version, sha256, imports and size.
+    Inspect(inspect::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WIRL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,wirl::plugin=info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Score(args) => score::run(args),
+        Command::Tasks(args) => tasks::run(args),
+        Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Plugin options shared by the commands that load one plugin from the command line.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PluginArgs {
+    /// The plugin component (`.wasm`).
+    #[arg(long)]
+    plugin: std::path::PathBuf,
+    /// A plugin config value, `KEY=VALUE`, where VALUE is JSON (a bare word is a string).
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    config: Vec<String>,
+    /// Wall-clock deadline per call, in milliseconds.
+    #[arg(long)]
+    deadline_ms: Option<u64>,
+    /// Memory cap per instance, in MiB.
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// Fuel per call (turns fuel metering on).
+    #[arg(long)]
+    fuel: Option<u64>,
+    /// Keep one instance across calls instead of a fresh one per call.
+    #[arg(long)]
+    reuse_instance: bool,
+    /// Grant read-only access to this directory (seen by the plugin as /data).
+    #[arg(long, value_name = "DIR")]
+    read_only_dir: Option<std::path::PathBuf>,
+}
+
+impl PluginArgs {
+    /// The sandbox and the loaded plugin these options describe.
+    pub fn load(&self) -> anyhow::Result<(wirl_sandbox::Sandbox, std::sync::Arc<wirl_sandbox::Plugin>)> {
+        let mut spec = wirl_sandbox::PluginSpec::new(&self.plugin);
+        for pair in &self.config {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--config {pair:?}: expected KEY=VALUE, for example tolerance=0.01"))?;
+            let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+            spec.config.insert(key.to_string(), value);
+        }
+        if let Some(ms) = self.deadline_ms {
+            spec.limits.deadline_ms = ms;
+        }
+        if let Some(mib) = self.memory_mib {
+            spec.limits.memory_bytes = mib << 20;
+        }
+        spec.limits.fuel = self.fuel;
+        spec.limits.reuse_instance = self.reuse_instance;
+        spec.grants.read_only_dir = self.read_only_dir.clone();
+        let settings = wirl_sandbox::SandboxSettings { fuel: self.fuel.is_some(), ..Default::default() };
+        let sandbox = wirl_sandbox::Sandbox::new(settings)?;
+        let plugin = sandbox.load(spec)?;
+        Ok((sandbox, plugin))
+    }
+}

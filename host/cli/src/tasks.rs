@@ -1,0 +1,34 @@
+//! `wirl tasks`: the tasks of an environment plugin, as JSONL.
+
+use crate::PluginArgs;
+use std::io::Write;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    plugin: PluginArgs,
+    /// The task set's seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Index of the first task.
+    #[arg(long, default_value_t = 0)]
+    start: u64,
+    /// Number of tasks.
+    #[arg(long, default_value_t = 10)]
+    count: u64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let (_sandbox, plugin) = args.plugin.load()?;
+    let mut environment = wirl_sandbox::EnvironmentPlugin::new(plugin)?;
+    let mut out = std::io::stdout().lock();
+    for index in args.start..args.start + args.count {
+        let task = environment
+            .task_at(args.seed, index)
+            .map_err(|failure| anyhow::anyhow!("task {index} of seed {}: {failure}", args.seed))?;
+        serde_json::to_writer(&mut out, &serde_json::json!({ "task": task }))?;
+        writeln!(out)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

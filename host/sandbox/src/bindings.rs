@@ -1,0 +1,47 @@
+//! The one place that generates host bindings of the `wirl:rl` worlds.
+
+pub(crate) mod reward_world {
+    wasmtime::component::bindgen!({
+        world: "reward-plugin",
+        path: "../../wit",
+        additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+    });
+}
+
+pub(crate) mod environment_world {
+    wasmtime::component::bindgen!({
+        world: "environment-plugin",
+        path: "../../wit",
+        additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+        with: {
+            "wirl:rl/types": super::reward_world::wirl::rl::types,
+            "wirl:rl/config": super::reward_world::wirl::rl::config,
+        },
+    });
+}
+
+pub use environment_world::exports::wirl::rl::environment::{Description, StepResult};
+pub use reward_world::wirl::rl::types::{Message, Score, Task};
+
+impl Message {
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        Message { role: role.to_string(), content: content.into() }
+    }
+}
+
+impl Task {
+    /// Bytes of text in this task, for the return-size limit.
+    pub(crate) fn text_bytes(&self) -> usize {
+        self.id.len()
+            + self.messages.iter().map(|m| m.role.len() + m.content.len()).sum::<usize>()
+            + self.answer.as_ref().map_or(0, String::len)
+            + self.metadata.as_ref().map_or(0, String::len)
+    }
+}
+
+impl Score {
+    /// Bytes of text in this score, for the return-size limit.
+    pub(crate) fn text_bytes(&self) -> usize {
+        self.parts.iter().map(|(name, _)| name.len() + 4).sum::<usize>() + self.note.as_ref().map_or(0, String::len) + 4
+    }
+}

@@ -1,0 +1,65 @@
+//! Compiled components on disk, keyed by what makes compiled code reusable: the component's
+//! bytes, the wasmtime version and the engine's settings.
+
+use sha2::{Digest, Sha256};
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// Load `bytes` (whose sha256 is `sha256`) as a component, from the cache when possible.
+pub(crate) fn load(
+    engine: &Engine,
+    cache_dir: Option<&Path>,
+    bytes: &[u8],
+    sha256: &str,
+) -> wasmtime::Result<Component> {
+    let Some(dir) = cache_dir else {
+        return Component::new(engine, bytes);
+    };
+    let path = entry_path(engine, dir, sha256);
+    if path.exists() {
+        // SAFETY: the file was written by `Engine::precompile_component` of an engine with
+        // the same settings and version (both are in its name), into wirl's own cache
+        // directory; a file that fails to deserialize is compiled again below.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(component) => return Ok(component),
+            Err(error) => tracing::warn!("recompiling: cached component {} unusable: {error}", path.display()),
+        }
+    }
+    let compiled = engine.precompile_component(bytes)?;
+    if let Err(error) = write_atomically(&path, &compiled) {
+        tracing::warn!("cannot cache compiled component in {}: {error}", path.display());
+        return Component::new(engine, bytes);
+    }
+    // SAFETY: as above; this is the file just written from `precompile_component`.
+    unsafe { Component::deserialize_file(engine, &path) }
+}
+
+fn entry_path(engine: &Engine, dir: &Path, sha256: &str) -> PathBuf {
+    let mut settings = std::hash::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut settings);
+    let key = Sha256::new()
+        .chain_update(sha256.as_bytes())
+        .chain_update(env!("CARGO_PKG_VERSION").as_bytes())
+        .chain_update(wasmtime_version().as_bytes())
+        .chain_update(settings.finish().to_le_bytes())
+        .finalize();
+    dir.join(format!("{}.cwasm", hex::encode(&key[..16])))
+}
+
+fn wasmtime_version() -> &'static str {
+    // Pinned in the workspace manifest; part of the key so an upgrade never loads old code.
+    "48.0.8"
+}
+
+/// Write to a temporary file in the same directory and rename, so that a crash never
+/// leaves a half-written entry under the final name.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().expect("cache entries live in a directory");
+    std::fs::create_dir_all(dir)?;
+    let tmp =
+        dir.join(format!(".{}.{}.tmp", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

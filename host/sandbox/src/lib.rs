@@ -1,0 +1,51 @@
+//! wirl's WebAssembly component host.
+//!
+//! Loads task-specific code — rewards, environments, agents, code runners — as sandboxed
+//! components of the WIT package `wirl:rl@0.1.0` and calls it under limits. Whatever a
+//! plugin does (loop, allocate, overflow its stack, print without end, return 100 MB,
+//! reach for files, environment or sockets), the call ends with a [`Failure`] that names
+//! what happened, and the next call works.
+//!
+//! - [`Limits`] and [`SandboxSettings`]: every default in one place, each with its reason.
+//! - [`Sandbox`]: one wasmtime engine (pooling allocator, epoch ticker, on-disk cache of
+//!   compiled components) that loads [`Plugin`]s.
+//! - [`Plugin`]: a loaded component, known by the sha256 of its bytes, of a known [`World`].
+//! - [`RewardPlugin`], [`EnvironmentPlugin`]: typed handles that call one world.
+
+mod bindings;
+mod cache;
+mod call;
+mod environment;
+mod limits;
+mod plugin;
+mod reward;
+mod sandbox;
+mod world;
+
+pub use bindings::{Description, Message, Score, StepResult, Task};
+pub use call::{CallStats, Failure, FailureKind};
+pub use environment::{EnvironmentPlugin, Episode};
+pub use limits::{Grants, Limits, SandboxSettings};
+pub use plugin::{Plugin, PluginSpec};
+pub use reward::RewardPlugin;
+pub use sandbox::Sandbox;
+pub use world::{WIT_PACKAGE, WIT_VERSION, World};
+
+use std::path::PathBuf;
+
+/// Why a plugin could not be loaded or used. Each names the file and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read plugin file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("plugin {path} refused: {reason}")]
+    Refused { path: PathBuf, reason: String },
+    #[error("plugin `{name}` ({path}) is a {found}, but {wanted} is needed here")]
+    WrongWorld { name: String, path: PathBuf, found: World, wanted: String },
+    #[error("plugin `{name}`: {message}")]
+    Config { name: String, message: String },
+    #[error("sandbox engine: {0}")]
+    Engine(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,226 @@
+//! A loaded plugin: its component, identity, world, and how to make a store for it.
+
+use crate::call::{self, BoundedOutput, Failure, FailureKind, HostState};
+use crate::limits::{Grants, Limits};
+use crate::world::World;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use wasmtime::component::InstancePre;
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+/// What to load and how to run it: one plugin entry of the wirl config.
+#[derive(Clone, Debug)]
+pub struct PluginSpec {
+    /// The name in logs, metrics and errors.
+    pub name: String,
+    /// The `.wasm` component.
+    pub path: PathBuf,
+    pub limits: Limits,
+    pub grants: Grants,
+    /// The plugin's own settings, readable through `wirl:rl/config`.
+    pub config: serde_json::Map<String, serde_json::Value>,
+}
+
+impl PluginSpec {
+    /// A spec with default limits, no grants and no config, named after the file.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        let name = path.file_stem().map_or_else(|| "plugin".to_string(), |s| s.to_string_lossy().into_owned());
+        PluginSpec { name, path, limits: Limits::default(), grants: Grants::default(), config: Default::default() }
+    }
+}
+
+/// A loaded, validated plugin. Cheap to share: instances are made from it per call.
+pub struct Plugin {
+    pub(crate) spec: PluginSpec,
+    pub(crate) config: Arc<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) sha256: String,
+    pub(crate) size: u64,
+    pub(crate) world: World,
+    pub(crate) wit_version: String,
+    pub(crate) imports: Vec<String>,
+    pub(crate) exports: Vec<String>,
+    pub(crate) engine: Engine,
+    pub(crate) pre: InstancePre<HostState>,
+    pub(crate) epoch_tick_ms: u64,
+    pub(crate) fuel_enabled: bool,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.spec.name)
+            .field("world", &self.world)
+            .field("sha256", &self.sha256)
+            .finish()
+    }
+}
+
+impl Plugin {
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+    pub fn path(&self) -> &Path {
+        &self.spec.path
+    }
+    /// The sha256 of the component's bytes, in hex: the plugin's identity in rollouts and
+    /// checkpoints.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn world(&self) -> World {
+        self.world
+    }
+    /// The `wirl:rl` version the component was built against.
+    pub fn wit_version(&self) -> &str {
+        &self.wit_version
+    }
+    /// Every import of the component, as interface names.
+    pub fn imports(&self) -> &[String] {
+        &self.imports
+    }
+    pub fn exports(&self) -> &[String] {
+        &self.exports
+    }
+    pub fn limits(&self) -> &Limits {
+        &self.spec.limits
+    }
+    pub fn spec(&self) -> &PluginSpec {
+        &self.spec
+    }
+
+    /// A fresh store with this plugin's capabilities, limits and guards; armed for a call.
+    pub(crate) fn new_store(&self) -> Result<Store<HostState>, Failure> {
+        let limits = &self.spec.limits;
+        let stdout = BoundedOutput::new(limits.max_print_bytes);
+        let stderr = BoundedOutput::new(limits.max_print_bytes);
+        let mut wasi = WasiCtxBuilder::new();
+        // No inherited environment, arguments, stdin, preopens or network: the builder's
+        // defaults deny them all. Only grants open something.
+        wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        if let Some(dir) = &self.spec.grants.read_only_dir {
+            wasi.preopened_dir(dir, "/data", FsPerms::ReadOnly).map_err(|e| Failure {
+                kind: FailureKind::Instantiate,
+                message: format!("cannot grant read-only directory {}: {e}", dir.display()),
+            })?;
+        }
+        let state = HostState::new(wasi.build(), limits, self.config.clone(), stdout, stderr);
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limiter);
+        call::arm(&mut store, limits, self.epoch_tick_ms, self.fuel_enabled);
+        Ok(store)
+    }
+
+    /// Arm a store for the next call.
+    pub(crate) fn arm(&self, store: &mut Store<HostState>) {
+        call::arm(store, &self.spec.limits, self.epoch_tick_ms, self.fuel_enabled);
+    }
+
+    /// Log what the guest printed during a call (tagged with the plugin) and return stderr's
+    /// tail, which holds a panic's message.
+    pub(crate) fn drain_prints(&self, store: &Store<HostState>) -> Option<String> {
+        let (stdout, _) = store.data().stdout.take();
+        let (stderr, _) = store.data().stderr.take();
+        log_prints(&self.spec.name, "stdout", &stdout);
+        log_prints(&self.spec.name, "stderr", &stderr);
+        call::stderr_tail(&stderr)
+    }
+
+    /// The verdict on a failed call, with the guest's last stderr lines when it trapped.
+    pub(crate) fn failure(&self, store: &Store<HostState>, error: &wasmtime::Error) -> Failure {
+        let mut failure = call::classify(store, error, &self.spec.limits);
+        if let Some(tail) = self.drain_prints(store)
+            && matches!(failure.kind, FailureKind::Trap)
+        {
+            failure.message = format!("{} (stderr: {tail})", failure.message);
+        }
+        failure
+    }
+
+    /// Check the byte size of a result against `max_return_bytes`.
+    pub(crate) fn check_return_size(&self, bytes: usize) -> Result<(), Failure> {
+        let limit = self.spec.limits.max_return_bytes;
+        if bytes as u64 > limit {
+            return Err(Failure {
+                kind: FailureKind::OutputTooLarge,
+                message: format!("returned {bytes} bytes, more than the limit of {limit}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Log a call's prints, tagged with the plugin: the first lines and a count of the rest, so
+/// that a chatty plugin cannot drown the trainer's own log.
+fn log_prints(plugin: &str, stream: &str, text: &str) {
+    const MAX_LINES: usize = 20;
+    let mut lines = text.lines();
+    for line in lines.by_ref().take(MAX_LINES) {
+        tracing::info!(target: "wirl::plugin", plugin, "{stream}: {line}");
+    }
+    let rest = lines.count();
+    if rest > 0 {
+        tracing::info!(target: "wirl::plugin", plugin, "{stream}: … {rest} more lines not shown");
+    }
+}
+
+/// Instances of one plugin for one world's bindings `B`: a fresh one per call, or one kept
+/// across calls when the plugin opts in. An instance that failed is always dropped, since a
+/// trap leaves it in an unknown state.
+pub(crate) struct Instances<B> {
+    pub(crate) plugin: Arc<Plugin>,
+    reused: Option<(Store<HostState>, B)>,
+    pub(crate) last: crate::CallStats,
+}
+
+impl<B> Instances<B> {
+    pub(crate) fn new(plugin: Arc<Plugin>) -> Self {
+        Instances { plugin, reused: None, last: Default::default() }
+    }
+
+    /// Run `call` on an instance made by `instantiate` (or the kept one), under the limits.
+    pub(crate) fn call<R>(
+        &mut self,
+        instantiate: impl FnOnce(&mut Store<HostState>) -> wasmtime::Result<B>,
+        call: impl FnOnce(&mut Store<HostState>, &B) -> wasmtime::Result<R>,
+    ) -> Result<R, Failure> {
+        let started = std::time::Instant::now();
+        let (mut store, bindings) = match self.reused.take() {
+            Some((mut store, bindings)) => {
+                self.plugin.arm(&mut store);
+                (store, bindings)
+            }
+            None => {
+                let mut store = self.plugin.new_store()?;
+                match instantiate(&mut store) {
+                    Ok(bindings) => (store, bindings),
+                    Err(error) => {
+                        let mut failure = self.plugin.failure(&store, &error);
+                        failure.message = format!("while instantiating: {}", failure.message);
+                        if failure.kind == FailureKind::Trap {
+                            failure.kind = FailureKind::Instantiate;
+                        }
+                        return Err(failure);
+                    }
+                }
+            }
+        };
+        let instantiated = std::time::Instant::now();
+        let result = call(&mut store, &bindings);
+        self.last = crate::CallStats { instantiate: instantiated - started, call: instantiated.elapsed() };
+        match result {
+            Ok(value) => {
+                self.plugin.drain_prints(&store);
+                if self.plugin.spec.limits.reuse_instance {
+                    self.reused = Some((store, bindings));
+                }
+                Ok(value)
+            }
+            Err(error) => Err(self.plugin.failure(&store, &error)),
+        }
+    }
+}

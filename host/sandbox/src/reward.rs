@@ -1,0 +1,85 @@
+//! Typed calls into a reward plugin.
+
+use crate::bindings::reward_world::{RewardPlugin as Bindings, RewardPluginPre};
+use crate::call::{CallStats, Failure, HostState};
+use crate::plugin::{Instances, Plugin};
+use crate::{Error, Result, Score, Task, World};
+use std::sync::Arc;
+
+/// A reward plugin ready to score. Not shared between threads: make one per worker from the
+/// same [`Plugin`] (cheap; the compiled code is shared).
+pub struct RewardPlugin {
+    pre: RewardPluginPre<HostState>,
+    instances: Instances<Bindings>,
+}
+
+impl RewardPlugin {
+    pub fn new(plugin: Arc<Plugin>) -> Result<Self> {
+        if plugin.world() != World::RewardPlugin {
+            return Err(Error::WrongWorld {
+                name: plugin.name().to_string(),
+                path: plugin.path().to_path_buf(),
+                found: plugin.world(),
+                wanted: "a reward-plugin".to_string(),
+            });
+        }
+        let pre = RewardPluginPre::new(plugin.pre.clone())
+            .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?;
+        Ok(RewardPlugin { pre, instances: Instances::new(plugin) })
+    }
+
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.instances.plugin
+    }
+
+    /// Time spent instantiating and calling in the last call.
+    pub fn last_call(&self) -> CallStats {
+        self.instances.last
+    }
+
+    /// Score one completion.
+    pub fn score(&mut self, task: &Task, completion: &str) -> Result<Score, Failure> {
+        let pre = &self.pre;
+        let verdict = self.instances.call(
+            |store| pre.instantiate(store),
+            |store, bindings| bindings.wirl_rl_reward().call_score_completion(store, task, completion),
+        )?;
+        let plugin = &self.instances.plugin;
+        match verdict {
+            Ok(score) => {
+                plugin.check_return_size(score.text_bytes())?;
+                Ok(score)
+            }
+            Err(reason) => {
+                plugin.check_return_size(reason.len())?;
+                Err(Failure::guest(reason))
+            }
+        }
+    }
+
+    /// Score the completions of one group in one call. A failed call fails every completion
+    /// with the same verdict.
+    pub fn score_group(&mut self, task: &Task, completions: &[String]) -> Vec<Result<Score, Failure>> {
+        let pre = &self.pre;
+        let verdicts = self.instances.call(
+            |store| pre.instantiate(store),
+            |store, bindings| bindings.wirl_rl_reward().call_score_group(store, task, completions),
+        );
+        let verdicts = verdicts.and_then(|verdicts| {
+            let bytes: usize = verdicts.iter().map(|v| v.as_ref().map_or_else(String::len, Score::text_bytes)).sum();
+            self.instances.plugin.check_return_size(bytes)?;
+            if verdicts.len() != completions.len() {
+                return Err(Failure::guest(format!(
+                    "score-group returned {} results for {} completions",
+                    verdicts.len(),
+                    completions.len()
+                )));
+            }
+            Ok(verdicts)
+        });
+        match verdicts {
+            Ok(verdicts) => verdicts.into_iter().map(|v| v.map_err(Failure::guest)).collect(),
+            Err(failure) => vec![Err(failure); completions.len()],
+        }
+    }
+}

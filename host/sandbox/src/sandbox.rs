@@ -1,0 +1,189 @@
+//! The engine that loads and runs plugins: wasmtime configured for isolation and speed.
+
+use crate::bindings::reward_world::wirl::rl::config;
+use crate::call::HostState;
+use crate::limits::SandboxSettings;
+use crate::plugin::{Plugin, PluginSpec};
+use crate::world::{self, WIT_PACKAGE, World};
+use crate::{Error, Result, cache};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use wasmtime::component::{HasSelf, Linker, types::ComponentItem};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// Loads plugins and runs them. One per process is enough; plugins share its engine.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<HostState>,
+    settings: SandboxSettings,
+}
+
+impl Sandbox {
+    pub fn new(settings: SandboxSettings) -> Result<Self> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        // Deadlines: guest code checks an epoch counter that a ticker thread advances.
+        config.epoch_interruption(true);
+        config.consume_fuel(settings.fuel);
+        // A fresh instance per call must be cheap: the pooling allocator reuses
+        // pre-reserved slots and resets memory with copy-on-write instead of mmap churn.
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(settings.max_instances);
+        pool.total_core_instances(settings.max_instances * 8);
+        pool.total_memories(settings.max_instances * 2);
+        pool.total_tables(settings.max_instances * 8);
+        pool.max_memory_size(settings.max_memory_bytes as usize);
+        pool.max_memories_per_component(4);
+        pool.max_tables_per_component(16);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(|e| Error::Engine(format!("{e:#}")))?;
+
+        start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
+        Ok(Sandbox { engine, linker, settings })
+    }
+
+    pub fn settings(&self) -> &SandboxSettings {
+        &self.settings
+    }
+
+    /// Read, validate, compile (or take from the cache) and prepare a plugin.
+    pub fn load(&self, spec: PluginSpec) -> Result<Arc<Plugin>> {
+        let path = spec.path.clone();
+        let refused = |reason: String| Error::Refused { path: path.clone(), reason };
+        let bytes = std::fs::read(&path).map_err(|source| Error::Read { path: path.clone(), source })?;
+        sniff(&bytes).map_err(refused)?;
+        if spec.limits.memory_bytes > self.settings.max_memory_bytes {
+            return Err(Error::Config {
+                name: spec.name.clone(),
+                message: format!(
+                    "limits.memory_bytes = {} is above this sandbox's maximum of {}; lower it",
+                    spec.limits.memory_bytes, self.settings.max_memory_bytes
+                ),
+            });
+        }
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let component = cache::load(&self.engine, self.settings.cache_dir.as_deref(), &bytes, &sha256)
+            .map_err(|e| refused(format!("it is not a valid component: {}", one_line(&e))))?;
+
+        let ty = component.component_type();
+        let exports: Vec<String> = ty.exports(&self.engine).map(|(name, _)| name.to_string()).collect();
+        let imports: Vec<String> = ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect();
+        let world = world::detect_world(&exports, &imports).map_err(refused)?;
+        let wit_version = exports
+            .iter()
+            .filter_map(|name| world::parse_interface_name(name))
+            .find(|name| name.package == WIT_PACKAGE)
+            .and_then(|name| name.version)
+            .unwrap_or("unversioned")
+            .to_string();
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            refused(match missing_imports(&imports, &ty, &self.engine, world) {
+                Some(message) => message,
+                None => format!("it cannot be linked: {}", one_line(&e)),
+            })
+        })?;
+        tracing::debug!(plugin = %spec.name, %world, sha256 = %sha256, "loaded");
+        Ok(Arc::new(Plugin {
+            config: Arc::new(spec.config.clone()),
+            size: bytes.len() as u64,
+            spec,
+            sha256,
+            world,
+            wit_version,
+            imports,
+            exports,
+            engine: self.engine.clone(),
+            pre,
+            epoch_tick_ms: self.settings.epoch_tick_ms.max(1),
+            fuel_enabled: self.settings.fuel,
+        }))
+    }
+}
+
+/// Refuse what is plainly not a component before handing bytes to the compiler, with a
+/// message that says what the file is instead.
+fn sniff(bytes: &[u8]) -> std::result::Result<(), String> {
+    if bytes.is_empty() {
+        return Err("the file is empty".into());
+    }
+    if bytes.starts_with(b"\0asm") {
+        return match bytes.get(4..8) {
+            Some([1, 0, 0, 0]) => Err("it is a core WebAssembly module, not a component: build it for \
+                 wasm32-wasip2, or wrap it with `wasm-tools component new`"
+                .into()),
+            Some([_, _, 1, 0]) => Ok(()),
+            _ => Err("it has a WebAssembly header of an unknown version or layer".into()),
+        };
+    }
+    // Components may also be given as WebAssembly text.
+    let text_start = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if text_start == Some(&b'(') || bytes.starts_with(b";;") {
+        return Ok(());
+    }
+    Err("it is not a WebAssembly file (no `\\0asm` header)".into())
+}
+
+/// Name imports that the host does not provide. `None` when every import is one we know,
+/// so the linker's own error is shown.
+fn missing_imports(
+    imports: &[String],
+    ty: &wasmtime::component::types::Component,
+    engine: &Engine,
+    world: World,
+) -> Option<String> {
+    let provided = |name: &str| {
+        name.starts_with("wasi:")
+            || world::parse_interface_name(name).is_some_and(|p| p.package == WIT_PACKAGE && p.interface == "config")
+    };
+    let missing: Vec<&String> = imports.iter().filter(|name| !provided(name)).collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = missing
+        .iter()
+        .map(|name| match ty.imports(engine).find(|(n, _)| n == name) {
+            Some((_, item)) if matches!(item.ty, ComponentItem::ComponentFunc(_)) => format!("function `{name}`"),
+            _ => format!("`{name}`"),
+        })
+        .collect();
+    let hint = match world {
+        World::GraderPlugin | World::AgentPlugin => {
+            format!(" (the host for {world} components, which provides their imports, is not in this version yet)")
+        }
+        _ => String::new(),
+    };
+    Some(format!(
+        "it imports {}, which this host does not provide{hint}; a {world} may import only WASI 0.2 \
+         and {WIT_PACKAGE}/config",
+        shown.join(", ")
+    ))
+}
+
+fn one_line(error: &wasmtime::Error) -> String {
+    format!("{error:#}").replace('\n', " ")
+}
+
+/// Advance the engine's epoch every tick (a deadline is a number of ticks) for as long as
+/// the engine lives: plugins keep it alive after the `Sandbox` is gone, and their deadlines
+/// must still hold.
+fn start_epoch_ticker(engine: &Engine, tick: Duration) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("wirl-epoch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(tick);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        .expect("spawning the epoch ticker thread");
+}

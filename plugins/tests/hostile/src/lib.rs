@@ -1,0 +1,70 @@
+//! A reward plugin that misbehaves on request, for the sandbox's tests: the completion
+//! names the misbehaviour. Anything else is scored normally (reward = its length), so a
+//! test can check that the call after a misbehaving one works.
+
+use std::hint::black_box;
+use wirl_sdk::reward::{Reward, Score, Task};
+
+struct Hostile;
+
+impl Reward for Hostile {
+    fn score(_task: Task, completion: String) -> Result<Score, String> {
+        match completion.as_str() {
+            "loop" => loop {
+                black_box(());
+            },
+            "memory-bomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(black_box(vec![1u8; 1 << 20]));
+                }
+            }
+            "stack-overflow" => Ok(Score::new(recurse_natively(black_box(1)) as f32)),
+            "shadow-stack-overflow" => Ok(Score::new(recurse_in_memory(black_box(1)) as f32)),
+            "huge-output" => Ok(Score::new(0.0).note("x".repeat(100 << 20))),
+            "panic" => panic!("the hostile plugin panics on purpose"),
+            "unreachable" => std::process::abort(),
+            "print-forever" => loop {
+                println!("spam spam spam spam spam spam spam spam spam spam spam spam");
+            },
+            "print-some" => {
+                println!("hello from the guest");
+                eprintln!("a warning from the guest");
+                Ok(Score::new(1.0))
+            }
+            "read-passwd" => match std::fs::read_to_string("/etc/passwd") {
+                Ok(text) => Ok(Score::new(1.0).note(text)),
+                Err(e) => Err(format!("cannot read /etc/passwd: {e}")),
+            },
+            "list-root" => match std::fs::read_dir("/") {
+                Ok(entries) => Ok(Score::new(entries.count() as f32)),
+                Err(e) => Err(format!("cannot list /: {e}")),
+            },
+            "env" => {
+                let vars: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
+                Ok(Score::new(vars.len() as f32).note(vars.join(",")))
+            }
+            "socket" => match std::net::TcpStream::connect("127.0.0.1:22") {
+                Ok(_) => Ok(Score::new(1.0).note("connected")),
+                Err(e) => Err(format!("cannot connect: {e}")),
+            },
+            "guest-error" => Err("the completion is unscorable, says the guest".into()),
+            other => Ok(Score::new(other.len() as f32)),
+        }
+    }
+}
+
+/// Frames of scalars only: they live on WebAssembly's own stack, which the host bounds.
+#[inline(never)]
+fn recurse_natively(depth: u64) -> u64 {
+    if black_box(depth) == 0 { 0 } else { recurse_natively(depth + 1).wrapping_add(depth) }
+}
+
+/// An array in every frame: it lives on the shadow stack in linear memory, below the data.
+#[inline(never)]
+fn recurse_in_memory(depth: u64) -> u64 {
+    let buffer = black_box([depth; 64]);
+    if buffer[0] == 0 { 0 } else { recurse_in_memory(depth + 1) + buffer[63] }
+}
+
+wirl_sdk::register_reward!(Hostile);
