@@ -1,1 +1,28 @@
+//! wirl's integration tests: the real host, real guest components (built by
+//! `wirl-test-artifacts`), and the real `wirl` binary.
 
+mod cli;
+mod plugins;
+mod sandbox;
+
+use std::sync::Arc;
+use wirl_sandbox::{Plugin, PluginSpec, Sandbox, SandboxSettings, Task};
+
+/// A sandbox whose compiled-component cache is private to the test.
+pub fn sandbox() -> (Sandbox, tempfile::TempDir) {
+    sandbox_with(SandboxSettings::default())
+}
+
+pub fn sandbox_with(settings: SandboxSettings) -> (Sandbox, tempfile::TempDir) {
+    let cache = tempfile::tempdir().unwrap();
+    let settings = SandboxSettings { cache_dir: Some(cache.path().to_path_buf()), ..settings };
+    (Sandbox::new(settings).unwrap(), cache)
+}
+
+pub fn load(sandbox: &Sandbox, path: &str) -> Arc<Plugin> {
+    sandbox.load(PluginSpec::new(path)).unwrap()
+}
+
+pub fn task(id: &str, answer: Option<&str>) -> Task {
+    Task { id: id.to_string(), messages: Vec::new(), answer: answer.map(str::to_string), metadata: None }
+}

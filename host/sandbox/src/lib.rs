@@ -36,11 +36,11 @@ use std::path::PathBuf;
 /// Why a plugin could not be loaded or used. Each names the file and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read plugin file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot read plugin file {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
     #[error("plugin {path} refused: {reason}")]
     Refused { path: PathBuf, reason: String },
-    #[error("plugin `{name}` ({path}) is a {found}, but {wanted} is needed here")]
+    #[error("plugin `{name}` ({path}) implements the {found} world, but {wanted} is needed here")]
     WrongWorld { name: String, path: PathBuf, found: World, wanted: String },
     #[error("plugin `{name}`: {message}")]
     Config { name: String, message: String },

@@ -12,6 +12,8 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+const KEEP_RESIDENT: usize = 256 << 10;
+
 /// Loads plugins and runs them. One per process is enough; plugins share its engine.
 pub struct Sandbox {
     engine: Engine,
@@ -36,6 +38,8 @@ impl Sandbox {
         pool.max_memory_size(settings.max_memory_bytes as usize);
         pool.max_memories_per_component(4);
         pool.max_tables_per_component(16);
+        pool.linear_memory_keep_resident(KEEP_RESIDENT);
+        pool.table_keep_resident(KEEP_RESIDENT);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
 
@@ -56,7 +60,7 @@ impl Sandbox {
     pub fn load(&self, spec: PluginSpec) -> Result<Arc<Plugin>> {
         let path = spec.path.clone();
         let refused = |reason: String| Error::Refused { path: path.clone(), reason };
-        let bytes = std::fs::read(&path).map_err(|source| Error::Read { path: path.clone(), source })?;
+        let bytes = std::fs::read(&path).map_err(|error| Error::Read { path: path.clone(), error })?;
         sniff(&bytes).map_err(refused)?;
         if spec.limits.memory_bytes > self.settings.max_memory_bytes {
             return Err(Error::Config {
@@ -139,7 +143,8 @@ fn missing_imports(
 ) -> Option<String> {
     let provided = |name: &str| {
         name.starts_with("wasi:")
-            || world::parse_interface_name(name).is_some_and(|p| p.package == WIT_PACKAGE && p.interface == "config")
+            || world::parse_interface_name(name)
+                .is_some_and(|p| p.package == WIT_PACKAGE && matches!(p.interface, "config" | "types"))
     };
     let missing: Vec<&String> = imports.iter().filter(|name| !provided(name)).collect();
     if missing.is_empty() {

@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(detect_world(&reward, &[]), Ok(World::RewardPlugin));
         assert_eq!(detect_world(&reward, &names(&["wirl:rl/code-runner@0.1.0"])), Ok(World::GraderPlugin));
         assert_eq!(detect_world(&names(&["wirl:rl/environment@0.1.3"]), &[]), Ok(World::EnvironmentPlugin));
-        assert_eq!(detect_world(&names(&["wasi:cli/run@0.2.0"]), &[]).unwrap_err().contains("no wirl:rl"), true);
+        assert!(detect_world(&names(&["wasi:cli/run@0.2.0"]), &[]).unwrap_err().contains("no wirl:rl"));
     }
 
     #[test]

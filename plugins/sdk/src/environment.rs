@@ -59,7 +59,14 @@ impl EpisodeCell {
 #[macro_export]
 macro_rules! register_environment {
     ($ty:ty) => {
-        // Native builds (the plugin's unit tests) get no component exports.
+        // Native builds (the plugin's unit tests) get no component exports, only a use of
+        // the implementation so that it does not read as dead code.
+        #[cfg(not(target_family = "wasm"))]
+        const _: () = {
+            let _ = <$ty as $crate::environment::Environment>::describe;
+            let _ = <$ty as $crate::environment::Environment>::task;
+            let _ = <$ty as $crate::environment::Environment>::start_episode;
+        };
         #[cfg(target_family = "wasm")]
         const _: () = {
             #[doc(hidden)]

@@ -34,7 +34,13 @@ pub trait Reward {
 #[macro_export]
 macro_rules! register_reward {
     ($ty:ty) => {
-        // Native builds (the plugin's unit tests) get no component exports.
+        // Native builds (the plugin's unit tests) get no component exports, only a use of
+        // the implementation so that it does not read as dead code.
+        #[cfg(not(target_family = "wasm"))]
+        const _: () = {
+            let _ = <$ty as $crate::reward::Reward>::score;
+            let _ = <$ty as $crate::reward::Reward>::score_group;
+        };
         #[cfg(target_family = "wasm")]
         const _: () = {
             #[doc(hidden)]

@@ -89,7 +89,7 @@ impl Settings {
         let mut expression = answer.to_string();
         for _ in 1..self.terms(rng) {
             let value = self.number(rng);
-            if rng.next() % 2 == 0 {
+            if rng.coin() {
                 answer += value;
                 expression.push_str(&format!(" + {value}"));
             } else {
@@ -134,7 +134,7 @@ impl Settings {
                 expression = text;
                 answer = value;
                 first = false;
-            } else if rng.next() % 2 == 0 {
+            } else if rng.coin() {
                 expression.push_str(&format!(" + {text}"));
                 answer += value;
             } else {
@@ -161,6 +161,11 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// A fair coin.
+    fn coin(&mut self) -> bool {
+        self.next() >> 63 == 0
     }
 
     /// Uniform in `low..=high`.

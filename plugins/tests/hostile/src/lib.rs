@@ -1,11 +1,13 @@
 //! A reward plugin that misbehaves on request, for the sandbox's tests: the completion
-//! names the misbehaviour. Anything else is scored normally (reward = its length), so a
+//! names the misbehaviour. Anything else is echoed (reward = its length, note = itself), so a
 //! test can check that the call after a misbehaving one works.
 
 use std::hint::black_box;
 use wirl_sdk::reward::{Reward, Score, Task};
 
 struct Hostile;
+
+static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Reward for Hostile {
     fn score(_task: Task, completion: String) -> Result<Score, String> {
@@ -48,17 +50,38 @@ impl Reward for Hostile {
                 Ok(_) => Ok(Score::new(1.0).note("connected")),
                 Err(e) => Err(format!("cannot connect: {e}")),
             },
+            "read-data" => match std::fs::read_to_string("/data/hello.txt") {
+                Ok(text) => Ok(Score::new(1.0).note(text)),
+                Err(e) => Err(format!("cannot read /data/hello.txt: {e}")),
+            },
+            "write-data" => match std::fs::write("/data/written.txt", "tampered") {
+                Ok(()) => Ok(Score::new(1.0).note("wrote /data/written.txt")),
+                Err(e) => Err(format!("cannot write /data/written.txt: {e}")),
+            },
+            "count" => {
+                // State left in the instance: a fresh instance per call always says 1.
+                let calls = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                Ok(Score::new(calls as f32))
+            }
             "guest-error" => Err("the completion is unscorable, says the guest".into()),
-            other => Ok(Score::new(other.len() as f32)),
+            other => Ok(Score::new(other.len() as f32).note(other)),
         }
     }
 }
 
 /// Frames of scalars only: they live on WebAssembly's own stack, which the host bounds.
+/// (No `black_box` here: it takes an address, which would put the frame in linear memory;
+/// the rotate keeps LLVM from turning the recursion into a loop.)
 #[inline(never)]
 fn recurse_natively(depth: u64) -> u64 {
-    if black_box(depth) == 0 { 0 } else { recurse_natively(depth + 1).wrapping_add(depth) }
+    if depth == STOP.load(std::sync::atomic::Ordering::Relaxed) {
+        0
+    } else {
+        recurse_natively(depth + 1).rotate_left(7) ^ depth
+    }
 }
+
+static STOP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// An array in every frame: it lives on the shadow stack in linear memory, below the data.
 #[inline(never)]

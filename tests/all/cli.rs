@@ -1,0 +1,157 @@
+//! The `wirl` binary, run as a user runs it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use wirl_test_artifacts::{ARITHMETIC, EXACT_MATCH, HOSTILE, MATH_ANSWER};
+
+fn wirl(args: &[&str]) -> Output {
+    let cache = std::env::temp_dir().join("wirl-cli-test-cache");
+    Command::new(env!("CARGO_BIN_EXE_wirl")).args(args).env("WIRL_CACHE_DIR", cache).output().unwrap()
+}
+
+fn stdout_lines(output: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/score").join(name).display().to_string()
+}
+
+/// Every example line carries the reward a reader should expect; the plugin must agree.
+#[test]
+fn score_examples_match_their_expected_rewards() {
+    for (plugin, file) in [(MATH_ANSWER, "math.jsonl"), (EXACT_MATCH, "exact.jsonl")] {
+        let input = example(file);
+        let output = wirl(&["score", "--plugin", plugin, "--input", &input]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let expected: Vec<f64> = std::fs::read_to_string(&input)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["expected_reward"].as_f64().unwrap())
+            .collect();
+        let got: Vec<f64> = stdout_lines(&output).iter().map(|v| v["reward"].as_f64().unwrap()).collect();
+        assert_eq!(got, expected, "{file}");
+        let summary = String::from_utf8_lossy(&output.stderr);
+        assert!(summary.contains(&format!("scored      {} of {}", got.len(), got.len())), "{summary}");
+    }
+}
+
+#[test]
+fn bad_input_lines_are_named_and_the_rest_still_scored() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let good = r#"{"task": {"id": "a", "messages": [], "answer": "2"}, "completion": "<answer>2</answer>"}"#;
+    let lines = [
+        good,
+        "this is not json",
+        r#"{"task": {"id": "b", "messages": [], "answer": "2"}}"#,
+        r#"{"task": {"id": "c", "answer": "2"}, "completion": "2"}"#,
+        r#"{"task": {"id": "d", "messages": []}, "completion": 5}"#,
+        "",
+        good,
+    ];
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = dir.path().join("out.jsonl");
+    let output = wirl(&[
+        "score",
+        "--plugin",
+        MATH_ANSWER,
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for needle in [
+        "line 2: not JSON",
+        "line 3: missing field `completion`",
+        "line 4: field `task`: missing field `messages`",
+        "line 5: field `completion`: expected a string",
+        "4 of 6 lines were not scored",
+    ] {
+        assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
+    }
+    let records: Vec<serde_json::Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 6);
+    assert_eq!(records[0]["reward"], 1.0);
+    assert_eq!(records[5]["line"], 7);
+    assert_eq!(records[5]["reward"], 1.0);
+}
+
+#[test]
+fn failures_are_reported_with_their_kind_and_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let line = |c: &str| format!(r#"{{"task": {{"id": "{c}", "messages": []}}, "completion": "{c}"}}"#);
+    std::fs::write(&input, [line("ok"), line("loop"), line("memory-bomb"), line("ok")].join("\n")).unwrap();
+    let output = wirl(&["score", "--plugin", HOSTILE, "--deadline-ms", "100", "--input", input.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let records = stdout_lines(&output);
+    assert_eq!(records[1]["failure"]["kind"], "deadline");
+    assert!(records[1]["micros"].as_u64().unwrap() >= 100_000);
+    assert_eq!(records[2]["failure"]["kind"], "memory");
+    assert_eq!(records[3]["reward"], 2.0);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("deadline 1") && stderr.contains("memory 1"), "{stderr}");
+}
+
+#[test]
+fn plugin_inspect_shows_identity() {
+    let output = wirl(&["plugin", "inspect", "--json", MATH_ANSWER]);
+    assert!(output.status.success());
+    let report = &stdout_lines(&output)[0];
+    assert_eq!(report["world"], "reward-plugin");
+    assert_eq!(report["wit_version"], "0.1.0");
+    assert_eq!(report["sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(report["size"].as_u64().unwrap(), std::fs::metadata(MATH_ANSWER).unwrap().len());
+    let text = wirl(&["plugin", "inspect", ARITHMETIC]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("world:    environment-plugin"));
+}
+
+#[test]
+fn unusable_plugin_files_exit_2_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("bogus.wasm");
+    std::fs::write(&bogus, "hello").unwrap();
+    for args in [
+        vec!["plugin", "inspect", bogus.to_str().unwrap()],
+        vec!["score", "--plugin", bogus.to_str().unwrap()],
+        vec!["score", "--plugin", ARITHMETIC],
+    ] {
+        let output = wirl(&args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("bogus.wasm") || stderr.contains("arithmetic.wasm"), "{stderr}");
+    }
+}
+
+#[test]
+fn tasks_are_reproducible_and_configurable() {
+    let first = wirl(&["tasks", "--plugin", ARITHMETIC, "--seed", "9", "--count", "5"]);
+    let again = wirl(&["tasks", "--plugin", ARITHMETIC, "--seed", "9", "--count", "5"]);
+    let other = wirl(&["tasks", "--plugin", ARITHMETIC, "--seed", "10", "--count", "5"]);
+    assert!(first.status.success());
+    assert_eq!(first.stdout, again.stdout);
+    assert_ne!(first.stdout, other.stdout);
+    let hard = wirl(&[
+        "tasks",
+        "--plugin",
+        ARITHMETIC,
+        "--config",
+        "min_digits=3",
+        "--config",
+        "max_digits=3",
+        "--count",
+        "3",
+    ]);
+    for record in stdout_lines(&hard) {
+        assert!(record["task"]["metadata"].as_str().unwrap().contains("chain_sum"));
+        let question = record["task"]["messages"][5]["content"].as_str().unwrap();
+        assert!(
+            question.split(' ').filter(|w| w.chars().all(|c| c.is_ascii_digit())).all(|n| n.len() == 3),
+            "{question}"
+        );
+    }
+}
