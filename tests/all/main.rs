@@ -2,6 +2,7 @@
 //! `wirl-test-artifacts`), and the real `wirl` binary.
 
 mod cli;
+mod engine;
 mod plugins;
 mod sandbox;
 

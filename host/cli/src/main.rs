@@ -1,6 +1,8 @@
 //! The `wirl` command.
 
+mod generate;
 mod inspect;
+mod model;
 mod score;
 mod tasks;
 
@@ -23,6 +25,17 @@ enum Command {
     /// Work with plugin files.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Sample from a model, streaming the text.
+    Generate(generate::Args),
+    /// Work with models.
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Put the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) in the cache.
+    Fetch(model::FetchArgs),
 }
 
 #[derive(Subcommand)]
@@ -46,6 +59,8 @@ fn main() -> ExitCode {
         Command::Score(args) => score::run(args),
         Command::Tasks(args) => tasks::run(args),
         Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,105 @@
+//! `wirl generate`: sample from a model, streaming the text, and report tokens/s.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+use wirl_engine::{ChatMessage, GenerateRequest, LoadOptions, Sampling};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A GGUF file, an HF model directory, or the default model's name (the default).
+    #[arg(long)]
+    model: Option<String>,
+    /// Raw prompt text, tokenized as is.
+    #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
+    prompt: Option<String>,
+    /// A user message, rendered with the model's chat template.
+    #[arg(long)]
+    chat: Option<String>,
+    /// A system message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Number of samples of the prompt (they share one prefill).
+    #[arg(short = 'n', default_value_t = 1)]
+    samples: usize,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// 0 for greedy.
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop when the text contains this (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Run a GGUF model's quantized weights instead of dequantizing them to f32 (faster;
+    /// see docs/ROADMAP.md: its logits still differ from the f32 path by about 1).
+    #[arg(long)]
+    quantized: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let path = crate::model::resolve(args.model.as_deref())?;
+    let started = Instant::now();
+    let options = LoadOptions { quantized: args.quantized, ..Default::default() };
+    let loaded = wirl_engine::load(&path, &options)?;
+    eprintln!("loaded {} in {:.2?}", path.display(), started.elapsed());
+    let text = match (&args.prompt, &args.chat) {
+        (Some(prompt), _) => prompt.clone(),
+        (None, Some(chat)) => {
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+            }
+            messages.push(ChatMessage { role: "user".into(), content: chat.clone() });
+            loaded.tokenizer.render_chat(&messages, true)?
+        }
+        (None, None) => unreachable!("clap requires --prompt or --chat"),
+    };
+    let prompt = loaded.tokenizer.encode(&text)?;
+    let sampling = Sampling {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        stop: args.stop.clone(),
+        seed: args.seed,
+    };
+    let request = GenerateRequest { prompt: prompt.clone(), n: args.samples, sampling };
+    let started = Instant::now();
+    let stream = args.samples == 1;
+    let results = wirl_engine::generate(&loaded.model, &loaded.tokenizer, &[request], |_, _, piece| {
+        if stream {
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    let elapsed = started.elapsed();
+    let completions = &results[0];
+    if stream {
+        println!();
+    } else {
+        for (i, completion) in completions.iter().enumerate() {
+            println!(
+                "--- sample {i} ({:?}, {} tokens)\n{}",
+                completion.finish,
+                completion.tokens.len(),
+                completion.text
+            );
+        }
+    }
+    let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
+    eprintln!(
+        "{} prompt tokens, {generated} generated in {elapsed:.2?}: {:.1} tokens/s",
+        prompt.len(),
+        generated as f64 / elapsed.as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}

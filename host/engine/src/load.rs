@@ -1,0 +1,300 @@
+//! Loading a model: a Hugging Face directory (`config.json`, `*.safetensors`,
+//! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`) or a GGUF file.
+
+use crate::config::Config;
+use crate::llama::{Model, Weight, WeightSource};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use candle_core::quantized::{GgmlDType, QMatMul, gguf_file};
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How to load.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub device: Device,
+    /// Keep a GGUF file's matrices quantized (fast inference, not trainable). Otherwise they
+    /// are dequantized to f32.
+    pub quantized: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { device: Device::Cpu, quantized: false }
+    }
+}
+
+/// A model with its tokenizer.
+pub struct LoadedModel {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub config: Config,
+    /// Where it came from.
+    pub path: PathBuf,
+}
+
+/// Load the model at `path`: a directory in HF layout, or a `.gguf` file.
+pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    if path.is_dir() {
+        load_hf_dir(path, options)
+    } else if path.is_file() {
+        load_gguf(path, options)
+    } else {
+        Err(Error::Io { file: path.display().to_string(), message: "no such file or directory".into() })
+    }
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    serde_json::from_str(&read_text(path)?)
+        .map_err(|e| Error::Format { file: path.display().to_string(), message: format!("not valid JSON: {e}") })
+}
+
+fn load_hf_dir(dir: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let config_path = dir.join("config.json");
+    let config: Config = serde_json::from_str(&read_text(&config_path)?)
+        .map_err(|e| Error::Format { file: config_path.display().to_string(), message: e.to_string() })?;
+    config.validate().map_err(|message| Error::Format { file: config_path.display().to_string(), message })?;
+
+    let index = dir.join("model.safetensors.index.json");
+    let shards: Vec<PathBuf> = if index.exists() {
+        let map = read_json(&index)?;
+        let weight_map = map.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Format {
+            file: index.display().to_string(),
+            message: "missing field `weight_map`".into(),
+        })?;
+        let mut files: Vec<String> = weight_map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
+        files.sort();
+        files.dedup();
+        files.into_iter().map(|f| dir.join(f)).collect()
+    } else {
+        vec![dir.join("model.safetensors")]
+    };
+    for shard in &shards {
+        if !shard.exists() {
+            return Err(Error::Io { file: shard.display().to_string(), message: "weights file missing".into() });
+        }
+    }
+    // SAFETY: the files are memory-mapped read-only; wirl does not modify model files while
+    // they are loaded, and the tensors are copied out before the map is dropped.
+    let tensors =
+        unsafe { candle_core::safetensors::MmapedSafetensors::multi(&shards) }.map_err(|e| Error::Format {
+            file: shards.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+            message: format!("not valid safetensors: {e}"),
+        })?;
+    let mut source = SafetensorsSource { tensors, device: options.device.clone(), dir: dir.to_path_buf() };
+    let model = Model::load(&config, &mut source, &options.device)?;
+
+    let tokenizer_config = dir.join("tokenizer_config.json");
+    let tokenizer_config = if tokenizer_config.exists() { Some(read_json(&tokenizer_config)?) } else { None };
+    let tokenizer_path = dir.join("tokenizer.json");
+    let mut tokenizer = Tokenizer::from_json(
+        read_text(&tokenizer_path)?,
+        tokenizer_config.as_ref(),
+        &tokenizer_path.display().to_string(),
+    )?;
+    if let Some(eos) = &config.eos_token_id {
+        tokenizer.add_eos_ids(eos.ids());
+    }
+    let generation_config = dir.join("generation_config.json");
+    if generation_config.exists()
+        && let Some(eos) = read_json(&generation_config)?.get("eos_token_id")
+    {
+        let ids: Vec<u32> = match eos {
+            serde_json::Value::Array(list) => list.iter().filter_map(|v| v.as_u64().map(|n| n as u32)).collect(),
+            other => other.as_u64().map(|n| n as u32).into_iter().collect(),
+        };
+        tokenizer.add_eos_ids(ids);
+    }
+    Ok(LoadedModel { model, tokenizer, config, path: dir.to_path_buf() })
+}
+
+struct SafetensorsSource {
+    tensors: candle_core::safetensors::MmapedSafetensors,
+    device: Device,
+    dir: PathBuf,
+}
+
+impl WeightSource for SafetensorsSource {
+    fn linear_weight(&mut self, name: &str) -> Result<Weight> {
+        Ok(Weight::Dense(self.dense(name)?))
+    }
+
+    fn dense(&mut self, name: &str) -> Result<Tensor> {
+        let tensor = self.tensors.load(name, &self.device).map_err(|e| Error::Format {
+            file: self.dir.display().to_string(),
+            message: format!("weight `{name}`: {e}"),
+        })?;
+        Ok(tensor.to_dtype(DType::F32)?)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.get(name).is_ok()
+    }
+}
+
+fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let origin = path.display().to_string();
+    let format_error = |message: String| Error::Format { file: origin.clone(), message };
+    let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
+    let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
+    let config = config_from_gguf(&content.metadata).map_err(format_error)?;
+    let tokenizer = Tokenizer::from_gguf(&content.metadata, &origin)?;
+    let mut source = GgufSource {
+        content,
+        file,
+        origin: origin.clone(),
+        device: options.device.clone(),
+        quantized: options.quantized,
+        heads: config.num_attention_heads,
+        kv_heads: config.num_kv_heads(),
+    };
+    let model = Model::load(&config, &mut source, &options.device)?;
+    Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
+}
+
+/// An HF `config.json` for a llama GGUF, from its `llama.*` metadata.
+pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::result::Result<Config, String> {
+    let arch = metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok())
+        .ok_or("missing metadata key `general.architecture`")?
+        .clone();
+    if arch != "llama" {
+        return Err(format!("general.architecture {arch:?} is not supported in GGUF files yet (llama is)"));
+    }
+    let number = |key: &str| -> std::result::Result<f64, String> {
+        let value = metadata.get(&format!("{arch}.{key}")).ok_or(format!("missing metadata key `{arch}.{key}`"))?;
+        value
+            .to_u64()
+            .map(|v| v as f64)
+            .or_else(|_| value.to_u32().map(f64::from))
+            .or_else(|_| value.to_f32().map(f64::from))
+            .or_else(|_| value.to_f64())
+            .map_err(|e| format!("metadata key `{arch}.{key}`: {e}"))
+    };
+    let tokens = metadata.get("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()).map(Vec::len);
+    let heads = number("attention.head_count")? as usize;
+    let config = Config {
+        model_type: "llama".into(),
+        architectures: vec!["LlamaForCausalLM".into()],
+        vocab_size: number("vocab_size").map(|v| v as usize).ok().or(tokens).ok_or("missing vocabulary size")?,
+        hidden_size: number("embedding_length")? as usize,
+        intermediate_size: number("feed_forward_length")? as usize,
+        num_hidden_layers: number("block_count")? as usize,
+        num_attention_heads: heads,
+        num_key_value_heads: Some(number("attention.head_count_kv").map(|v| v as usize).unwrap_or(heads)),
+        head_dim: None,
+        rms_norm_eps: number("attention.layer_norm_rms_epsilon")?,
+        rope_theta: number("rope.freq_base").unwrap_or(10_000.0),
+        rope_scaling: None,
+        max_position_embeddings: number("context_length")? as usize,
+        // llama.cpp omits `output.weight` when the embeddings are tied.
+        tie_word_embeddings: true,
+        attention_bias: Some(false),
+        bos_token_id: metadata.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok()),
+        eos_token_id: metadata
+            .get("tokenizer.ggml.eos_token_id")
+            .and_then(|v| v.to_u32().ok())
+            .map(crate::config::EosTokenId::One),
+    };
+    Ok(config)
+}
+
+struct GgufSource {
+    content: gguf_file::Content,
+    file: std::fs::File,
+    origin: String,
+    device: Device,
+    quantized: bool,
+    heads: usize,
+    kv_heads: usize,
+}
+
+impl GgufSource {
+    /// llama.cpp's name for an HF tensor name.
+    fn gguf_name(name: &str) -> String {
+        let name = name.strip_prefix("model.").unwrap_or(name);
+        if let Some(rest) = name.strip_prefix("layers.") {
+            let (layer, rest) = rest.split_once('.').unwrap_or((rest, ""));
+            let mapped = match rest {
+                "input_layernorm.weight" => "attn_norm.weight",
+                "post_attention_layernorm.weight" => "ffn_norm.weight",
+                "self_attn.q_proj.weight" => "attn_q.weight",
+                "self_attn.k_proj.weight" => "attn_k.weight",
+                "self_attn.v_proj.weight" => "attn_v.weight",
+                "self_attn.o_proj.weight" => "attn_output.weight",
+                "mlp.gate_proj.weight" => "ffn_gate.weight",
+                "mlp.up_proj.weight" => "ffn_up.weight",
+                "mlp.down_proj.weight" => "ffn_down.weight",
+                other => other,
+            };
+            return format!("blk.{layer}.{mapped}");
+        }
+        match name {
+            "embed_tokens.weight" => "token_embd.weight".into(),
+            "norm.weight" => "output_norm.weight".into(),
+            "lm_head.weight" => "output.weight".into(),
+            other => other.into(),
+        }
+    }
+
+    fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
+        let gguf = Self::gguf_name(name);
+        self.content.tensor(&mut self.file, &gguf, &self.device).map_err(|e| Error::Format {
+            file: self.origin.clone(),
+            message: format!("tensor `{gguf}` (for `{name}`): {e}"),
+        })
+    }
+
+    /// The number of heads whose rows llama.cpp permuted in this matrix, if any.
+    fn permuted_heads(&self, name: &str) -> Option<usize> {
+        if name.ends_with("self_attn.q_proj.weight") {
+            Some(self.heads)
+        } else if name.ends_with("self_attn.k_proj.weight") {
+            Some(self.kv_heads)
+        } else {
+            None
+        }
+    }
+}
+
+impl WeightSource for GgufSource {
+    fn linear_weight(&mut self, name: &str) -> Result<Weight> {
+        let tensor = self.qtensor(name)?;
+        if self.quantized && !matches!(tensor.dtype(), GgmlDType::F32 | GgmlDType::F16) {
+            return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(tensor)?)));
+        }
+        let dense = tensor.dequantize(&self.device)?;
+        Ok(Weight::Dense(match self.permuted_heads(name) {
+            Some(heads) => unpermute_rows(&dense, heads)?,
+            None => dense,
+        }))
+    }
+
+    fn dense(&mut self, name: &str) -> Result<Tensor> {
+        Ok(self.qtensor(name)?.dequantize(&self.device)?)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(&Self::gguf_name(name))
+    }
+
+    fn interleaved_qk(&self) -> bool {
+        // Quantized q/k keep llama.cpp's row order; the model reorders their outputs.
+        self.quantized
+    }
+}
+
+/// Undo llama.cpp's q/k row permutation (`[heads, 2, dim/2, in]` stored as
+/// `[heads, dim/2, 2, in]`), giving the HF (rotate-half) layout.
+pub fn unpermute_rows(weight: &Tensor, heads: usize) -> Result<Tensor> {
+    let (rows, cols) = weight.dims2()?;
+    let head_dim = rows / heads;
+    Ok(weight.reshape((heads, head_dim / 2, 2, cols))?.transpose(1, 2)?.reshape((rows, cols))?.contiguous()?)
+}
