@@ -36,6 +36,8 @@ pub struct Completion {
 
 struct Row {
     request: usize,
+    /// Which sample of its request this row is.
+    sample: usize,
     sampler: Sampler,
     pad: usize,
     tokens: Vec<u32>,
@@ -96,6 +98,7 @@ pub fn generate(
             source_rows.push(slot as u32);
             rows.push(Row {
                 request: i,
+                sample,
                 sampler: Sampler::new(&requests[i].sampling, sample as u64),
                 pad: prompt_pads[slot],
                 tokens: Vec::new(),
@@ -121,8 +124,6 @@ pub fn generate(
             let (token, logprob) = row.sampler.sample(&logits_rows[position]);
             row.tokens.push(token);
             row.logprobs.push(logprob);
-            let sample = rows_before(&rows, r);
-            let row = &mut rows[r];
             if eos.contains(&token) {
                 row.finish = Some(FinishReason::Stop);
             } else if let Some(piece) = row.stream.push(tokenizer, token)? {
@@ -132,7 +133,7 @@ pub fn generate(
                     row.text.truncate(at);
                     row.finish = Some(FinishReason::Stop);
                 } else {
-                    on_text(row.request, sample, &piece);
+                    on_text(row.request, row.sample, &piece);
                 }
             }
             let settings = &requests[row.request].sampling;
@@ -170,9 +171,4 @@ pub fn generate(
         });
     }
     Ok(results)
-}
-
-/// The sample number of row `r` within its request.
-fn rows_before(rows: &[Row], r: usize) -> usize {
-    rows[..r].iter().filter(|row| row.request == rows[r].request).count()
 }

@@ -101,20 +101,8 @@ impl KvCache {
         self.len() == 0
     }
 
-    /// Copy row 0 into `rows` rows: the G samples of a group share one prefill.
-    pub fn expand(&self, rows: usize) -> Result<KvCache> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|layer| match layer {
-                Some((k, v)) => Ok(Some((k.repeat((rows, 1, 1, 1))?, v.repeat((rows, 1, 1, 1))?))),
-                None => Ok(None),
-            })
-            .collect::<Result<_>>()?;
-        Ok(KvCache { layers })
-    }
-
-    /// Keep only the rows named in `rows` (finished rows leave the batch).
+    /// Keep (or repeat) the rows named in `rows`: a prompt's row is repeated for its samples,
+    /// and finished rows leave the batch.
     pub fn select_rows(&self, rows: &Tensor) -> Result<KvCache> {
         let layers = self
             .layers
