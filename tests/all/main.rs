@@ -4,6 +4,7 @@
 mod cli;
 mod engine;
 mod plugins;
+mod reference;
 mod sandbox;
 
 use std::sync::Arc;

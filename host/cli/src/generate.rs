@@ -35,6 +35,9 @@ pub struct Args {
     min_p: f32,
     #[arg(long)]
     seed: Option<u64>,
+    /// Keep generating past end-of-sequence tokens (up to --max-tokens).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Stop when the text contains this (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -42,12 +45,15 @@ pub struct Args {
     /// see docs/ROADMAP.md: its logits still differ from the f32 path by about 1).
     #[arg(long)]
     quantized: bool,
+    /// `cpu`, or `cuda` / `cuda:N` (a build made by scripts/build-cuda).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let path = crate::model::resolve(args.model.as_deref())?;
     let started = Instant::now();
-    let options = LoadOptions { quantized: args.quantized, ..Default::default() };
+    let options = LoadOptions { quantized: args.quantized, device: parse_device(&args.device)?, ..Default::default() };
     let loaded = wirl_engine::load(&path, &options)?;
     eprintln!("loaded {} in {:.2?}", path.display(), started.elapsed());
     let text = match (&args.prompt, &args.chat) {
@@ -71,6 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         min_p: args.min_p,
         stop: args.stop.clone(),
         seed: args.seed,
+        ignore_eos: args.ignore_eos,
     };
     let request = GenerateRequest { prompt: prompt.clone(), n: args.samples, sampling };
     let started = Instant::now();
@@ -102,4 +109,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         generated as f64 / elapsed.as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(text: &str) -> anyhow::Result<wirl_engine::Device> {
+    let ordinal = match text {
+        "cpu" => return Ok(wirl_engine::Device::Cpu),
+        "cuda" => 0,
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) => n,
+            None => anyhow::bail!("--device {other:?}: expected cpu, cuda or cuda:N"),
+        },
+    };
+    if !cfg!(feature = "cuda") {
+        anyhow::bail!("--device {text}: this wirl was built without CUDA; build one with scripts/build-cuda");
+    }
+    wirl_engine::Device::new_cuda(ordinal).map_err(|e| anyhow::anyhow!("--device {text}: {e}"))
 }

@@ -36,6 +36,9 @@ enum Command {
 enum ModelCommand {
     /// Put the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) in the cache.
     Fetch(model::FetchArgs),
+    /// Write a GGUF model as a Hugging Face directory (f32 safetensors, tokenizer, chat
+    /// template) that transformers and wirl load.
+    Export(model::ExportArgs),
 }
 
 #[derive(Subcommand)]
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
+        Command::Model(ModelCommand::Export(args)) => model::export(args),
     };
     match result {
         Ok(code) => code,

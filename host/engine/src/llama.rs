@@ -2,10 +2,12 @@
 //! attention, rotary embeddings (with Llama 3 scaling), tied embeddings.
 //!
 //! Batched: every row has its own positions and a padding mask, so ragged prompts share a
-//! batch (left-padded). Inference uses candle's fused `rms_norm` and `softmax_last_dim`,
+//! batch (left-padded). Tensor-parallel: a model loaded with a [`Comm`] of `size` ranks keeps
+//! its share of the heads, the MLP width and the vocabulary (see `comm.rs`). Inference uses candle's fused `rms_norm` and `softmax_last_dim`,
 //! which carry no gradients; the trainer's forward path will use differentiable equivalents
 //! over the same weights.
 
+use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
@@ -104,12 +106,48 @@ impl KvCache {
     /// Keep (or repeat) the rows named in `rows`: a prompt's row is repeated for its samples,
     /// and finished rows leave the batch.
     pub fn select_rows(&self, rows: &Tensor) -> Result<KvCache> {
+        self.map(|t| Ok(t.index_select(rows, 0)?))
+    }
+
+    /// Apply `f` to every layer's keys and values.
+    fn map(&self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<KvCache> {
         let layers = self
             .layers
             .iter()
             .map(|layer| match layer {
-                Some((k, v)) => Ok(Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?))),
+                Some((k, v)) => Ok(Some((f(k)?, f(v)?))),
                 None => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// `n` zero positions before every row's (the rows' pads grow by `n`), so that a cache
+    /// lines up with a longer one.
+    pub fn left_pad(&self, n: usize) -> Result<KvCache> {
+        self.map(|t| {
+            let (batch, heads, _, dim) = t.dims4()?;
+            let zeros = Tensor::zeros((batch, heads, n, dim), t.dtype(), t.device())?;
+            Ok(Tensor::cat(&[&zeros, t], 2)?)
+        })
+    }
+
+    /// Drop the first `n` positions of every row (padding that all rows share).
+    pub fn drop_front(&self, n: usize) -> Result<KvCache> {
+        let len = self.len();
+        self.map(|t| Ok(t.narrow(2, n, len - n)?.contiguous()?))
+    }
+
+    /// The rows of `self`, then those of `other` (both of the same length).
+    pub fn cat_rows(&self, other: &KvCache) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .zip(&other.layers)
+            .map(|pair| match pair {
+                (Some((k1, v1)), Some((k2, v2))) => Ok(Some((Tensor::cat(&[k1, k2], 0)?, Tensor::cat(&[v1, v2], 0)?))),
+                (None, None) => Ok(None),
+                _ => Err(Error::Input("joining a filled KV cache with an empty one".into())),
             })
             .collect::<Result<_>>()?;
         Ok(KvCache { layers })
@@ -124,22 +162,54 @@ pub struct Model {
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
+    /// The output projection holds this rank's slice of the vocabulary (gathered after).
+    vocab_parallel: bool,
     cos: Tensor,
     sin: Tensor,
     device: Device,
     dtype: DType,
+    comm: Arc<dyn Comm>,
 }
 
 impl Model {
     /// Build the model from `source`, which names tensors as HF does.
     pub fn load(config: &Config, source: &mut dyn WeightSource, device: &Device) -> Result<Self> {
+        Self::load_shard(config, source, device, Arc::new(Solo))
+    }
+
+    /// Build rank `comm.rank()`'s shard of a model split over `comm.size()` ranks: q/k/v and
+    /// gate/up split by output rows (column-parallel), o and down by input columns
+    /// (row-parallel, summed by an all-reduce), the output projection by vocabulary when it
+    /// divides evenly (gathered), else kept whole. Norms and embeddings are replicated.
+    pub fn load_shard(
+        config: &Config,
+        source: &mut dyn WeightSource,
+        device: &Device,
+        comm: Arc<dyn Comm>,
+    ) -> Result<Self> {
         config.validate().map_err(|message| Error::Config { field: "config".into(), message })?;
+        let (rank, size) = (comm.rank(), comm.size());
+        let heads = config.num_attention_heads;
+        let kv_heads = config.num_kv_heads();
+        for (field, value) in [
+            ("num_attention_heads", heads),
+            ("num_key_value_heads", kv_heads),
+            ("intermediate_size", config.intermediate_size),
+        ] {
+            if !value.is_multiple_of(size) {
+                return Err(Error::Config {
+                    field: field.into(),
+                    message: format!("{value} does not split over {size} tensor-parallel ranks"),
+                });
+            }
+        }
         let interleaved_qk = source.interleaved_qk();
-        let linear = |source: &mut dyn WeightSource, name: &str, bias: bool| -> Result<Linear> {
-            let weight = source.linear_weight(&format!("{name}.weight"))?;
-            let bias = if bias { Some(source.dense(&format!("{name}.bias"))?) } else { None };
+        let linear = |source: &mut dyn WeightSource, name: &str, bias: bool, split: Split| -> Result<Linear> {
+            let weight = split.weight(source.linear_weight(&format!("{name}.weight"))?, rank, size, name)?;
+            let bias = if bias { Some(split.bias(source.dense(&format!("{name}.bias"))?, rank, size)?) } else { None };
             Ok(Linear { weight, bias })
         };
+        use Split::{Columns, Rows};
         let embed = source.dense("model.embed_tokens.weight")?;
         let dtype = embed.dtype();
         let mut blocks = Vec::with_capacity(config.num_hidden_layers);
@@ -149,32 +219,47 @@ impl Model {
             blocks.push(Block {
                 attn_norm: source.dense(&format!("{p}.input_layernorm.weight"))?,
                 attn: Attention {
-                    q: linear(source, &format!("{p}.self_attn.q_proj"), bias)?,
-                    k: linear(source, &format!("{p}.self_attn.k_proj"), bias)?,
-                    v: linear(source, &format!("{p}.self_attn.v_proj"), bias)?,
-                    o: linear(source, &format!("{p}.self_attn.o_proj"), false)?,
-                    heads: config.num_attention_heads,
-                    kv_heads: config.num_kv_heads(),
+                    q: linear(source, &format!("{p}.self_attn.q_proj"), bias, Rows)?,
+                    k: linear(source, &format!("{p}.self_attn.k_proj"), bias, Rows)?,
+                    v: linear(source, &format!("{p}.self_attn.v_proj"), bias, Rows)?,
+                    o: linear(source, &format!("{p}.self_attn.o_proj"), false, Columns)?,
+                    heads: heads / size,
+                    kv_heads: kv_heads / size,
                     head_dim: config.head_dim(),
                     interleaved_qk,
                 },
                 mlp_norm: source.dense(&format!("{p}.post_attention_layernorm.weight"))?,
                 mlp: Mlp {
-                    gate: linear(source, &format!("{p}.mlp.gate_proj"), false)?,
-                    up: linear(source, &format!("{p}.mlp.up_proj"), false)?,
-                    down: linear(source, &format!("{p}.mlp.down_proj"), false)?,
+                    gate: linear(source, &format!("{p}.mlp.gate_proj"), false, Rows)?,
+                    up: linear(source, &format!("{p}.mlp.up_proj"), false, Rows)?,
+                    down: linear(source, &format!("{p}.mlp.down_proj"), false, Columns)?,
                 },
             });
         }
         let norm = source.dense("model.norm.weight")?;
+        let vocab_parallel = size > 1 && config.vocab_size.is_multiple_of(size);
+        let head_split = if vocab_parallel { Rows } else { Split::Whole };
         let lm_head = if source.contains("lm_head.weight") && !config.tie_word_embeddings {
-            linear(source, "lm_head", false)?
+            linear(source, "lm_head", false, head_split)?
         } else {
             // Tied embeddings: the output projection is the embedding table.
-            Linear { weight: source.linear_weight("model.embed_tokens.weight")?, bias: None }
+            let name = "model.embed_tokens.weight";
+            Linear { weight: head_split.weight(source.linear_weight(name)?, rank, size, name)?, bias: None }
         };
         let (cos, sin) = rope_tables(config, device, dtype)?;
-        Ok(Model { config: config.clone(), embed, blocks, norm, lm_head, cos, sin, device: device.clone(), dtype })
+        Ok(Model {
+            config: config.clone(),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            vocab_parallel,
+            cos,
+            sin,
+            device: device.clone(),
+            dtype,
+            comm,
+        })
     }
 
     pub fn config(&self) -> &Config {
@@ -203,10 +288,11 @@ impl Model {
             return Err(Error::Input(format!("{} padding counts for a batch of {batch}", pads.len())));
         }
         let past = cache.len();
-        if past + len > self.config.max_position_embeddings {
+        // Padding does not count: a row's positions start after its pads.
+        let longest = (0..batch).map(|b| (past + len).saturating_sub(pads[b])).max().unwrap_or(0);
+        if longest > self.config.max_position_embeddings {
             return Err(Error::Input(format!(
-                "{} positions exceed the model's context of {} (max_position_embeddings)",
-                past + len,
+                "{longest} positions exceed the model's context of {} (max_position_embeddings)",
                 self.config.max_position_embeddings
             )));
         }
@@ -221,14 +307,17 @@ impl Model {
         for (i, block) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_norm_eps as f32)?;
             let h = block.attn.forward(&h, &cos, &sin, mask.as_ref(), &mut cache.layers[i])?;
-            x = (x + h)?;
+            x = (x + self.comm.all_reduce_sum(&h)?)?;
             let h = candle_nn::ops::rms_norm(&x, &block.mlp_norm, self.config.rms_norm_eps as f32)?;
             let h = block.mlp.forward(&h)?;
-            x = (x + h)?;
+            x = (x + self.comm.all_reduce_sum(&h)?)?;
         }
         let x = if all_positions { x } else { x.narrow(1, len - 1, 1)?.contiguous()? };
         let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps as f32)?;
-        let logits = self.lm_head.forward(&x)?;
+        let mut logits = self.lm_head.forward(&x)?;
+        if self.vocab_parallel {
+            logits = self.comm.all_gather(&logits.contiguous()?, logits.rank() - 1)?;
+        }
         Ok(if all_positions { logits } else { logits.squeeze(1)? })
     }
 
@@ -316,6 +405,47 @@ impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
         self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}
+
+/// How a rank takes its share of a matrix `[out, in]`.
+#[derive(Clone, Copy, Debug)]
+enum Split {
+    /// Column-parallel: a slice of the output rows (and of the bias).
+    Rows,
+    /// Row-parallel: a slice of the input columns; the partial outputs are summed.
+    Columns,
+    /// Replicated.
+    Whole,
+}
+
+impl Split {
+    fn weight(self, weight: Weight, rank: usize, size: usize, name: &str) -> Result<Weight> {
+        if size == 1 || matches!(self, Split::Whole) {
+            return Ok(weight);
+        }
+        let Weight::Dense(w) = weight else {
+            return Err(Error::Config {
+                field: name.into(),
+                message: "quantized weights cannot be split for tensor parallelism; load dense weights".into(),
+            });
+        };
+        let dim = if matches!(self, Split::Rows) { 0 } else { 1 };
+        let part = w.dim(dim)? / size;
+        Ok(Weight::Dense(w.narrow(dim, rank * part, part)?.contiguous()?))
+    }
+
+    fn bias(self, bias: Tensor, rank: usize, size: usize) -> Result<Tensor> {
+        match self {
+            _ if size == 1 => Ok(bias),
+            Split::Rows => {
+                let part = bias.dim(0)? / size;
+                Ok(bias.narrow(0, rank * part, part)?.contiguous()?)
+            }
+            // The partial outputs are summed, so only one rank adds the bias.
+            Split::Columns if rank != 0 => Ok(bias.zeros_like()?),
+            Split::Columns | Split::Whole => Ok(bias),
+        }
     }
 }
 

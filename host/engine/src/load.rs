@@ -1,6 +1,7 @@
 //! Loading a model: a Hugging Face directory (`config.json`, `*.safetensors`,
 //! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`) or a GGUF file.
 
+use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::llama::{Model, Weight, WeightSource};
 use crate::tokenizer::Tokenizer;
@@ -16,13 +17,25 @@ use std::sync::Arc;
 pub struct LoadOptions {
     pub device: Device,
     /// Keep a GGUF file's matrices quantized (fast inference, not trainable). Otherwise they
-    /// are dequantized to f32.
+    /// are dequantized to `dtype`.
     pub quantized: bool,
+    /// The dtype of dense weights and activations; `None` picks f32 on the CPU and bf16 on
+    /// CUDA (what each runs fastest without losing training precision on the CPU).
+    pub dtype: Option<DType>,
+    /// The tensor-parallel group this process's shard belongs to ([`Solo`]: the whole model).
+    pub comm: Arc<dyn Comm>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: Device::Cpu, quantized: false }
+        LoadOptions { device: Device::Cpu, quantized: false, dtype: None, comm: Arc::new(Solo) }
+    }
+}
+
+impl LoadOptions {
+    /// The dtype dense weights are loaded in.
+    pub fn dense_dtype(&self) -> DType {
+        self.dtype.unwrap_or(if self.device.is_cuda() { DType::BF16 } else { DType::F32 })
     }
 }
 
@@ -87,8 +100,13 @@ fn load_hf_dir(dir: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             file: shards.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
             message: format!("not valid safetensors: {e}"),
         })?;
-    let mut source = SafetensorsSource { tensors, device: options.device.clone(), dir: dir.to_path_buf() };
-    let model = Model::load(&config, &mut source, &options.device)?;
+    let mut source = SafetensorsSource {
+        tensors,
+        device: options.device.clone(),
+        dtype: options.dense_dtype(),
+        dir: dir.to_path_buf(),
+    };
+    let model = Model::load_shard(&config, &mut source, &options.device, options.comm.clone())?;
 
     let tokenizer_config = dir.join("tokenizer_config.json");
     let tokenizer_config = if tokenizer_config.exists() { Some(read_json(&tokenizer_config)?) } else { None };
@@ -117,6 +135,7 @@ fn load_hf_dir(dir: &Path, options: &LoadOptions) -> Result<LoadedModel> {
 struct SafetensorsSource {
     tensors: candle_core::safetensors::MmapedSafetensors,
     device: Device,
+    dtype: DType,
     dir: PathBuf,
 }
 
@@ -130,7 +149,7 @@ impl WeightSource for SafetensorsSource {
             file: self.dir.display().to_string(),
             message: format!("weight `{name}`: {e}"),
         })?;
-        Ok(tensor.to_dtype(DType::F32)?)
+        Ok(tensor.to_dtype(self.dtype)?)
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -139,23 +158,31 @@ impl WeightSource for SafetensorsSource {
 }
 
 fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let (config, tokenizer, mut source) = open_gguf(path, &options.device, options.quantized)?;
+    source.dtype = options.dense_dtype();
+    let model = Model::load_shard(&config, &mut source, &options.device, options.comm.clone())?;
+    Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
+}
+
+/// A GGUF file's HF config, its tokenizer, and its tensors under HF names.
+pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result<(Config, Tokenizer, GgufSource)> {
     let origin = path.display().to_string();
     let format_error = |message: String| Error::Format { file: origin.clone(), message };
     let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
     let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
     let config = config_from_gguf(&content.metadata).map_err(format_error)?;
     let tokenizer = Tokenizer::from_gguf(&content.metadata, &origin)?;
-    let mut source = GgufSource {
+    let source = GgufSource {
         content,
         file,
         origin: origin.clone(),
-        device: options.device.clone(),
-        quantized: options.quantized,
+        device: device.clone(),
+        quantized,
+        dtype: DType::F32,
         heads: config.num_attention_heads,
         kv_heads: config.num_kv_heads(),
     };
-    let model = Model::load(&config, &mut source, &options.device)?;
-    Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
+    Ok((config, tokenizer, source))
 }
 
 /// An HF `config.json` for a llama GGUF, from its `llama.*` metadata.
@@ -206,12 +233,14 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
     Ok(config)
 }
 
-struct GgufSource {
+pub(crate) struct GgufSource {
     content: gguf_file::Content,
     file: std::fs::File,
     origin: String,
     device: Device,
     quantized: bool,
+    /// Of dequantized tensors.
+    dtype: DType,
     heads: usize,
     kv_heads: usize,
 }
@@ -270,7 +299,7 @@ impl WeightSource for GgufSource {
         if self.quantized && !matches!(tensor.dtype(), GgmlDType::F32 | GgmlDType::F16) {
             return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(tensor)?)));
         }
-        let dense = tensor.dequantize(&self.device)?;
+        let dense = tensor.dequantize(&self.device)?.to_dtype(self.dtype)?;
         Ok(Weight::Dense(match self.permuted_heads(name) {
             Some(heads) => unpermute_rows(&dense, heads)?,
             None => dense,
@@ -278,7 +307,7 @@ impl WeightSource for GgufSource {
     }
 
     fn dense(&mut self, name: &str) -> Result<Tensor> {
-        Ok(self.qtensor(name)?.dequantize(&self.device)?)
+        Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(self.dtype)?)
     }
 
     fn contains(&self, name: &str) -> bool {

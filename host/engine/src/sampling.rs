@@ -17,11 +17,22 @@ pub struct Sampling {
     pub min_p: f32,
     pub stop: Vec<String>,
     pub seed: Option<u64>,
+    /// Keep going past the model's end-of-sequence tokens (benchmarks: a fixed length).
+    pub ignore_eos: bool,
 }
 
 impl Default for Sampling {
     fn default() -> Self {
-        Sampling { max_tokens: 128, temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, stop: Vec::new(), seed: None }
+        Sampling {
+            max_tokens: 128,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            stop: Vec::new(),
+            seed: None,
+            ignore_eos: false,
+        }
     }
 }
 

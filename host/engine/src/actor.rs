@@ -1,0 +1,170 @@
+//! The batching actor: one thread owns the model and a [`Batch`]; any number of callers (agents,
+//! the trainer, a server) send it requests through an [`EngineHandle`]. Requests join the
+//! running batch between decode steps and leave it when their samples finish (continuous
+//! batching), so concurrent callers share every forward pass.
+//!
+//! The model runs on a plain thread, not a tokio task: a decode step is seconds of CPU work
+//! that must not stall an async runtime. Callers await a tokio channel (or block on it).
+
+use crate::generate::{Batch, Completion, GenerateRequest, RequestId, validate};
+use crate::llama::Model;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// A piece of streamed text of one sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TextPiece {
+    pub sample: usize,
+    pub text: String,
+}
+
+enum Message {
+    Generate {
+        request: GenerateRequest,
+        reply: oneshot::Sender<Result<Vec<Completion>>>,
+        text: Option<mpsc::UnboundedSender<TextPiece>>,
+    },
+    /// Use other weights from the next batch on: waits until the running rows finish, and
+    /// requests sent after it use the new model.
+    SetModel { model: Arc<Model>, reply: oneshot::Sender<()> },
+}
+
+/// Sends work to the engine thread. Cheap to clone; the thread ends when every handle is
+/// dropped and its work is done.
+#[derive(Clone)]
+pub struct EngineHandle {
+    sender: mpsc::UnboundedSender<Message>,
+}
+
+impl EngineHandle {
+    /// Start the engine thread.
+    pub fn spawn(model: Arc<Model>, tokenizer: Arc<Tokenizer>) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new()
+            .name("wirl-engine".into())
+            .spawn(move || run(model, tokenizer, receiver))
+            .map_err(|e| Error::Generation(format!("cannot start the engine thread: {e}")))?;
+        Ok((EngineHandle { sender }, thread))
+    }
+
+    /// The `n` completions of `request`, generated alongside whatever else is running.
+    pub async fn generate(&self, request: GenerateRequest) -> Result<Vec<Completion>> {
+        self.submit(request, None)?.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Like [`generate`](Self::generate), sending text pieces to `text` as they are produced.
+    pub async fn generate_streaming(
+        &self,
+        request: GenerateRequest,
+        text: mpsc::UnboundedSender<TextPiece>,
+    ) -> Result<Vec<Completion>> {
+        self.submit(request, Some(text))?.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// For callers outside an async runtime (a plugin's host call); must not be called from
+    /// within one.
+    pub fn generate_blocking(&self, request: GenerateRequest) -> Result<Vec<Completion>> {
+        self.submit(request, None)?.blocking_recv().map_err(|_| Error::Stopped)?
+    }
+
+    /// Swap in new weights (the trainer, after an update). Returns once the engine uses them.
+    pub async fn set_model(&self, model: Arc<Model>) -> Result<()> {
+        let (reply, receiver) = oneshot::channel();
+        self.sender.send(Message::SetModel { model, reply }).map_err(|_| Error::Stopped)?;
+        receiver.await.map_err(|_| Error::Stopped)
+    }
+
+    fn submit(
+        &self,
+        request: GenerateRequest,
+        text: Option<mpsc::UnboundedSender<TextPiece>>,
+    ) -> Result<oneshot::Receiver<Result<Vec<Completion>>>> {
+        let (reply, receiver) = oneshot::channel();
+        self.sender.send(Message::Generate { request, reply, text }).map_err(|_| Error::Stopped)?;
+        Ok(receiver)
+    }
+}
+
+/// A caller waiting for its request.
+struct Waiter {
+    reply: oneshot::Sender<Result<Vec<Completion>>>,
+    text: Option<mpsc::UnboundedSender<TextPiece>>,
+}
+
+fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::UnboundedReceiver<Message>) {
+    let mut queue: VecDeque<Message> = VecDeque::new();
+    let mut next_id: RequestId = 0;
+    loop {
+        let mut batch = Batch::new(&model, &tokenizer);
+        let mut waiters: HashMap<RequestId, Waiter> = HashMap::new();
+        let swap = loop {
+            if batch.is_idle() && queue.is_empty() {
+                match receiver.blocking_recv() {
+                    Some(message) => queue.push_back(message),
+                    None => return,
+                }
+            }
+            while let Ok(message) = receiver.try_recv() {
+                queue.push_back(message);
+            }
+            // Everything queued before the next model swap joins now.
+            let mut joining = Vec::new();
+            while matches!(queue.front(), Some(Message::Generate { .. })) {
+                let Some(Message::Generate { request, reply, text }) = queue.pop_front() else { unreachable!() };
+                if reply.is_closed() {
+                    continue; // the caller gave up before it started
+                }
+                if let Err(error) = validate(&model, &request) {
+                    let _ = reply.send(Err(error));
+                    continue;
+                }
+                waiters.insert(next_id, Waiter { reply, text });
+                joining.push((next_id, request));
+                next_id += 1;
+            }
+            if !joining.is_empty()
+                && let Err(error) = batch.admit(joining)
+            {
+                fail_all(&mut batch, &mut waiters, &error);
+            }
+            if batch.is_idle() {
+                if let Some(Message::SetModel { .. }) = queue.front() {
+                    let Some(Message::SetModel { model, reply }) = queue.pop_front() else { unreachable!() };
+                    break (model, reply);
+                }
+                continue;
+            }
+            let stepped = batch.step(|id, sample, piece| {
+                if let Some(text) = waiters.get(&id).and_then(|w| w.text.as_ref()) {
+                    let _ = text.send(TextPiece { sample, text: piece.to_string() });
+                }
+            });
+            match stepped {
+                Ok(done) => {
+                    for (id, completions) in done {
+                        if let Some(waiter) = waiters.remove(&id) {
+                            let _ = waiter.reply.send(Ok(completions));
+                        }
+                    }
+                }
+                Err(error) => fail_all(&mut batch, &mut waiters, &error),
+            }
+        };
+        drop(batch);
+        let (new_model, reply) = swap;
+        model = new_model;
+        let _ = reply.send(());
+    }
+}
+
+/// A step failed: every request in the batch gets the error; the engine goes on.
+fn fail_all(batch: &mut Batch, waiters: &mut HashMap<RequestId, Waiter>, error: &Error) {
+    tracing::error!("generation failed, {} requests dropped: {error}", waiters.len());
+    batch.abandon();
+    for (_, waiter) in waiters.drain() {
+        let _ = waiter.reply.send(Err(Error::Generation(error.to_string())));
+    }
+}

@@ -1,0 +1,142 @@
+//! Writing a model out as a Hugging Face directory (`config.json`, `model.safetensors`,
+//! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`) that transformers
+//! and wirl load. Used by `wirl model export` (GGUF → HF) and by checkpoints.
+
+use crate::config::Config;
+use crate::llama::{Weight, WeightSource};
+use crate::load::open_gguf;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use candle_core::{Device, Tensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The HF names of every tensor a Llama-family model of `config` stores.
+pub fn tensor_names(config: &Config) -> Vec<String> {
+    let mut names = vec!["model.embed_tokens.weight".to_string()];
+    for i in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        for part in [
+            "input_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "post_attention_layernorm",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ] {
+            names.push(format!("{p}.{part}.weight"));
+        }
+        if config.qkv_bias() {
+            for part in ["q_proj", "k_proj", "v_proj"] {
+                names.push(format!("{p}.self_attn.{part}.bias"));
+            }
+        }
+    }
+    names.push("model.norm.weight".into());
+    if !config.tie_word_embeddings {
+        names.push("lm_head.weight".into());
+    }
+    names
+}
+
+/// Write `dir` (which must not exist yet) from a config, a tokenizer and HF-named tensors.
+/// The directory appears whole or not at all: it is written beside `dir` and renamed.
+pub fn write_hf_dir(
+    dir: &Path,
+    config: &Config,
+    tokenizer: &Tokenizer,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<()> {
+    let io = |path: &Path, e: std::io::Error| Error::Io { file: path.display().to_string(), message: e.to_string() };
+    if dir.exists() {
+        return Err(Error::Io {
+            file: dir.display().to_string(),
+            message: "already exists; remove it or choose another directory".into(),
+        });
+    }
+    let partial = partial_path(dir);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(|e| io(&partial, e))?;
+    }
+    std::fs::create_dir_all(&partial).map_err(|e| io(&partial, e))?;
+    let write = |name: &str, text: String| -> Result<()> {
+        let path = partial.join(name);
+        std::fs::write(&path, text).map_err(|e| io(&path, e))
+    };
+    let json = |value: &serde_json::Value| serde_json::to_string_pretty(value).expect("JSON values serialize");
+
+    let mut config_json = serde_json::to_value(config).expect("the config serializes");
+    // Spell out what wirl derives, so that readers with other defaults agree.
+    config_json["num_key_value_heads"] = config.num_kv_heads().into();
+    config_json["head_dim"] = config.head_dim().into();
+    config_json["attention_bias"] = config.qkv_bias().into();
+    config_json["torch_dtype"] = "float32".into();
+    if let Some(object) = config_json.as_object_mut() {
+        object.retain(|_, value| !value.is_null());
+    }
+    write("config.json", json(&config_json))?;
+    let mut tokenizer_config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": config.max_position_embeddings,
+        "clean_up_tokenization_spaces": false,
+    });
+    if let Some(template) = tokenizer.chat_template() {
+        tokenizer_config["chat_template"] = template.into();
+    }
+    if let Some(bos) = tokenizer.bos_token() {
+        tokenizer_config["bos_token"] = bos.into();
+    }
+    if let Some(eos) = tokenizer.eos_token() {
+        tokenizer_config["eos_token"] = eos.into();
+    }
+    write("tokenizer_config.json", json(&tokenizer_config))?;
+    write("tokenizer.json", tokenizer.tokenizer_json().to_string())?;
+    let mut generation = serde_json::json!({ "eos_token_id": tokenizer.eos_ids() });
+    if let Some(bos) = config.bos_token_id {
+        generation["bos_token_id"] = bos.into();
+    }
+    write("generation_config.json", json(&generation))?;
+
+    let weights = partial.join("model.safetensors");
+    // Safetensors wants contiguous tensors on the CPU.
+    let cpu: HashMap<String, Tensor> = tensors
+        .iter()
+        .map(|(name, t)| Ok((name.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
+        .collect::<Result<_>>()?;
+    candle_core::safetensors::save(&cpu, &weights)
+        .map_err(|e| Error::Io { file: weights.display().to_string(), message: e.to_string() })?;
+    // The writer creates the weights file private to the user; the directory is for sharing.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&weights, std::fs::Permissions::from_mode(0o644)).map_err(|e| io(&weights, e))?;
+    }
+    std::fs::rename(&partial, dir).map_err(|e| io(dir, e))
+}
+
+fn partial_path(dir: &Path) -> PathBuf {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    dir.with_file_name(format!(".{name}.partial"))
+}
+
+/// `wirl model export`: a GGUF file as an HF directory, weights dequantized to f32 and q/k
+/// in HF's row order.
+pub fn gguf_to_hf_dir(gguf: &Path, dir: &Path) -> Result<()> {
+    let (config, tokenizer, mut source) = open_gguf(gguf, &Device::Cpu, false)?;
+    let mut tensors = HashMap::new();
+    for name in tensor_names(&config) {
+        let tensor = if name.ends_with("proj.weight") {
+            match source.linear_weight(&name)? {
+                Weight::Dense(t) => t,
+                Weight::Quantized(_) => unreachable!("opened without quantization"),
+            }
+        } else {
+            source.dense(&name)?
+        };
+        tensors.insert(name, tensor);
+    }
+    write_hf_dir(dir, &config, &tokenizer, &tensors)
+}
