@@ -4,7 +4,7 @@
 //! prompt; prefill of 64 tokens. Prints one JSON object; `benches/engine.sh` runs it beside
 //! the peers and prints ratios.
 //!
-//! `cargo bench -p wirl-engine --bench engine -- MODEL.gguf [REPS]`
+//! `cargo bench -p wirl-engine --bench engine -- MODEL.gguf [REPS] [q4_1|f32]`
 
 use candle_core::{Device, Tensor};
 use std::time::Instant;
@@ -63,13 +63,18 @@ fn sample(m: &wirl_engine::LoadedModel, prompt: &[u32], n: usize, seed: u64) -> 
 }
 
 fn main() {
+    wirl_engine::pin_thread_count();
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let path = args.first().expect("usage: engine MODEL.gguf [REPS]");
     let reps: usize = args.get(1).map_or(5, |r| r.parse().expect("REPS is a number"));
     let mut result = serde_json::Map::new();
 
+    let only = args.get(2).map(String::as_str);
     for quantized in [true, false] {
         let label = if quantized { "q4_1" } else { "f32" };
+        if only.is_some_and(|o| o != label) {
+            continue;
+        }
         let started = Instant::now();
         let m =
             wirl_engine::load(std::path::Path::new(path), &LoadOptions { quantized, ..Default::default() }).unwrap();
@@ -93,6 +98,9 @@ fn main() {
             result.insert(format!("{label}_group8_tok_s"), group.into());
         }
         result.insert(format!("peak_rss_after_{label}_mib"), peak_rss_mib().into());
+        if std::env::var_os("WIRL_BENCH_GROUP_ONLY").is_some() {
+            break;
+        }
     }
     result.insert("reps".into(), reps.into());
     result.insert("threads".into(), candle_core::utils::get_num_threads().into());

@@ -14,8 +14,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$root"
 
-cargo build -q --release -p wirl-cli
-model=$(./target/release/wirl model fetch)
+model=$(cargo run -q -p wirl-cli -- model fetch)
 cargo bench -q -p wirl-engine --bench engine -- "$model" "$reps" > "$work/wirl.json"
 
 run_peer() { # run_peer NAME MODULE: the peer's JSON line, or nothing

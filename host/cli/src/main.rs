@@ -48,6 +48,7 @@ enum PluginCommand {
 }
 
 fn main() -> ExitCode {
+    wirl_engine::pin_thread_count();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WIRL_LOG")

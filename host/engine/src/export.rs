@@ -3,8 +3,6 @@
 //! and wirl load. Used by `wirl model export` (GGUF → HF) and by checkpoints.
 
 use crate::config::Config;
-use crate::llama::{Weight, WeightSource};
-use crate::load::open_gguf;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use candle_core::{Device, Tensor};
@@ -125,18 +123,10 @@ fn partial_path(dir: &Path) -> PathBuf {
 /// `wirl model export`: a GGUF file as an HF directory, weights dequantized to f32 and q/k
 /// in HF's row order.
 pub fn gguf_to_hf_dir(gguf: &Path, dir: &Path) -> Result<()> {
-    let (config, tokenizer, mut source) = open_gguf(gguf, &Device::Cpu, false)?;
-    let mut tensors = HashMap::new();
-    for name in tensor_names(&config) {
-        let tensor = if name.ends_with("proj.weight") {
-            match source.linear_weight(&name)? {
-                Weight::Dense(t) => t,
-                Weight::Quantized(_) => unreachable!("opened without quantization"),
-            }
-        } else {
-            source.dense(&name)?
-        };
-        tensors.insert(name, tensor);
+    if !gguf.is_file() {
+        return Err(Error::Io { file: gguf.display().to_string(), message: "not a GGUF file".into() });
     }
+    let options = crate::LoadOptions { dtype: Some(candle_core::DType::F32), ..Default::default() };
+    let (config, tokenizer, tensors) = crate::load::load_tensors(gguf, &options)?;
     write_hf_dir(dir, &config, &tokenizer, &tensors)
 }

@@ -49,9 +49,9 @@ pub trait WeightSource {
     fn dense(&mut self, name: &str) -> Result<Tensor>;
     /// Whether `name` exists.
     fn contains(&self, name: &str) -> bool;
-    /// Whether q/k projections produce llama.cpp's interleaved rope layout, which the model
-    /// reorders to the HF (rotate-half) layout after projecting.
-    fn interleaved_qk(&self) -> bool {
+    /// Whether the matrix `name` (a q or k projection) produces llama.cpp's interleaved rope
+    /// layout, which the model reorders to the HF (rotate-half) layout after projecting.
+    fn interleaved(&self, _name: &str) -> bool {
         false
     }
 }
@@ -65,7 +65,9 @@ struct Attention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    interleaved_qk: bool,
+    /// The q / k projections' outputs are in llama.cpp's interleaved order.
+    q_interleaved: bool,
+    k_interleaved: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -203,7 +205,6 @@ impl Model {
                 });
             }
         }
-        let interleaved_qk = source.interleaved_qk();
         let linear = |source: &mut dyn WeightSource, name: &str, bias: bool, split: Split| -> Result<Linear> {
             let weight = split.weight(source.linear_weight(&format!("{name}.weight"))?, rank, size, name)?;
             let bias = if bias { Some(split.bias(source.dense(&format!("{name}.bias"))?, rank, size)?) } else { None };
@@ -226,7 +227,8 @@ impl Model {
                     heads: heads / size,
                     kv_heads: kv_heads / size,
                     head_dim: config.head_dim(),
-                    interleaved_qk,
+                    q_interleaved: source.interleaved(&format!("{p}.self_attn.q_proj.weight")),
+                    k_interleaved: source.interleaved(&format!("{p}.self_attn.k_proj.weight")),
                 },
                 mlp_norm: source.dense(&format!("{p}.post_attention_layernorm.weight"))?,
                 mlp: Mlp {
@@ -357,8 +359,8 @@ impl Attention {
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
         let (batch, len, _) = x.dims3()?;
-        let q = self.project(&self.q, x, self.heads, true)?;
-        let k = self.project(&self.k, x, self.kv_heads, true)?;
+        let q = self.project(&self.q, x, self.heads, self.q_interleaved)?;
+        let k = self.project(&self.k, x, self.kv_heads, self.k_interleaved)?;
         let v = self.project(&self.v, x, self.kv_heads, false)?;
         let q = rotate_half_rope(&q, cos, sin)?;
         let k = rotate_half_rope(&k, cos, sin)?;
@@ -382,10 +384,10 @@ impl Attention {
     }
 
     /// Project and split into heads: `[batch, heads, len, head_dim]`.
-    fn project(&self, linear: &Linear, x: &Tensor, heads: usize, rotary: bool) -> Result<Tensor> {
+    fn project(&self, linear: &Linear, x: &Tensor, heads: usize, interleaved: bool) -> Result<Tensor> {
         let (batch, len, _) = x.dims3()?;
         let y = linear.forward(x)?;
-        let y = if rotary && self.interleaved_qk {
+        let y = if interleaved {
             // llama.cpp stores q/k rows as interleaved pairs; reorder each head's outputs
             // (pairs (2i, 2i+1)) to HF's halves (i, i + dim/2).
             y.reshape((batch, len, heads, self.head_dim / 2, 2))?.transpose(3, 4)?.reshape((
@@ -461,7 +463,8 @@ pub fn rotate_half_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor
     Ok(Tensor::cat(&[rotated_1, rotated_2], D::Minus1)?)
 }
 
-fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
+/// Repeat each key/value head `groups` times (grouped-query attention).
+pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
     if groups == 1 {
         return Ok(x.clone());
     }
@@ -469,7 +472,8 @@ fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
     Ok(x.unsqueeze(2)?.expand((batch, kv_heads, groups, len, dim))?.reshape((batch, kv_heads * groups, len, dim))?)
 }
 
-fn rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+/// `cos` and `sin` of every position's rotary angles: `[max_position_embeddings, head_dim / 2]`.
+pub fn rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
     let inv_freq = config.rope_inv_freq();
     let half = inv_freq.len();
     let positions = config.max_position_embeddings;

@@ -50,12 +50,58 @@ pub struct LoadedModel {
 
 /// Load the model at `path`: a directory in HF layout, or a `.gguf` file.
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let (config, tokenizer, mut source) = open(path, options)?;
+    let model = Model::load_shard(&config, source.as_mut(), &options.device, options.comm.clone())?;
+    Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
+}
+
+/// Every weight of the model at `path` as a dense tensor under its HF name (what the trainer
+/// turns into variables, and checkpoints write back).
+pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, HashMap<String, Tensor>)> {
+    let options = LoadOptions { quantized: false, ..options.clone() };
+    let (config, tokenizer, mut source) = open(path, &options)?;
+    let mut tensors = HashMap::new();
+    for name in crate::export::tensor_names(&config) {
+        let tensor = match source.linear_weight(&name)? {
+            Weight::Dense(t) => t,
+            Weight::Quantized(_) => unreachable!("opened without quantization"),
+        };
+        tensors.insert(name, tensor);
+    }
+    Ok((config, tokenizer, tensors))
+}
+
+/// The config, tokenizer and weights of the model at `path`, not yet assembled.
+fn open(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
     if path.is_dir() {
-        load_hf_dir(path, options)
+        open_hf_dir(path, options)
     } else if path.is_file() {
-        load_gguf(path, options)
+        let (config, tokenizer, mut source) = open_gguf(path, &options.device, options.quantized)?;
+        source.dtype = options.dense_dtype();
+        Ok((config, tokenizer, Box::new(source)))
     } else {
         Err(Error::Io { file: path.display().to_string(), message: "no such file or directory".into() })
+    }
+}
+
+/// Weights already in memory, under HF names (the trainer's variables). Tensors are shared,
+/// not copied: a model built from them sees every in-place update.
+pub struct TensorSource<'a>(pub &'a HashMap<String, Tensor>);
+
+impl WeightSource for TensorSource<'_> {
+    fn linear_weight(&mut self, name: &str) -> Result<Weight> {
+        Ok(Weight::Dense(self.dense(name)?))
+    }
+
+    fn dense(&mut self, name: &str) -> Result<Tensor> {
+        self.0
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::Format { file: "weights".into(), message: format!("no tensor `{name}`") })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains_key(name)
     }
 }
 
@@ -68,7 +114,7 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
         .map_err(|e| Error::Format { file: path.display().to_string(), message: format!("not valid JSON: {e}") })
 }
 
-fn load_hf_dir(dir: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
     let config_path = dir.join("config.json");
     let config: Config = serde_json::from_str(&read_text(&config_path)?)
         .map_err(|e| Error::Format { file: config_path.display().to_string(), message: e.to_string() })?;
@@ -100,13 +146,12 @@ fn load_hf_dir(dir: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             file: shards.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
             message: format!("not valid safetensors: {e}"),
         })?;
-    let mut source = SafetensorsSource {
+    let source = SafetensorsSource {
         tensors,
         device: options.device.clone(),
         dtype: options.dense_dtype(),
         dir: dir.to_path_buf(),
     };
-    let model = Model::load_shard(&config, &mut source, &options.device, options.comm.clone())?;
 
     let tokenizer_config = dir.join("tokenizer_config.json");
     let tokenizer_config = if tokenizer_config.exists() { Some(read_json(&tokenizer_config)?) } else { None };
@@ -129,7 +174,7 @@ fn load_hf_dir(dir: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         };
         tokenizer.add_eos_ids(ids);
     }
-    Ok(LoadedModel { model, tokenizer, config, path: dir.to_path_buf() })
+    Ok((config, tokenizer, Box::new(source)))
 }
 
 struct SafetensorsSource {
@@ -155,13 +200,6 @@ impl WeightSource for SafetensorsSource {
     fn contains(&self, name: &str) -> bool {
         self.tensors.get(name).is_ok()
     }
-}
-
-fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
-    let (config, tokenizer, mut source) = open_gguf(path, &options.device, options.quantized)?;
-    source.dtype = options.dense_dtype();
-    let model = Model::load_shard(&config, &mut source, &options.device, options.comm.clone())?;
-    Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
 }
 
 /// A GGUF file's HF config, its tokenizer, and its tensors under HF names.
@@ -281,6 +319,25 @@ impl GgufSource {
         })
     }
 
+    /// Whether the matrix `name`, stored as `dtype`, is kept quantized. Query projections stay
+    /// dense: quantizing their input activations (as every quantized matmul does) turned the
+    /// default model's greedy answers to nonsense, and keeping them dense alone restored them
+    /// (docs/ROADMAP.md); they are 7% of its weights.
+    fn stays_quantized(&self, name: &str, dtype: GgmlDType) -> bool {
+        self.quantized
+            && !name.ends_with("self_attn.q_proj.weight")
+            && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16)
+    }
+
+    fn stored_dtype(&self, name: &str) -> GgmlDType {
+        self.content.tensor_infos.get(&Self::gguf_name(name)).map_or(GgmlDType::F32, |info| info.ggml_dtype)
+    }
+
+    /// Whether quantized matrices are re-encoded as Q8_0 (on the CPU).
+    fn requantize(&self) -> bool {
+        self.device.is_cpu()
+    }
+
     /// The number of heads whose rows llama.cpp permuted in this matrix, if any.
     fn permuted_heads(&self, name: &str) -> Option<usize> {
         if name.ends_with("self_attn.q_proj.weight") {
@@ -296,8 +353,21 @@ impl GgufSource {
 impl WeightSource for GgufSource {
     fn linear_weight(&mut self, name: &str) -> Result<Weight> {
         let tensor = self.qtensor(name)?;
-        if self.quantized && !matches!(tensor.dtype(), GgmlDType::F32 | GgmlDType::F16) {
-            return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(tensor)?)));
+        if self.stays_quantized(name, tensor.dtype()) {
+            if !self.requantize() {
+                return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(tensor)?)));
+            }
+            // On the CPU every quantized matrix becomes Q8_0 (in HF row order): candle's CPU
+            // dot products for Q4_1 and several other types are scalar code, Q8_0's is
+            // vectorised; Q8_0 keeps a 4-bit type's levels to within half a step of 1/127 of
+            // each block's largest weight. Decode ran 2.7× faster (docs/BENCHMARKS.md).
+            let dense = tensor.dequantize(&self.device)?;
+            let dense = match self.permuted_heads(name) {
+                Some(heads) => unpermute_rows(&dense, heads)?,
+                None => dense,
+            };
+            let requantized = candle_core::quantized::QTensor::quantize(&dense, GgmlDType::Q8_0)?;
+            return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(requantized)?)));
         }
         let dense = tensor.dequantize(&self.device)?.to_dtype(self.dtype)?;
         Ok(Weight::Dense(match self.permuted_heads(name) {
@@ -314,9 +384,10 @@ impl WeightSource for GgufSource {
         self.content.tensor_infos.contains_key(&Self::gguf_name(name))
     }
 
-    fn interleaved_qk(&self) -> bool {
-        // Quantized q/k keep llama.cpp's row order; the model reorders their outputs.
-        self.quantized
+    fn interleaved(&self, name: &str) -> bool {
+        // Quantized q/k kept as stored have llama.cpp's row order; the model reorders their
+        // outputs. Dense and requantized ones were put in HF order first.
+        self.permuted_heads(name).is_some() && !self.requantize() && self.stays_quantized(name, self.stored_dtype(name))
     }
 }
 

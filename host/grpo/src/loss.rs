@@ -1,0 +1,225 @@
+//! The GRPO objective, after Megatron-RL's `rl_utils.py` and its peers (../shared/REFERENCE.md):
+//! group-normalised advantages, a clipped importance ratio with separate low/high ε, a k3 KL
+//! penalty to a frozen reference, an optional entropy bonus, and a choice of how token losses
+//! are aggregated. Host-side arithmetic (advantages, weights) is plain Rust so that it can be
+//! checked against hand-computed values; the per-token loss is tensor code so that it
+//! differentiates.
+
+use candle_core::{Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// How an advantage is computed from a group's rewards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdvantageMode {
+    /// `(r − mean) / (std + 1e-4)`, std with Bessel's correction (GRPO, Megatron-RL).
+    Grpo,
+    /// `r − mean`, no division (Dr. GRPO).
+    MeanOnly,
+}
+
+/// How per-token losses are summed into the step's loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Aggregation {
+    /// Mean over every completion token of the step (DAPO; TRL's default).
+    TokenMean,
+    /// Mean over each completion's tokens, then over completions (the original GRPO).
+    SequenceMean,
+    /// Sum over tokens divided by completions × max completion tokens (Dr. GRPO): no length bias.
+    Constant,
+}
+
+/// Advantages of one group's rewards. A group whose rewards are all equal carries no signal:
+/// `None` (the trainer drops it).
+pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>> {
+    let n = rewards.len();
+    if n == 0 || rewards.iter().all(|&r| r == rewards[0]) {
+        return None;
+    }
+    let mean = rewards.iter().sum::<f32>() / n as f32;
+    match mode {
+        AdvantageMode::MeanOnly => Some(rewards.iter().map(|r| r - mean).collect()),
+        AdvantageMode::Grpo => {
+            let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / (n.max(2) - 1) as f32;
+            let std = var.sqrt();
+            Some(rewards.iter().map(|r| (r - mean) / (std + 1e-4)).collect())
+        }
+    }
+}
+
+/// Per-token weights that turn a sum of token losses into the chosen aggregation over the
+/// whole step, so that micro-batches summed by gradient accumulation give the step's loss.
+/// `lengths` are the completion lengths of one micro-batch; `step_tokens` / `step_sequences`
+/// count the whole step; `max_tokens` is the completion limit.
+pub fn token_weights(
+    lengths: &[usize],
+    width: usize,
+    aggregation: Aggregation,
+    step_tokens: usize,
+    step_sequences: usize,
+    max_tokens: usize,
+) -> Vec<f32> {
+    let mut weights = vec![0f32; lengths.len() * width];
+    for (row, &len) in lengths.iter().enumerate() {
+        let w = match aggregation {
+            Aggregation::TokenMean => 1.0 / step_tokens.max(1) as f32,
+            Aggregation::SequenceMean => 1.0 / (len.max(1) * step_sequences.max(1)) as f32,
+            Aggregation::Constant => 1.0 / (step_sequences.max(1) * max_tokens.max(1)) as f32,
+        };
+        weights[row * width..row * width + len.min(width)].fill(w);
+    }
+    weights
+}
+
+/// Settings of the per-token objective.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossSettings {
+    pub clip_low: f64,
+    pub clip_high: f64,
+    /// KL coefficient β (0: no reference model is kept).
+    pub beta: f64,
+    /// Entropy bonus coefficient (0: none).
+    pub entropy: f64,
+}
+
+/// The step's loss over one micro-batch, and what it is made of.
+pub struct LossParts {
+    /// Scalar to differentiate.
+    pub loss: Tensor,
+    /// Weighted sums (same weights as the loss) for metrics.
+    pub kl: f32,
+    pub clip_fraction: f32,
+    pub entropy: f32,
+}
+
+/// `logp`, `old_logp`, `ref_logp`, `entropy`, `weights`: `[rows, width]`; `advantages`:
+/// `[rows]`. Padding positions have weight 0.
+pub fn grpo_loss(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    ref_logp: Option<&Tensor>,
+    entropy: Option<&Tensor>,
+    advantages: &Tensor,
+    weights: &Tensor,
+    settings: &LossSettings,
+) -> Result<LossParts> {
+    let advantages = advantages.unsqueeze(1)?;
+    let ratio = (logp - old_logp)?.exp()?;
+    let unclipped = ratio.broadcast_mul(&advantages)?;
+    let clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)?.broadcast_mul(&advantages)?;
+    let mut per_token = unclipped.minimum(&clipped)?.neg()?;
+    let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
+    let clip_fraction = {
+        let was_clipped = clipped.lt(&unclipped)?.to_dtype(weights.dtype())?;
+        let tokens = active.sum_all()?.to_scalar::<f32>()?;
+        if tokens > 0.0 { (was_clipped * &active)?.sum_all()?.to_scalar::<f32>()? / tokens } else { 0.0 }
+    };
+    let mut kl = 0.0;
+    if let (Some(reference), true) = (ref_logp, settings.beta > 0.0) {
+        // k3: exp(ref − cur) − (ref − cur) − 1, unbiased and always ≥ 0.
+        let delta = (reference - logp)?;
+        let k3 = ((delta.exp()? - &delta)? - 1.0)?;
+        kl = (k3.detach() * weights)?.sum_all()?.to_scalar::<f32>()?;
+        per_token = (per_token + (k3 * settings.beta)?)?;
+    }
+    let mut entropy_sum = 0.0;
+    if let Some(entropy) = entropy {
+        entropy_sum = (entropy.detach() * weights)?.sum_all()?.to_scalar::<f32>()?;
+        if settings.entropy > 0.0 {
+            per_token = (per_token - (entropy * settings.entropy)?)?;
+        }
+    }
+    let loss = (per_token * weights)?.sum_all()?;
+    Ok(LossParts { loss, kl, clip_fraction, entropy: entropy_sum })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn close(a: f32, b: f32) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+
+    #[test]
+    fn advantages_by_hand() {
+        // rewards 1, 0, 0, 1: mean 0.5, sample std sqrt(1/3) = 0.57735.
+        let a = group_advantages(&[1.0, 0.0, 0.0, 1.0], AdvantageMode::Grpo).unwrap();
+        close(a[0], 0.5 / (0.577_350_3 + 1e-4));
+        close(a[1], -0.5 / (0.577_350_3 + 1e-4));
+        let a = group_advantages(&[2.0, 0.0, 1.0], AdvantageMode::MeanOnly).unwrap();
+        assert_eq!(a, vec![1.0, -1.0, 0.0]);
+        assert_eq!(group_advantages(&[0.5; 8], AdvantageMode::Grpo), None, "zero variance is filtered");
+        assert_eq!(group_advantages(&[], AdvantageMode::Grpo), None);
+    }
+
+    #[test]
+    fn aggregation_weights_by_hand() {
+        // Two completions of 2 and 4 tokens, padded to 4; the step has 3 completions, 10 tokens.
+        let w = token_weights(&[2, 4], 4, Aggregation::TokenMean, 10, 3, 8);
+        assert_eq!(w, vec![0.1, 0.1, 0.0, 0.0, 0.1, 0.1, 0.1, 0.1]);
+        let w = token_weights(&[2, 4], 4, Aggregation::SequenceMean, 10, 3, 8);
+        close(w[0], 1.0 / 6.0);
+        close(w[4], 1.0 / 12.0);
+        assert_eq!(w[2], 0.0);
+        let w = token_weights(&[2, 4], 4, Aggregation::Constant, 10, 3, 8);
+        close(w[0], 1.0 / 24.0);
+        close(w[7], 1.0 / 24.0);
+    }
+
+    fn t(rows: &[&[f32]]) -> Tensor {
+        let width = rows[0].len();
+        Tensor::from_vec(rows.concat(), (rows.len(), width), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn clipped_surrogate_kl_and_entropy_by_hand() {
+        let settings = LossSettings { clip_low: 0.2, clip_high: 0.28, beta: 0.0, entropy: 0.0 };
+        // Token ratios e^0.5 = 1.6487 (above 1 + 0.28) and e^-0.5 = 0.6065 (below 1 − 0.2).
+        let logp = t(&[&[0.0, 0.0]]);
+        let old = t(&[&[-0.5, 0.5]]);
+        let weights = t(&[&[0.5, 0.5]]);
+        // Positive advantage: the high ratio is clipped to 1.28, the low one kept (min).
+        let adv = Tensor::new(&[2.0f32], &Device::Cpu).unwrap();
+        let parts = grpo_loss(&logp, &old, None, None, &adv, &weights, &settings).unwrap();
+        let expected = -(0.5 * 1.28 * 2.0 + 0.5 * (-0.5f32).exp() * 2.0);
+        close(parts.loss.to_scalar::<f32>().unwrap(), expected);
+        close(parts.clip_fraction, 0.5);
+        // Negative advantage: the low ratio is clipped to 0.8, the high one kept.
+        let adv = Tensor::new(&[-1.0f32], &Device::Cpu).unwrap();
+        let parts = grpo_loss(&logp, &old, None, None, &adv, &weights, &settings).unwrap();
+        let expected = 0.5 * 0.5f32.exp() + 0.5 * 0.8; // −(0.5·e^0.5·(−1) + 0.5·0.8·(−1))
+        close(parts.loss.to_scalar::<f32>().unwrap(), expected);
+
+        // k3 KL with β and an entropy bonus; ratio 1 (on-policy).
+        let settings = LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 };
+        let logp = t(&[&[-1.0, -2.0]]);
+        let reference = t(&[&[-1.5, -2.0]]);
+        let entropy = t(&[&[3.0, 1.0]]);
+        let weights = t(&[&[1.0, 0.0]]); // the second token is padding
+        let adv = Tensor::new(&[0.5f32], &Device::Cpu).unwrap();
+        let parts = grpo_loss(&logp, &logp, Some(&reference), Some(&entropy), &adv, &weights, &settings).unwrap();
+        let k3 = (-0.5f32).exp() + 0.5 - 1.0;
+        close(parts.kl, k3);
+        close(parts.entropy, 3.0);
+        close(parts.loss.to_scalar::<f32>().unwrap(), -0.5 + 0.04 * k3 - 0.01 * 3.0);
+    }
+
+    #[test]
+    fn the_gradient_of_an_on_policy_step_is_the_policy_gradient() {
+        // With ratio 1 and no KL, d loss / d logp = −A × weight.
+        let var = candle_core::Var::new(&[[-1.0f32, -2.0]], &Device::Cpu).unwrap();
+        let logp = var.as_tensor();
+        let old = logp.detach();
+        let weights = t(&[&[0.25, 0.75]]);
+        let adv = Tensor::new(&[2.0f32], &Device::Cpu).unwrap();
+        let settings = LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.0, entropy: 0.0 };
+        let parts = grpo_loss(logp, &old, None, None, &adv, &weights, &settings).unwrap();
+        let grads = parts.loss.backward().unwrap();
+        let g: Vec<Vec<f32>> = grads.get(logp).unwrap().to_vec2().unwrap();
+        close(g[0][0], -0.5);
+        close(g[0][1], -1.5);
+    }
+}

@@ -1,0 +1,136 @@
+//! AdamW with global gradient-norm clipping and a learning-rate schedule. Written here rather
+//! than taken from candle-nn so that its moments can be checkpointed and restored exactly.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Result, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+/// Learning rate over steps: linear warmup from 0, then constant or cosine decay to 0.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Schedule {
+    Constant,
+    Cosine,
+}
+
+pub fn learning_rate(peak: f64, step: usize, warmup: usize, total: usize, schedule: Schedule) -> f64 {
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
+    }
+    match schedule {
+        Schedule::Constant => peak,
+        Schedule::Cosine => {
+            let span = total.saturating_sub(warmup).max(1) as f64;
+            let progress = ((step - warmup) as f64 / span).min(1.0);
+            peak * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+    }
+}
+
+/// AdamW over a fixed list of variables.
+pub struct Optimizer {
+    vars: Vec<Var>,
+    /// First and second moments, one pair per variable.
+    moments: Vec<(Tensor, Tensor)>,
+    /// Updates applied so far.
+    pub steps: usize,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Optimizer {
+    pub fn new(vars: Vec<Var>, weight_decay: f64) -> Result<Self> {
+        let moments = vars.iter().map(|v| Ok((v.zeros_like()?, v.zeros_like()?))).collect::<Result<_>>()?;
+        Ok(Optimizer { vars, moments, steps: 0, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay })
+    }
+
+    /// The moments, in variable order (for checkpoints).
+    pub fn moments(&self) -> &[(Tensor, Tensor)] {
+        &self.moments
+    }
+
+    /// Restore moments saved by a checkpoint.
+    pub fn set_moments(&mut self, moments: Vec<(Tensor, Tensor)>, steps: usize) -> Result<()> {
+        if moments.len() != self.vars.len() {
+            candle_core::bail!("{} moment pairs for {} variables", moments.len(), self.vars.len());
+        }
+        self.moments = moments;
+        self.steps = steps;
+        Ok(())
+    }
+
+    /// The global L2 norm of the gradients of every variable.
+    pub fn grad_norm(&self, grads: &GradStore) -> Result<f64> {
+        let mut sum = 0f64;
+        for var in &self.vars {
+            if let Some(g) = grads.get(var.as_tensor()) {
+                sum += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+            }
+        }
+        Ok(sum.sqrt())
+    }
+
+    /// One update with learning rate `lr`, the gradients scaled down so that their global
+    /// norm is at most `max_norm` (if given). Returns the norm before clipping.
+    pub fn step(&mut self, grads: &GradStore, lr: f64, max_norm: Option<f64>) -> Result<f64> {
+        let norm = self.grad_norm(grads)?;
+        let scale = match max_norm {
+            Some(max) if norm > max && norm.is_finite() => max / (norm + 1e-6),
+            _ => 1.0,
+        };
+        if !norm.is_finite() {
+            candle_core::bail!("the gradient norm is {norm}; the update is skipped");
+        }
+        self.steps += 1;
+        let t = self.steps as i32;
+        let (c1, c2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
+        for (var, (m, v)) in self.vars.iter().zip(self.moments.iter_mut()) {
+            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            let g = (g * scale)?;
+            *m = ((&*m * self.beta1)? + (&g * (1.0 - self.beta1))?)?;
+            *v = ((&*v * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
+            let update = ((&*m / c1)? / ((&*v / c2)?.sqrt()? + self.eps)?)?;
+            let decayed = (var.as_tensor() * (1.0 - lr * self.weight_decay))?;
+            var.set(&(decayed - (update * lr)?)?)?;
+        }
+        Ok(norm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn schedule_by_hand() {
+        assert_eq!(learning_rate(1.0, 0, 4, 10, Schedule::Constant), 0.25);
+        assert_eq!(learning_rate(1.0, 3, 4, 10, Schedule::Constant), 1.0);
+        assert_eq!(learning_rate(1.0, 7, 4, 10, Schedule::Constant), 1.0);
+        assert!((learning_rate(1.0, 4, 4, 10, Schedule::Cosine) - 1.0).abs() < 1e-12);
+        assert!((learning_rate(1.0, 7, 4, 10, Schedule::Cosine) - 0.5).abs() < 1e-12);
+        assert!(learning_rate(1.0, 10, 4, 10, Schedule::Cosine).abs() < 1e-12);
+    }
+
+    #[test]
+    fn adamw_first_step_and_clipping_by_hand() {
+        // The first Adam step moves each weight by lr × sign(g) (m̂ / √v̂ = g / |g|).
+        let var = Var::new(&[1.0f32, -2.0], &Device::Cpu).unwrap();
+        let mut opt = Optimizer::new(vec![var.clone()], 0.0).unwrap();
+        let loss = (var.as_tensor() * Tensor::new(&[3.0f32, -4.0], &Device::Cpu).unwrap()).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let norm = opt.step(&grads, 0.1, Some(1.0)).unwrap();
+        assert!((norm - 5.0).abs() < 1e-6);
+        let w: Vec<f32> = var.as_tensor().to_vec1().unwrap();
+        assert!((w[0] - 0.9).abs() < 1e-5 && (w[1] + 1.9).abs() < 1e-5, "{w:?}");
+        // Weight decay shrinks the weight by lr × wd × w before the step.
+        let var = Var::new(&[1.0f32], &Device::Cpu).unwrap();
+        let mut opt = Optimizer::new(vec![var.clone()], 0.5).unwrap();
+        let grads = (var.as_tensor() * 2.0).unwrap().sum_all().unwrap().backward().unwrap();
+        opt.step(&grads, 0.1, None).unwrap();
+        let w: Vec<f32> = var.as_tensor().to_vec1().unwrap();
+        assert!((w[0] - (0.95 - 0.1)).abs() < 1e-5, "{w:?}");
+    }
+}
