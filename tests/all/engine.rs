@@ -8,7 +8,7 @@ use wirl_engine::{FinishReason, GenerateRequest, LoadOptions, Sampling};
 const VOCAB: usize = 64;
 
 /// Write a tiny random Llama (2 layers, GQA 4/2 heads) with a word-level tokenizer.
-fn write_tiny_model(dir: &Path, qwen2_bias: bool) {
+pub fn write_tiny_model(dir: &Path, qwen2_bias: bool) {
     let hidden = 32;
     let (heads, kv_heads, head_dim, ffn) = (4, 2, 8, 48);
     let config = serde_json::json!({
@@ -22,9 +22,19 @@ fn write_tiny_model(dir: &Path, qwen2_bias: bool) {
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     let device = Device::Cpu;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    // Seeded (SplitMix64 → roughly normal, sum of uniforms): every run gets the same model.
+    let mut state = 0x5EED_u64;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f32 / (1u64 << 53) as f32
+    };
     let mut add = |name: String, shape: &[usize]| {
-        let t = Tensor::randn(0f32, 0.3, shape, &device).unwrap();
-        tensors.insert(name, t);
+        let count: usize = shape.iter().product();
+        let values: Vec<f32> = (0..count).map(|_| ((0..4).map(|_| next()).sum::<f32>() - 2.0) * 0.3 * 1.732).collect();
+        tensors.insert(name, Tensor::from_vec(values, shape, &device).unwrap());
     };
     add("model.embed_tokens.weight".into(), &[VOCAB, hidden]);
     for i in 0..2 {

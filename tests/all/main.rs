@@ -3,6 +3,7 @@
 
 mod cli;
 mod engine;
+mod grpo;
 mod plugins;
 mod reference;
 mod sandbox;

@@ -5,6 +5,7 @@ mod inspect;
 mod model;
 mod score;
 mod tasks;
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -18,6 +19,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train a model with GRPO: the embedded default, or a config file.
+    Train(train::Args),
     /// Score completions with a reward plugin: JSONL in, JSONL out, a summary on stderr.
     Score(score::Args),
     /// Print tasks of an environment plugin as JSONL.
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train(args) => train::run(args),
         Command::Score(args) => score::run(args),
         Command::Tasks(args) => tasks::run(args),
         Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),

@@ -1,6 +1,9 @@
 //! A reward plugin that misbehaves on request, for the sandbox's tests: the completion
 //! names the misbehaviour. Anything else is echoed (reward = its length, note = itself), so a
 //! test can check that the call after a misbehaving one works.
+//!
+//! With config `trap_odd_tasks = true` it traps whenever the task id ends in an odd number
+//! (the trainer's test: a reward plugin that fails every other call).
 
 use std::hint::black_box;
 use wirl_sdk::reward::{Reward, Score, Task};
@@ -9,8 +12,25 @@ struct Hostile;
 
 static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// Whether this call must trap (`trap_odd_tasks`).
+fn trap_for(task: &Task) -> bool {
+    let enabled: bool = wirl_sdk::reward::config::get_or("trap_odd_tasks", false).unwrap_or(false);
+    let index = task.id.rsplit(['/', '-', '_']).next().and_then(|n| n.parse::<u64>().ok());
+    enabled && index.is_some_and(|i| i % 2 == 1)
+}
+
 impl Reward for Hostile {
-    fn score(_task: Task, completion: String) -> Result<Score, String> {
+    fn score_group(task: Task, completions: Vec<String>) -> Vec<Result<Score, String>> {
+        if trap_for(&task) {
+            std::process::abort();
+        }
+        completions.into_iter().map(|c| Self::score(task.clone(), c)).collect()
+    }
+
+    fn score(task: Task, completion: String) -> Result<Score, String> {
+        if trap_for(&task) {
+            std::process::abort();
+        }
         match completion.as_str() {
             "loop" => loop {
                 black_box(());

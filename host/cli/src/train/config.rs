@@ -1,0 +1,215 @@
+//! `wirl train`'s configuration: a TOML file, checked on load. An unknown key, a wrong type or
+//! a missing plugin file is an error naming the file, the key and what to do.
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
+
+/// The default run, embedded so that `wirl train` needs no file.
+pub const DEFAULT_TOML: &str = include_str!("../../../../examples/train/default.toml");
+/// Where the embedded default's relative paths are resolved from (it lives there in the repo).
+pub const DEFAULT_DIR: &str = "examples/train";
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    pub model: ModelSection,
+    pub environment: PluginSection,
+    pub rewards: Vec<RewardSection>,
+    #[serde(default)]
+    pub sampling: SamplingSection,
+    #[serde(default)]
+    pub grpo: GrpoSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub path: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSection {
+    pub plugin: PathBuf,
+    /// The environment's task-set seed.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub config: toml::Table,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    pub plugin: PathBuf,
+    #[serde(default = "one")]
+    pub weight: f32,
+    #[serde(default)]
+    pub config: toml::Table,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingSection {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+}
+
+impl Default for SamplingSection {
+    fn default() -> Self {
+        SamplingSection { max_tokens: 64, temperature: 1.0, top_p: 1.0, top_k: 0 }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpoSection {
+    pub steps: usize,
+    pub prompts_per_step: usize,
+    pub group_size: usize,
+    pub learning_rate: f64,
+    pub warmup_steps: usize,
+    pub schedule: Schedule,
+    pub weight_decay: f64,
+    pub max_grad_norm: Option<f64>,
+    /// KL coefficient; 0 keeps no reference model.
+    pub beta: f64,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub entropy: f64,
+    /// μ: updates per batch of rollouts (old log-probs from before the first).
+    pub inner_epochs: usize,
+    pub advantage: AdvantageMode,
+    pub aggregation: Aggregation,
+    /// The reward a completion gets when a reward plugin fails on it.
+    pub failure_reward: f32,
+    /// A completion passes when its reward is at least this.
+    pub pass_reward: f32,
+    pub seed: u64,
+}
+
+impl Default for GrpoSection {
+    fn default() -> Self {
+        GrpoSection {
+            steps: 20,
+            prompts_per_step: 4,
+            group_size: 8,
+            learning_rate: 1e-5,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+            weight_decay: 0.0,
+            max_grad_norm: Some(1.0),
+            beta: 0.04,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            entropy: 0.0,
+            inner_epochs: 1,
+            advantage: AdvantageMode::Grpo,
+            aggregation: Aggregation::TokenMean,
+            failure_reward: 0.0,
+            pass_reward: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Held-out tasks scored greedily before and after training (0: none).
+    pub tasks: usize,
+    /// Held-out tasks are taken from this index on; training uses the indices below it.
+    pub first_index: u64,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection { tasks: 50, first_index: 1 << 40 }
+    }
+}
+
+impl TrainConfig {
+    /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
+    pub fn parse(text: &str, origin: &str, base: &Path) -> anyhow::Result<Self> {
+        let mut config: TrainConfig = toml::from_str(text).map_err(|e| {
+            anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
+                .context("the training config is not valid; see examples/train/default.toml for every key")
+        })?;
+        config.environment.plugin = base.join(&config.environment.plugin);
+        for reward in &mut config.rewards {
+            reward.plugin = base.join(&reward.plugin);
+        }
+        config.check(origin)?;
+        Ok(config)
+    }
+
+    /// Load from a TOML file.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, &path.display().to_string(), base)
+    }
+
+    fn check(&self, origin: &str) -> anyhow::Result<()> {
+        let plugin_missing = |key: &str, path: &Path| {
+            anyhow::anyhow!(
+                "{origin}: `{key}`: plugin file {} does not exist (build the plugins with scripts/build-plugins, or fix the path; relative paths are from the config's directory)",
+                path.display()
+            )
+        };
+        if !self.environment.plugin.is_file() {
+            return Err(plugin_missing("environment.plugin", &self.environment.plugin));
+        }
+        if self.rewards.is_empty() {
+            bail!("{origin}: `rewards`: at least one [[rewards]] table is needed");
+        }
+        for (i, reward) in self.rewards.iter().enumerate() {
+            if !reward.plugin.is_file() {
+                return Err(plugin_missing(&format!("rewards[{i}].plugin"), &reward.plugin));
+            }
+        }
+        let g = &self.grpo;
+        let positive = [
+            ("grpo.steps", g.steps),
+            ("grpo.prompts_per_step", g.prompts_per_step),
+            ("grpo.inner_epochs", g.inner_epochs),
+            ("sampling.max_tokens", self.sampling.max_tokens),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                bail!("{origin}: `{key}` must be at least 1");
+            }
+        }
+        if g.group_size < 2 {
+            bail!("{origin}: `grpo.group_size` must be at least 2 (advantages compare samples of a group)");
+        }
+        if !(g.learning_rate > 0.0 && g.learning_rate.is_finite()) {
+            bail!("{origin}: `grpo.learning_rate` must be positive");
+        }
+        if g.beta < 0.0 || g.clip_low < 0.0 || g.clip_low >= 1.0 || g.clip_high < 0.0 {
+            bail!("{origin}: `grpo.beta` must be >= 0, `grpo.clip_low` in [0, 1), `grpo.clip_high` >= 0");
+        }
+        if self.eval.first_index < (self.grpo.steps * self.grpo.prompts_per_step) as u64 {
+            bail!("{origin}: `eval.first_index` overlaps the training tasks; raise it above steps x prompts_per_step");
+        }
+        Ok(())
+    }
+}

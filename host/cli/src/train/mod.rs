@@ -1,0 +1,492 @@
+//! `wirl train`: GRPO on tasks from an environment plugin, scored by reward plugins, with the
+//! engine generating through its batching actor and the trainer updating the same weights in
+//! place (the inference model shares the trainer's variables: no copy between steps).
+//!
+//! A step: P tasks from the environment → G completions each (one prefill per prompt) →
+//! every reward plugin scores each group (a failure gets `failure_reward` and is counted by
+//! kind) → group advantages, zero-variance groups dropped → for each kept group a forward and
+//! backward pass of the policy (the group's prompt once, its completions attending to it),
+//! gradients summed → one AdamW update. A run directory keeps the config, `metrics.jsonl`
+//! (one line per step) and `rollouts.jsonl` (every completion with its score and the plugins'
+//! sha256).
+
+pub mod config;
+
+use crate::model;
+use anyhow::{Context, bail};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor};
+use config::{DEFAULT_DIR, DEFAULT_TOML, PluginSection, TrainConfig};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+use wirl_engine::{ChatMessage, EngineHandle, GenerateRequest, LoadOptions, Sampling, Tokenizer};
+use wirl_grpo::{LossSettings, Net, Optimizer, Policy};
+use wirl_sandbox::{EnvironmentPlugin, RewardPlugin, Sandbox, SandboxSettings, Task};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A training config (TOML); without one, the embedded default (examples/train/default.toml).
+    config: Option<PathBuf>,
+    /// Where the run's files go (default: runs/train-<unix time>).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Override `grpo.steps`.
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Override `eval.tasks` (0 skips the held-out evaluation).
+    #[arg(long)]
+    eval_tasks: Option<usize>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let (mut config, config_text) = match &args.config {
+        Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
+        None => {
+            let origin = "the embedded default config (examples/train/default.toml)";
+            (TrainConfig::parse(DEFAULT_TOML, origin, Path::new(DEFAULT_DIR))?, DEFAULT_TOML.to_string())
+        }
+    };
+    if let Some(steps) = args.steps {
+        config.grpo.steps = steps;
+    }
+    if let Some(tasks) = args.eval_tasks {
+        config.eval.tasks = tasks;
+    }
+    let run_dir = match &args.run_dir {
+        Some(dir) => dir.clone(),
+        None => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+            PathBuf::from(format!("runs/train-{now}"))
+        }
+    };
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating run directory {}", run_dir.display()))?;
+    std::fs::write(run_dir.join("config.toml"), &config_text)?;
+    let mut trainer = Trainer::new(config, &run_dir)?;
+    trainer.train()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The reward plugins of a run, with their weights.
+struct Rewards {
+    plugins: Vec<(RewardPlugin, f32)>,
+}
+
+/// One scored completion.
+struct Scored {
+    reward: f32,
+    parts: BTreeMap<String, f32>,
+    failures: Vec<String>,
+}
+
+impl Rewards {
+    /// Score one group: every plugin's weighted reward summed; a failing call scores
+    /// `failure_reward` for that plugin and is recorded.
+    fn score_group(&mut self, task: &Task, completions: &[String], failure_reward: f32) -> Vec<Scored> {
+        let mut scored: Vec<Scored> =
+            completions.iter().map(|_| Scored { reward: 0.0, parts: BTreeMap::new(), failures: Vec::new() }).collect();
+        for (plugin, weight) in &mut self.plugins {
+            let name = plugin.plugin().name().to_string();
+            for (out, verdict) in scored.iter_mut().zip(plugin.score_group(task, completions)) {
+                match verdict {
+                    Ok(score) => {
+                        out.reward += *weight * score.reward;
+                        for (part, value) in score.parts {
+                            out.parts.insert(part, value);
+                        }
+                    }
+                    Err(failure) => {
+                        out.reward += *weight * failure_reward;
+                        out.failures.push(failure.kind.name().to_string());
+                        tracing::warn!("reward plugin {name}: {failure}");
+                    }
+                }
+            }
+        }
+        scored
+    }
+}
+
+struct Trainer {
+    config: TrainConfig,
+    run_dir: PathBuf,
+    tokenizer: Arc<Tokenizer>,
+    policy: Policy,
+    reference: Option<Net>,
+    inference: Arc<wirl_engine::Model>,
+    engine: EngineHandle,
+    environment: EnvironmentPlugin,
+    rewards: Rewards,
+    optimizer: Optimizer,
+    /// Kept alive for the plugins' lifetime (its epoch ticker).
+    _sandbox: Sandbox,
+}
+
+fn plugin_spec(
+    section_plugin: &Path,
+    config: &toml::Table,
+    deadline: Option<u64>,
+    memory: Option<u64>,
+) -> wirl_sandbox::PluginSpec {
+    let mut spec = wirl_sandbox::PluginSpec::new(section_plugin);
+    for (key, value) in config {
+        spec.config.insert(key.clone(), serde_json::to_value(value).unwrap_or(serde_json::Value::Null));
+    }
+    if let Some(ms) = deadline {
+        spec.limits.deadline_ms = ms;
+    }
+    if let Some(mib) = memory {
+        spec.limits.memory_bytes = mib << 20;
+    }
+    spec
+}
+
+fn environment_spec(section: &PluginSection) -> wirl_sandbox::PluginSpec {
+    plugin_spec(&section.plugin, &section.config, section.deadline_ms, section.memory_mib)
+}
+
+impl Trainer {
+    fn new(config: TrainConfig, run_dir: &Path) -> anyhow::Result<Self> {
+        let device = Device::Cpu;
+        let model_path = model::resolve(Some(&config.model.path))?;
+        eprintln!("loading {}", model_path.display());
+        let options = LoadOptions { dtype: Some(DType::F32), ..Default::default() };
+        let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(&model_path, &options)?;
+        let policy = Policy::new(&model_config, &tensors, &device)?;
+        drop(tensors);
+        let reference = if config.grpo.beta > 0.0 { Some(policy.frozen_copy(&device)?) } else { None };
+        // The inference model shares the policy's storage: updates are seen without a copy.
+        let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
+        let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
+        let tokenizer = Arc::new(tokenizer);
+        let (engine, _thread) = EngineHandle::spawn(inference.clone(), tokenizer.clone())?;
+
+        let sandbox = Sandbox::new(SandboxSettings::default())?;
+        let environment = EnvironmentPlugin::new(sandbox.load(environment_spec(&config.environment))?)?;
+        let mut plugins = Vec::new();
+        for reward in &config.rewards {
+            let spec = plugin_spec(&reward.plugin, &reward.config, reward.deadline_ms, reward.memory_mib);
+            plugins.push((RewardPlugin::new(sandbox.load(spec)?)?, reward.weight));
+        }
+        let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
+        let optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
+        Ok(Trainer {
+            config,
+            run_dir: run_dir.to_path_buf(),
+            tokenizer,
+            policy,
+            reference,
+            inference,
+            engine,
+            environment,
+            rewards: Rewards { plugins },
+            optimizer,
+            _sandbox: sandbox,
+        })
+    }
+
+    fn prompt_ids(&self, task: &Task) -> anyhow::Result<Vec<u32>> {
+        let messages: Vec<ChatMessage> =
+            task.messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
+        let text = self.tokenizer.render_chat(&messages, true)?;
+        Ok(self.tokenizer.encode(&text)?)
+    }
+
+    fn task(&mut self, index: u64) -> anyhow::Result<Task> {
+        let seed = self.config.environment.seed;
+        self.environment
+            .task_at(seed, index)
+            .map_err(|f| anyhow::anyhow!("environment task {index} (seed {seed}): {f}"))
+    }
+
+    /// Greedy pass rate on the held-out tasks.
+    fn evaluate(&mut self) -> anyhow::Result<Option<f32>> {
+        let count = self.config.eval.tasks;
+        if count == 0 {
+            return Ok(None);
+        }
+        let first = self.config.eval.first_index;
+        let tasks: Vec<Task> = (0..count as u64).map(|i| self.task(first + i)).collect::<anyhow::Result<_>>()?;
+        let requests: Vec<GenerateRequest> = tasks
+            .iter()
+            .map(|t| {
+                let sampling = Sampling::greedy(self.config.sampling.max_tokens);
+                Ok(GenerateRequest { prompt: self.prompt_ids(t)?, n: 1, sampling })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let outputs = wirl_engine::generate(&self.inference, &self.tokenizer, &requests, |_, _, _| {})?;
+        let mut passed = 0;
+        for (task, out) in tasks.iter().zip(outputs) {
+            let scored = self.rewards.score_group(task, &[out[0].text.clone()], self.config.grpo.failure_reward);
+            passed += usize::from(scored[0].reward >= self.config.grpo.pass_reward);
+        }
+        Ok(Some(passed as f32 / count as f32))
+    }
+
+    fn train(&mut self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let before = self.evaluate()?;
+        if let Some(accuracy) = before {
+            eprintln!("held-out greedy pass rate before training: {accuracy:.3} ({} tasks)", self.config.eval.tasks);
+        }
+        let mut metrics = std::io::BufWriter::new(std::fs::File::create(self.run_dir.join("metrics.jsonl"))?);
+        let mut rollouts = std::io::BufWriter::new(std::fs::File::create(self.run_dir.join("rollouts.jsonl"))?);
+        let hashes: Vec<(String, String)> = std::iter::once(self.environment.plugin())
+            .chain(self.rewards.plugins.iter().map(|(p, _)| p.plugin()))
+            .map(|p| (p.name().to_string(), p.sha256().to_string()))
+            .collect();
+        let steps = self.config.grpo.steps;
+        let mut step_times = Vec::new();
+        for step in 0..steps {
+            let line = self.step(step, &mut rollouts, &hashes)?;
+            step_times.push(line["time_s"]["total"].as_f64().unwrap_or(0.0));
+            writeln!(metrics, "{line}")?;
+            metrics.flush()?;
+            rollouts.flush()?;
+            let mean_step = step_times.iter().sum::<f64>() / step_times.len() as f64;
+            let eta = mean_step * (steps - step - 1) as f64;
+            eprintln!(
+                "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  kl {:.5}  len {:.1}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {:.0}s",
+                step + 1,
+                line["reward_mean"].as_f64().unwrap_or(0.0),
+                line["pass_rate"].as_f64().unwrap_or(0.0),
+                line["loss"].as_f64().unwrap_or(0.0),
+                line["kl"].as_f64().unwrap_or(0.0),
+                line["completion_tokens_mean"].as_f64().unwrap_or(0.0),
+                line["time_s"]["generate"].as_f64().unwrap_or(0.0),
+                line["time_s"]["score"].as_f64().unwrap_or(0.0),
+                line["time_s"]["train"].as_f64().unwrap_or(0.0),
+                eta,
+            );
+        }
+        let after = self.evaluate()?;
+        let summary = json!({
+            "steps": steps,
+            "held_out_pass_rate_before": before,
+            "held_out_pass_rate_after": after,
+            "held_out_tasks": self.config.eval.tasks,
+            "seconds": started.elapsed().as_secs_f64(),
+        });
+        std::fs::write(self.run_dir.join("summary.json"), format!("{summary}\n"))?;
+        if let (Some(b), Some(a)) = (before, after) {
+            eprintln!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
+        }
+        eprintln!("run written to {}", self.run_dir.display());
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        step: usize,
+        rollouts: &mut impl Write,
+        hashes: &[(String, String)],
+    ) -> anyhow::Result<serde_json::Value> {
+        let g = self.config.grpo.clone();
+        let step_started = Instant::now();
+
+        // Tasks and rollouts.
+        let first = (step * g.prompts_per_step) as u64;
+        let tasks: Vec<Task> =
+            (first..first + g.prompts_per_step as u64).map(|i| self.task(i)).collect::<anyhow::Result<_>>()?;
+        let prompts: Vec<Vec<u32>> = tasks.iter().map(|t| self.prompt_ids(t)).collect::<anyhow::Result<_>>()?;
+        let generate_started = Instant::now();
+        let requests: Vec<GenerateRequest> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, prompt)| GenerateRequest {
+                prompt: prompt.clone(),
+                n: g.group_size,
+                sampling: Sampling {
+                    max_tokens: self.config.sampling.max_tokens,
+                    temperature: self.config.sampling.temperature,
+                    top_p: self.config.sampling.top_p,
+                    top_k: self.config.sampling.top_k,
+                    seed: Some(mix(g.seed, (step * g.prompts_per_step + i) as u64)),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        // Every request goes through the batching actor, from its own thread, as agents would.
+        let groups: Vec<Vec<wirl_engine::Completion>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = requests
+                .into_iter()
+                .map(|request| {
+                    let engine = self.engine.clone();
+                    scope.spawn(move || engine.generate_blocking(request))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("generation thread")).collect::<Result<Vec<_>, _>>()
+        })?;
+        let generate_s = generate_started.elapsed().as_secs_f64();
+
+        // Scores.
+        let score_started = Instant::now();
+        let mut scored = Vec::with_capacity(groups.len());
+        for (task, group) in tasks.iter().zip(&groups) {
+            let texts: Vec<String> = group.iter().map(|c| c.text.clone()).collect();
+            scored.push(self.rewards.score_group(task, &texts, g.failure_reward));
+        }
+        let score_s = score_started.elapsed().as_secs_f64();
+
+        // Advantages; groups whose rewards are all equal carry no signal.
+        let mut kept = Vec::new();
+        for (i, group) in scored.iter().enumerate() {
+            let rewards: Vec<f32> = group.iter().map(|s| s.reward).collect();
+            if let Some(advantages) = wirl_grpo::group_advantages(&rewards, g.advantage) {
+                kept.push((i, advantages));
+            }
+        }
+
+        // Update.
+        let train_started = Instant::now();
+        let lr = wirl_grpo::optim::learning_rate(g.learning_rate, step, g.warmup_steps, g.steps, g.schedule);
+        let settings = LossSettings { clip_low: g.clip_low, clip_high: g.clip_high, beta: g.beta, entropy: g.entropy };
+        let step_tokens: usize = kept.iter().flat_map(|(i, _)| groups[*i].iter().map(|c| c.tokens.len())).sum();
+        let step_sequences = kept.len() * g.group_size;
+        let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum, mut grad_norm) = (0f32, 0f32, 0f32, 0f32, 0f64);
+        if !kept.is_empty() {
+            // Old log-probs (μ > 1) and the reference's, before any update of this step.
+            let mut old = Vec::new();
+            let mut reference = Vec::new();
+            for (i, _) in &kept {
+                let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
+                if g.inner_epochs > 1 {
+                    old.push(Some(self.policy.net().completion_stats(&prompts[*i], &completions)?.logp.detach()));
+                } else {
+                    old.push(None);
+                }
+                reference.push(match &self.reference {
+                    Some(net) => Some(net.completion_stats(&prompts[*i], &completions)?.logp.detach()),
+                    None => None,
+                });
+            }
+            for _epoch in 0..g.inner_epochs {
+                let mut grads: Option<GradStore> = None;
+                for (k, (i, advantages)) in kept.iter().enumerate() {
+                    let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
+                    let lengths: Vec<usize> = completions.iter().map(Vec::len).collect();
+                    let stats = self.policy.net().completion_stats(&prompts[*i], &completions)?;
+                    let width = stats.logp.dim(1)?;
+                    let weights = wirl_grpo::token_weights(
+                        &lengths,
+                        width,
+                        g.aggregation,
+                        step_tokens,
+                        step_sequences,
+                        self.config.sampling.max_tokens,
+                    );
+                    let device = stats.logp.device();
+                    let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
+                    let advantages = Tensor::from_vec(advantages.clone(), lengths.len(), device)?;
+                    let old_logp = match &old[k] {
+                        Some(old) => old.clone(),
+                        None => stats.logp.detach(),
+                    };
+                    let parts = wirl_grpo::grpo_loss(
+                        &stats.logp,
+                        &old_logp,
+                        reference[k].as_ref(),
+                        Some(&stats.entropy),
+                        &advantages,
+                        &weights,
+                        &settings,
+                    )?;
+                    loss_sum += parts.loss.to_scalar::<f32>()?;
+                    kl_sum += parts.kl;
+                    entropy_sum += parts.entropy;
+                    clip_sum += parts.clip_fraction / kept.len() as f32;
+                    let new = parts.loss.backward()?;
+                    grads = Some(accumulate(grads, new, &self.policy)?);
+                }
+                if let Some(grads) = grads {
+                    grad_norm = self.optimizer.step(&grads, lr, g.max_grad_norm)?;
+                }
+            }
+            let epochs = g.inner_epochs as f32;
+            (loss_sum, kl_sum, entropy_sum, clip_sum) =
+                (loss_sum / epochs, kl_sum / epochs, entropy_sum / epochs, clip_sum / epochs);
+        }
+        let train_s = train_started.elapsed().as_secs_f64();
+
+        // Records.
+        let all: Vec<&Scored> = scored.iter().flatten().collect();
+        let rewards: Vec<f32> = all.iter().map(|s| s.reward).collect();
+        let n = rewards.len().max(1) as f32;
+        let mean = rewards.iter().sum::<f32>() / n;
+        let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / n).sqrt();
+        let mut parts: BTreeMap<String, f32> = BTreeMap::new();
+        for s in &all {
+            for (name, value) in &s.parts {
+                *parts.entry(name.clone()).or_default() += value / n;
+            }
+        }
+        let mut failures: BTreeMap<String, usize> = BTreeMap::new();
+        for s in &all {
+            for kind in &s.failures {
+                *failures.entry(kind.clone()).or_default() += 1;
+            }
+        }
+        let lengths: Vec<usize> = groups.iter().flatten().map(|c| c.tokens.len()).collect();
+        let generated: usize = lengths.iter().sum();
+        for ((task, group), scores) in tasks.iter().zip(&groups).zip(&scored) {
+            for (sample, (completion, score)) in group.iter().zip(scores).enumerate() {
+                let record = json!({
+                    "step": step, "task": task.id, "sample": sample, "completion": completion.text,
+                    "tokens": completion.tokens.len(), "reward": score.reward, "parts": score.parts,
+                    "failures": score.failures, "plugins": hashes.iter().map(|(n, h)| json!({"name": n, "sha256": h})).collect::<Vec<_>>(),
+                });
+                writeln!(rollouts, "{record}")?;
+            }
+        }
+        let total_s = step_started.elapsed().as_secs_f64();
+        Ok(json!({
+            "step": step + 1,
+            "learning_rate": lr,
+            "reward_mean": mean,
+            "reward_std": std,
+            "parts": parts,
+            "pass_rate": rewards.iter().filter(|&&r| r >= g.pass_reward).count() as f32 / n,
+            "groups_kept": kept.len(),
+            "loss": loss_sum,
+            "kl": if step_tokens > 0 && g.beta > 0.0 { kl_sum } else { 0.0 },
+            "entropy": entropy_sum,
+            "clip_fraction": clip_sum,
+            "grad_norm": grad_norm,
+            "completion_tokens_mean": generated as f32 / lengths.len().max(1) as f32,
+            "completion_tokens_max": lengths.iter().max().copied().unwrap_or(0),
+            "failures": failures,
+            "generate_tokens_per_s": generated as f64 / generate_s.max(1e-9),
+            "time_s": { "generate": generate_s, "score": score_s, "train": train_s, "total": total_s },
+        }))
+    }
+}
+
+/// Sum `new`'s gradients of the policy's variables into `total` (dropping the intermediate
+/// tensors' gradients that a backward pass also returns).
+fn accumulate(total: Option<GradStore>, mut new: GradStore, policy: &Policy) -> anyhow::Result<GradStore> {
+    let mut kept = GradStore::default();
+    for (_, var) in policy.vars() {
+        let Some(grad) = new.remove(var.as_tensor()) else { continue };
+        let sum = match total.as_ref().and_then(|t| t.get(var.as_tensor())) {
+            Some(previous) => (previous + grad)?,
+            None => grad,
+        };
+        kept.insert(var.as_tensor(), sum);
+    }
+    if kept.get(policy.vars()[0].1.as_tensor()).is_none() && total.is_none() {
+        bail!("the loss has no gradient with respect to the policy's weights");
+    }
+    Ok(kept)
+}
+
+/// A seed for the `index`-th request of a run seeded `seed` (SplitMix64 finaliser).
+fn mix(seed: u64, index: u64) -> u64 {
+    let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,167 @@
+//! The GRPO trainer: its trainable forward pass against the engine's, and `wirl train` on a
+//! tiny random model with real plugins (a toy reward that rises, a reward plugin that traps on
+//! every other call, config errors).
+
+use crate::engine::write_tiny_model;
+use std::path::Path;
+use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
+use wirl_test_artifacts::{ARITHMETIC, HOSTILE};
+
+/// The trainer's differentiable forward (prompt once, completions attending to it) gives the
+/// log-probs the engine sampled with, on the same weights.
+#[test]
+fn trainable_and_inference_log_probs_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), true);
+    let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+    let device = wirl_engine::Device::Cpu;
+    let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
+    let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
+    let model = wirl_engine::Model::load(&config, &mut source, &device).unwrap();
+    let prompt: Vec<u32> = vec![5, 9, 13, 2, 7];
+    let request = GenerateRequest {
+        prompt: prompt.clone(),
+        n: 4,
+        sampling: Sampling { max_tokens: 12, seed: Some(11), ..Default::default() },
+    };
+    let out = wirl_engine::generate(&model, &tokenizer, &[request], |_, _, _| {}).unwrap().remove(0);
+    let completions: Vec<Vec<u32>> = out.iter().map(|c| c.tokens.clone()).collect();
+    assert!(completions.iter().any(|c| c.len() != completions[0].len()) || completions[0].len() == 12);
+    let stats = policy.net().completion_stats(&prompt, &completions).unwrap();
+    let logp: Vec<Vec<f32>> = stats.logp.to_vec2().unwrap();
+    let mut worst = 0f32;
+    for (row, completion) in out.iter().enumerate() {
+        for (t, &expected) in completion.logprobs.iter().enumerate() {
+            worst = worst.max((logp[row][t] - expected).abs());
+        }
+    }
+    assert!(worst < 1e-4, "max |trainable − inference| log-prob = {worst}");
+    let entropy: Vec<Vec<f32>> = stats.entropy.to_vec2().unwrap();
+    assert!(entropy.iter().flatten().all(|&h| h > 0.0 && h <= (64f32).ln() + 1e-4));
+}
+
+/// A config for `wirl train` on the tiny model, the arithmetic environment and the hostile
+/// plugin as reward (its reward is the completion's length in characters).
+fn write_config(dir: &Path, extra_reward: &str, steps: usize, lr: f64) -> std::path::PathBuf {
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    write_tiny_model(&model, false);
+    // Words of 1 to 8 letters after the id, so that the length reward has room to rise.
+    let path = model.join("tokenizer.json");
+    let mut tokenizer: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<unk>".into(), 0.into());
+    vocab.insert("</s>".into(), 1.into());
+    for i in 2..64usize {
+        vocab.insert(format!("w{i}{}", "z".repeat(i % 8)), i.into());
+    }
+    tokenizer["model"]["vocab"] = vocab.into();
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let config = format!(
+        r#"
+[model]
+path = {model:?}
+
+[environment]
+plugin = {ARITHMETIC:?}
+config = {{ shots = false }}
+
+[[rewards]]
+plugin = {HOSTILE:?}
+{extra_reward}
+
+[sampling]
+max_tokens = 6
+
+[grpo]
+steps = {steps}
+prompts_per_step = 2
+group_size = 6
+learning_rate = {lr}
+beta = 0.0
+seed = 3
+
+[eval]
+tasks = 0
+"#
+    );
+    let path = dir.join("train.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+fn train(config: &Path, run_dir: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(config)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .output()
+        .unwrap()
+}
+
+fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Seeded: on a toy reward (longer completions score more: words of 2 to 10 letters) the mean
+/// reward of the last 3 of 10 steps is above the first 3's. Not a timing test.
+#[test]
+fn training_raises_a_toy_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 10, 0.01);
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 10);
+    let mean = |steps: &[serde_json::Value]| {
+        steps.iter().map(|m| m["reward_mean"].as_f64().unwrap()).sum::<f64>() / steps.len() as f64
+    };
+    let (first, last) = (mean(&lines[..3]), mean(&lines[7..]));
+    assert!(last > first, "mean reward of the first 3 steps {first}, of the last 3 {last}");
+    let rollouts = std::fs::read_to_string(run.join("rollouts.jsonl")).unwrap();
+    assert_eq!(rollouts.lines().count(), 10 * 2 * 6);
+    let first: serde_json::Value = serde_json::from_str(rollouts.lines().next().unwrap()).unwrap();
+    assert_eq!(first["plugins"].as_array().unwrap().len(), 2, "environment and reward plugin hashes");
+}
+
+/// A reward plugin that traps on every other call: the run completes and the failures are
+/// counted by kind.
+#[test]
+fn a_reward_plugin_that_traps_every_other_call_does_not_stop_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "config = { trap_odd_tasks = true }", 2, 0.01);
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for line in metrics(&run) {
+        // Two tasks per step, the second of each pair traps: its 6 completions fail.
+        assert_eq!(line["failures"]["trap"], 6, "{line}");
+    }
+}
+
+#[test]
+fn config_errors_name_the_file_the_key_and_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 1, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let run = dir.path().join("run");
+    let cases = [
+        (text.replace("[eval]", "[eval]\nflavour = 1"), "flavour"),
+        (text.replace("steps = 1", "steps = \"many\""), "steps"),
+        (text.replace(HOSTILE, "/nonexistent/reward.wasm"), "rewards[0].plugin"),
+        (text.replace("group_size = 6", "group_size = 1"), "grpo.group_size"),
+    ];
+    for (bad, key) in cases {
+        std::fs::write(&config, bad).unwrap();
+        let out = train(&config, &run);
+        assert!(!out.status.success());
+        let error = String::from_utf8_lossy(&out.stderr);
+        assert!(error.contains("train.toml") && error.contains(key), "expected `{key}` in: {error}");
+    }
+}
