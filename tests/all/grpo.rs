@@ -165,3 +165,67 @@ fn config_errors_name_the_file_the_key_and_what_to_do() {
         assert!(error.contains("train.toml") && error.contains(key), "expected `{key}` in: {error}");
     }
 }
+
+/// A run stopped after its checkpoint and resumed gives the metrics of an uninterrupted run
+/// with the same seed; a half-written checkpoint beside it is never loaded.
+#[test]
+fn a_resumed_run_equals_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 4, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap().replace("seed = 3", "seed = 3\ncheckpoint_every = 2");
+    std::fs::write(&config, text).unwrap();
+    let whole = dir.path().join("whole");
+    assert!(train(&config, &whole).status.success());
+
+    let parts = dir.path().join("parts");
+    let first = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(&config)
+        .args(["--steps", "2", "--run-dir"])
+        .arg(&parts)
+        .output()
+        .unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(parts.join("checkpoints/step-000002/model/model.safetensors").is_file());
+    // What a run killed while writing its next checkpoint leaves behind.
+    std::fs::create_dir_all(parts.join("checkpoints/.step-000003.partial/model")).unwrap();
+    let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg("--resume")
+        .arg(&parts)
+        .args(["--steps", "4"])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert!(String::from_utf8_lossy(&resumed.stderr).contains("resuming"));
+
+    let deterministic = |m: &serde_json::Value| {
+        let mut m = m.clone();
+        let object = m.as_object_mut().unwrap();
+        object.remove("time_s");
+        object.remove("generate_tokens_per_s");
+        m
+    };
+    let (a, b) = (metrics(&whole), metrics(&parts));
+    assert_eq!(a.len(), 4);
+    assert_eq!(b.len(), 4);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(deterministic(x), deterministic(y));
+    }
+    let rollouts = |d: &Path| std::fs::read_to_string(d.join("rollouts.jsonl")).unwrap();
+    assert_eq!(rollouts(&whole), rollouts(&parts));
+
+    // `wirl eval` scores a checkpoint on the held-out tasks.
+    let eval = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("eval")
+        .arg(&config)
+        .arg("--model")
+        .arg(parts.join("checkpoints/step-000004/model"))
+        .args(["--tasks", "3"])
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    assert_eq!(result["tasks"], 3);
+    assert!(result["greedy_pass_rate"].as_f64().is_some_and(|p| (0.0..=1.0).contains(&p)), "{result}");
+}

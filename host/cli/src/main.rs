@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     /// Train a model with GRPO: the embedded default, or a config file.
     Train(train::Args),
+    /// Greedy pass rate on a training config's held-out tasks, for a model or a checkpoint.
+    Eval(train::EvalArgs),
     /// Score completions with a reward plugin: JSONL in, JSONL out, a summary on stderr.
     Score(score::Args),
     /// Print tasks of an environment plugin as JSONL.
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train::run(args),
+        Command::Eval(args) => train::eval(args),
         Command::Score(args) => score::run(args),
         Command::Tasks(args) => tasks::run(args),
         Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),

@@ -27,6 +27,8 @@ enum Message {
         reply: oneshot::Sender<Result<Vec<Completion>>>,
         text: Option<mpsc::UnboundedSender<TextPiece>>,
     },
+    /// Several requests that join the batch together (deterministic batch composition).
+    GenerateAll { jobs: Vec<(GenerateRequest, oneshot::Sender<Result<Vec<Completion>>>)> },
     /// Use other weights from the next batch on: waits until the running rows finish, and
     /// requests sent after it use the new model.
     SetModel { model: Arc<Model>, reply: oneshot::Sender<()> },
@@ -70,6 +72,22 @@ impl EngineHandle {
         self.submit(request, None)?.blocking_recv().map_err(|_| Error::Stopped)?
     }
 
+    /// Several requests admitted into the batch in one go, in order, so that the batch they
+    /// form does not depend on thread timing (the trainer's runs are reproducible). Blocks.
+    pub fn generate_all_blocking(&self, requests: Vec<GenerateRequest>) -> Vec<Result<Vec<Completion>>> {
+        let (jobs, receivers): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|request| {
+                let (reply, receiver) = oneshot::channel();
+                ((request, reply), receiver)
+            })
+            .unzip();
+        if self.sender.send(Message::GenerateAll { jobs }).is_err() {
+            return receivers.iter().map(|_| Err(Error::Stopped)).collect();
+        }
+        receivers.into_iter().map(|r| r.blocking_recv().map_err(|_| Error::Stopped)?).collect()
+    }
+
     /// Swap in new weights (the trainer, after an update). Returns once the engine uses them.
     pub async fn set_model(&self, model: Arc<Model>) -> Result<()> {
         let (reply, receiver) = oneshot::channel();
@@ -109,6 +127,10 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
             }
             while let Ok(message) = receiver.try_recv() {
                 queue.push_back(message);
+            }
+            // A group of requests becomes consecutive single requests, which join together.
+            if queue.iter().any(|m| matches!(m, Message::GenerateAll { .. })) {
+                queue = queue.into_iter().flat_map(expand).collect();
             }
             // Everything queued before the next model swap joins now.
             let mut joining = Vec::new();
@@ -157,6 +179,15 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
         let (new_model, reply) = swap;
         model = new_model;
         let _ = reply.send(());
+    }
+}
+
+fn expand(message: Message) -> Vec<Message> {
+    match message {
+        Message::GenerateAll { jobs } => {
+            jobs.into_iter().map(|(request, reply)| Message::Generate { request, reply, text: None }).collect()
+        }
+        other => vec![other],
     }
 }
 

@@ -2,7 +2,7 @@
 //! a missing plugin file is an error naming the file, the key and what to do.
 
 use anyhow::{Context, bail};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
 
@@ -11,7 +11,7 @@ pub const DEFAULT_TOML: &str = include_str!("../../../../examples/train/default.
 /// Where the embedded default's relative paths are resolved from (it lives there in the repo).
 pub const DEFAULT_DIR: &str = "examples/train";
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     pub model: ModelSection,
@@ -25,13 +25,13 @@ pub struct TrainConfig {
     pub eval: EvalSection,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     pub path: String,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSection {
     pub plugin: PathBuf,
@@ -46,7 +46,7 @@ pub struct PluginSection {
     pub memory_mib: Option<u64>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RewardSection {
     pub plugin: PathBuf,
@@ -64,7 +64,7 @@ fn one() -> f32 {
     1.0
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplingSection {
     pub max_tokens: usize,
@@ -79,7 +79,7 @@ impl Default for SamplingSection {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoSection {
     pub steps: usize,
@@ -104,6 +104,8 @@ pub struct GrpoSection {
     /// A completion passes when its reward is at least this.
     pub pass_reward: f32,
     pub seed: u64,
+    /// Write a checkpoint every this many steps (0: only at the end and on Ctrl-C).
+    pub checkpoint_every: usize,
 }
 
 impl Default for GrpoSection {
@@ -127,11 +129,12 @@ impl Default for GrpoSection {
             failure_reward: 0.0,
             pass_reward: 1.0,
             seed: 0,
+            checkpoint_every: 10,
         }
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvalSection {
     /// Held-out tasks scored greedily before and after training (0: none).
@@ -158,6 +161,11 @@ impl TrainConfig {
             reward.plugin = base.join(&reward.plugin);
         }
         config.check(origin)?;
+        // Absolute from here on: the run directory keeps this config for `--resume`.
+        config.environment.plugin = std::fs::canonicalize(&config.environment.plugin)?;
+        for reward in &mut config.rewards {
+            reward.plugin = std::fs::canonicalize(&reward.plugin)?;
+        }
         Ok(config)
     }
 

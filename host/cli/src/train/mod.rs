@@ -10,6 +10,7 @@
 //! (one line per step) and `rollouts.jsonl` (every completion with its score and the plugins'
 //! sha256).
 
+pub mod checkpoint;
 pub mod config;
 
 use crate::model;
@@ -31,7 +32,11 @@ use wirl_sandbox::{EnvironmentPlugin, RewardPlugin, Sandbox, SandboxSettings, Ta
 #[derive(clap::Args)]
 pub struct Args {
     /// A training config (TOML); without one, the embedded default (examples/train/default.toml).
+    #[arg(conflicts_with = "resume")]
     config: Option<PathBuf>,
+    /// Continue the run in this directory from its newest complete checkpoint.
+    #[arg(long, value_name = "RUN_DIR")]
+    resume: Option<PathBuf>,
     /// Where the run's files go (default: runs/train-<unix time>).
     #[arg(long)]
     run_dir: Option<PathBuf>,
@@ -44,19 +49,19 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    install_interrupt_handler();
+    if let Some(run_dir) = &args.resume {
+        return resume(run_dir, &args);
+    }
     let (mut config, config_text) = match &args.config {
         Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
         None => {
+            build_default_plugins()?;
             let origin = "the embedded default config (examples/train/default.toml)";
             (TrainConfig::parse(DEFAULT_TOML, origin, Path::new(DEFAULT_DIR))?, DEFAULT_TOML.to_string())
         }
     };
-    if let Some(steps) = args.steps {
-        config.grpo.steps = steps;
-    }
-    if let Some(tasks) = args.eval_tasks {
-        config.eval.tasks = tasks;
-    }
+    apply_overrides(&mut config, &args);
     let run_dir = match &args.run_dir {
         Some(dir) => dir.clone(),
         None => {
@@ -66,9 +71,123 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating run directory {}", run_dir.display()))?;
     std::fs::write(run_dir.join("config.toml"), &config_text)?;
-    let mut trainer = Trainer::new(config, &run_dir)?;
-    trainer.train()?;
+    // What `--resume` reads: the config as resolved (absolute plugin paths, overrides applied).
+    std::fs::write(run_dir.join(RESOLVED), toml::to_string(&config)?)?;
+    let mut trainer = Trainer::new(config, &run_dir, None)?;
+    trainer.train(0, None)
+}
+
+const RESOLVED: &str = "config.resolved.toml";
+
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    /// A training config (TOML) whose environment, rewards and `[eval]` section define the
+    /// held-out set; without one, the embedded default.
+    config: Option<PathBuf>,
+    /// The model to evaluate: a checkpoint's `model/` directory, any GGUF file or HF
+    /// directory (default: the config's model).
+    #[arg(long)]
+    model: Option<String>,
+    /// Override `eval.tasks`.
+    #[arg(long)]
+    tasks: Option<usize>,
+}
+
+/// `wirl eval`: greedy pass rate on the config's held-out tasks (indices from
+/// `eval.first_index`, disjoint from training's), for the base model or a checkpoint.
+pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
+    let mut config = match &args.config {
+        Some(path) => TrainConfig::load(path)?,
+        None => {
+            build_default_plugins()?;
+            let origin = "the embedded default config (examples/train/default.toml)";
+            TrainConfig::parse(DEFAULT_TOML, origin, Path::new(DEFAULT_DIR))?
+        }
+    };
+    if let Some(model) = &args.model {
+        config.model.path = model.clone();
+    }
+    if let Some(tasks) = args.tasks {
+        config.eval.tasks = tasks;
+    }
+    config.grpo.beta = 0.0; // no reference model needed
+    let scratch = tempfile_dir()?;
+    let mut trainer = Trainer::new(config.clone(), &scratch, None)?;
+    let pass_rate = trainer.evaluate()?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    let result = json!({ "model": config.model.path, "tasks": config.eval.tasks,
+        "first_index": config.eval.first_index, "greedy_pass_rate": pass_rate });
+    println!("{result}");
     Ok(ExitCode::SUCCESS)
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("wirl-eval-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn apply_overrides(config: &mut TrainConfig, args: &Args) {
+    if let Some(steps) = args.steps {
+        config.grpo.steps = steps;
+    }
+    if let Some(tasks) = args.eval_tasks {
+        config.eval.tasks = tasks;
+    }
+}
+
+fn resume(run_dir: &Path, args: &Args) -> anyhow::Result<ExitCode> {
+    let path = run_dir.join(RESOLVED);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("{} is not a wirl run directory (no {RESOLVED})", run_dir.display()))?;
+    let mut config = TrainConfig::parse(&text, &path.display().to_string(), Path::new(""))?;
+    apply_overrides(&mut config, args);
+    let Some(checkpoint) = checkpoint::latest(run_dir)? else {
+        bail!("{}: no complete checkpoint to resume from (checkpoints/step-*)", run_dir.display());
+    };
+    eprintln!("resuming {} from step {}", run_dir.display(), checkpoint.state.step);
+    checkpoint::truncate_jsonl(&run_dir.join("metrics.jsonl"), checkpoint.state.step)?;
+    checkpoint::truncate_jsonl(&run_dir.join("rollouts.jsonl"), checkpoint.state.step)?;
+    let mut trainer = Trainer::new(config, run_dir, Some(&checkpoint))?;
+    let current: Vec<(String, String)> = trainer.plugin_hashes();
+    if current != checkpoint.state.plugins {
+        eprintln!("warning: the plugins changed since the checkpoint (by sha256): {current:?}");
+    }
+    trainer.train(checkpoint.state.step, checkpoint.state.held_out_before)
+}
+
+/// Set by SIGINT: the loop finishes its step, writes a checkpoint and stops.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn install_interrupt_handler() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
+    }
+}
+
+/// The embedded default names the plugins built in this repository: build them on first use
+/// (from the repository's root, where the default's relative paths point).
+fn build_default_plugins() -> anyhow::Result<()> {
+    let built = ["arithmetic", "math_answer"]
+        .iter()
+        .all(|name| Path::new(&format!("plugins/target/wasm32-wasip2/release/{name}.wasm")).is_file());
+    if built {
+        return Ok(());
+    }
+    if !Path::new("scripts/build-plugins").is_file() {
+        bail!("the default run needs wirl's repository: run `wirl train` from its root, or pass a config file");
+    }
+    eprintln!("building the default plugins (scripts/build-plugins)");
+    let status = std::process::Command::new("bash").arg("scripts/build-plugins").status()?;
+    if !status.success() {
+        bail!("scripts/build-plugins failed ({status})");
+    }
+    Ok(())
 }
 
 /// The reward plugins of a run, with their weights.
@@ -122,6 +241,7 @@ struct Trainer {
     environment: EnvironmentPlugin,
     rewards: Rewards,
     optimizer: Optimizer,
+    model_config: wirl_engine::Config,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
     _sandbox: Sandbox,
 }
@@ -150,15 +270,24 @@ fn environment_spec(section: &PluginSection) -> wirl_sandbox::PluginSpec {
 }
 
 impl Trainer {
-    fn new(config: TrainConfig, run_dir: &Path) -> anyhow::Result<Self> {
+    fn new(config: TrainConfig, run_dir: &Path, resume: Option<&checkpoint::Checkpoint>) -> anyhow::Result<Self> {
         let device = Device::Cpu;
-        let model_path = model::resolve(Some(&config.model.path))?;
-        eprintln!("loading {}", model_path.display());
+        let base_path = model::resolve(Some(&config.model.path))?;
         let options = LoadOptions { dtype: Some(DType::F32), ..Default::default() };
-        let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(&model_path, &options)?;
+        let policy_path = resume.map_or(base_path.clone(), |c| c.model_dir());
+        eprintln!("loading {}", policy_path.display());
+        let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(&policy_path, &options)?;
         let policy = Policy::new(&model_config, &tensors, &device)?;
         drop(tensors);
-        let reference = if config.grpo.beta > 0.0 { Some(policy.frozen_copy(&device)?) } else { None };
+        // The KL reference is the base model, also when resuming.
+        let reference = match (config.grpo.beta > 0.0, resume) {
+            (false, _) => None,
+            (true, None) => Some(policy.frozen_copy(&device)?),
+            (true, Some(_)) => {
+                let (base_config, _, base) = wirl_engine::load::load_tensors(&base_path, &options)?;
+                Some(Net::new(&base_config, base, &device)?)
+            }
+        };
         // The inference model shares the policy's storage: updates are seen without a copy.
         let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
@@ -173,8 +302,12 @@ impl Trainer {
             plugins.push((RewardPlugin::new(sandbox.load(spec)?)?, reward.weight));
         }
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
-        let optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
+        let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
+        if let Some(checkpoint) = resume {
+            checkpoint::restore_optimizer(checkpoint, &policy, &mut optimizer)?;
+        }
         Ok(Trainer {
+            model_config,
             config,
             run_dir: run_dir.to_path_buf(),
             tokenizer,
@@ -227,21 +360,50 @@ impl Trainer {
         Ok(Some(passed as f32 / count as f32))
     }
 
-    fn train(&mut self) -> anyhow::Result<()> {
-        let started = Instant::now();
-        let before = self.evaluate()?;
-        if let Some(accuracy) = before {
-            eprintln!("held-out greedy pass rate before training: {accuracy:.3} ({} tasks)", self.config.eval.tasks);
-        }
-        let mut metrics = std::io::BufWriter::new(std::fs::File::create(self.run_dir.join("metrics.jsonl"))?);
-        let mut rollouts = std::io::BufWriter::new(std::fs::File::create(self.run_dir.join("rollouts.jsonl"))?);
-        let hashes: Vec<(String, String)> = std::iter::once(self.environment.plugin())
+    /// `(name, sha256)` of the environment and reward plugins.
+    fn plugin_hashes(&self) -> Vec<(String, String)> {
+        std::iter::once(self.environment.plugin())
             .chain(self.rewards.plugins.iter().map(|(p, _)| p.plugin()))
             .map(|p| (p.name().to_string(), p.sha256().to_string()))
-            .collect();
+            .collect()
+    }
+
+    fn checkpoint(&self, step: usize, held_out_before: Option<f32>) -> anyhow::Result<()> {
+        let state = checkpoint::State {
+            step,
+            optimizer_steps: self.optimizer.steps,
+            held_out_before,
+            plugins: self.plugin_hashes(),
+        };
+        let dir = checkpoint::write(
+            &self.run_dir,
+            &state,
+            &self.policy,
+            &self.optimizer,
+            &self.model_config,
+            &self.tokenizer,
+        )?;
+        eprintln!("checkpoint {}", dir.display());
+        Ok(())
+    }
+
+    /// Run steps `start + 1 ..= grpo.steps`.
+    fn train(&mut self, start: usize, held_out_before: Option<f32>) -> anyhow::Result<ExitCode> {
+        let started = Instant::now();
+        let before = if start == 0 { self.evaluate()? } else { held_out_before };
+        if let (0, Some(accuracy)) = (start, before) {
+            eprintln!("held-out greedy pass rate before training: {accuracy:.3} ({} tasks)", self.config.eval.tasks);
+        }
+        let append = |name: &str| -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(self.run_dir.join(name))?;
+            Ok(std::io::BufWriter::new(file))
+        };
+        let (mut metrics, mut rollouts) = (append("metrics.jsonl")?, append("rollouts.jsonl")?);
+        let hashes = self.plugin_hashes();
         let steps = self.config.grpo.steps;
+        let every = self.config.grpo.checkpoint_every;
         let mut step_times = Vec::new();
-        for step in 0..steps {
+        for step in start..steps {
             let line = self.step(step, &mut rollouts, &hashes)?;
             step_times.push(line["time_s"]["total"].as_f64().unwrap_or(0.0));
             writeln!(metrics, "{line}")?;
@@ -262,6 +424,14 @@ impl Trainer {
                 line["time_s"]["train"].as_f64().unwrap_or(0.0),
                 eta,
             );
+            let interrupted = INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
+            if step + 1 == steps || (every > 0 && (step + 1) % every == 0) || interrupted {
+                self.checkpoint(step + 1, before)?;
+            }
+            if interrupted {
+                eprintln!("interrupted: resume with `wirl train --resume {}`", self.run_dir.display());
+                return Ok(ExitCode::from(130));
+            }
         }
         let after = self.evaluate()?;
         let summary = json!({
@@ -269,14 +439,14 @@ impl Trainer {
             "held_out_pass_rate_before": before,
             "held_out_pass_rate_after": after,
             "held_out_tasks": self.config.eval.tasks,
-            "seconds": started.elapsed().as_secs_f64(),
+            "seconds_this_session": started.elapsed().as_secs_f64(),
         });
         std::fs::write(self.run_dir.join("summary.json"), format!("{summary}\n"))?;
         if let (Some(b), Some(a)) = (before, after) {
             eprintln!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
         }
         eprintln!("run written to {}", self.run_dir.display());
-        Ok(())
+        Ok(ExitCode::SUCCESS)
     }
 
     fn step(
@@ -310,17 +480,10 @@ impl Trainer {
                 },
             })
             .collect();
-        // Every request goes through the batching actor, from its own thread, as agents would.
-        let groups: Vec<Vec<wirl_engine::Completion>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = requests
-                .into_iter()
-                .map(|request| {
-                    let engine = self.engine.clone();
-                    scope.spawn(move || engine.generate_blocking(request))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("generation thread")).collect::<Result<Vec<_>, _>>()
-        })?;
+        // Through the batching actor, all of the step's requests in one admission, so that the
+        // batch (and so every sample) does not depend on thread timing.
+        let groups: Vec<Vec<wirl_engine::Completion>> =
+            self.engine.generate_all_blocking(requests).into_iter().collect::<Result<_, _>>()?;
         let generate_s = generate_started.elapsed().as_secs_f64();
 
         // Scores.
@@ -435,7 +598,7 @@ impl Trainer {
         for ((task, group), scores) in tasks.iter().zip(&groups).zip(&scored) {
             for (sample, (completion, score)) in group.iter().zip(scores).enumerate() {
                 let record = json!({
-                    "step": step, "task": task.id, "sample": sample, "completion": completion.text,
+                    "step": step + 1, "task": task.id, "sample": sample, "completion": completion.text,
                     "tokens": completion.tokens.len(), "reward": score.reward, "parts": score.parts,
                     "failures": score.failures, "plugins": hashes.iter().map(|(n, h)| json!({"name": n, "sha256": h})).collect::<Vec<_>>(),
                 });

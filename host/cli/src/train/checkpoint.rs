@@ -1,0 +1,130 @@
+//! Checkpoints: `RUN_DIR/checkpoints/step-NNNNNN/` holds the policy as an HF directory
+//! (`model/`, loadable by wirl and transformers), the optimizer's moments
+//! (`optimizer.safetensors`) and `state.json` (step, optimizer steps, the held-out score
+//! before training, plugin hashes). A checkpoint is written under a dot-name and renamed when
+//! complete, so a run killed mid-write leaves nothing that `--resume` would load.
+
+use anyhow::{Context, bail};
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use wirl_grpo::{Optimizer, Policy};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct State {
+    /// Steps completed.
+    pub step: usize,
+    pub optimizer_steps: usize,
+    pub held_out_before: Option<f32>,
+    /// `(name, sha256)` of the environment and reward plugins the run was trained with.
+    pub plugins: Vec<(String, String)>,
+}
+
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub state: State,
+}
+
+impl Checkpoint {
+    pub fn model_dir(&self) -> PathBuf {
+        self.dir.join("model")
+    }
+}
+
+fn name(step: usize) -> String {
+    format!("step-{step:06}")
+}
+
+/// Write the checkpoint of `step` atomically.
+pub fn write(
+    run_dir: &Path,
+    state: &State,
+    policy: &Policy,
+    optimizer: &Optimizer,
+    config: &wirl_engine::Config,
+    tokenizer: &wirl_engine::Tokenizer,
+) -> anyhow::Result<PathBuf> {
+    let root = run_dir.join("checkpoints");
+    std::fs::create_dir_all(&root)?;
+    let final_dir = root.join(name(state.step));
+    let partial = root.join(format!(".{}.partial", name(state.step)));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    std::fs::create_dir_all(&partial)?;
+    wirl_engine::export::write_hf_dir(&partial.join("model"), config, tokenizer, policy.shared_tensors())?;
+    let mut moments: HashMap<String, Tensor> = HashMap::new();
+    for ((name, _), (m, v)) in policy.vars().iter().zip(optimizer.moments()) {
+        moments.insert(format!("m/{name}"), m.clone());
+        moments.insert(format!("v/{name}"), v.clone());
+    }
+    candle_core::safetensors::save(&moments, partial.join("optimizer.safetensors"))?;
+    std::fs::write(partial.join("state.json"), serde_json::to_string_pretty(state)?)?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir)?;
+    }
+    std::fs::rename(&partial, &final_dir)?;
+    Ok(final_dir)
+}
+
+/// The newest complete checkpoint of a run, if any.
+pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
+    let root = run_dir.join("checkpoints");
+    if !root.is_dir() {
+        return Ok(None);
+    }
+    let mut steps: Vec<(usize, PathBuf)> = std::fs::read_dir(&root)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("step-")?.parse::<usize>().ok()?;
+            Some((step, e.path()))
+        })
+        .collect();
+    steps.sort();
+    let Some((_, dir)) = steps.pop() else { return Ok(None) };
+    let state_path = dir.join("state.json");
+    let state: State = serde_json::from_str(
+        &std::fs::read_to_string(&state_path).with_context(|| format!("reading {}", state_path.display()))?,
+    )
+    .with_context(|| format!("{} is not a checkpoint state", state_path.display()))?;
+    Ok(Some(Checkpoint { dir, state }))
+}
+
+/// Restore the optimizer's moments from `checkpoint`.
+pub fn restore_optimizer(checkpoint: &Checkpoint, policy: &Policy, optimizer: &mut Optimizer) -> anyhow::Result<()> {
+    let path = checkpoint.dir.join("optimizer.safetensors");
+    let mut saved = candle_core::safetensors::load(&path, &candle_core::Device::Cpu)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let mut moments = Vec::new();
+    for (name, _) in policy.vars() {
+        let (Some(m), Some(v)) = (saved.remove(&format!("m/{name}")), saved.remove(&format!("v/{name}"))) else {
+            bail!("{}: no moments for `{name}`", path.display());
+        };
+        moments.push((m, v));
+    }
+    optimizer.set_moments(moments, checkpoint.state.optimizer_steps)?;
+    Ok(())
+}
+
+/// Keep only the lines of a JSONL file whose `step` is at most `step` (a resumed run
+/// rewrites what came after its checkpoint).
+pub fn truncate_jsonl(path: &Path, step: usize) -> anyhow::Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path)?;
+    let kept: String = text
+        .lines()
+        .filter(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s as usize <= step)
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(path, kept)?;
+    Ok(())
+}
