@@ -128,6 +128,13 @@ fn training_raises_a_toy_reward() {
     assert_eq!(rollouts.lines().count(), 10 * 2 * 6);
     let first: serde_json::Value = serde_json::from_str(rollouts.lines().next().unwrap()).unwrap();
     assert_eq!(first["plugins"].as_array().unwrap().len(), 2, "environment and reward plugin hashes");
+
+    let plot = std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).arg("plot").arg(&run).output().unwrap();
+    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
+    for chart in ["reward.png", "kl.png", "loss.png", "lengths.png", "time.png"] {
+        let bytes = std::fs::read(run.join(chart)).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 1000, "{chart}");
+    }
 }
 
 /// A reward plugin that traps on every other call: the run completes and the failures are

@@ -3,6 +3,7 @@
 mod generate;
 mod inspect;
 mod model;
+mod plot;
 mod score;
 mod tasks;
 mod train;
@@ -23,6 +24,8 @@ enum Command {
     Train(train::Args),
     /// Greedy pass rate on a training config's held-out tasks, for a model or a checkpoint.
     Eval(train::EvalArgs),
+    /// PNG charts of a training run (reward, KL, loss, lengths, time split).
+    Plot(plot::Args),
     /// Score completions with a reward plugin: JSONL in, JSONL out, a summary on stderr.
     Score(score::Args),
     /// Print tasks of an environment plugin as JSONL.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train::run(args),
         Command::Eval(args) => train::eval(args),
+        Command::Plot(args) => plot::run(args),
         Command::Score(args) => score::run(args),
         Command::Tasks(args) => tasks::run(args),
         Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),
