@@ -506,6 +506,7 @@ impl Trainer {
 
         // Update.
         let train_started = Instant::now();
+        let (mut reference_s, mut forward_s, mut backward_s, mut optimizer_s) = (0f64, 0f64, 0f64, 0f64);
         let lr = wirl_grpo::optim::learning_rate(g.learning_rate, step, g.warmup_steps, g.steps, g.schedule);
         let settings = LossSettings { clip_low: g.clip_low, clip_high: g.clip_high, beta: g.beta, entropy: g.entropy };
         let step_tokens: usize = kept.iter().flat_map(|(i, _)| groups[*i].iter().map(|c| c.tokens.len())).sum();
@@ -515,6 +516,7 @@ impl Trainer {
             // Old log-probs (μ > 1) and the reference's, before any update of this step.
             let mut old = Vec::new();
             let mut reference = Vec::new();
+            let timer = Instant::now();
             for (i, _) in &kept {
                 let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
                 if g.inner_epochs > 1 {
@@ -527,11 +529,13 @@ impl Trainer {
                     None => None,
                 });
             }
+            reference_s += timer.elapsed().as_secs_f64();
             for _epoch in 0..g.inner_epochs {
                 let mut grads: Option<GradStore> = None;
                 for (k, (i, advantages)) in kept.iter().enumerate() {
                     let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
                     let lengths: Vec<usize> = completions.iter().map(Vec::len).collect();
+                    let timer = Instant::now();
                     let stats = self.policy.net().completion_stats(&prompts[*i], &completions)?;
                     let width = stats.logp.dim(1)?;
                     let weights = wirl_grpo::token_weights(
@@ -562,12 +566,17 @@ impl Trainer {
                     kl_sum += parts.kl;
                     entropy_sum += parts.entropy;
                     clip_sum += parts.clip_fraction / kept.len() as f32;
+                    forward_s += timer.elapsed().as_secs_f64();
+                    let timer = Instant::now();
                     let new = parts.loss.backward()?;
                     grads = Some(accumulate(grads, new, &self.policy)?);
+                    backward_s += timer.elapsed().as_secs_f64();
                 }
+                let timer = Instant::now();
                 if let Some(grads) = grads {
                     grad_norm = self.optimizer.step(&grads, lr, g.max_grad_norm)?;
                 }
+                optimizer_s += timer.elapsed().as_secs_f64();
             }
             let epochs = g.inner_epochs as f32;
             (loss_sum, kl_sum, entropy_sum, clip_sum) =
@@ -623,7 +632,11 @@ impl Trainer {
             "completion_tokens_max": lengths.iter().max().copied().unwrap_or(0),
             "failures": failures,
             "generate_tokens_per_s": generated as f64 / generate_s.max(1e-9),
-            "time_s": { "generate": generate_s, "score": score_s, "train": train_s, "total": total_s },
+            "time_s": {
+                "generate": generate_s, "score": score_s, "train": train_s, "total": total_s,
+                "reference_forward": reference_s, "policy_forward": forward_s, "backward": backward_s,
+                "optimizer": optimizer_s,
+            },
         }))
     }
 }
