@@ -236,3 +236,41 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
     assert_eq!(result["tasks"], 3);
     assert!(result["greedy_pass_rate"].as_f64().is_some_and(|p| (0.0..=1.0).contains(&p)), "{result}");
 }
+
+/// Tasks from a JSONL dataset instead of an environment plugin (what `wirl tasks` writes);
+/// a bad line is an error naming the file and the line.
+#[test]
+fn training_on_a_jsonl_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let tasks = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["tasks", "--plugin", ARITHMETIC, "--count", "3", "--config", "shots=false"])
+        .output()
+        .unwrap();
+    assert!(tasks.status.success());
+    std::fs::write(dir.path().join("train.jsonl"), &tasks.stdout).unwrap();
+    std::fs::write(dir.path().join("eval.jsonl"), &tasks.stdout).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let start = text.find("[environment]").unwrap();
+    let end = text.find("[[rewards]]").unwrap();
+    let text = format!(
+        "{}[dataset]\ntrain = \"train.jsonl\"\neval = \"eval.jsonl\"\n\n{}",
+        &text[..start],
+        &text[end..].replace("tasks = 0", "tasks = 2")
+    );
+    std::fs::write(&config, &text).unwrap();
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(metrics(&run).len(), 2);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["held_out_pass_rate_before"].is_number(), "{summary}");
+
+    std::fs::write(dir.path().join("train.jsonl"), "{\"task\": {\"id\": \"a\", \"messages\": []}}\nnot json\n")
+        .unwrap();
+    let out = train(&config, &dir.path().join("run2"));
+    assert!(!out.status.success());
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(error.contains("train.jsonl line 2"), "{error}");
+}

@@ -15,7 +15,11 @@ pub const DEFAULT_DIR: &str = "examples/train";
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     pub model: ModelSection,
-    pub environment: PluginSection,
+    /// Where tasks come from: an environment plugin, or (instead) a JSONL dataset.
+    #[serde(default)]
+    pub environment: Option<PluginSection>,
+    #[serde(default)]
+    pub dataset: Option<DatasetSection>,
     pub rewards: Vec<RewardSection>,
     #[serde(default)]
     pub sampling: SamplingSection,
@@ -44,6 +48,18 @@ pub struct PluginSection {
     pub deadline_ms: Option<u64>,
     #[serde(default)]
     pub memory_mib: Option<u64>,
+}
+
+/// Tasks from JSONL files: one task per line, as `{"task": {...}}` (what `wirl tasks`
+/// writes) or the task object itself.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSection {
+    /// Training tasks, taken in order and cycled.
+    pub train: PathBuf,
+    /// Held-out tasks for the evaluation (the first `eval.tasks` of them).
+    #[serde(default)]
+    pub eval: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -156,17 +172,26 @@ impl TrainConfig {
             anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
                 .context("the training config is not valid; see examples/train/default.toml for every key")
         })?;
-        config.environment.plugin = base.join(&config.environment.plugin);
-        for reward in &mut config.rewards {
-            reward.plugin = base.join(&reward.plugin);
+        for path in config.paths() {
+            *path = base.join(&*path);
         }
         config.check(origin)?;
         // Absolute from here on: the run directory keeps this config for `--resume`.
-        config.environment.plugin = std::fs::canonicalize(&config.environment.plugin)?;
-        for reward in &mut config.rewards {
-            reward.plugin = std::fs::canonicalize(&reward.plugin)?;
+        for path in config.paths() {
+            *path = std::fs::canonicalize(&*path)?;
         }
         Ok(config)
+    }
+
+    /// Every file the config names.
+    fn paths(&mut self) -> Vec<&mut PathBuf> {
+        let mut paths: Vec<&mut PathBuf> = self.rewards.iter_mut().map(|r| &mut r.plugin).collect();
+        paths.extend(self.environment.as_mut().map(|e| &mut e.plugin));
+        if let Some(dataset) = self.dataset.as_mut() {
+            paths.push(&mut dataset.train);
+            paths.extend(dataset.eval.as_mut());
+        }
+        paths
     }
 
     /// Load from a TOML file.
@@ -183,8 +208,28 @@ impl TrainConfig {
                 path.display()
             )
         };
-        if !self.environment.plugin.is_file() {
-            return Err(plugin_missing("environment.plugin", &self.environment.plugin));
+        match (&self.environment, &self.dataset) {
+            (Some(environment), None) => {
+                if !environment.plugin.is_file() {
+                    return Err(plugin_missing("environment.plugin", &environment.plugin));
+                }
+            }
+            (None, Some(dataset)) => {
+                for (key, path) in std::iter::once(("dataset.train", &dataset.train))
+                    .chain(dataset.eval.iter().map(|p| ("dataset.eval", p)))
+                {
+                    if !path.is_file() {
+                        bail!(
+                            "{origin}: `{key}`: {} does not exist (relative paths are from the config's directory)",
+                            path.display()
+                        );
+                    }
+                }
+            }
+            (Some(_), Some(_)) => bail!("{origin}: give either [environment] or [dataset], not both"),
+            (None, None) => {
+                bail!("{origin}: no task source: add an [environment] table (a plugin) or a [dataset] table (JSONL)")
+            }
         }
         if self.rewards.is_empty() {
             bail!("{origin}: `rewards`: at least one [[rewards]] table is needed");
@@ -215,7 +260,7 @@ impl TrainConfig {
         if g.beta < 0.0 || g.clip_low < 0.0 || g.clip_low >= 1.0 || g.clip_high < 0.0 {
             bail!("{origin}: `grpo.beta` must be >= 0, `grpo.clip_low` in [0, 1), `grpo.clip_high` >= 0");
         }
-        if self.eval.first_index < (self.grpo.steps * self.grpo.prompts_per_step) as u64 {
+        if self.environment.is_some() && self.eval.first_index < (self.grpo.steps * self.grpo.prompts_per_step) as u64 {
             bail!("{origin}: `eval.first_index` overlaps the training tasks; raise it above steps x prompts_per_step");
         }
         Ok(())

@@ -238,7 +238,7 @@ struct Trainer {
     reference: Option<Net>,
     inference: Arc<wirl_engine::Model>,
     engine: EngineHandle,
-    environment: EnvironmentPlugin,
+    tasks: TaskSource,
     rewards: Rewards,
     optimizer: Optimizer,
     model_config: wirl_engine::Config,
@@ -269,6 +269,53 @@ fn environment_spec(section: &PluginSection) -> wirl_sandbox::PluginSpec {
     plugin_spec(&section.plugin, &section.config, section.deadline_ms, section.memory_mib)
 }
 
+/// Where a run's tasks come from.
+enum TaskSource {
+    /// `task_at(seed, index)` of an environment plugin; held-out tasks from `eval.first_index`.
+    Environment { plugin: EnvironmentPlugin, seed: u64 },
+    /// JSONL files: training tasks cycled in order, held-out tasks from their own file.
+    Dataset { train: Vec<Task>, eval: Vec<Task> },
+}
+
+impl TaskSource {
+    fn training(&mut self, index: u64) -> anyhow::Result<Task> {
+        match self {
+            TaskSource::Environment { plugin, seed } => {
+                let seed = *seed;
+                plugin.task_at(seed, index).map_err(|f| anyhow::anyhow!("environment task {index} (seed {seed}): {f}"))
+            }
+            TaskSource::Dataset { train, .. } => Ok(train[index as usize % train.len()].clone()),
+        }
+    }
+
+    fn held_out(&mut self, first_index: u64, count: usize) -> anyhow::Result<Vec<Task>> {
+        match self {
+            TaskSource::Environment { .. } => (0..count as u64).map(|i| self.training(first_index + i)).collect(),
+            TaskSource::Dataset { eval, .. } => Ok(eval.iter().take(count).cloned().collect()),
+        }
+    }
+}
+
+/// Tasks of a JSONL file: `{"task": {...}}` or the task itself per line. An error names the
+/// file, the line and what is wrong.
+fn read_tasks(path: &Path) -> anyhow::Result<Vec<Task>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut tasks = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let value: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+        let task = value.get("task").cloned().unwrap_or(value);
+        let task: Task = serde_json::from_value(task).with_context(|| {
+            format!("{} line {}: not a task (fields id, messages, answer?, metadata?)", path.display(), i + 1)
+        })?;
+        tasks.push(task);
+    }
+    if tasks.is_empty() {
+        bail!("{}: no tasks", path.display());
+    }
+    Ok(tasks)
+}
+
 impl Trainer {
     fn new(config: TrainConfig, run_dir: &Path, resume: Option<&checkpoint::Checkpoint>) -> anyhow::Result<Self> {
         let device = Device::Cpu;
@@ -295,7 +342,20 @@ impl Trainer {
         let (engine, _thread) = EngineHandle::spawn(inference.clone(), tokenizer.clone())?;
 
         let sandbox = Sandbox::new(SandboxSettings::default())?;
-        let environment = EnvironmentPlugin::new(sandbox.load(environment_spec(&config.environment))?)?;
+        let tasks = match (&config.environment, &config.dataset) {
+            (Some(section), _) => TaskSource::Environment {
+                plugin: EnvironmentPlugin::new(sandbox.load(environment_spec(section))?)?,
+                seed: section.seed,
+            },
+            (None, Some(dataset)) => TaskSource::Dataset {
+                train: read_tasks(&dataset.train)?,
+                eval: match &dataset.eval {
+                    Some(path) => read_tasks(path)?,
+                    None => Vec::new(),
+                },
+            },
+            (None, None) => bail!("the config has no task source"),
+        };
         let mut plugins = Vec::new();
         for reward in &config.rewards {
             let spec = plugin_spec(&reward.plugin, &reward.config, reward.deadline_ms, reward.memory_mib);
@@ -315,7 +375,7 @@ impl Trainer {
             reference,
             inference,
             engine,
-            environment,
+            tasks,
             rewards: Rewards { plugins },
             optimizer,
             _sandbox: sandbox,
@@ -330,10 +390,7 @@ impl Trainer {
     }
 
     fn task(&mut self, index: u64) -> anyhow::Result<Task> {
-        let seed = self.config.environment.seed;
-        self.environment
-            .task_at(seed, index)
-            .map_err(|f| anyhow::anyhow!("environment task {index} (seed {seed}): {f}"))
+        self.tasks.training(index)
     }
 
     /// Greedy pass rate on the held-out tasks.
@@ -343,7 +400,12 @@ impl Trainer {
             return Ok(None);
         }
         let first = self.config.eval.first_index;
-        let tasks: Vec<Task> = (0..count as u64).map(|i| self.task(first + i)).collect::<anyhow::Result<_>>()?;
+        let tasks = self.tasks.held_out(first, count)?;
+        if tasks.is_empty() {
+            tracing::warn!("no held-out tasks (a [dataset] without `eval`): evaluation skipped");
+            return Ok(None);
+        }
+        let count = tasks.len();
         let requests: Vec<GenerateRequest> = tasks
             .iter()
             .map(|t| {
@@ -362,7 +424,12 @@ impl Trainer {
 
     /// `(name, sha256)` of the environment and reward plugins.
     fn plugin_hashes(&self) -> Vec<(String, String)> {
-        std::iter::once(self.environment.plugin())
+        let environment = match &self.tasks {
+            TaskSource::Environment { plugin, .. } => Some(plugin.plugin()),
+            TaskSource::Dataset { .. } => None,
+        };
+        environment
+            .into_iter()
             .chain(self.rewards.plugins.iter().map(|(p, _)| p.plugin()))
             .map(|p| (p.name().to_string(), p.sha256().to_string()))
             .collect()
