@@ -1,6 +1,7 @@
-//! `wirl train`: GRPO on tasks from an environment plugin, scored by reward plugins, with the
-//! engine generating through its batching actor and the trainer updating the same weights in
-//! place (the inference model shares the trainer's variables: no copy between steps).
+//! `wirl train`: GRPO on tasks from an environment plugin (or a JSONL dataset), scored by
+//! reward plugins, with the engine generating through its batching actor and the trainer
+//! updating the same weights in place (the inference model shares the trainer's variables:
+//! no copy between steps).
 //!
 //! A step: P tasks from the environment → G completions each (one prefill per prompt) →
 //! every reward plugin scores each group (a failure gets `failure_reward` and is counted by
@@ -8,7 +9,7 @@
 //! backward pass of the policy (the group's prompt once, its completions attending to it),
 //! gradients summed → one AdamW update. A run directory keeps the config, `metrics.jsonl`
 //! (one line per step) and `rollouts.jsonl` (every completion with its score and the plugins'
-//! sha256).
+//! sha256), checkpoints (`checkpoint.rs`) and `summary.json`.
 
 pub mod checkpoint;
 pub mod config;
