@@ -479,6 +479,7 @@ impl Trainer {
             rollouts.flush()?;
             let mean_step = step_times.iter().sum::<f64>() / step_times.len() as f64;
             let eta = mean_step * (steps - step - 1) as f64;
+            status("");
             eprintln!(
                 "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  kl {:.5}  len {:.1}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {:.0}s",
                 step + 1,
@@ -531,6 +532,8 @@ impl Trainer {
         let tasks: Vec<Task> =
             (first..first + g.prompts_per_step as u64).map(|i| self.task(i)).collect::<anyhow::Result<_>>()?;
         let prompts: Vec<Vec<u32>> = tasks.iter().map(|t| self.prompt_ids(t)).collect::<anyhow::Result<_>>()?;
+        let steps = g.steps;
+        status(&format!("step {}/{steps}: generating {} x {}", step + 1, g.prompts_per_step, g.group_size));
         let generate_started = Instant::now();
         let requests: Vec<GenerateRequest> = prompts
             .iter()
@@ -555,6 +558,7 @@ impl Trainer {
         let generate_s = generate_started.elapsed().as_secs_f64();
 
         // Scores.
+        status(&format!("step {}/{steps}: scoring", step + 1));
         let score_started = Instant::now();
         let mut scored = Vec::with_capacity(groups.len());
         for (task, group) in tasks.iter().zip(&groups) {
@@ -601,6 +605,7 @@ impl Trainer {
             for _epoch in 0..g.inner_epochs {
                 let mut grads: Option<GradStore> = None;
                 for (k, (i, advantages)) in kept.iter().enumerate() {
+                    status(&format!("step {}/{steps}: training on group {}/{}", step + 1, k + 1, kept.len()));
                     let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
                     let lengths: Vec<usize> = completions.iter().map(Vec::len).collect();
                     let timer = Instant::now();
@@ -706,6 +711,14 @@ impl Trainer {
                 "optimizer": optimizer_s,
             },
         }))
+    }
+}
+
+/// A transient status line on a terminal (what the step is doing now), cleared by `""`.
+fn status(text: &str) {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K{text}");
     }
 }
 
