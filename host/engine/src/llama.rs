@@ -389,16 +389,21 @@ impl Attention {
             None => (k, v),
         };
         *cache = Some((k.clone(), v.clone()));
+        // Grouped-query attention without copying keys and values per query head: the query
+        // heads that share a key/value head are folded into its rows, `[b, kv, groups·len, d]`
+        // (query heads are grouped contiguously), so k and v are used as they are cached.
         let groups = self.heads / self.kv_heads;
-        let k = repeat_kv(&k, groups)?;
-        let v = repeat_kv(&v, groups)?;
+        let total = k.dim(2)?;
+        let q = q.reshape((batch, self.kv_heads, groups * len, self.head_dim))?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let mut scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let mut scores = scores.reshape((batch, self.heads, len, total))?;
         if let Some(mask) = mask {
             scores = scores.broadcast_add(mask)?;
         }
         let weights = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = weights.matmul(&v)?;
+        let weights = weights.reshape((batch, self.kv_heads, groups * len, total))?;
+        let out = weights.matmul(&v)?.reshape((batch, self.heads, len, self.head_dim))?;
         let out = out.transpose(1, 2)?.reshape((batch, len, self.heads * self.head_dim))?;
         self.o.forward(&out)
     }
