@@ -131,14 +131,8 @@ fn batched_generation_equals_unbatched_row_by_row() {
             prompts.iter().map(|p| GenerateRequest { prompt: p.clone(), n: 2, sampling: sampling.clone() }).collect();
         let batched = wirl_engine::generate(&m.model, &m.tokenizer, &requests, |_, _, _| {}).unwrap();
         for (i, request) in requests.iter().enumerate() {
-            let alone =
-                wirl_engine::generate(&m.model, &m.tokenizer, std::slice::from_ref(request), |_, _, _| {}).unwrap();
-            for (a, b) in alone[0].iter().zip(&batched[i]) {
-                assert_eq!(a.tokens, b.tokens, "request {i} with {sampling:?}");
-                for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
-                    assert!((x - y).abs() < 1e-4, "{x} vs {y}");
-                }
-            }
+            let alone = generate_alone(&m.model, &m.tokenizer, request);
+            assert_same_completions(&alone, &batched[i], &format!("request {i} with {sampling:?}"));
         }
     }
 }
@@ -307,6 +301,15 @@ fn ragged_requests() -> [GenerateRequest; 3] {
     ]
 }
 
+/// The completions of `request` generated in a batch of its own.
+fn generate_alone(
+    model: &wirl_engine::Model,
+    tokenizer: &wirl_engine::Tokenizer,
+    request: &GenerateRequest,
+) -> Vec<wirl_engine::Completion> {
+    wirl_engine::generate(model, tokenizer, std::slice::from_ref(request), |_, _, _| {}).unwrap().remove(0)
+}
+
 fn assert_same_completions(expected: &[wirl_engine::Completion], got: &[wirl_engine::Completion], what: &str) {
     assert_eq!(expected.len(), got.len(), "{what}");
     for (x, y) in expected.iter().zip(got) {
@@ -325,12 +328,7 @@ fn assert_same_completions(expected: &[wirl_engine::Completion], got: &[wirl_eng
 fn requests_joining_a_running_batch_get_what_they_get_alone() {
     let (_dir, m) = tiny(false);
     let requests = ragged_requests();
-    let alone: Vec<_> = requests
-        .iter()
-        .map(|r| {
-            wirl_engine::generate(&m.model, &m.tokenizer, std::slice::from_ref(r), |_, _, _| {}).unwrap().remove(0)
-        })
-        .collect();
+    let alone: Vec<_> = requests.iter().map(|r| generate_alone(&m.model, &m.tokenizer, r)).collect();
     let mut batch = wirl_engine::Batch::new(&m.model, &m.tokenizer);
     let mut results = vec![Vec::new(); 3];
     let mut collect = |done: Vec<(u64, Vec<wirl_engine::Completion>)>| {
@@ -364,10 +362,7 @@ fn the_batching_actor_serves_concurrent_callers() {
     let (_dir2, other) = tiny(true);
     let (model, tokenizer) = (Arc::new(m.model), Arc::new(m.tokenizer));
     let requests = ragged_requests();
-    let alone: Vec<_> = requests
-        .iter()
-        .map(|r| wirl_engine::generate(&model, &tokenizer, std::slice::from_ref(r), |_, _, _| {}).unwrap().remove(0))
-        .collect();
+    let alone: Vec<_> = requests.iter().map(|r| generate_alone(&model, &tokenizer, r)).collect();
 
     let (engine, thread) = wirl_engine::EngineHandle::spawn(model.clone(), tokenizer.clone()).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();

@@ -30,7 +30,8 @@ pub fn learning_rate(peak: f64, step: usize, warmup: usize, total: usize, schedu
 /// AdamW over a fixed list of variables.
 pub struct Optimizer {
     vars: Vec<Var>,
-    /// First and second moments, one pair per variable.
+    /// First and second moments, one pair per variable; allocated by the first update (an
+    /// optimizer that never steps, as in `wirl eval`, costs no memory).
     moments: Vec<(Tensor, Tensor)>,
     /// Updates applied so far.
     pub steps: usize,
@@ -42,11 +43,10 @@ pub struct Optimizer {
 
 impl Optimizer {
     pub fn new(vars: Vec<Var>, weight_decay: f64) -> Result<Self> {
-        let moments = vars.iter().map(|v| Ok((v.zeros_like()?, v.zeros_like()?))).collect::<Result<_>>()?;
-        Ok(Optimizer { vars, moments, steps: 0, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay })
+        Ok(Optimizer { vars, moments: Vec::new(), steps: 0, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay })
     }
 
-    /// The moments, in variable order (for checkpoints).
+    /// The moments, in variable order (for checkpoints); empty before the first update.
     pub fn moments(&self) -> &[(Tensor, Tensor)] {
         &self.moments
     }
@@ -82,6 +82,9 @@ impl Optimizer {
         };
         if !norm.is_finite() {
             candle_core::bail!("the gradient norm is {norm}; the update is skipped");
+        }
+        if self.moments.is_empty() {
+            self.moments = self.vars.iter().map(|v| Ok((v.zeros_like()?, v.zeros_like()?))).collect::<Result<_>>()?;
         }
         self.steps += 1;
         let t = self.steps as i32;

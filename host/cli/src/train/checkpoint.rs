@@ -94,6 +94,9 @@ pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
 
 /// Restore the optimizer's moments from `checkpoint`.
 pub fn restore_optimizer(checkpoint: &Checkpoint, policy: &Policy, optimizer: &mut Optimizer) -> anyhow::Result<()> {
+    if checkpoint.state.optimizer_steps == 0 {
+        return Ok(()); // no update yet: no moments were saved
+    }
     let path = checkpoint.dir.join("optimizer.safetensors");
     let mut saved = candle_core::safetensors::load(&path, &candle_core::Device::Cpu)
         .with_context(|| format!("reading {}", path.display()))?;

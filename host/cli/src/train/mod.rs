@@ -70,6 +70,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             PathBuf::from(format!("runs/train-{now}"))
         }
     };
+    if run_dir.join(RESOLVED).exists() {
+        bail!(
+            "{} already holds a run; continue it with `wirl train --resume {0}`, or choose another --run-dir",
+            run_dir.display()
+        );
+    }
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating run directory {}", run_dir.display()))?;
     std::fs::write(run_dir.join("config.toml"), &config_text)?;
     // What `--resume` reads: the config as resolved (absolute plugin paths, overrides applied).
@@ -112,20 +118,13 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
         config.eval.tasks = tasks;
     }
     config.grpo.beta = 0.0; // no reference model needed
-    let scratch = tempfile_dir()?;
-    let mut trainer = Trainer::new(config.clone(), &scratch, None)?;
+    // Evaluation writes nothing: the trainer's run directory is never used.
+    let mut trainer = Trainer::new(config.clone(), Path::new(""), None)?;
     let pass_rate = trainer.evaluate()?;
-    let _ = std::fs::remove_dir_all(&scratch);
     let result = json!({ "model": config.model.path, "tasks": config.eval.tasks,
         "first_index": config.eval.first_index, "greedy_pass_rate": pass_rate });
     println!("{result}");
     Ok(ExitCode::SUCCESS)
-}
-
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("wirl-eval-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }
 
 fn apply_overrides(config: &mut TrainConfig, args: &Args) {
@@ -725,19 +724,21 @@ fn status(text: &str) {
 /// Sum `new`'s gradients of the policy's variables into `total` (dropping the intermediate
 /// tensors' gradients that a backward pass also returns).
 fn accumulate(total: Option<GradStore>, mut new: GradStore, policy: &Policy) -> anyhow::Result<GradStore> {
-    let mut kept = GradStore::default();
+    let mut sum = total.unwrap_or_default();
+    let mut any = false;
     for (_, var) in policy.vars() {
         let Some(grad) = new.remove(var.as_tensor()) else { continue };
-        let sum = match total.as_ref().and_then(|t| t.get(var.as_tensor())) {
+        any = true;
+        let grad = match sum.remove(var.as_tensor()) {
             Some(previous) => (previous + grad)?,
             None => grad,
         };
-        kept.insert(var.as_tensor(), sum);
+        sum.insert(var.as_tensor(), grad);
     }
-    if kept.get(policy.vars()[0].1.as_tensor()).is_none() && total.is_none() {
+    if !any {
         bail!("the loss has no gradient with respect to the policy's weights");
     }
-    Ok(kept)
+    Ok(sum)
 }
 
 /// A seed for the `index`-th request of a run seeded `seed` (SplitMix64 finaliser).
