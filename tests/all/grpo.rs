@@ -234,12 +234,15 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
         .arg(&config)
         .arg("--model")
         .arg(parts.join("checkpoints/step-000004/model"))
-        .args(["--tasks", "3"])
+        .args(["--tasks", "3", "--output"])
+        .arg(parts.join("eval.jsonl"))
         .output()
         .unwrap();
     assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
     let result: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
     assert_eq!(result["tasks"], 3);
+    let per_task = std::fs::read_to_string(parts.join("eval.jsonl")).unwrap();
+    assert_eq!(per_task.lines().count(), 3, "one line per task: {per_task}");
     assert!(result["greedy_pass_rate"].as_f64().is_some_and(|p| (0.0..=1.0).contains(&p)), "{result}");
 }
 

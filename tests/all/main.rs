@@ -2,6 +2,7 @@
 //! `wirl-test-artifacts`), and the real `wirl` binary.
 
 mod cli;
+mod code;
 mod engine;
 mod grpo;
 mod plugins;

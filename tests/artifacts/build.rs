@@ -1,6 +1,7 @@
-//! Builds every guest of the `plugins/` workspace for wasm32-wasip2 and emits one constant
-//! per guest with the path of its component, so tests name guests by constant: an unknown
-//! guest fails the build, and every guest is built before any test runs.
+//! Builds every guest in `plugins/` (scripts/build-plugins: Rust for wasm32-wasip2, Python
+//! with componentize-py, installed on first use) and emits one constant per guest with the
+//! path of its component, so tests name guests by constant: an unknown guest fails the
+//! build, and every guest is built before any test runs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,13 +10,20 @@ fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().parent().unwrap().to_path_buf();
     let plugins = root.join("plugins");
-    for watched in ["plugins/sdk", "plugins/rust", "plugins/tests", "plugins/Cargo.toml", "wit"] {
+    for watched in [
+        "plugins/sdk",
+        "plugins/rust",
+        "plugins/tests",
+        "plugins/python",
+        "plugins/Cargo.toml",
+        "wit",
+        "scripts/build-plugins",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.current_dir(&plugins).args(["build", "--release", "--target", "wasm32-wasip2", "--workspace"]);
+    let mut build = Command::new("bash");
+    build.arg(root.join("scripts/build-plugins"));
     // The outer build's settings are for the host; the guest workspace has its own.
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy().into_owned();
@@ -23,12 +31,9 @@ fn main() {
             build.env_remove(&key);
         }
     }
-    let status = build.status().expect("running cargo for the guest workspace");
+    let status = build.status().expect("running scripts/build-plugins");
     if !status.success() {
-        panic!(
-            "building the guests in {} failed; is the target installed? (rustup target add wasm32-wasip2)",
-            plugins.display()
-        );
+        panic!("building the guests in {} failed (scripts/build-plugins; see its output above)", plugins.display());
     }
 
     let out_dir = plugins.join("target/wasm32-wasip2/release");
@@ -41,16 +46,28 @@ fn main() {
             constants.push_str(&format!("pub const {name}: &str = {:?};\n", wasm.display().to_string()));
         }
     }
+    let python = plugins.join("target/python");
+    for package in packages_with(&plugins.join("python"), "app.py") {
+        let wasm = python.join(format!("{}.wasm", package.replace('-', "_")));
+        assert!(wasm.exists(), "Python guest {package} built no component at {}", wasm.display());
+        let name = package.to_uppercase().replace('-', "_");
+        constants.push_str(&format!("pub const {name}: &str = {:?};\n", wasm.display().to_string()));
+    }
     let dest = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("guests.rs");
     std::fs::write(dest, constants).unwrap();
 }
 
 /// Package directories (those with a Cargo.toml) under `dir`, sorted.
 fn packages(dir: &Path) -> Vec<String> {
+    packages_with(dir, "Cargo.toml")
+}
+
+/// Directories under `dir` that hold `file`, sorted.
+fn packages_with(dir: &Path, file: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|entry| entry.ok())
-        .filter(|entry| entry.path().join("Cargo.toml").exists())
+        .filter(|entry| entry.path().join(file).exists())
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();

@@ -22,7 +22,8 @@ struct Cli {
 enum Command {
     /// Train a model with GRPO: the embedded default, or a config file.
     Train(train::Args),
-    /// Greedy pass rate on a training config's held-out tasks, for a model or a checkpoint.
+    /// A model or checkpoint on a config's held-out tasks: greedy pass rate, pass@k with
+    /// `eval.samples`, per-task results as JSONL.
     Eval(train::EvalArgs),
     /// PNG charts of a training run (reward, KL, loss, lengths, time split).
     Plot(plot::Args),
@@ -111,6 +112,10 @@ pub struct PluginArgs {
     /// Grant read-only access to this directory (seen by the plugin as /data).
     #[arg(long, value_name = "DIR")]
     read_only_dir: Option<std::path::PathBuf>,
+    /// For a grader: the code-runner component its programs run in (default limits of a
+    /// code runner: 10 s, 512 MiB per program).
+    #[arg(long, value_name = "WASM")]
+    code_runner: Option<std::path::PathBuf>,
 }
 
 impl PluginArgs {
@@ -133,6 +138,12 @@ impl PluginArgs {
         spec.limits.fuel = self.fuel;
         spec.limits.reuse_instance = self.reuse_instance;
         spec.grants.read_only_dir = self.read_only_dir.clone();
+        spec.code_runner = self.code_runner.as_ref().map(|path| {
+            Box::new(wirl_sandbox::PluginSpec {
+                limits: wirl_sandbox::Limits::code_runner(),
+                ..wirl_sandbox::PluginSpec::new(path)
+            })
+        });
         let settings = wirl_sandbox::SandboxSettings { fuel: self.fuel.is_some(), ..Default::default() };
         let sandbox = wirl_sandbox::Sandbox::new(settings)?;
         let plugin = sandbox.load(spec)?;

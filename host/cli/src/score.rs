@@ -21,6 +21,10 @@ pub struct Args {
     /// JSONL output; standard output when absent.
     #[arg(long)]
     output: Option<std::path::PathBuf>,
+    /// Score each task's own reference `answer` as its completion: input lines may then be
+    /// tasks alone (a dataset file). Checks a grader against its dataset.
+    #[arg(long)]
+    answers: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -49,7 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             continue;
         }
         summary.lines += 1;
-        let record = match parse_line(&line) {
+        let record = match parse_line(&line, args.answers) {
             Ok((task, completion)) => {
                 let call_started = Instant::now();
                 let verdict = reward.score(&task, &completion);
@@ -101,12 +105,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// A task and completion from one input line, or what is wrong with the line.
-fn parse_line(line: &str) -> Result<(Task, String), String> {
+/// A task and completion from one input line, or what is wrong with the line. With
+/// `answers`, a line may be a task alone, and the completion is the task's answer.
+fn parse_line(line: &str, answers: bool) -> Result<(Task, String), String> {
     let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     let object = value.as_object().ok_or("expected a JSON object with fields `task` and `completion`")?;
-    let task = object.get("task").ok_or("missing field `task`")?;
-    let task: Task = serde_json::from_value(task.clone()).map_err(|e| format!("field `task`: {e}"))?;
+    let task = match object.get("task") {
+        Some(task) => task.clone(),
+        None if answers => value.clone(),
+        None => return Err("missing field `task`".into()),
+    };
+    let task: Task = serde_json::from_value(task).map_err(|e| format!("field `task`: {e}"))?;
+    if answers {
+        let answer =
+            task.answer.clone().ok_or_else(|| format!("task {} has no `answer` to score (--answers)", task.id))?;
+        return Ok((task, answer));
+    }
     let completion = match object.get("completion") {
         None => return Err("missing field `completion`".into()),
         Some(serde_json::Value::String(text)) => text.clone(),

@@ -20,7 +20,27 @@ pub(crate) mod environment_world {
     });
 }
 
+pub(crate) mod grader_world {
+    wasmtime::component::bindgen!({
+        world: "grader-plugin",
+        path: "../../wit",
+        additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+        with: {
+            "wirl:rl/types": super::reward_world::wirl::rl::types,
+            "wirl:rl/config": super::reward_world::wirl::rl::config,
+        },
+    });
+}
+
+pub(crate) mod code_runner_world {
+    wasmtime::component::bindgen!({
+        world: "code-runner-plugin",
+        path: "../../wit",
+    });
+}
+
 pub use environment_world::exports::wirl::rl::environment::{Description, StepResult};
+pub use grader_world::wirl::rl::code_runner::{Limits as RunLimits, Outcome, Program, Termination};
 pub use reward_world::wirl::rl::types::{Message, Score, Task};
 
 impl Message {

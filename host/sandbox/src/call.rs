@@ -89,6 +89,8 @@ pub(crate) struct HostState {
     config: Arc<serde_json::Map<String, serde_json::Value>>,
     pub(crate) stdout: BoundedOutput,
     pub(crate) stderr: BoundedOutput,
+    /// Where a grader's `code-runner` import sends programs; none for other worlds.
+    pub(crate) runner: Option<Arc<crate::CodeRunnerPlugin>>,
 }
 
 impl HostState {
@@ -98,6 +100,7 @@ impl HostState {
         config: Arc<serde_json::Map<String, serde_json::Value>>,
         stdout: BoundedOutput,
         stderr: BoundedOutput,
+        runner: Option<Arc<crate::CodeRunnerPlugin>>,
     ) -> Self {
         HostState {
             wasi,
@@ -106,6 +109,7 @@ impl HostState {
             config,
             stdout,
             stderr,
+            runner,
         }
     }
 }

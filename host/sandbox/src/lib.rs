@@ -10,11 +10,14 @@
 //! - [`Sandbox`]: one wasmtime engine (pooling allocator, epoch ticker, on-disk cache of
 //!   compiled components) that loads [`Plugin`]s.
 //! - [`Plugin`]: a loaded component, known by the sha256 of its bytes, of a known [`World`].
-//! - [`RewardPlugin`], [`EnvironmentPlugin`]: typed handles that call one world.
+//! - [`RewardPlugin`], [`EnvironmentPlugin`], [`CodeRunnerPlugin`]: typed handles that call
+//!   one world. A grader is a reward plugin whose `code-runner` import the host wires to a
+//!   code-runner plugin of its own, a separate store per program.
 
 mod bindings;
 mod cache;
 mod call;
+mod code_runner;
 mod environment;
 mod limits;
 mod plugin;
@@ -22,8 +25,9 @@ mod reward;
 mod sandbox;
 mod world;
 
-pub use bindings::{Description, Message, Score, StepResult, Task};
+pub use bindings::{Description, Message, Outcome, Program, RunLimits, Score, StepResult, Task, Termination};
 pub use call::{CallStats, Failure, FailureKind};
+pub use code_runner::CodeRunnerPlugin;
 pub use environment::{EnvironmentPlugin, Episode};
 pub use limits::{Grants, Limits, SandboxSettings};
 pub use plugin::{Plugin, PluginSpec};

@@ -48,6 +48,23 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Defaults for a code runner: the most one untrusted program may use (a grader asks
+    /// for less per program, never more).
+    pub fn code_runner() -> Self {
+        Limits {
+            // A test suite of a programming exercise runs in milliseconds; ten seconds is
+            // room for a slow correct solution, and the bound on a looping one.
+            deadline_ms: 10_000,
+            // An interpreter's heap plus the program's data: CPython starts at ~20 MiB.
+            memory_bytes: 512 << 20,
+            fuel: None,
+            max_return_bytes: 1 << 20,
+            // A test's output is short; a program printing without end stops at 1 MiB.
+            max_print_bytes: 1 << 20,
+            reuse_instance: false,
+        }
+    }
+
     pub fn deadline(&self) -> Duration {
         Duration::from_millis(self.deadline_ms)
     }

@@ -20,6 +20,9 @@ pub struct PluginSpec {
     pub grants: Grants,
     /// The plugin's own settings, readable through `wirl:rl/config`.
     pub config: serde_json::Map<String, serde_json::Value>,
+    /// For a grader: the interpreter component its `code-runner` import runs programs in,
+    /// each in a fresh instance under the runner's own limits.
+    pub code_runner: Option<Box<PluginSpec>>,
 }
 
 impl PluginSpec {
@@ -27,7 +30,14 @@ impl PluginSpec {
     pub fn new(path: impl Into<PathBuf>) -> Self {
         let path = path.into();
         let name = path.file_stem().map_or_else(|| "plugin".to_string(), |s| s.to_string_lossy().into_owned());
-        PluginSpec { name, path, limits: Limits::default(), grants: Grants::default(), config: Default::default() }
+        PluginSpec {
+            name,
+            path,
+            limits: Limits::default(),
+            grants: Grants::default(),
+            config: Default::default(),
+            code_runner: None,
+        }
     }
 }
 
@@ -45,6 +55,8 @@ pub struct Plugin {
     pub(crate) pre: InstancePre<HostState>,
     pub(crate) epoch_tick_ms: u64,
     pub(crate) fuel_enabled: bool,
+    /// A grader's code runner, loaded with it.
+    pub(crate) runner: Option<Arc<crate::CodeRunnerPlugin>>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -92,10 +104,18 @@ impl Plugin {
     pub fn spec(&self) -> &PluginSpec {
         &self.spec
     }
+    /// A grader's code runner.
+    pub fn code_runner(&self) -> Option<&Arc<crate::CodeRunnerPlugin>> {
+        self.runner.as_ref()
+    }
 
     /// A fresh store with this plugin's capabilities, limits and guards; armed for a call.
     pub(crate) fn new_store(&self) -> Result<Store<HostState>, Failure> {
-        let limits = &self.spec.limits;
+        self.new_store_with(&self.spec.limits)
+    }
+
+    /// A fresh store as [`Plugin::new_store`], under `limits` instead of the plugin's own.
+    pub(crate) fn new_store_with(&self, limits: &Limits) -> Result<Store<HostState>, Failure> {
         let stdout = BoundedOutput::new(limits.max_print_bytes);
         let stderr = BoundedOutput::new(limits.max_print_bytes);
         let mut wasi = WasiCtxBuilder::new();
@@ -108,7 +128,7 @@ impl Plugin {
                 message: format!("cannot grant read-only directory {}: {e}", dir.display()),
             })?;
         }
-        let state = HostState::new(wasi.build(), limits, self.config.clone(), stdout, stderr);
+        let state = HostState::new(wasi.build(), limits, self.config.clone(), stdout, stderr, self.runner.clone());
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
         call::arm(&mut store, limits, self.epoch_tick_ms, self.fuel_enabled);

@@ -1,30 +1,80 @@
 //! Typed calls into a reward plugin.
 
+use crate::bindings::grader_world::{GraderPlugin, GraderPluginPre};
 use crate::bindings::reward_world::{RewardPlugin as Bindings, RewardPluginPre};
 use crate::call::{CallStats, Failure, HostState};
 use crate::plugin::{Instances, Plugin};
 use crate::{Error, Result, Score, Task, World};
 use std::sync::Arc;
+use wasmtime::Store;
 
-/// A reward plugin ready to score. Not shared between threads: make one per worker from the
-/// same [`Plugin`] (cheap; the compiled code is shared).
+/// A reward plugin (or a grader, which scores too) ready to score. Not shared between
+/// threads: make one per worker from the same [`Plugin`] (cheap; the compiled code is
+/// shared).
 pub struct RewardPlugin {
-    pre: RewardPluginPre<HostState>,
-    instances: Instances<Bindings>,
+    pre: Pre,
+    instances: Instances<Scorer>,
+}
+
+/// The two worlds that export `wirl:rl/reward`.
+enum Pre {
+    Reward(RewardPluginPre<HostState>),
+    Grader(GraderPluginPre<HostState>),
+}
+
+enum Scorer {
+    Reward(Bindings),
+    Grader(GraderPlugin),
+}
+
+type Verdict = Result<Score, String>;
+
+impl Pre {
+    fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Scorer> {
+        match self {
+            Pre::Reward(pre) => pre.instantiate(store).map(Scorer::Reward),
+            Pre::Grader(pre) => pre.instantiate(store).map(Scorer::Grader),
+        }
+    }
+}
+
+impl Scorer {
+    fn score(&self, store: &mut Store<HostState>, task: &Task, completion: &str) -> wasmtime::Result<Verdict> {
+        match self {
+            Scorer::Reward(b) => b.wirl_rl_reward().call_score_completion(store, task, completion),
+            Scorer::Grader(b) => b.wirl_rl_reward().call_score_completion(store, task, completion),
+        }
+    }
+
+    fn score_group(
+        &self,
+        store: &mut Store<HostState>,
+        task: &Task,
+        completions: &[String],
+    ) -> wasmtime::Result<Vec<Verdict>> {
+        match self {
+            Scorer::Reward(b) => b.wirl_rl_reward().call_score_group(store, task, completions),
+            Scorer::Grader(b) => b.wirl_rl_reward().call_score_group(store, task, completions),
+        }
+    }
 }
 
 impl RewardPlugin {
     pub fn new(plugin: Arc<Plugin>) -> Result<Self> {
-        if plugin.world() != World::RewardPlugin {
+        if !plugin.world().scores() {
             return Err(Error::WrongWorld {
                 name: plugin.name().to_string(),
                 path: plugin.path().to_path_buf(),
                 found: plugin.world(),
-                wanted: "a reward-plugin".to_string(),
+                wanted: "a reward-plugin or grader-plugin".to_string(),
             });
         }
-        let pre = RewardPluginPre::new(plugin.pre.clone())
-            .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?;
+        let refused =
+            |e: wasmtime::Error| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") };
+        let pre = match plugin.world() {
+            World::GraderPlugin => Pre::Grader(GraderPluginPre::new(plugin.pre.clone()).map_err(refused)?),
+            _ => Pre::Reward(RewardPluginPre::new(plugin.pre.clone()).map_err(refused)?),
+        };
         Ok(RewardPlugin { pre, instances: Instances::new(plugin) })
     }
 
@@ -40,10 +90,9 @@ impl RewardPlugin {
     /// Score one completion.
     pub fn score(&mut self, task: &Task, completion: &str) -> Result<Score, Failure> {
         let pre = &self.pre;
-        let verdict = self.instances.call(
-            |store| pre.instantiate(store),
-            |store, bindings| bindings.wirl_rl_reward().call_score_completion(store, task, completion),
-        )?;
+        let verdict = self
+            .instances
+            .call(|store| pre.instantiate(store), |store, scorer| scorer.score(store, task, completion))?;
         let plugin = &self.instances.plugin;
         match verdict {
             Ok(score) => {
@@ -61,10 +110,9 @@ impl RewardPlugin {
     /// with the same verdict.
     pub fn score_group(&mut self, task: &Task, completions: &[String]) -> Vec<Result<Score, Failure>> {
         let pre = &self.pre;
-        let verdicts = self.instances.call(
-            |store| pre.instantiate(store),
-            |store, bindings| bindings.wirl_rl_reward().call_score_group(store, task, completions),
-        );
+        let verdicts = self
+            .instances
+            .call(|store| pre.instantiate(store), |store, scorer| scorer.score_group(store, task, completions));
         let verdicts = verdicts.and_then(|verdicts| {
             let bytes: usize = verdicts.iter().map(|v| v.as_ref().map_or_else(String::len, Score::text_bytes)).sum();
             self.instances.plugin.check_return_size(bytes)?;

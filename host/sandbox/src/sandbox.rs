@@ -1,5 +1,6 @@
 //! The engine that loads and runs plugins: wasmtime configured for isolation and speed.
 
+use crate::bindings::grader_world::wirl::rl::code_runner;
 use crate::bindings::reward_world::wirl::rl::config;
 use crate::call::HostState;
 use crate::limits::SandboxSettings;
@@ -47,6 +48,8 @@ impl Sandbox {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
         config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(format!("{e:#}")))?;
+        code_runner::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(|e| Error::Engine(format!("{e:#}")))?;
 
         start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
         Ok(Sandbox { engine, linker, settings })
@@ -92,6 +95,27 @@ impl Sandbox {
                 None => format!("it cannot be linked: {}", one_line(&e)),
             })
         })?;
+        let runner = match (world, &spec.code_runner) {
+            (World::GraderPlugin, Some(runner_spec)) => {
+                let runner = self.load((**runner_spec).clone())?;
+                Some(Arc::new(crate::CodeRunnerPlugin::new(runner)?))
+            }
+            (World::GraderPlugin, None) => {
+                return Err(Error::Config {
+                    name: spec.name.clone(),
+                    message: "it is a grader (it imports wirl:rl/code-runner) but no code runner was given: \
+                              set `code_runner` to an interpreter component (a code-runner-plugin)"
+                        .into(),
+                });
+            }
+            (_, Some(_)) => {
+                return Err(Error::Config {
+                    name: spec.name.clone(),
+                    message: format!("a code runner was given, but it is a {world}, not a grader-plugin; remove it"),
+                });
+            }
+            (_, None) => None,
+        };
         tracing::debug!(plugin = %spec.name, %world, sha256 = %sha256, "loaded");
         Ok(Arc::new(Plugin {
             config: Arc::new(spec.config.clone()),
@@ -106,6 +130,7 @@ impl Sandbox {
             pre,
             epoch_tick_ms: self.settings.epoch_tick_ms.max(1),
             fuel_enabled: self.settings.fuel,
+            runner,
         }))
     }
 }
@@ -144,7 +169,7 @@ fn missing_imports(
     let provided = |name: &str| {
         name.starts_with("wasi:")
             || world::parse_interface_name(name)
-                .is_some_and(|p| p.package == WIT_PACKAGE && matches!(p.interface, "config" | "types"))
+                .is_some_and(|p| p.package == WIT_PACKAGE && matches!(p.interface, "config" | "types" | "code-runner"))
     };
     let missing: Vec<&String> = imports.iter().filter(|name| !provided(name)).collect();
     if missing.is_empty() {
@@ -158,14 +183,14 @@ fn missing_imports(
         })
         .collect();
     let hint = match world {
-        World::GraderPlugin | World::AgentPlugin => {
+        World::AgentPlugin => {
             format!(" (the host for {world} components, which provides their imports, is not in this version yet)")
         }
         _ => String::new(),
     };
     Some(format!(
         "it imports {}, which this host does not provide{hint}; a {world} may import only WASI 0.2 \
-         and {WIT_PACKAGE}/config",
+         and {WIT_PACKAGE}/config (a grader also {WIT_PACKAGE}/code-runner)",
         shown.join(", ")
     ))
 }

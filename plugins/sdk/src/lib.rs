@@ -94,5 +94,8 @@ macro_rules! shared_helpers {
 #[cfg(feature = "reward")]
 pub mod reward;
 
+#[cfg(feature = "grader")]
+pub mod grader;
+
 #[cfg(feature = "environment")]
 pub mod environment;

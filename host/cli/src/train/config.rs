@@ -55,8 +55,9 @@ pub struct PluginSection {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetSection {
-    /// Training tasks, taken in order and cycled.
-    pub train: PathBuf,
+    /// Training tasks, taken in order and cycled (needed to train, not to evaluate).
+    #[serde(default)]
+    pub train: Option<PathBuf>,
     /// Held-out tasks for the evaluation (the first `eval.tasks` of them).
     #[serde(default)]
     pub eval: Option<PathBuf>,
@@ -72,6 +73,22 @@ pub struct RewardSection {
     pub config: toml::Table,
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// For a grader: the interpreter its programs run in.
+    #[serde(default)]
+    pub code_runner: Option<CodeRunnerSection>,
+}
+
+/// The code-runner component of a grader, with the most one program may use.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeRunnerSection {
+    pub plugin: PathBuf,
+    /// Wall-clock limit per program (default 10 s).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// Memory limit per program (default 512 MiB).
     #[serde(default)]
     pub memory_mib: Option<u64>,
 }
@@ -157,11 +174,18 @@ pub struct EvalSection {
     pub tasks: usize,
     /// Held-out tasks are taken from this index on; training uses the indices below it.
     pub first_index: u64,
+    /// `wirl eval` only: completions sampled per task (at `[sampling]`'s temperature) for
+    /// pass@k; 0 for the greedy pass rate alone.
+    pub samples: usize,
+    /// The k of pass@k (each at most `samples`).
+    pub k: Vec<usize>,
+    /// Tasks generated together (more is faster, up to memory).
+    pub batch_tasks: usize,
 }
 
 impl Default for EvalSection {
     fn default() -> Self {
-        EvalSection { tasks: 50, first_index: 1 << 40 }
+        EvalSection { tasks: 50, first_index: 1 << 40, samples: 0, k: vec![1], batch_tasks: 4 }
     }
 }
 
@@ -185,10 +209,14 @@ impl TrainConfig {
 
     /// Every file the config names.
     fn paths(&mut self) -> Vec<&mut PathBuf> {
-        let mut paths: Vec<&mut PathBuf> = self.rewards.iter_mut().map(|r| &mut r.plugin).collect();
+        let mut paths: Vec<&mut PathBuf> = Vec::new();
+        for reward in &mut self.rewards {
+            paths.push(&mut reward.plugin);
+            paths.extend(reward.code_runner.as_mut().map(|r| &mut r.plugin));
+        }
         paths.extend(self.environment.as_mut().map(|e| &mut e.plugin));
         if let Some(dataset) = self.dataset.as_mut() {
-            paths.push(&mut dataset.train);
+            paths.extend(dataset.train.as_mut());
             paths.extend(dataset.eval.as_mut());
         }
         paths
@@ -215,7 +243,13 @@ impl TrainConfig {
                 }
             }
             (None, Some(dataset)) => {
-                for (key, path) in std::iter::once(("dataset.train", &dataset.train))
+                if dataset.train.is_none() && dataset.eval.is_none() {
+                    bail!("{origin}: [dataset] names no file: set `train` (to train) and/or `eval` (held-out tasks)");
+                }
+                for (key, path) in dataset
+                    .train
+                    .iter()
+                    .map(|p| ("dataset.train", p))
                     .chain(dataset.eval.iter().map(|p| ("dataset.eval", p)))
                 {
                     if !path.is_file() {
@@ -237,6 +271,11 @@ impl TrainConfig {
         for (i, reward) in self.rewards.iter().enumerate() {
             if !reward.plugin.is_file() {
                 return Err(plugin_missing(&format!("rewards[{i}].plugin"), &reward.plugin));
+            }
+            if let Some(runner) = &reward.code_runner
+                && !runner.plugin.is_file()
+            {
+                return Err(plugin_missing(&format!("rewards[{i}].code_runner.plugin"), &runner.plugin));
             }
         }
         let g = &self.grpo;
@@ -262,6 +301,12 @@ impl TrainConfig {
         }
         if self.environment.is_some() && self.eval.first_index < (self.grpo.steps * self.grpo.prompts_per_step) as u64 {
             bail!("{origin}: `eval.first_index` overlaps the training tasks; raise it above steps x prompts_per_step");
+        }
+        if let Some(&k) = self.eval.k.iter().find(|&&k| k == 0 || (self.eval.samples > 0 && k > self.eval.samples)) {
+            bail!("{origin}: `eval.k` = {k}: each k must be between 1 and `eval.samples` ({})", self.eval.samples);
+        }
+        if self.eval.batch_tasks == 0 {
+            bail!("{origin}: `eval.batch_tasks` must be at least 1");
         }
         Ok(())
     }

@@ -13,6 +13,7 @@
 
 pub mod checkpoint;
 pub mod config;
+mod eval;
 
 use crate::model;
 use anyhow::{Context, bail};
@@ -98,6 +99,12 @@ pub struct EvalArgs {
     /// Override `eval.tasks`.
     #[arg(long)]
     tasks: Option<usize>,
+    /// Override `eval.samples` (completions per task for pass@k; 0: greedy only).
+    #[arg(long)]
+    samples: Option<usize>,
+    /// Where the per-task results go, one JSON line per task (default: eval.jsonl).
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 /// `wirl eval`: greedy pass rate on the config's held-out tasks (indices from
@@ -117,13 +124,12 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     if let Some(tasks) = args.tasks {
         config.eval.tasks = tasks;
     }
-    config.grpo.beta = 0.0; // no reference model needed
-    // Evaluation writes nothing: the trainer's run directory is never used.
-    let mut trainer = Trainer::new(config.clone(), Path::new(""), None)?;
-    let pass_rate = trainer.evaluate()?;
-    let result = json!({ "model": config.model.path, "tasks": config.eval.tasks,
-        "first_index": config.eval.first_index, "greedy_pass_rate": pass_rate });
-    println!("{result}");
+    if let Some(samples) = args.samples {
+        config.eval.samples = samples;
+    }
+    let output = args.output.clone().unwrap_or_else(|| PathBuf::from("eval.jsonl"));
+    let summary = eval::run(&config, &output)?;
+    println!("{summary}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -200,14 +206,37 @@ struct Scored {
     reward: f32,
     parts: BTreeMap<String, f32>,
     failures: Vec<String>,
+    /// The plugins' remarks (what was extracted, why it failed), joined.
+    note: Option<String>,
 }
 
 impl Rewards {
+    /// Load the `[[rewards]]` plugins (a grader with its code runner).
+    fn load(sandbox: &Sandbox, sections: &[config::RewardSection]) -> anyhow::Result<Self> {
+        let mut plugins = Vec::new();
+        for reward in sections {
+            let mut spec = plugin_spec(&reward.plugin, &reward.config, reward.deadline_ms, reward.memory_mib);
+            if let Some(runner) = &reward.code_runner {
+                let mut limits = wirl_sandbox::Limits::code_runner();
+                limits.deadline_ms = runner.deadline_ms.unwrap_or(limits.deadline_ms);
+                limits.memory_bytes = runner.memory_mib.map_or(limits.memory_bytes, |mib| mib << 20);
+                spec.code_runner = Some(Box::new(wirl_sandbox::PluginSpec {
+                    limits,
+                    ..wirl_sandbox::PluginSpec::new(&runner.plugin)
+                }));
+            }
+            plugins.push((RewardPlugin::new(sandbox.load(spec)?)?, reward.weight));
+        }
+        Ok(Rewards { plugins })
+    }
+
     /// Score one group: every plugin's weighted reward summed; a failing call scores
     /// `failure_reward` for that plugin and is recorded.
     fn score_group(&mut self, task: &Task, completions: &[String], failure_reward: f32) -> Vec<Scored> {
-        let mut scored: Vec<Scored> =
-            completions.iter().map(|_| Scored { reward: 0.0, parts: BTreeMap::new(), failures: Vec::new() }).collect();
+        let mut scored: Vec<Scored> = completions
+            .iter()
+            .map(|_| Scored { reward: 0.0, parts: BTreeMap::new(), failures: Vec::new(), note: None })
+            .collect();
         for (plugin, weight) in &mut self.plugins {
             let name = plugin.plugin().name().to_string();
             for (out, verdict) in scored.iter_mut().zip(plugin.score_group(task, completions)) {
@@ -217,10 +246,17 @@ impl Rewards {
                         for (part, value) in score.parts {
                             out.parts.insert(part, value);
                         }
+                        if let Some(note) = score.note {
+                            out.note = Some(match out.note.take() {
+                                Some(earlier) => format!("{earlier}; {note}"),
+                                None => note,
+                            });
+                        }
                     }
                     Err(failure) => {
                         out.reward += *weight * failure_reward;
                         out.failures.push(failure.kind.name().to_string());
+                        out.note = Some(format!("{name}: {failure}"));
                         tracing::warn!("reward plugin {name}: {failure}");
                     }
                 }
@@ -269,6 +305,13 @@ fn environment_spec(section: &PluginSection) -> wirl_sandbox::PluginSpec {
     plugin_spec(&section.plugin, &section.config, section.deadline_ms, section.memory_mib)
 }
 
+/// A task's conversation, rendered with the model's chat template and tokenized.
+fn prompt_ids(tokenizer: &Tokenizer, task: &Task) -> anyhow::Result<Vec<u32>> {
+    let messages: Vec<ChatMessage> =
+        task.messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
+    Ok(tokenizer.encode(&tokenizer.render_chat(&messages, true)?)?)
+}
+
 /// Where a run's tasks come from.
 enum TaskSource {
     /// `task_at(seed, index)` of an environment plugin; held-out tasks from `eval.first_index`.
@@ -278,11 +321,29 @@ enum TaskSource {
 }
 
 impl TaskSource {
+    fn load(sandbox: &Sandbox, config: &TrainConfig) -> anyhow::Result<Self> {
+        let read = |path: &Option<PathBuf>| match path {
+            Some(path) => read_tasks(path),
+            None => Ok(Vec::new()),
+        };
+        Ok(match (&config.environment, &config.dataset) {
+            (Some(section), _) => TaskSource::Environment {
+                plugin: EnvironmentPlugin::new(sandbox.load(environment_spec(section))?)?,
+                seed: section.seed,
+            },
+            (None, Some(dataset)) => TaskSource::Dataset { train: read(&dataset.train)?, eval: read(&dataset.eval)? },
+            (None, None) => bail!("the config has no task source"),
+        })
+    }
+
     fn training(&mut self, index: u64) -> anyhow::Result<Task> {
         match self {
             TaskSource::Environment { plugin, seed } => {
                 let seed = *seed;
                 plugin.task_at(seed, index).map_err(|f| anyhow::anyhow!("environment task {index} (seed {seed}): {f}"))
+            }
+            TaskSource::Dataset { train, .. } if train.is_empty() => {
+                bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)")
             }
             TaskSource::Dataset { train, .. } => Ok(train[index as usize % train.len()].clone()),
         }
@@ -342,25 +403,8 @@ impl Trainer {
         let (engine, _thread) = EngineHandle::spawn(inference.clone(), tokenizer.clone())?;
 
         let sandbox = Sandbox::new(SandboxSettings::default())?;
-        let tasks = match (&config.environment, &config.dataset) {
-            (Some(section), _) => TaskSource::Environment {
-                plugin: EnvironmentPlugin::new(sandbox.load(environment_spec(section))?)?,
-                seed: section.seed,
-            },
-            (None, Some(dataset)) => TaskSource::Dataset {
-                train: read_tasks(&dataset.train)?,
-                eval: match &dataset.eval {
-                    Some(path) => read_tasks(path)?,
-                    None => Vec::new(),
-                },
-            },
-            (None, None) => bail!("the config has no task source"),
-        };
-        let mut plugins = Vec::new();
-        for reward in &config.rewards {
-            let spec = plugin_spec(&reward.plugin, &reward.config, reward.deadline_ms, reward.memory_mib);
-            plugins.push((RewardPlugin::new(sandbox.load(spec)?)?, reward.weight));
-        }
+        let tasks = TaskSource::load(&sandbox, &config)?;
+        let rewards = Rewards::load(&sandbox, &config.rewards)?;
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
         if let Some(checkpoint) = resume {
@@ -376,17 +420,14 @@ impl Trainer {
             inference,
             engine,
             tasks,
-            rewards: Rewards { plugins },
+            rewards,
             optimizer,
             _sandbox: sandbox,
         })
     }
 
     fn prompt_ids(&self, task: &Task) -> anyhow::Result<Vec<u32>> {
-        let messages: Vec<ChatMessage> =
-            task.messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
-        let text = self.tokenizer.render_chat(&messages, true)?;
-        Ok(self.tokenizer.encode(&text)?)
+        prompt_ids(&self.tokenizer, task)
     }
 
     fn task(&mut self, index: u64) -> anyhow::Result<Task> {

