@@ -45,6 +45,26 @@ fn main() -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(failed.is_empty(), "canonical programs failed: {failed:?}");
 
+    // Where one program's time goes (1 worker): a fresh instance, then the run itself.
+    let (mut instantiate, mut call) = (Vec::new(), Vec::new());
+    for program in &programs {
+        runner.run(program, &RunLimits::configured());
+        let stats = runner.last_call();
+        instantiate.push(stats.instantiate);
+        call.push(stats.call);
+    }
+    let empty = (0..100)
+        .map(|_| {
+            let t = Instant::now();
+            runner.run(&Program::python("pass"), &RunLimits::configured());
+            t.elapsed()
+        })
+        .collect::<Vec<_>>();
+    let mut empty = empty;
+    instantiate.sort();
+    call.sort();
+    empty.sort();
+
     let mut by_workers = serde_json::Map::new();
     for workers in [1usize, 2] {
         let mut latencies = Vec::new();
@@ -119,6 +139,9 @@ fn main() -> anyhow::Result<()> {
             "component_mb": round(std::fs::metadata(&runner_path)?.len() as f64 / 1e6),
             "compile_once_s": round(compile.as_secs_f64()),
             "load_compiled_ms": ms(load),
+            "instantiate_ms_median": ms(percentile(&instantiate, 0.5)),
+            "run_ms_median": ms(percentile(&call, 0.5)),
+            "empty_program_ms_median": ms(percentile(&empty, 0.5)),
             "all_passed": true,
             "by_workers": by_workers,
             "grader": {

@@ -25,8 +25,8 @@ fi
 
 cd "$root"
 bash scripts/build-plugins >/dev/null
-cargo bench -q -p wirl-cli --bench exec -- plugins/target/python/code_runner.wasm \
-    plugins/target/wasm32-wasip2/release/humaneval_grader.wasm examples/humaneval/HumanEval.jsonl "$reps" > "$work/wirl.json"
+cargo bench -q -p wirl-cli --bench exec -- "$root/plugins/target/python/code_runner.wasm" \
+    "$root/plugins/target/wasm32-wasip2/release/humaneval_grader.wasm" "$root/examples/humaneval/HumanEval.jsonl" "$reps" > "$work/wirl.json"
 # The peer spawns the interpreter it runs under (the real binary, not a shim).
 PEERS_WAIT_IDLE=${PEERS_WAIT_IDLE:-60} "$python" "$peers/exec_subprocess.py" --repeats "$reps" --python "$python" \
     2>/dev/null | tail -1 > "$work/peer.json"

@@ -4,7 +4,6 @@
 # is recorded as pending and answered with a placeholder that cannot be used, so that one
 # round finds every call that does not depend on an earlier answer.
 import ast
-import copy
 import json
 import random
 import sys
@@ -51,28 +50,32 @@ def _wirl_undecided():
     return _wirl_unknowns[0] > _wirl_unknowns[1]
 
 
-_GUARD = ast.parse(
-    """
-try:
-    _wirl_begin()
-    ASSERT
-except _WirlPending:
-    pass
-except AssertionError:
-    if not _wirl_undecided():
-        raise
-"""
-).body[0]
+def _name(identifier):
+    return ast.Name(identifier, ast.Load())
 
 
 class _GuardAsserts(ast.NodeTransformer):
     """Wrap every `assert` so that an assertion about an answer not known yet (it used a
     placeholder, or failed on one, as `x is True` does) is skipped this round and checked in
-    a later one. In the last round every answer is known and the asserts are the test's own."""
+    a later one. In the last round every answer is known and the asserts are the test's own:
+
+        try:
+            _wirl_begin()
+            assert ...
+        except _WirlPending:
+            pass
+        except AssertionError:
+            if not _wirl_undecided():
+                raise
+    """
 
     def visit_Assert(self, node):
-        guard = copy.deepcopy(_GUARD)
-        guard.body[1] = node
+        begin = ast.Expr(ast.Call(_name("_wirl_begin"), [], []))
+        pending = ast.ExceptHandler(type=_name("_WirlPending"), name=None, body=[ast.Pass()])
+        decided = ast.UnaryOp(ast.Not(), ast.Call(_name("_wirl_undecided"), [], []))
+        reraise = ast.If(test=decided, body=[ast.Raise(exc=None, cause=None)], orelse=[])
+        failed = ast.ExceptHandler(type=_name("AssertionError"), name=None, body=[reraise])
+        guard = ast.Try(body=[begin, node], handlers=[pending, failed], orelse=[], finalbody=[])
         return ast.copy_location(guard, node)
 
 
