@@ -3,7 +3,9 @@
 //! instantiate and call latency percentiles and the component's cold and warm load time.
 //!
 //! Run with: `bash benches/reward.sh` (makes the pairs and runs the Python peer beside it).
-//! Directly: `cargo bench -p wirl-cli --bench reward -- PAIRS.jsonl`; prints one JSON line.
+//! Directly: `cargo bench -p wirl-cli --bench reward -- PAIRS.jsonl [PLUGIN.wasm]` (default:
+//! the Rust `math-answer`; benches/languages.sh passes each language's build); prints one
+//! JSON line.
 
 use std::time::{Duration, Instant};
 use wirl_sandbox::{Limits, PluginSpec, RewardPlugin, Sandbox, SandboxSettings, Task};
@@ -31,7 +33,8 @@ fn main() {
         })
         .collect();
     let n = pairs.len();
-    let plugin_path = wirl_test_artifacts::MATH_ANSWER;
+    let plugin_path = std::env::args().nth(2).unwrap_or_else(|| wirl_test_artifacts::MATH_ANSWER.to_string());
+    let plugin_path = plugin_path.as_str();
 
     // Load times: cold compiles into an empty cache, warm deserializes the cached code.
     let cache = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@ use wirl_sandbox::{
     CodeRunnerPlugin, Limits, Outcome, PluginSpec, Program, RewardPlugin, RunLimits, Sandbox, SandboxSettings, Task,
     Termination,
 };
-use wirl_test_artifacts::{CODE_RUNNER, HUMANEVAL_GRADER};
+use wirl_test_artifacts::{HUMANEVAL_GRADER, PYTHON_CODE_RUNNER as CODE_RUNNER};
 
 /// One sandbox for these tests, with a compiled-component cache kept in the target
 /// directory: CPython's 20 MB component is compiled once, not per test.

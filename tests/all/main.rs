@@ -5,6 +5,7 @@ mod cli;
 mod code;
 mod engine;
 mod grpo;
+mod languages;
 mod plugins;
 mod reference;
 mod sandbox;

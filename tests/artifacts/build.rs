@@ -15,6 +15,7 @@ fn main() {
         "plugins/rust",
         "plugins/tests",
         "plugins/python",
+        "plugins/js",
         "plugins/Cargo.toml",
         "wit",
         "scripts/build-plugins",
@@ -46,12 +47,15 @@ fn main() {
             constants.push_str(&format!("pub const {name}: &str = {:?};\n", wasm.display().to_string()));
         }
     }
-    let python = plugins.join("target/python");
-    for package in packages_with(&plugins.join("python"), "app.py") {
-        let wasm = python.join(format!("{}.wasm", package.replace('-', "_")));
-        assert!(wasm.exists(), "Python guest {package} built no component at {}", wasm.display());
-        let name = package.to_uppercase().replace('-', "_");
-        constants.push_str(&format!("pub const {name}: &str = {:?};\n", wasm.display().to_string()));
+    // Other languages' guests are named with the language first: PYTHON_MATH_ANSWER.
+    for (language, app) in [("python", "app.py"), ("js", "app.js")] {
+        let built = plugins.join("target").join(language);
+        for package in packages_with(&plugins.join(language), app) {
+            let wasm = built.join(format!("{}.wasm", package.replace('-', "_")));
+            assert!(wasm.exists(), "{language} guest {package} built no component at {}", wasm.display());
+            let name = format!("{language}_{package}").to_uppercase().replace('-', "_");
+            constants.push_str(&format!("pub const {name}: &str = {:?};\n", wasm.display().to_string()));
+        }
     }
     let dest = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("guests.rs");
     std::fs::write(dest, constants).unwrap();

@@ -4,6 +4,7 @@ mod generate;
 mod inspect;
 mod model;
 mod plot;
+mod scaffold;
 mod score;
 mod tasks;
 mod train;
@@ -54,6 +55,8 @@ enum ModelCommand {
 enum PluginCommand {
     /// Show a plugin's world, WIT version, sha256, imports and size.
     Inspect(inspect::Args),
+    /// Start a reward plugin in Rust, Python or JavaScript that builds and scores as is.
+    New(scaffold::Args),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Score(args) => score::run(args),
         Command::Tasks(args) => tasks::run(args),
         Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),
+        Command::Plugin(PluginCommand::New(args)) => scaffold::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
         Command::Model(ModelCommand::Export(args)) => model::export(args),

@@ -53,7 +53,7 @@ fn score_one(settings: &Settings, task: &Task, completion: &str) -> Result<Score
     Ok(Score::new(correct + settings.format_weight * format)
         .part("format", format)
         .part("correct", correct)
-        .note(format!("answer {:?}", truncate(&found.text, 80))))
+        .note(format!("answer: {}", truncate(&found.text, 80))))
 }
 
 fn truncate(text: &str, max_chars: usize) -> &str {
