@@ -225,7 +225,10 @@ fn grade(index: usize, completion: &str) -> (f32, String) {
 
 #[test]
 fn a_grader_without_a_code_runner_is_refused_by_name() {
-    let error = sandbox().load(PluginSpec::new(HUMANEVAL_GRADER)).unwrap_err().to_string();
+    // It loads (to be inspected), but cannot score.
+    let plugin = sandbox().load(PluginSpec::new(HUMANEVAL_GRADER)).unwrap();
+    assert_eq!(plugin.world(), wirl_sandbox::World::GraderPlugin);
+    let error = RewardPlugin::new(plugin).unwrap_err().to_string();
     assert!(error.contains("humaneval_grader") && error.contains("code_runner"), "{error}");
 }
 

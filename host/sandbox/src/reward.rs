@@ -69,6 +69,15 @@ impl RewardPlugin {
                 wanted: "a reward-plugin or grader-plugin".to_string(),
             });
         }
+        if plugin.world() == World::GraderPlugin && plugin.code_runner().is_none() {
+            return Err(Error::Config {
+                name: plugin.name().to_string(),
+                message: "it is a grader (it imports wirl:rl/code-runner) but was loaded without a code \
+                          runner: give it one (`code_runner = { plugin = \"…/code_runner.wasm\" }` in its \
+                          [[rewards]] entry, or --code-runner on the command line)"
+                    .into(),
+            });
+        }
         let refused =
             |e: wasmtime::Error| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") };
         let pre = match plugin.world() {

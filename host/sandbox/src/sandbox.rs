@@ -100,14 +100,8 @@ impl Sandbox {
                 let runner = self.load((**runner_spec).clone())?;
                 Some(Arc::new(crate::CodeRunnerPlugin::new(runner)?))
             }
-            (World::GraderPlugin, None) => {
-                return Err(Error::Config {
-                    name: spec.name.clone(),
-                    message: "it is a grader (it imports wirl:rl/code-runner) but no code runner was given: \
-                              set `code_runner` to an interpreter component (a code-runner-plugin)"
-                        .into(),
-                });
-            }
+            // Loadable (to inspect it, say); scoring with it needs a runner (`RewardPlugin::new`).
+            (World::GraderPlugin, None) => None,
             (_, Some(_)) => {
                 return Err(Error::Config {
                     name: spec.name.clone(),
