@@ -228,7 +228,8 @@ fn a_grader_without_a_code_runner_is_refused_by_name() {
     // It loads (to be inspected), but cannot score.
     let plugin = sandbox().load(PluginSpec::new(HUMANEVAL_GRADER)).unwrap();
     assert_eq!(plugin.world(), wirl_sandbox::World::GraderPlugin);
-    let error = RewardPlugin::new(plugin).unwrap_err().to_string();
+    let Err(error) = RewardPlugin::new(plugin) else { panic!("a grader without a runner was accepted") };
+    let error = error.to_string();
     assert!(error.contains("humaneval_grader") && error.contains("code_runner"), "{error}");
 }
 

@@ -3,7 +3,7 @@
 //! line per task. Needs only the inference model, not the trainer.
 
 use super::config::TrainConfig;
-use super::{Rewards, TaskSource, prompt_ids};
+use super::{Rewards, TaskSource, mix, prompt_ids};
 use crate::model;
 use anyhow::Context;
 use serde_json::json;
@@ -62,9 +62,8 @@ pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_j
                     temperature: config.sampling.temperature,
                     top_p: config.sampling.top_p,
                     top_k: config.sampling.top_k,
-                    seed: Some(
-                        config.grpo.seed ^ ((chunk_index * eval.batch_tasks + i) as u64).wrapping_mul(0x9E37_79B9),
-                    ),
+                    // Per task, so a task's samples do not depend on the batch it ran in.
+                    seed: Some(mix(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64)),
                     ..Default::default()
                 };
                 requests.push(GenerateRequest { prompt, n: eval.samples, sampling });
