@@ -28,14 +28,14 @@ fi
 cd "$root"
 bash scripts/build-plugins >/dev/null
 for build in rust:plugins/target/wasm32-wasip2/release/math_answer.wasm python:plugins/target/python/math_answer.wasm \
-    js:plugins/target/js/math_answer.wasm; do
+    js:plugins/target/js/math_answer.wasm c:plugins/target/c/math_answer.wasm; do
     language=${build%%:*}
     cargo bench -q -p wirl-cli --bench reward -- "$work/pairs.jsonl" "$root/${build#*:}" > "$work/$language.json"
 done
 python3 - "$work" <<'PY'
 import json, os, sys
 print(f"{'language':<9}{'size MB':>9}{'compile s':>11}{'load ms':>9}{'inst. p50 ms':>14}{'fresh /s':>10}{'reused /s':>11}")
-for language in ("rust", "python", "js"):
+for language in ("rust", "python", "js", "c"):
     w = json.load(open(os.path.join(sys.argv[1], f"{language}.json")))
     print(f"{language:<9}{w['component_bytes'] / 1e6:>9.2f}{w['load_cold_ms'] / 1e3:>11.2f}{w['load_warm_ms']:>9.1f}"
           f"{w['fresh_instantiate_us']['p50'] / 1e3:>14.3f}{w['fresh_per_s']:>10,.0f}{w['reused_per_s']:>11,.0f}")

@@ -1,4 +1,4 @@
-//! One reward, several languages: every build of `math-answer` (Rust, Python, JavaScript)
+//! One reward, several languages: every build of `math-answer` (Rust, Python, JavaScript, C)
 //! gives identical scores, parts and notes on a 1,000-line fixture (tests/fixtures/
 //! math-answer-cases.jsonl: Unicode, very long completions, missing tags, several numbers),
 //! and each language's plugin behaves alike on config and on a task it cannot score.
@@ -6,9 +6,10 @@
 use crate::task;
 use std::sync::OnceLock;
 use wirl_sandbox::{Limits, PluginSpec, RewardPlugin, Sandbox, SandboxSettings, Score, Task};
-use wirl_test_artifacts::{JS_MATH_ANSWER, MATH_ANSWER, PYTHON_MATH_ANSWER};
+use wirl_test_artifacts::{C_MATH_ANSWER, JS_MATH_ANSWER, MATH_ANSWER, PYTHON_MATH_ANSWER};
 
-const BUILDS: [(&str, &str); 3] = [("rust", MATH_ANSWER), ("python", PYTHON_MATH_ANSWER), ("js", JS_MATH_ANSWER)];
+const BUILDS: [(&str, &str); 4] =
+    [("rust", MATH_ANSWER), ("python", PYTHON_MATH_ANSWER), ("js", JS_MATH_ANSWER), ("c", C_MATH_ANSWER)];
 
 /// A sandbox whose compiled-component cache is kept in the target directory: the Python and
 /// JavaScript components (interpreters inside) are compiled once, not per test.
@@ -81,13 +82,20 @@ fn every_language_reads_config_and_refuses_a_task_without_answer() {
     }
 }
 
-/// `wirl plugin new` in Python and JavaScript, as a new user runs it: scaffold, build with
+/// `wirl plugin new` in Python, JavaScript and C, as a new user runs it: scaffold, build with
 /// scripts/build-plugins, score the example. (A checkout with only what those need.)
 #[test]
 fn scaffolded_plugins_build_and_score_out_of_the_box() {
     let repo = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let root = tempfile::tempdir().unwrap();
-    for part in ["wit", "scripts/build-plugins", "plugins/python/sdk", "plugins/js/sdk"] {
+    for part in [
+        "wit",
+        "scripts/build-plugins",
+        "scripts/componentize-c",
+        "plugins/python/sdk",
+        "plugins/js/sdk",
+        "plugins/c/sdk",
+    ] {
         let target = root.path().join(part);
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
         let copied = std::process::Command::new("cp").arg("-r").arg(repo.join(part)).arg(&target).status().unwrap();
@@ -105,22 +113,22 @@ fn scaffolded_plugins_build_and_score_out_of_the_box() {
         )
     };
     let root_arg = root.path().to_str().unwrap();
-    for language in ["python", "js"] {
+    for language in ["python", "js", "c"] {
         let (ok, said) = wirl(&["plugin", "new", "--lang", language, "my-reward", "--root", root_arg]);
         assert!(ok && said.contains("scripts/build-plugins"), "{said}");
     }
     let (ok, said) = wirl(&["plugin", "new", "--lang", "python", "my-reward", "--root", root_arg]);
     assert!(!ok && said.contains("already exists"), "{said}");
-    let (ok, said) = wirl(&["plugin", "new", "--lang", "c", "my-reward", "--root", root_arg]);
-    assert!(!ok && said.contains("docs/PLUGINS.md"), "{said}");
     let (ok, said) = wirl(&["plugin", "new", "--lang", "js", "My Reward", "--root", root_arg]);
     assert!(!ok && said.contains("lowercase"), "{said}");
 
     let build = std::process::Command::new("bash").arg(root.path().join("scripts/build-plugins")).output().unwrap();
     assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
-    for (language, wasm) in
-        [("python", "plugins/target/python/my_reward.wasm"), ("js", "plugins/target/js/my_reward.wasm")]
-    {
+    for (language, wasm) in [
+        ("python", "plugins/target/python/my_reward.wasm"),
+        ("js", "plugins/target/js/my_reward.wasm"),
+        ("c", "plugins/target/c/my_reward.wasm"),
+    ] {
         let plugin = root.path().join(wasm);
         let example = root.path().join(format!("plugins/{language}/my-reward/example.jsonl"));
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))

@@ -16,6 +16,8 @@ fn main() {
         "plugins/tests",
         "plugins/python",
         "plugins/js",
+        "plugins/c",
+        "scripts/componentize-c/src",
         "plugins/Cargo.toml",
         "wit",
         "scripts/build-plugins",
@@ -48,7 +50,7 @@ fn main() {
         }
     }
     // Other languages' guests are named with the language first: PYTHON_MATH_ANSWER.
-    for (language, app) in [("python", "app.py"), ("js", "app.js")] {
+    for (language, app) in [("python", "app.py"), ("js", "app.js"), ("c", "app.c")] {
         let built = plugins.join("target").join(language);
         for package in packages_with(&plugins.join(language), app) {
             let wasm = built.join(format!("{}.wasm", package.replace('-', "_")));

@@ -55,7 +55,7 @@ enum ModelCommand {
 enum PluginCommand {
     /// Show a plugin's world, WIT version, sha256, imports and size.
     Inspect(inspect::Args),
-    /// Start a reward plugin in Rust, Python or JavaScript that builds and scores as is.
+    /// Start a reward plugin in Rust, Python, JavaScript or C that builds and scores as is.
     New(scaffold::Args),
 }
 

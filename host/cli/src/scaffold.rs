@@ -59,9 +59,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             vec![("app.js", fill(include_str!("../templates/js-app.js")))],
             format!("plugins/target/js/{module}.wasm"),
         ),
-        Language::C => bail!(
-            "C plugins cannot be built in this version yet (docs/PLUGINS.md says why and what is \
-             planned); write the plugin in Rust, Python or JavaScript"
+        Language::C => (
+            "c",
+            vec![("app.c", fill(include_str!("../templates/c-app.c")))],
+            format!("plugins/target/c/{module}.wasm"),
         ),
     };
     let dir = root.join("plugins").join(language).join(name);
