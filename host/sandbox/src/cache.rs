@@ -4,6 +4,7 @@
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
@@ -33,7 +34,13 @@ pub(crate) fn load(
         return Component::new(engine, bytes);
     }
     // SAFETY: as above; this is the file just written from `precompile_component`.
-    unsafe { Component::deserialize_file(engine, &path) }
+    match unsafe { Component::deserialize_file(engine, &path) } {
+        Ok(component) => Ok(component),
+        // Another process may have replaced the entry between our rename and this read with
+        // a file we cannot map; the bytes we compiled are still good.
+        // SAFETY: `compiled` comes from `precompile_component` of this very engine.
+        Err(_) => unsafe { Component::deserialize(engine, &compiled) },
+    }
 }
 
 fn entry_path(engine: &Engine, dir: &Path, sha256: &str) -> PathBuf {
@@ -54,12 +61,48 @@ fn wasmtime_version() -> &'static str {
 }
 
 /// Write to a temporary file in the same directory and rename, so that a crash never
-/// leaves a half-written entry under the final name.
+/// leaves a half-written entry under the final name. The temporary name is unique per
+/// call, not only per process: two threads compiling the same component at once (tests,
+/// or a trainer loading one plugin for two tasks) must not write into one inode while
+/// the other has already renamed it into place and is mapping it.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().expect("cache entries live in a directory");
     std::fs::create_dir_all(dir)?;
-    let tmp =
-        dir.join(format!(".{}.{}.tmp", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_atomically;
+
+    #[test]
+    fn concurrent_writers_of_one_entry_never_expose_a_partial_file() {
+        // Threads of one process racing to write the same entry: whatever a reader finds
+        // under the final name is always one writer's whole file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("entry.cwasm");
+        let bytes = vec![7u8; 8 << 20];
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..5 {
+                        write_atomically(&path, &bytes).unwrap();
+                        assert_eq!(std::fs::read(&path).unwrap().len(), bytes.len());
+                    }
+                });
+            }
+        });
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
+    }
 }
