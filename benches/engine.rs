@@ -4,7 +4,8 @@
 //! prompt; prefill of 64 tokens. Prints one JSON object; `benches/engine.sh` runs it beside
 //! the peers and prints ratios.
 //!
-//! `cargo bench -p wirl-engine --bench engine -- MODEL.gguf [REPS] [q4_1|f32]`
+//! `cargo bench -p wirl-engine --bench engine -- MODEL.gguf [REPS] [q4_1|f32|group]`
+//! (`group`: only the f32 group of 8, for profiling the decoding matmul)
 
 use candle_core::{Device, Tensor};
 use std::time::Instant;
@@ -70,9 +71,10 @@ fn main() {
     let mut result = serde_json::Map::new();
 
     let only = args.get(2).map(String::as_str);
+    let group_only = only == Some("group");
     for quantized in [true, false] {
         let label = if quantized { "q4_1" } else { "f32" };
-        if only.is_some_and(|o| o != label) {
+        if only.is_some_and(|o| o != label && !(group_only && label == "f32")) {
             continue;
         }
         let started = Instant::now();
@@ -82,6 +84,12 @@ fn main() {
         let mut prompt = m.tokenizer.encode(PROMPT_TEXT).unwrap();
         assert!(prompt.len() >= PROMPT_TOKENS, "the prompt has {} tokens", prompt.len());
         prompt.truncate(PROMPT_TOKENS);
+        if group_only {
+            let runs: Vec<f64> = (0..reps).map(|r| sample(&m, &prompt, 8, r as u64)).collect();
+            eprintln!("f32: group 8x128 {runs:.1?} tok/s aggregate");
+            result.insert("f32_group8_tok_s".into(), median(runs).into());
+            break;
+        }
         greedy_decode(&m.model, &prompt[..8]); // warm-up
         let runs: Vec<(f64, f64)> = (0..reps).map(|_| greedy_decode(&m.model, &prompt)).collect();
         let prefill_ms = median(runs.iter().map(|r| r.0 * 1e3).collect());
@@ -98,9 +106,6 @@ fn main() {
             result.insert(format!("{label}_group8_tok_s"), group.into());
         }
         result.insert(format!("peak_rss_after_{label}_mib"), peak_rss_mib().into());
-        if std::env::var_os("WIRL_BENCH_GROUP_ONLY").is_some() {
-            break;
-        }
     }
     result.insert("reps".into(), reps.into());
     result.insert("threads".into(), candle_core::utils::get_num_threads().into());
