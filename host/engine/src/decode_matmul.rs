@@ -61,33 +61,34 @@ impl CustomOp2 for FewRowMatmul {
     }
 }
 
-/// A pointer to the output that threads share; each writes a disjoint set of columns.
+/// One product's operands: `x [rows, inner]`, `w [out, inner]` and the output
+/// `y [rows, out]`, which threads share, each writing its own output columns.
 #[derive(Clone, Copy)]
-struct Output(*mut f32);
-// SAFETY: threads write disjoint elements (their own output columns) and the owner waits
-// for all of them before reading.
-unsafe impl Send for Output {}
-unsafe impl Sync for Output {}
-
-impl Output {
-    /// A method, so that closures capture the `Output` (Send + Sync), not its raw field.
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
+struct Product<'a> {
+    x: &'a [f32],
+    rows: usize,
+    w: &'a [f32],
+    inner: usize,
+    y: *mut f32,
+    out: usize,
 }
+// SAFETY: `y` is only written, at disjoint elements (each thread its own output columns),
+// and the owner waits for all threads before reading it.
+unsafe impl Send for Product<'_> {}
+unsafe impl Sync for Product<'_> {}
 
 fn matmul(x: &[f32], rows: usize, w: &[f32], out: usize, inner: usize) -> Vec<f32> {
     assert!(available(), "few-row-matmul called without AVX2 and FMA");
     assert_eq!(x.len(), rows * inner);
     assert_eq!(w.len(), out * inner);
     let mut y = vec![0f32; rows * out];
-    let dst = Output(y.as_mut_ptr());
+    let product = Product { x, rows, w, inner, y: y.as_mut_ptr(), out };
     let run = |start: usize, end: usize| {
         // SAFETY: AVX2 and FMA are present (asserted above); the slices hold `rows × inner`
         // and `out × inner` values and `y` holds `rows × out`; [start, end) ⊆ [0, out).
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            avx2::columns(x, rows, w, inner, dst.ptr(), out, start, end)
+            avx2::columns(product, start, end)
         }
     };
     let threads = rayon::current_num_threads().max(1);
@@ -95,7 +96,7 @@ fn matmul(x: &[f32], rows: usize, w: &[f32], out: usize, inner: usize) -> Vec<f3
         run(0, out);
     } else {
         // A few chunks per thread, so a thread held up elsewhere does not hold the step.
-        let chunk = out.div_ceil(threads * 4).next_multiple_of(4);
+        let chunk = out.div_ceil(threads * 4).next_multiple_of(3);
         (0..out.div_ceil(chunk)).into_par_iter().for_each(|c| run(c * chunk, ((c + 1) * chunk).min(out)));
     }
     y
@@ -103,6 +104,7 @@ fn matmul(x: &[f32], rows: usize, w: &[f32], out: usize, inner: usize) -> Vec<f3
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::Product;
     use std::arch::x86_64::*;
 
     /// Output columns [start, end) of `y [rows, out]`: weight rows in blocks of `M`, times
@@ -111,32 +113,22 @@ mod avx2 {
     /// decoding step's linears at 8 rows (Zen 3, 2 threads): 3 × 3 blocks 30 ms, 2 × 4 31 ms,
     /// 1 × 8 33 ms; the weights alone stream in 23 ms (what 1 row takes).
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn columns(
-        x: &[f32],
-        rows: usize,
-        w: &[f32],
-        inner: usize,
-        y: *mut f32,
-        out: usize,
-        start: usize,
-        end: usize,
-    ) {
+    pub(super) unsafe fn columns(p: Product, start: usize, end: usize) {
         let mut o = start;
         while o < end {
             let left = end - o;
             // Few rows of x: more weight rows per block, for enough independent sums.
-            if rows <= 2 && left >= 4 {
-                unsafe { rows_of_x::<4>(x, rows, w, inner, y, out, o) };
+            if p.rows <= 2 && left >= 4 {
+                unsafe { rows_of_x::<4>(p, o) };
                 o += 4;
             } else if left >= 3 {
-                unsafe { rows_of_x::<3>(x, rows, w, inner, y, out, o) };
+                unsafe { rows_of_x::<3>(p, o) };
                 o += 3;
             } else if left >= 2 {
-                unsafe { rows_of_x::<2>(x, rows, w, inner, y, out, o) };
+                unsafe { rows_of_x::<2>(p, o) };
                 o += 2;
             } else {
-                unsafe { rows_of_x::<1>(x, rows, w, inner, y, out, o) };
+                unsafe { rows_of_x::<1>(p, o) };
                 o += 1;
             }
         }
@@ -145,30 +137,22 @@ mod avx2 {
     /// Weight rows [o, o + M) against every row of x.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn rows_of_x<const M: usize>(
-        x: &[f32],
-        rows: usize,
-        w: &[f32],
-        inner: usize,
-        y: *mut f32,
-        out: usize,
-        o: usize,
-    ) {
+    unsafe fn rows_of_x<const M: usize>(p: Product, o: usize) {
         let mut r = 0;
-        while r < rows {
-            let n = rows - r;
+        while r < p.rows {
+            let n = p.rows - r;
             unsafe {
                 if n >= 3 && M == 3 {
-                    block::<M, 3>(x, w, inner, y, out, o, r);
+                    block::<M, 3>(p, o, r);
                     r += 3;
                 } else if n >= 4 && M <= 2 {
-                    block::<M, 4>(x, w, inner, y, out, o, r);
+                    block::<M, 4>(p, o, r);
                     r += 4;
                 } else if n >= 2 {
-                    block::<M, 2>(x, w, inner, y, out, o, r);
+                    block::<M, 2>(p, o, r);
                     r += 2;
                 } else {
-                    block::<M, 1>(x, w, inner, y, out, o, r);
+                    block::<M, 1>(p, o, r);
                     r += 1;
                 }
             }
@@ -178,15 +162,8 @@ mod avx2 {
     /// `y[r + j][o + i] = w[o + i] · x[r + j]` for i < M, j < N.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn block<const M: usize, const N: usize>(
-        x: &[f32],
-        w: &[f32],
-        inner: usize,
-        y: *mut f32,
-        out: usize,
-        o: usize,
-        r: usize,
-    ) {
+    unsafe fn block<const M: usize, const N: usize>(p: Product, o: usize, r: usize) {
+        let Product { x, w, inner, y, out, .. } = p;
         let wp = unsafe { w.as_ptr().add(o * inner) };
         let xp = unsafe { x.as_ptr().add(r * inner) };
         let mut acc = [[_mm256_setzero_ps(); N]; M];
