@@ -118,9 +118,10 @@ struct Block {
 /// Keys and values of every layer for the rows of one batch: buffers `[batch, kv_heads,
 /// capacity, dim]` of which the first `len` positions are filled. Decoding writes each
 /// step's keys and values in place; a buffer grows (with room to spare) only when full, so
-/// a step does not copy the whole cache as concatenating would (measured: ~10 % of a
-/// group-of-8 decode step at 190 positions). Not `Clone`: two owners appending into shared
-/// buffers would overwrite each other's positions.
+/// a step does not copy the whole cache as concatenating would (by arithmetic ~2 MB per
+/// layer per step for 8 rows at 190 positions; on the H100, 64 rows ran 2.2× faster).
+/// Not `Clone`: two owners appending into shared buffers would overwrite each other's
+/// positions.
 #[derive(Debug, Default)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
