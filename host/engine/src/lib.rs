@@ -4,6 +4,7 @@
 pub mod actor;
 pub mod comm;
 pub mod config;
+mod decode_attention;
 mod decode_matmul;
 pub mod export;
 pub mod generate;

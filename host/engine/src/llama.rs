@@ -9,6 +9,7 @@
 
 use crate::comm::{Comm, Solo};
 use crate::config::Config;
+use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul};
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
@@ -211,36 +212,64 @@ impl KvCache {
     }
 }
 
-/// Write a layer's new keys and values (`[batch, kv_heads, new, dim]`) at position `past`
-/// of its buffers, growing them when full, and return views of all `past + new` positions.
-fn append_kv(slot: &mut Option<(Tensor, Tensor)>, past: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-    let total = past + k.dim(2)?;
+/// A layer's key and value buffers with room for `new` positions after `past`, grown (with
+/// room to spare) when full; `like` (`[batch, kv_heads, new, dim]`) gives their shape.
+fn reserve_kv(slot: &mut Option<(Tensor, Tensor)>, past: usize, like: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (batch, heads, new, dim) = like.dims4()?;
+    let total = past + new;
     match slot {
-        Some((kb, vb)) if kb.dim(2)? >= total => {
-            kb.slice_set(&k.contiguous()?, 2, past)?;
-            vb.slice_set(&v.contiguous()?, 2, past)?;
-        }
+        Some((kb, _)) if kb.dim(2)? >= total => {}
         _ => {
             // Room for half as many positions again (at least 32): growing copies the cache
             // once per ~1.5× its length instead of once per step.
-            let spare = (total / 2).max(32);
-            let grow = |buffer: Option<&Tensor>, x: &Tensor| -> Result<Tensor> {
-                let (batch, heads, _, dim) = x.dims4()?;
-                let room = Tensor::zeros((batch, heads, spare, dim), x.dtype(), x.device())?;
+            let room = new + (total / 2).max(32);
+            let grow = |buffer: Option<&Tensor>| -> Result<Tensor> {
+                let room = Tensor::zeros((batch, heads, room, dim), like.dtype(), like.device())?;
                 Ok(match buffer {
-                    Some(buffer) => Tensor::cat(&[&buffer.narrow(2, 0, past)?, x, &room], 2)?,
-                    None => Tensor::cat(&[x, &room], 2)?,
+                    Some(buffer) => Tensor::cat(&[&buffer.narrow(2, 0, past)?, &room], 2)?,
+                    None => room,
                 })
             };
-            let (k_old, v_old) = match slot.as_ref() {
-                Some((kb, vb)) => (Some(kb), Some(vb)),
-                None => (None, None),
+            let grown = match slot.as_ref() {
+                Some((kb, vb)) => (grow(Some(kb))?, grow(Some(vb))?),
+                None => (grow(None)?, grow(None)?),
             };
-            *slot = Some((grow(k_old, k)?, grow(v_old, v)?));
+            *slot = Some(grown);
         }
     }
     let (kb, vb) = slot.as_ref().expect("filled above");
+    Ok((kb.clone(), vb.clone()))
+}
+
+/// Write a layer's new keys and values (`[batch, kv_heads, new, dim]`) at position `past`
+/// of its buffers and return views of all `past + new` positions.
+fn append_kv(slot: &mut Option<(Tensor, Tensor)>, past: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    let total = past + k.dim(2)?;
+    let (kb, vb) = reserve_kv(slot, past, k)?;
+    kb.slice_set(&k.contiguous()?, 2, past)?;
+    vb.slice_set(&v.contiguous()?, 2, past)?;
     Ok((kb.narrow(2, 0, total)?, vb.narrow(2, 0, total)?))
+}
+
+/// What every layer's attention needs of one forward step.
+struct Step<'a> {
+    /// Positions in the cache before this step's tokens.
+    past: usize,
+    kind: StepKind<'a>,
+}
+
+enum StepKind<'a> {
+    /// Any number of tokens, any device: candle ops, with each token's rotary angles
+    /// (`[batch, 1, len, dim/2]`) and the additive mask.
+    Tensors { cos: Tensor, sin: Tensor, mask: Option<Tensor> },
+    /// One token per row on the CPU (f32): the decoding kernels.
+    Decode {
+        rope: &'a RopeTables,
+        /// Per row: the first position it attends to (those before are its padding).
+        first: Vec<usize>,
+        /// Per row: the new token's rotary position.
+        positions: Vec<usize>,
+    },
 }
 
 /// A Llama-family decoder.
@@ -255,6 +284,9 @@ pub struct Model {
     vocab_parallel: bool,
     cos: Tensor,
     sin: Tensor,
+    /// The rope tables as host floats, for the CPU decoding kernels: f32 on the CPU, q and
+    /// k projections in HF order (not llama.cpp's interleaved quantized ones).
+    host_rope: Option<Arc<RopeTables>>,
     device: Device,
     dtype: DType,
     comm: Arc<dyn Comm>,
@@ -336,6 +368,13 @@ impl Model {
             Linear { weight: head_split.weight(source.linear_weight(name)?, rank, size, name)?, bias: None }
         };
         let (cos, sin) = rope_tables(config, device, dtype)?;
+        let interleaved = blocks.iter().any(|b| b.attn.q_interleaved || b.attn.k_interleaved);
+        let host_rope = match (device, dtype) {
+            (Device::Cpu, DType::F32) if !interleaved => {
+                Some(Arc::new(RopeTables::from_tensors(&cos, &sin)?)).filter(|t| t.fits(config.head_dim()))
+            }
+            _ => None,
+        };
         Ok(Model {
             config: config.clone(),
             embed,
@@ -345,6 +384,7 @@ impl Model {
             vocab_parallel,
             cos,
             sin,
+            host_rope,
             device: device.clone(),
             dtype,
             comm,
@@ -403,17 +443,29 @@ impl Model {
                 self.config.max_position_embeddings
             )));
         }
-        let positions: Vec<u32> =
-            (0..batch).flat_map(|b| (0..len).map(move |t| (past + t).saturating_sub(pads[b]) as u32)).collect();
-        let positions = Tensor::from_vec(positions, batch * len, &self.device)?;
-        let cos = self.cos.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?;
-        let sin = self.sin.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?;
-        let mask = self.mask(batch, len, past, pads)?;
+        let kind = match &self.host_rope {
+            Some(rope) if len == 1 => StepKind::Decode {
+                rope,
+                first: pads.iter().map(|&p| p.min(past)).collect(),
+                positions: pads.iter().map(|&p| past.saturating_sub(p)).collect(),
+            },
+            _ => {
+                let positions: Vec<u32> =
+                    (0..batch).flat_map(|b| (0..len).map(move |t| (past + t).saturating_sub(pads[b]) as u32)).collect();
+                let positions = Tensor::from_vec(positions, batch * len, &self.device)?;
+                StepKind::Tensors {
+                    cos: self.cos.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?,
+                    sin: self.sin.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?,
+                    mask: self.mask(batch, len, past, pads)?,
+                }
+            }
+        };
+        let step = Step { past, kind };
 
         let mut x = self.embed.index_select(&tokens.flatten_all()?, 0)?.reshape((batch, len, ()))?;
         for (i, block) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_norm_eps as f32)?;
-            let h = block.attn.forward(&h, &cos, &sin, mask.as_ref(), &mut cache.layers[i], past)?;
+            let h = block.attn.forward(&h, &step, &mut cache.layers[i])?;
             x = (x + self.comm.all_reduce_sum(&h)?)?;
             let h = candle_nn::ops::rms_norm(&x, &block.mlp_norm, self.config.rms_norm_eps as f32)?;
             let h = block.mlp.forward(&h)?;
@@ -456,15 +508,14 @@ impl Model {
 }
 
 impl Attention {
-    fn forward(
-        &self,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: Option<&Tensor>,
-        cache: &mut Option<(Tensor, Tensor)>,
-        past: usize,
-    ) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, step: &Step, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
+        let past = step.past;
+        let (cos, sin, mask) = match &step.kind {
+            StepKind::Tensors { cos, sin, mask } => (cos, sin, mask),
+            StepKind::Decode { rope, first, positions } => {
+                return self.forward_decoding(x, past, rope, first, positions, cache);
+            }
+        };
         let (batch, len, _) = x.dims3()?;
         let q = self.project(&self.q, x, self.heads, self.q_interleaved)?;
         let k = self.project(&self.k, x, self.kv_heads, self.k_interleaved)?;
@@ -488,6 +539,30 @@ impl Attention {
         let weights = weights.reshape((batch, self.kv_heads, groups * len, total))?;
         let out = weights.matmul(&v)?.reshape((batch, self.heads, len, self.head_dim))?;
         let out = out.transpose(1, 2)?.reshape((batch, len, self.heads * self.head_dim))?;
+        self.o.forward(&out)
+    }
+
+    /// One new token per row on the CPU (f32): the projections, then the new key and value
+    /// written into the cache and the attention in one op each (`decode_attention.rs`).
+    fn forward_decoding(
+        &self,
+        x: &Tensor,
+        past: usize,
+        rope: &RopeTables,
+        first: &[usize],
+        positions: &[usize],
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let batch = x.dim(0)?;
+        let q = self.q.forward(x)?.contiguous()?;
+        let k = self.k.forward(x)?.contiguous()?;
+        let v = self.v.forward(x)?.contiguous()?;
+        let like = k.reshape((batch, self.kv_heads, 1, self.head_dim))?;
+        let (kb, vb) = reserve_kv(cache, past, &like)?;
+        kb.inplace_op2(&k, &StoreToken { at: past, rope: Some((rope, positions)) })?;
+        vb.inplace_op2(&v, &StoreToken { at: past, rope: None })?;
+        let attention = DecodeAttention { heads: self.heads, total: past + 1, first, positions, rope };
+        let out = q.apply_op3_no_bwd(&kb, &vb, &attention)?;
         self.o.forward(&out)
     }
 

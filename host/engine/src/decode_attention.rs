@@ -1,0 +1,338 @@
+//! Attention for one new token per row on the CPU, against the KV cache in place.
+//!
+//! A decoding step's attention is little arithmetic (one query per head against the row's
+//! cached keys) spread over many small candle ops per layer: rope (eight ops per tensor),
+//! copies into head-major layout, two batched gemm calls that pack their operands, a scale,
+//! a mask, a softmax and a transpose back. Here it is two in-place writes ([`StoreToken`]:
+//! the new key, rotated, and the new value into the cache buffers) and one op
+//! ([`DecodeAttention`]) that rotates the queries and attends, reading each cached key and
+//! value once for all the query heads that share it.
+
+use crate::Result;
+use candle_core::{CpuStorage, CustomOp3, InplaceOp2, Layout, Shape, Tensor, bail};
+use rayon::prelude::*;
+
+/// cos and sin of every position's rotary angles as host floats, `[positions, half]`.
+#[derive(Debug)]
+pub(crate) struct RopeTables {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+}
+
+impl RopeTables {
+    /// From the model's `[positions, half]` tables (f32, on the CPU).
+    pub fn from_tensors(cos: &Tensor, sin: &Tensor) -> Result<Self> {
+        let half = cos.dim(1)?;
+        Ok(RopeTables { cos: cos.flatten_all()?.to_vec1()?, sin: sin.flatten_all()?.to_vec1()?, half })
+    }
+
+    /// Whether heads of `dim` values are rotated whole by these tables.
+    pub fn fits(&self, dim: usize) -> bool {
+        2 * self.half == dim
+    }
+
+    fn positions(&self) -> usize {
+        self.cos.len() / self.half
+    }
+
+    /// HF's rotate-half rope of one head `x` at `position`, into `out`:
+    /// `out = x · cos + rotate_half(x) · sin`.
+    #[inline(always)]
+    fn rotate(&self, x: &[f32], position: usize, out: &mut [f32]) {
+        let h = self.half;
+        let cos = &self.cos[position * h..][..h];
+        let sin = &self.sin[position * h..][..h];
+        let (x1, x2) = x.split_at(h);
+        let (out1, out2) = out.split_at_mut(h);
+        for i in 0..h {
+            out1[i] = x1[i] * cos[i] - x2[i] * sin[i];
+            out2[i] = x2[i] * cos[i] + x1[i] * sin[i];
+        }
+    }
+}
+
+fn f32_contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(values) = storage else { bail!("{op} takes f32 tensors") };
+    let Some((start, end)) = layout.contiguous_offsets() else { bail!("{op} takes contiguous tensors") };
+    Ok(&values[start..end])
+}
+
+/// Write the new token's keys or values, `[batch, 1, heads · dim]`, at position `at` of a
+/// cache buffer `[batch, heads, capacity, dim]`; keys rotated for each row's position.
+pub(crate) struct StoreToken<'a> {
+    pub at: usize,
+    /// The rope tables and each row's position, for keys; `None` for values.
+    pub rope: Option<(&'a RopeTables, &'a [usize])>,
+}
+
+impl InplaceOp2 for StoreToken<'_> {
+    fn name(&self) -> &'static str {
+        "store-token"
+    }
+
+    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<()> {
+        let new = f32_contiguous(s2, l2, self.name())?;
+        let (batch, heads, capacity, dim) = l1.shape().dims4()?;
+        let (CpuStorage::F32(buffer), Some((start, end))) = (s1, l1.contiguous_offsets()) else {
+            bail!("store-token writes into a contiguous f32 buffer")
+        };
+        let buffer = &mut buffer[start..end];
+        if new.len() != batch * heads * dim || self.at >= capacity {
+            bail!("store-token: {} values for a buffer {:?} at position {}", new.len(), l1.dims(), self.at)
+        }
+        if let Some((tables, positions)) = self.rope
+            && (positions.len() != batch || positions.iter().any(|&p| p >= tables.positions()))
+        {
+            bail!("store-token: positions {positions:?} for {batch} rows and {} rope positions", tables.positions())
+        }
+        for (row_head, source) in new.chunks_exact(dim).enumerate() {
+            let target = &mut buffer[(row_head * capacity + self.at) * dim..][..dim];
+            match self.rope {
+                Some((tables, positions)) => tables.rotate(source, positions[row_head / heads], target),
+                None => target.copy_from_slice(source),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Attention of one new query per row, `q [batch, 1, heads · dim]` (not yet rotated),
+/// against the first `total` positions of the cache buffers `k`, `v [batch, kv_heads,
+/// capacity, dim]`, the new token's included. Row `b` attends to positions
+/// `first[b]..total` (those before are its padding). Returns `[batch, 1, heads · dim]`.
+pub(crate) struct DecodeAttention<'a> {
+    pub heads: usize,
+    pub total: usize,
+    pub first: &'a [usize],
+    /// Each row's rope position for its query.
+    pub positions: &'a [usize],
+    pub rope: &'a RopeTables,
+}
+
+impl CustomOp3 for DecodeAttention<'_> {
+    fn name(&self) -> &'static str {
+        "decode-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let (q, k, v) = (f32_contiguous(s1, l1, name)?, f32_contiguous(s2, l2, name)?, f32_contiguous(s3, l3, name)?);
+        let (batch, kv_heads, capacity, dim) = l2.shape().dims4()?;
+        let heads = self.heads;
+        if l3.dims() != l2.dims()
+            || q.len() != batch * heads * dim
+            || !heads.is_multiple_of(kv_heads)
+            || self.total > capacity
+            || self.first.len() != batch
+            || self.positions.len() != batch
+            || self.first.iter().any(|&f| f >= self.total)
+            || self.positions.iter().any(|&p| p >= self.rope.positions())
+            || !self.rope.fits(dim)
+        {
+            bail!(
+                "decode-attention: q {:?}, k {:?}, v {:?}, {heads} heads, {} positions, first {:?}",
+                l1.dims(),
+                l2.dims(),
+                l3.dims(),
+                self.total,
+                self.first
+            )
+        }
+        let dims = Dims { batch, heads, kv_heads, capacity, dim };
+        let mut out = vec![0f32; batch * heads * dim];
+        // One task per (row, key/value head): the query heads of its group are contiguous
+        // in the output.
+        out.par_chunks_mut(heads / kv_heads * dim).enumerate().for_each(|(task, out)| {
+            #[cfg(target_arch = "x86_64")]
+            if crate::decode_matmul::available() {
+                // SAFETY: AVX2 and FMA are present.
+                unsafe { attend_avx2(self, &dims, task, q, k, v, out) };
+                return;
+            }
+            attend(self, &dims, task, q, k, v, out)
+        });
+        Ok((CpuStorage::F32(out), Shape::from((batch, 1, heads * dim))))
+    }
+}
+
+struct Dims {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    capacity: usize,
+    dim: usize,
+}
+
+/// [`attend`] compiled for AVX2 + FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(op: &DecodeAttention, s: &Dims, task: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+    attend(op, s, task, q, k, v, out)
+}
+
+/// The query heads of key/value head `task % kv_heads` of row `task / kv_heads`.
+#[inline(always)]
+fn attend(op: &DecodeAttention, s: &Dims, task: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+    let (row, kv_head) = (task / s.kv_heads, task % s.kv_heads);
+    let (groups, dim, total) = (s.heads / s.kv_heads, s.dim, op.total);
+    debug_assert!(row < s.batch);
+    let first = op.first[row];
+    let cache = (row * s.kv_heads + kv_head) * s.capacity * dim;
+    let (keys, values) = (&k[cache..][..total * dim], &v[cache..][..total * dim]);
+    let mut query = vec![0f32; groups * dim];
+    for (g, query) in query.chunks_exact_mut(dim).enumerate() {
+        let head = kv_head * groups + g;
+        op.rope.rotate(&q[(row * s.heads + head) * dim..][..dim], op.positions[row], query);
+    }
+    let scale = 1.0 / (dim as f32).sqrt();
+    let span = total - first;
+    let mut scores = vec![0f32; groups * span];
+    for (t, key) in keys.chunks_exact(dim).skip(first).enumerate() {
+        for (g, query) in query.chunks_exact(dim).enumerate() {
+            scores[g * span + t] = dot(query, key) * scale;
+        }
+    }
+    for scores in scores.chunks_exact_mut(span) {
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inverse = 1.0 / sum;
+        scores.iter_mut().for_each(|s| *s *= inverse);
+    }
+    out.fill(0.0);
+    for (t, value) in values.chunks_exact(dim).skip(first).enumerate() {
+        for (g, out) in out.chunks_exact_mut(dim).enumerate() {
+            let weight = scores[g * span + t];
+            for (o, x) in out.iter_mut().zip(value) {
+                *o += weight * x;
+            }
+        }
+    }
+}
+
+/// Dot product in eight independent lanes (so that it vectorises).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    let mut lanes = [0f32; 8];
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// Attention written out plainly: rope, scores over `first..total`, softmax, sum.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        (batch, heads, kv_heads, capacity, dim): (usize, usize, usize, usize, usize),
+        total: usize,
+        first: &[usize],
+        positions: &[usize],
+        rope: &RopeTables,
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; batch * heads * dim];
+        for b in 0..batch {
+            for h in 0..heads {
+                let kh = h / (heads / kv_heads);
+                let mut query = vec![0f32; dim];
+                rope.rotate(&q[(b * heads + h) * dim..][..dim], positions[b], &mut query);
+                let at = |t: usize| ((b * kv_heads + kh) * capacity + t) * dim;
+                let scores: Vec<f32> = (first[b]..total)
+                    .map(|t| (0..dim).map(|i| query[i] * k[at(t) + i]).sum::<f32>() / (dim as f32).sqrt())
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f32 = weights.iter().sum();
+                for (w, t) in weights.iter().zip(first[b]..total) {
+                    for i in 0..dim {
+                        out[(b * heads + h) * dim + i] += w / sum * v[at(t) + i];
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn equals_plain_attention_with_groups_padding_and_odd_head_sizes() {
+        let mut state = 7u32;
+        let mut next = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        // Head size 12: a vector of 8 and a remainder of 4; three query heads per key/value
+        // head; rows with different padding.
+        let (batch, heads, kv_heads, capacity, dim, total) = (3, 6, 2, 11, 12, 9);
+        let (first, positions) = ([0, 4, 8], [8, 4, 0]);
+        let angles: Vec<f32> = (0..16 * dim / 2).map(|_| next() * 6.0).collect();
+        let table = |f: fn(f32) -> f32| {
+            Tensor::from_vec(angles.iter().map(|&a| f(a)).collect::<Vec<_>>(), (16, dim / 2), &Device::Cpu).unwrap()
+        };
+        let rope = RopeTables::from_tensors(&table(f32::cos), &table(f32::sin)).unwrap();
+        let mut values = |n: usize| -> Vec<f32> { (0..n).map(|_| next()).collect() };
+        let (q, k, v) = (
+            values(batch * heads * dim),
+            values(batch * kv_heads * capacity * dim),
+            values(batch * kv_heads * capacity * dim),
+        );
+        let want = naive(&q, &k, &v, (batch, heads, kv_heads, capacity, dim), total, &first, &positions, &rope);
+        let tensor = |x: &[f32], shape: &[usize]| Tensor::from_vec(x.to_vec(), shape, &Device::Cpu).unwrap();
+        let cache_shape = [batch, kv_heads, capacity, dim];
+        let op = DecodeAttention { heads, total, first: &first, positions: &positions, rope: &rope };
+        let got = tensor(&q, &[batch, 1, heads * dim])
+            .apply_op3_no_bwd(&tensor(&k, &cache_shape), &tensor(&v, &cache_shape), &op)
+            .unwrap();
+        assert_eq!(got.dims(), &[batch, 1, heads * dim]);
+        for (i, (g, w)) in got.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().zip(&want).enumerate() {
+            assert!((g - w).abs() < 1e-5, "element {i}: {g} vs {w}");
+        }
+
+        // Storing a token rotates keys at the row's position and copies values.
+        let buffer = Tensor::zeros(&cache_shape, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let new = values(batch * kv_heads * dim);
+        buffer
+            .inplace_op2(
+                &tensor(&new, &[batch, 1, kv_heads * dim]),
+                &StoreToken { at: 5, rope: Some((&rope, &positions)) },
+            )
+            .unwrap();
+        let stored = buffer.narrow(2, 5, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let mut rotated = vec![0f32; dim];
+        rope.rotate(&new[dim..2 * dim], positions[0], &mut rotated);
+        assert_eq!(&stored[dim..2 * dim], &rotated[..], "row 0, head 1");
+        rope.rotate(&new[2 * dim..3 * dim], positions[1], &mut rotated);
+        assert_eq!(&stored[2 * dim..3 * dim], &rotated[..], "row 1, head 0");
+
+        // Inconsistent arguments are errors, not panics.
+        let past_the_end = DecodeAttention { total: capacity + 1, ..op };
+        let error = tensor(&q, &[batch, 1, heads * dim])
+            .apply_op3_no_bwd(&tensor(&k, &cache_shape), &tensor(&v, &cache_shape), &past_the_end)
+            .unwrap_err();
+        assert!(error.to_string().contains("decode-attention"), "{error}");
+        let full = StoreToken { at: capacity, rope: None };
+        assert!(buffer.inplace_op2(&tensor(&new, &[batch, 1, kv_heads * dim]), &full).is_err());
+    }
+}
