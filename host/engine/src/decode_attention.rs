@@ -9,6 +9,7 @@
 //! value once for all the query heads that share it.
 
 use crate::Result;
+use crate::decode_matmul::f32_contiguous;
 use candle_core::{CpuStorage, CustomOp3, InplaceOp2, Layout, Shape, Tensor, bail};
 use rayon::prelude::*;
 
@@ -50,12 +51,6 @@ impl RopeTables {
             out2[i] = x2[i] * cos[i] + x1[i] * sin[i];
         }
     }
-}
-
-fn f32_contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(values) = storage else { bail!("{op} takes f32 tensors") };
-    let Some((start, end)) = layout.contiguous_offsets() else { bail!("{op} takes contiguous tensors") };
-    Ok(&values[start..end])
 }
 
 /// Write the new token's keys or values, `[batch, 1, heads · dim]`, at position `at` of a

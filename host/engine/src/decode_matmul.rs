@@ -9,7 +9,7 @@
 //! costs about what streaming the weights costs. Output rows are split between candle's
 //! rayon threads.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, bail};
 use rayon::prelude::*;
 
 /// Fewer weights than this (a key/value projection of a small model) are not worth waking
@@ -45,20 +45,72 @@ impl CustomOp2 for FewRowMatmul {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (xs, ws) else {
-            candle_core::bail!("few-row-matmul takes f32 inputs")
-        };
-        let (Some((x0, x1)), Some((w0, w1))) = (xl.contiguous_offsets(), wl.contiguous_offsets()) else {
-            candle_core::bail!("few-row-matmul takes contiguous inputs")
-        };
-        let (rows, inner) = xl.shape().dims2()?;
-        let (out, w_inner) = wl.shape().dims2()?;
-        if inner != w_inner {
-            candle_core::bail!("few-row-matmul: x has {inner} columns, the weight {w_inner}")
-        }
-        let y = matmul(&x[x0..x1], rows, &w[w0..w1], out, inner);
+        let x = f32_contiguous(xs, xl, self.name())?;
+        let w = f32_contiguous(ws, wl, self.name())?;
+        let (rows, out, inner) = product_dims(xl, &[wl], self.name())?;
+        let [y] = products(x, rows, [w], out, inner, |_, _, _| {});
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
+}
+
+/// The first half of a SwiGLU MLP for a few rows: `silu(x · W_gateᵀ) ⊙ (x · W_upᵀ)`, both
+/// weights `[out, in]`, in one op: each thread multiplies its output columns with both
+/// weights and combines them while they are in cache (instead of two matmuls, a silu and
+/// a product, each a pass over the batch and a hand-off between threads). Same conditions
+/// as [`FewRowMatmul`].
+pub(crate) struct SwiGluMatmul;
+
+impl CustomOp3 for SwiGluMatmul {
+    fn name(&self) -> &'static str {
+        "swiglu-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+        us: &CpuStorage,
+        ul: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let x = f32_contiguous(xs, xl, name)?;
+        let (gate, up) = (f32_contiguous(gs, gl, name)?, f32_contiguous(us, ul, name)?);
+        let (rows, out, inner) = product_dims(xl, &[gl, ul], name)?;
+        let [y, _] = products(x, rows, [gate, up], out, inner, |[gate, up], start, end| {
+            for r in 0..rows {
+                for o in start..end {
+                    let at = r * out + o;
+                    // SAFETY: in bounds (`rows × out` each), and columns [start, end) belong
+                    // to this call alone.
+                    unsafe {
+                        let g = *gate.add(at);
+                        *gate.add(at) = g / (1.0 + (-g).exp()) * *up.add(at);
+                    }
+                }
+            }
+        });
+        Ok((CpuStorage::F32(y), Shape::from((rows, out))))
+    }
+}
+
+/// The values of a contiguous f32 tensor on the CPU, or an error naming `op`.
+pub(crate) fn f32_contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(values) = storage else { bail!("{op} takes f32 tensors") };
+    let Some((start, end)) = layout.contiguous_offsets() else { bail!("{op} takes contiguous tensors") };
+    Ok(&values[start..end])
+}
+
+/// `(rows, out, inner)` of `x [rows, inner]` times weights `[out, inner]` of one shape.
+fn product_dims(x: &Layout, weights: &[&Layout], op: &str) -> candle_core::Result<(usize, usize, usize)> {
+    let (rows, inner) = x.shape().dims2()?;
+    let (out, w_inner) = weights[0].shape().dims2()?;
+    if inner != w_inner || weights.iter().any(|w| w.dims() != weights[0].dims()) {
+        let shapes: Vec<_> = weights.iter().map(|w| w.dims()).collect();
+        bail!("{op}: x has {inner} columns, the weights are {shapes:?}")
+    }
+    Ok((rows, out, inner))
 }
 
 /// One product's operands: `x [rows, inner]`, `w [out, inner]` and the output
@@ -77,29 +129,56 @@ struct Product<'a> {
 unsafe impl Send for Product<'_> {}
 unsafe impl Sync for Product<'_> {}
 
-fn matmul(x: &[f32], rows: usize, w: &[f32], out: usize, inner: usize) -> Vec<f32> {
+/// The outputs of [`products`] as threads share them (each writes its own columns).
+struct Outputs<const K: usize>([*mut f32; K]);
+// SAFETY: as for `Product`.
+unsafe impl<const K: usize> Send for Outputs<K> {}
+unsafe impl<const K: usize> Sync for Outputs<K> {}
+
+impl<const K: usize> Outputs<K> {
+    // A method, so that closures capture the whole (Sync) struct, not its pointer field.
+    fn pointers(&self) -> [*mut f32; K] {
+        self.0
+    }
+}
+
+/// `x · wᵀ` for each of the `K` weights (all `[out, inner]`), output columns split between
+/// threads; `finish(outputs, start, end)` runs on a chunk's columns [start, end) as soon as
+/// all its products are in (writing only those columns).
+fn products<const K: usize>(
+    x: &[f32],
+    rows: usize,
+    weights: [&[f32]; K],
+    out: usize,
+    inner: usize,
+    finish: impl Fn([*mut f32; K], usize, usize) + Sync,
+) -> [Vec<f32>; K] {
     assert!(available(), "few-row-matmul called without AVX2 and FMA");
     assert_eq!(x.len(), rows * inner);
-    assert_eq!(w.len(), out * inner);
-    let mut y = vec![0f32; rows * out];
-    let product = Product { x, rows, w, inner, y: y.as_mut_ptr(), out };
+    assert!(weights.iter().all(|w| w.len() == out * inner));
+    let mut ys: [Vec<f32>; K] = std::array::from_fn(|_| vec![0f32; rows * out]);
+    let outputs = Outputs(std::array::from_fn(|k| ys[k].as_mut_ptr()));
     let run = |start: usize, end: usize| {
-        // SAFETY: AVX2 and FMA are present (asserted above); the slices hold `rows × inner`
-        // and `out × inner` values and `y` holds `rows × out`; [start, end) ⊆ [0, out).
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            avx2::columns(product, start, end)
+        for (w, y) in weights.iter().zip(outputs.pointers()) {
+            let product = Product { x, rows, w, inner, y, out };
+            // SAFETY: AVX2 and FMA are present (asserted above); the slices hold `rows × inner`
+            // and `out × inner` values and `y` holds `rows × out`; [start, end) ⊆ [0, out).
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                avx2::columns(product, start, end)
+            }
         }
+        finish(outputs.pointers(), start, end);
     };
     let threads = rayon::current_num_threads().max(1);
-    if threads == 1 || out * inner < PARALLEL_MIN_WEIGHTS {
+    if threads == 1 || K * out * inner < PARALLEL_MIN_WEIGHTS {
         run(0, out);
     } else {
         // A few chunks per thread, so a thread held up elsewhere does not hold the step.
         let chunk = out.div_ceil(threads * 4).next_multiple_of(3);
         (0..out.div_ceil(chunk)).into_par_iter().for_each(|c| run(c * chunk, ((c + 1) * chunk).min(out)));
     }
-    y
+    ys
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -108,10 +187,10 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// Output columns [start, end) of `y [rows, out]`: weight rows in blocks of `M`, times
-    /// rows of `x` in blocks of `N`, so that a block's `M × N` sums stay in registers
-    /// (16 ymm: `M·N` sums, `M` weight vectors and `N` input vectors). Measured on one
-    /// decoding step's linears at 8 rows (Zen 3, 2 threads): 3 × 3 blocks 30 ms, 2 × 4 31 ms,
-    /// 1 × 8 33 ms; the weights alone stream in 23 ms (what 1 row takes).
+    /// rows of `x` in blocks of `N`, so that a block's `M × N` sums stay in registers.
+    /// Measured on one decoding step's linears at 8 rows (Zen 3, 2 threads, best of 12):
+    /// 3 × 4 blocks 40.7 ms, 2 × 4 41.3, 1 × 8 43.6, 2 × 6 44.8, 3 × 3 (then 3 + 3 + 2 rows)
+    /// 47.0; reading the weights alone took 33–43 ms that day (the bandwidth varies).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn columns(p: Product, start: usize, end: usize) {
         let mut o = start;
@@ -134,7 +213,7 @@ mod avx2 {
         }
     }
 
-    /// Weight rows [o, o + M) against every row of x.
+    /// Weight rows [o, o + M) against every row of x, four rows of x at a time.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn rows_of_x<const M: usize>(p: Product, o: usize) {
@@ -142,12 +221,12 @@ mod avx2 {
         while r < p.rows {
             let n = p.rows - r;
             unsafe {
-                if n >= 3 && M == 3 {
-                    block::<M, 3>(p, o, r);
-                    r += 3;
-                } else if n >= 4 && M <= 2 {
+                if n >= 4 && M <= 3 {
                     block::<M, 4>(p, o, r);
                     r += 4;
+                } else if n >= 3 && M <= 3 {
+                    block::<M, 3>(p, o, r);
+                    r += 3;
                 } else if n >= 2 {
                     block::<M, 2>(p, o, r);
                     r += 2;
@@ -159,7 +238,9 @@ mod avx2 {
         }
     }
 
-    /// `y[r + j][o + i] = w[o + i] · x[r + j]` for i < M, j < N.
+    /// `y[r + j][o + i] = w[o + i] · x[r + j]` for i < M, j < N. Per 8 columns: the M weight
+    /// vectors are loaded into registers, then each row of x is loaded once and multiplied
+    /// with all of them (`M·N` sums + `M` weights + 1 input ≤ 16 registers).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block<const M: usize, const N: usize>(p: Product, o: usize, r: usize) {
@@ -169,17 +250,17 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); N]; M];
         let vectors = inner / 8;
         for c in 0..vectors {
-            let mut xv = [_mm256_setzero_ps(); N];
-            for (j, v) in xv.iter_mut().enumerate() {
-                *v = unsafe { _mm256_loadu_ps(xp.add(j * inner + c * 8)) };
-            }
-            for (i, sums) in acc.iter_mut().enumerate() {
+            let mut wv = [_mm256_setzero_ps(); M];
+            for (i, v) in wv.iter_mut().enumerate() {
                 // Ask for the next block's weights while this one computes: decoding is
                 // bound by how fast the weights stream in. (A hint: never faults.)
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add((M + i) * inner + c * 8) as *const i8);
-                let wv = unsafe { _mm256_loadu_ps(wp.add(i * inner + c * 8)) };
-                for (sum, xj) in sums.iter_mut().zip(&xv) {
-                    *sum = _mm256_fmadd_ps(wv, *xj, *sum);
+                *v = unsafe { _mm256_loadu_ps(wp.add(i * inner + c * 8)) };
+            }
+            for j in 0..N {
+                let xj = unsafe { _mm256_loadu_ps(xp.add(j * inner + c * 8)) };
+                for (sums, wi) in acc.iter_mut().zip(&wv) {
+                    sums[j] = _mm256_fmadd_ps(*wi, xj, sums[j]);
                 }
             }
         }
@@ -207,6 +288,10 @@ mod avx2 {
 mod tests {
     use super::*;
 
+    fn tensor(values: &[f32], shape: (usize, usize)) -> candle_core::Tensor {
+        candle_core::Tensor::from_vec(values.to_vec(), shape, &candle_core::Device::Cpu).unwrap()
+    }
+
     #[test]
     fn equals_the_plain_product_for_every_shape_and_remainder() {
         if !available() {
@@ -224,17 +309,30 @@ mod tests {
         {
             let x: Vec<f32> = (0..rows * inner).map(|_| next()).collect();
             let w: Vec<f32> = (0..out * inner).map(|_| next()).collect();
-            let y = matmul(&x, rows, &w, out, inner);
+            let u: Vec<f32> = (0..out * inner).map(|_| next()).collect();
+            let [y] = products(&x, rows, [&w], out, inner, |_, _, _| {});
+            let gated = {
+                let (xt, wt, ut) = (tensor(&x, (rows, inner)), tensor(&w, (out, inner)), tensor(&u, (out, inner)));
+                xt.apply_op3_no_bwd(&wt, &ut, &SwiGluMatmul).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            };
+            let dot = |m: &[f32], r: usize, o: usize| -> f32 {
+                (0..inner).map(|k| x[r * inner + k] * m[o * inner + k]).sum()
+            };
             for r in 0..rows {
                 for o in 0..out {
-                    let want: f32 = (0..inner).map(|k| x[r * inner + k] * w[o * inner + k]).sum();
+                    let close = |got: f32, want: f32| (got - want).abs() <= 1e-4 * (1.0 + want.abs());
+                    let want = dot(&w, r, o);
                     let got = y[r * out + o];
-                    assert!(
-                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "{rows}×{out}×{inner} [{r},{o}]: {got} vs {want}"
-                    );
+                    assert!(close(got, want), "{rows}×{out}×{inner} [{r},{o}]: {got} vs {want}");
+                    let want = want / (1.0 + (-want).exp()) * dot(&u, r, o);
+                    let got = gated[r * out + o];
+                    assert!(close(got, want), "swiglu {rows}×{out}×{inner} [{r},{o}]: {got} vs {want}");
                 }
             }
         }
+        // Weights of different shapes are an error naming the op, not a panic.
+        let (x, a, b) = (tensor(&[0.0; 6], (2, 3)), tensor(&[0.0; 12], (4, 3)), tensor(&[0.0; 8], (4, 2)));
+        let error = x.apply_op3_no_bwd(&a, &b, &SwiGluMatmul).unwrap_err().to_string();
+        assert!(error.contains("swiglu-matmul"), "{error}");
     }
 }

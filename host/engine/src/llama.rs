@@ -10,7 +10,7 @@
 use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
-use crate::decode_matmul::{self, FewRowMatmul};
+use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -60,9 +60,7 @@ fn few_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let dims = x.dims();
     let (inner, out) = (dims[dims.len() - 1], w.dim(0)?);
     let x2 = x.reshape((rows(x), inner))?;
-    let kernel =
-        w.device().is_cpu() && w.dtype() == DType::F32 && x.dtype() == DType::F32 && decode_matmul::available();
-    let y = if kernel {
+    let y = if decoding_kernel(x, w) {
         x2.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &FewRowMatmul)?
     } else {
         w.matmul(&x2.t()?)?.t()?.contiguous()?
@@ -70,6 +68,16 @@ fn few_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let mut shape = dims.to_vec();
     *shape.last_mut().expect("a matmul input has dimensions") = out;
     Ok(y.reshape(shape)?)
+}
+
+/// Whether `x · wᵀ` goes to the CPU decoding kernels (`decode_matmul.rs`): few rows, f32
+/// on a CPU with AVX2 and FMA.
+fn decoding_kernel(x: &Tensor, w: &Tensor) -> bool {
+    rows(x) <= SMALL_BATCH_ROWS
+        && w.device().is_cpu()
+        && w.dtype() == DType::F32
+        && x.dtype() == DType::F32
+        && decode_matmul::available()
 }
 
 /// Where weights come from: the loader maps HF tensor names to its file's tensors.
@@ -588,6 +596,18 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let (Weight::Dense(gate), Weight::Dense(up), None, None) =
+            (&self.gate.weight, &self.up.weight, &self.gate.bias, &self.up.bias)
+            && decoding_kernel(x, gate)
+        {
+            let dims = x.dims();
+            let inner = dims[dims.len() - 1];
+            let x2 = x.reshape((rows(x), inner))?.contiguous()?;
+            let hidden = x2.apply_op3_no_bwd(&gate.contiguous()?, &up.contiguous()?, &SwiGluMatmul)?;
+            let mut shape = dims.to_vec();
+            *shape.last_mut().expect("a matmul input has dimensions") = gate.dim(0)?;
+            return self.down.forward(&hidden.reshape(shape)?);
+        }
         let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
         self.down.forward(&(gate * self.up.forward(x)?)?)
     }
