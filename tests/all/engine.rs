@@ -236,11 +236,8 @@ fn default_gguf_model_tokenizes_and_answers() {
     assert!(out[0][0].text.contains("Paris"), "{:?}", out[0][0].text);
     assert_eq!(out[0][0].finish, FinishReason::Stop);
 
-    // The quantized path (Q8_0 re-encoding on the CPU, dense query projections) answers too.
-    let q = wirl_engine::load(&default_model(), &LoadOptions { quantized: true, ..Default::default() }).unwrap();
-    let request = GenerateRequest { prompt: q.tokenizer.encode(&text).unwrap(), n: 1, sampling: Sampling::greedy(16) };
-    let out = wirl_engine::generate(&q.model, &q.tokenizer, &[request], |_, _, _| {}).unwrap();
-    assert!(out[0][0].text.contains("Paris"), "quantized: {:?}", out[0][0].text);
+    // The quantized path answers as llama.cpp does (which is not "Paris" here):
+    // `reference::quantized_path_continues_as_llama_cpp_does`.
 }
 
 /// Two tensor-parallel ranks (threads, `ThreadComm`) each holding half of the heads, the MLP

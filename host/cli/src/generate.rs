@@ -41,8 +41,9 @@ pub struct Args {
     /// Stop when the text contains this (repeatable).
     #[arg(long)]
     stop: Vec<String>,
-    /// Run a GGUF model's quantized weights instead of dequantizing them to f32 (faster;
-    /// see docs/ROADMAP.md: its logits still differ from the f32 path by about 1).
+    /// Run a GGUF model's quantized weights instead of dequantizing them to f32 (faster; on
+    /// the CPU, Q4_1 is computed as llama.cpp computes it, 8-bit activations included, so
+    /// answers follow llama.cpp's rather than the f32 path's).
     #[arg(long)]
     quantized: bool,
     /// `cpu`, or `cuda` / `cuda:N` (a build made by scripts/build-cuda).

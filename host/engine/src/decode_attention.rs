@@ -273,11 +273,7 @@ mod tests {
 
     #[test]
     fn equals_plain_attention_with_groups_padding_and_odd_head_sizes() {
-        let mut state = 7u32;
-        let mut next = || {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (state >> 8) as f32 / (1 << 24) as f32 - 0.5
-        };
+        let mut next = crate::test_values(7);
         // Head size 12: a vector of 8 and a remainder of 4; three query heads per key/value
         // head; rows with different padding.
         let (batch, heads, kv_heads, capacity, dim, total) = (3, 6, 2, 11, 12, 9);

@@ -171,15 +171,21 @@ fn products<const K: usize>(
         }
         finish(outputs.pointers(), start, end);
     };
+    split_outputs(out, K * out * inner, run);
+    ys
+}
+
+/// `run(start, end)` over output columns [0, out) of a product of `weights` weights in all:
+/// split between candle's threads when it is worth it.
+pub(crate) fn split_outputs(out: usize, weights: usize, run: impl Fn(usize, usize) + Sync) {
     let threads = rayon::current_num_threads().max(1);
-    if threads == 1 || K * out * inner < PARALLEL_MIN_WEIGHTS {
+    if threads == 1 || weights < PARALLEL_MIN_WEIGHTS {
         run(0, out);
     } else {
         // A few chunks per thread, so a thread held up elsewhere does not hold the step.
         let chunk = out.div_ceil(threads * 4).next_multiple_of(3);
         (0..out.div_ceil(chunk)).into_par_iter().for_each(|c| run(c * chunk, ((c + 1) * chunk).min(out)));
     }
-    ys
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -298,11 +304,7 @@ mod tests {
         if !available() {
             return;
         }
-        let mut state = 1u32;
-        let mut next = || {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (state >> 8) as f32 / (1 << 24) as f32 - 0.5
-        };
+        let mut next = crate::test_values(1);
         // Remainders in every dimension: rows 1..=9, out not a multiple of the blocks,
         // inner not a multiple of 8; and a shape large enough to use several threads.
         for (rows, out, inner) in

@@ -10,8 +10,19 @@ pub mod export;
 pub mod generate;
 pub mod llama;
 pub mod load;
+pub mod q4_matmul;
 pub mod sampling;
 pub mod tokenizer;
+
+/// Deterministic test inputs for the kernels' unit tests.
+#[cfg(test)]
+pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
+    let mut state = seed;
+    move || {
+        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (state >> 8) as f32 / (1 << 24) as f32 - 0.5
+    }
+}
 
 pub use actor::{EngineHandle, TextPiece};
 pub use candle_core::{DType, Device};

@@ -11,6 +11,7 @@ use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
+use crate::q4_matmul::Q4_1Matrix;
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -20,7 +21,10 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub enum Weight {
     Dense(Tensor),
+    /// candle's quantized matmul (any GGUF type; activations quantized to 8 bits).
     Quantized(Arc<QMatMul>),
+    /// Q4_1 blocks as stored, multiplied by wirl's CPU kernel (`q4_matmul.rs`).
+    Q4_1(Arc<Q4_1Matrix>),
 }
 
 /// Up to this many rows, a dense linear multiplies `W · xᵀ` (see `Linear::forward`).
@@ -44,6 +48,7 @@ impl Linear {
             Weight::Dense(w) if rows(x) <= SMALL_BATCH_ROWS => few_rows_matmul(x, w)?,
             Weight::Dense(w) => x.broadcast_matmul(&w.t()?)?,
             Weight::Quantized(q) => q.forward(x)?,
+            Weight::Q4_1(m) => m.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
