@@ -158,7 +158,7 @@ struct LlamaCppCase {
 /// made by `scripts/reference/llamacpp.py` with the peers' llama-cpp-python.
 #[test]
 fn quantized_path_continues_as_llama_cpp_does() {
-    if !wirl_engine::q4_matmul::available() {
+    if !wirl_engine::block_matmul::available() {
         eprintln!("skipped: this CPU lacks AVX2/FMA/F16C, so Q4_1 is re-encoded as Q8_0 (not llama.cpp's arithmetic)");
         return;
     }

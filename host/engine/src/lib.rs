@@ -2,6 +2,7 @@
 //! GGUF files, with batched sampling that returns per-token log-probs.
 
 pub mod actor;
+pub mod block_matmul;
 pub mod comm;
 pub mod config;
 mod decode_attention;
@@ -10,7 +11,6 @@ pub mod export;
 pub mod generate;
 pub mod llama;
 pub mod load;
-pub mod q4_matmul;
 pub mod sampling;
 pub mod tokenizer;
 

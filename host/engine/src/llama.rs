@@ -7,11 +7,11 @@
 //! which carry no gradients; the trainer's forward path will use differentiable equivalents
 //! over the same weights.
 
+use crate::block_matmul::BlockMatrix;
 use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
-use crate::q4_matmul::Q4_1Matrix;
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -23,8 +23,8 @@ pub enum Weight {
     Dense(Tensor),
     /// candle's quantized matmul (any GGUF type; activations quantized to 8 bits).
     Quantized(Arc<QMatMul>),
-    /// Q4_1 blocks as stored, multiplied by wirl's CPU kernel (`q4_matmul.rs`).
-    Q4_1(Arc<Q4_1Matrix>),
+    /// Q4_1 / Q8_0 blocks as stored, multiplied by wirl's CPU kernel (`block_matmul.rs`).
+    Blocks(Arc<BlockMatrix>),
 }
 
 /// Up to this many rows, a dense linear multiplies `W · xᵀ` (see `Linear::forward`).
@@ -48,7 +48,7 @@ impl Linear {
             Weight::Dense(w) if rows(x) <= SMALL_BATCH_ROWS => few_rows_matmul(x, w)?,
             Weight::Dense(w) => x.broadcast_matmul(&w.t()?)?,
             Weight::Quantized(q) => q.forward(x)?,
-            Weight::Q4_1(m) => m.forward(x)?,
+            Weight::Blocks(m) => m.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,

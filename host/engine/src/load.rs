@@ -1,10 +1,10 @@
 //! Loading a model: a Hugging Face directory (`config.json`, `*.safetensors`,
 //! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`) or a GGUF file.
 
+use crate::block_matmul::{self, BlockMatrix, Format};
 use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::llama::{Model, Weight, WeightSource};
-use crate::q4_matmul::{self, Q4_1Matrix};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use candle_core::quantized::{GgmlDType, QMatMul, gguf_file};
@@ -65,7 +65,7 @@ pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Token
     for name in crate::export::tensor_names(&config) {
         let tensor = match source.linear_weight(&name)? {
             Weight::Dense(t) => t,
-            Weight::Quantized(_) | Weight::Q4_1(_) => unreachable!("opened without quantization"),
+            Weight::Quantized(_) | Weight::Blocks(_) => unreachable!("opened without quantization"),
         };
         tensors.insert(name, tensor);
     }
@@ -320,15 +320,19 @@ impl GgufSource {
         })
     }
 
-    /// Whether the matrix `name`, stored as `dtype`, is kept quantized. Q4_1 on a CPU with
-    /// wirl's kernel: all of them, computed as llama.cpp computes them (greedy tokens match its
+    /// Whether matrices stored as `dtype` go to wirl's CPU block kernel (`block_matmul.rs`).
+    fn own_kernel(&self, dtype: GgmlDType) -> bool {
+        self.device.is_cpu() && Format::of(dtype).is_some() && block_matmul::available()
+    }
+
+    /// Whether the matrix `name`, stored as `dtype`, is kept quantized. Q4_1 / Q8_0 on a CPU
+    /// with wirl's kernel: all of them, computed as llama.cpp computes them (greedy tokens match its
     /// own; a test). Otherwise query projections stay dense: on the Q8_0 re-encoding, with
     /// their input activations quantized too, the default model's answers drifted from the
     /// f32 path's, and dense query projections alone restored them (docs/BENCHMARKS.md).
     fn stays_quantized(&self, name: &str, dtype: GgmlDType) -> bool {
-        let own_kernel = self.device.is_cpu() && dtype == GgmlDType::Q4_1 && q4_matmul::available();
         self.quantized
-            && (own_kernel || !name.ends_with("self_attn.q_proj.weight"))
+            && (self.own_kernel(dtype) || !name.ends_with("self_attn.q_proj.weight"))
             && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16)
     }
 
@@ -357,13 +361,13 @@ impl WeightSource for GgufSource {
     fn linear_weight(&mut self, name: &str) -> Result<Weight> {
         let tensor = self.qtensor(name)?;
         if self.stays_quantized(name, tensor.dtype()) {
-            if self.device.is_cpu() && tensor.dtype() == GgmlDType::Q4_1 && q4_matmul::available() {
+            if self.own_kernel(tensor.dtype()) {
                 let matrix =
-                    Q4_1Matrix::from_qtensor(&tensor, self.permuted_heads(name)).map_err(|e| Error::Format {
+                    BlockMatrix::from_qtensor(&tensor, self.permuted_heads(name)).map_err(|e| Error::Format {
                         file: self.origin.clone(),
                         message: format!("tensor `{}` (for `{name}`): {e}", Self::gguf_name(name)),
                     })?;
-                return Ok(Weight::Q4_1(Arc::new(matrix)));
+                return Ok(Weight::Blocks(Arc::new(matrix)));
             }
             if !self.requantize() {
                 return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(tensor)?)));
