@@ -372,7 +372,8 @@ impl WeightSource for GgufSource {
             if !self.requantize() {
                 return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(tensor)?)));
             }
-            // On the CPU every quantized matrix becomes Q8_0 (in HF row order): candle's CPU
+            // Without wirl's block kernel (other types, or a CPU without AVX2 / F16C), a quantized
+            // matrix on the CPU becomes Q8_0 (in HF row order): candle's CPU
             // dot products for Q4_1 and several other types are scalar code, Q8_0's is
             // vectorised; Q8_0 keeps a 4-bit type's levels to within half a step of 1/127 of
             // each block's largest weight. Decode ran 2.7× faster (docs/BENCHMARKS.md).
