@@ -36,7 +36,7 @@ impl Format {
         }
     }
 
-    fn block_bytes(self) -> usize {
+    const fn block_bytes(self) -> usize {
         match self {
             Format::Q4_1 => 20,
             Format::Q8_0 => 34,
@@ -109,13 +109,7 @@ impl BlockMatrix {
 
     /// `x · Wᵀ` for `x [..., inner]` (f32, on the CPU): `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let inner = dims.last().copied().unwrap_or(0);
-        let rows = x.elem_count() / inner.max(1);
-        let y = x.reshape((rows, inner))?.contiguous()?.apply_op1_no_bwd(&BlockProduct(self))?;
-        let mut shape = dims.to_vec();
-        *shape.last_mut().expect("a matmul input has dimensions") = self.out;
-        Ok(y.reshape(shape)?)
+        decode_matmul::on_rows(x, self.out, |x2| x2.apply_op1_no_bwd(&BlockProduct(self)))
     }
 }
 
@@ -209,13 +203,14 @@ impl Output {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Activations, BLOCK, BlockMatrix};
+    use super::{Activations, BLOCK, BlockMatrix, Format};
     use std::arch::x86_64::*;
 
     /// A block format's arithmetic: its levels unpacked once per block, then a dot product
     /// with each row's 8-bit activations.
     pub(super) trait Kernel {
-        const BYTES: usize;
+        /// The format whose blocks this reads.
+        const FORMAT: Format;
         /// Scale, minimum (0 without one) and levels of the block at `block`.
         unsafe fn unpack(block: *const u8) -> (f32, f32, __m256i);
         /// Sums of levels × activations, in 8 lanes of i32.
@@ -226,7 +221,7 @@ mod avx2 {
     pub(super) struct Q8_0;
 
     impl Kernel for Q4_1 {
-        const BYTES: usize = 20;
+        const FORMAT: Format = Format::Q4_1;
 
         #[inline(always)]
         unsafe fn unpack(block: *const u8) -> (f32, f32, __m256i) {
@@ -248,7 +243,7 @@ mod avx2 {
     }
 
     impl Kernel for Q8_0 {
-        const BYTES: usize = 34;
+        const FORMAT: Format = Format::Q8_0;
 
         #[inline(always)]
         unsafe fn unpack(block: *const u8) -> (f32, f32, __m256i) {
@@ -281,6 +276,7 @@ mod avx2 {
         start: usize,
         end: usize,
     ) {
+        assert_eq!(m.format, K::FORMAT, "the kernel reads the matrix's own block format");
         for o in start..end {
             let mut r = 0;
             while r < rows {
@@ -303,12 +299,13 @@ mod avx2 {
     #[inline]
     unsafe fn row<K: Kernel, const N: usize>(m: &BlockMatrix, a: &Activations, o: usize, r: usize, y: *mut f32) {
         let blocks = m.inner / BLOCK;
-        let weights = &m.blocks[o * blocks * K::BYTES..][..blocks * K::BYTES];
+        let bytes = K::FORMAT.block_bytes();
+        let weights = &m.blocks[o * blocks * bytes..][..blocks * bytes];
         let mut sums = [[_mm256_setzero_ps(); 2]; N];
         let mut minimums = [[0f32; 2]; N];
         // Row r + j's activation blocks start at block (r + j) · blocks.
         assert!((r + N) * blocks <= a.scales.len() && a.levels.len() == a.scales.len() * BLOCK);
-        for (b, block) in weights.chunks_exact(K::BYTES).enumerate() {
+        for (b, block) in weights.chunks_exact(bytes).enumerate() {
             // SAFETY: `block` holds one block of the format.
             let (d, minimum, levels) = unsafe { K::unpack(block.as_ptr()) };
             for j in 0..N {

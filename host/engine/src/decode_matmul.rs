@@ -9,7 +9,7 @@
 //! costs about what streaming the weights costs. Output rows are split between candle's
 //! rayon threads.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, bail};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor, bail};
 use rayon::prelude::*;
 
 /// Fewer weights than this are not worth waking a second thread for. (At 256 Ki, SmolLM2's
@@ -94,6 +94,24 @@ impl CustomOp3 for SwiGluMatmul {
         });
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
+}
+
+/// `product` applied to `x [..., inner]` viewed as a contiguous matrix `[rows, inner]`; its
+/// result `[rows, out]` gets x's leading dimensions back: `[..., out]`.
+pub(crate) fn on_rows(
+    x: &Tensor,
+    out: usize,
+    product: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+) -> crate::Result<Tensor> {
+    let mut shape = x.dims().to_vec();
+    let Some(last) = shape.last_mut() else {
+        return Err(crate::Error::Input("a matmul input without dimensions".into()));
+    };
+    let inner = *last;
+    *last = out;
+    let rows = x.elem_count() / inner.max(1);
+    let y = product(&x.reshape((rows, inner))?.contiguous()?)?;
+    Ok(y.reshape(shape)?)
 }
 
 /// The values of a contiguous f32 tensor on the CPU, or an error naming `op`.

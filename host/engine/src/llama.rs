@@ -62,17 +62,14 @@ impl Linear {
 /// gemm repacks its right-hand side on every call, and with W on the left it does not copy
 /// the whole weight matrix per step (group-of-8 decoding ran 1.4× faster).
 fn few_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let dims = x.dims();
-    let (inner, out) = (dims[dims.len() - 1], w.dim(0)?);
-    let x2 = x.reshape((rows(x), inner))?;
-    let y = if decoding_kernel(x, w) {
-        x2.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &FewRowMatmul)?
-    } else {
-        w.matmul(&x2.t()?)?.t()?.contiguous()?
-    };
-    let mut shape = dims.to_vec();
-    *shape.last_mut().expect("a matmul input has dimensions") = out;
-    Ok(y.reshape(shape)?)
+    let kernel = decoding_kernel(x, w);
+    decode_matmul::on_rows(x, w.dim(0)?, |x2| {
+        if kernel {
+            x2.apply_op2_no_bwd(&w.contiguous()?, &FewRowMatmul)
+        } else {
+            w.matmul(&x2.t()?)?.t()?.contiguous()
+        }
+    })
 }
 
 /// Whether `x · wᵀ` goes to the CPU decoding kernels (`decode_matmul.rs`): few rows, f32
@@ -605,13 +602,10 @@ impl Mlp {
             (&self.gate.weight, &self.up.weight, &self.gate.bias, &self.up.bias)
             && decoding_kernel(x, gate)
         {
-            let dims = x.dims();
-            let inner = dims[dims.len() - 1];
-            let x2 = x.reshape((rows(x), inner))?.contiguous()?;
-            let hidden = x2.apply_op3_no_bwd(&gate.contiguous()?, &up.contiguous()?, &SwiGluMatmul)?;
-            let mut shape = dims.to_vec();
-            *shape.last_mut().expect("a matmul input has dimensions") = gate.dim(0)?;
-            return self.down.forward(&hidden.reshape(shape)?);
+            let hidden = decode_matmul::on_rows(x, gate.dim(0)?, |x2| {
+                x2.apply_op3_no_bwd(&gate.contiguous()?, &up.contiguous()?, &SwiGluMatmul)
+            })?;
+            return self.down.forward(&hidden);
         }
         let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
         self.down.forward(&(gate * self.up.forward(x)?)?)
