@@ -366,3 +366,28 @@ fn wirl_eval_reports_pass_at_k_on_humaneval() {
     let mean_pass_1 = lines.iter().map(|l| l["passed"].as_f64().unwrap() / 3.0).sum::<f64>() / 2.0;
     assert!((summary["pass@1"].as_f64().unwrap() - mean_pass_1).abs() < 1e-9, "{summary}");
 }
+
+#[test]
+fn a_sleeping_program_finishes_within_its_limit() {
+    let started = std::time::Instant::now();
+    let outcome =
+        runner().run(&Program::python("import time\ntime.sleep(0.3)\nprint('woke')"), &limits(3_000, 128, 1024));
+    assert_eq!(outcome.termination, Termination::Exited(0), "{outcome:?}");
+    assert_eq!(outcome.stdout, "woke\n");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+}
+
+#[test]
+fn a_sleeping_program_is_cut_at_its_limit() {
+    // `time.sleep(12)` waits in the host on a clock pollable; the limit still holds.
+    let started = std::time::Instant::now();
+    let outcome = runner().run(
+        &Program::python("import time\nprint('before', flush=True)\ntime.sleep(12)\nprint('after')"),
+        &limits(1_000, 128, 1024),
+    );
+    let took = started.elapsed().as_millis();
+    assert_eq!(outcome.termination, Termination::TimedOut, "{outcome:?}");
+    assert_eq!(outcome.stdout, "before\n", "output before the cut is kept");
+    assert!((1_000..=1_100 + 400).contains(&took), "cut after {took} ms, the limit is 1000 ms");
+    assert_eq!(run("print(2 + 2)").stdout, "4\n", "the next program runs");
+}

@@ -248,3 +248,76 @@ fn memory_limit_above_the_sandbox_maximum_is_a_config_error() {
     let error = sandbox.load(PluginSpec { limits, ..PluginSpec::new(MATH_ANSWER) }).unwrap_err().to_string();
     assert!(error.contains("limits.memory_bytes") && error.contains("math_answer"), "{error}");
 }
+
+/// Time spent in one call of `completion`, and its verdict.
+fn timed_score(reward: &mut RewardPlugin, completion: &str) -> (std::time::Duration, Result<f32, FailureKind>) {
+    let started = std::time::Instant::now();
+    let verdict = reward.score(&task("t", None), completion).map(|s| s.reward).map_err(|f| f.kind);
+    (started.elapsed(), verdict)
+}
+
+#[test]
+fn deadline_obeyed_while_blocked_in_the_host() {
+    // A sleep is a clock pollable that the host waits on: shorter than the limit, it ends.
+    let (mut reward, _cache) = hostile_with(Limits { deadline_ms: 1_000, ..Limits::default() });
+    let (took, verdict) = timed_score(&mut reward, "sleep:200");
+    assert_eq!(verdict, Ok(200.0));
+    assert!(took >= std::time::Duration::from_millis(200), "{took:?}");
+}
+
+#[test]
+fn deadline_violated_while_blocked_in_the_host() {
+    // Longer than the limit, the sleep is cut at the deadline, not at its own end.
+    let (mut reward, _cache) = hostile_with(Limits { deadline_ms: 300, ..Limits::default() });
+    let (took, verdict) = timed_score(&mut reward, "sleep:5000");
+    assert_eq!(verdict, Err(FailureKind::Deadline));
+    let ms = took.as_millis();
+    assert!((300..=400 + 200).contains(&ms), "cut after {ms} ms, the deadline is 300 ms");
+    assert_eq!(timed_score(&mut reward, "fine").1, Ok(4.0), "the next call works");
+}
+
+#[test]
+fn a_huge_deadline_neither_overflows_nor_cuts() {
+    let (mut reward, _cache) = hostile_with(Limits { deadline_ms: u64::MAX, ..Limits::default() });
+    assert_eq!(timed_score(&mut reward, "sleep:10").1, Ok(10.0));
+}
+
+#[test]
+fn an_interrupt_cuts_calls_blocked_or_running_within_a_second() {
+    let (sandbox, _cache) = sandbox();
+    let limits = Limits { deadline_ms: 60_000, ..Limits::default() };
+    let plugin = sandbox.load(PluginSpec { limits, ..PluginSpec::new(HOSTILE) }).unwrap();
+    let interrupter = sandbox.interrupter();
+    for completion in ["sleep:60000", "loop"] {
+        let mut reward = RewardPlugin::new(plugin.clone()).unwrap();
+        let trigger = interrupter.clone();
+        let timer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            trigger.interrupt();
+        });
+        let (took, verdict) = timed_score(&mut reward, completion);
+        timer.join().unwrap();
+        assert_eq!(verdict, Err(FailureKind::Interrupted), "{completion}");
+        assert!(took < std::time::Duration::from_secs(1), "{completion}: interrupted after {took:?}");
+        // While interrupted, calls fail at once; cleared, they work again.
+        assert_eq!(timed_score(&mut reward, "fine").1, Err(FailureKind::Interrupted));
+        interrupter.clear();
+        assert_eq!(timed_score(&mut reward, "fine").1, Ok(4.0));
+    }
+}
+
+#[test]
+fn non_finite_rewards_and_parts_are_named_failures() {
+    let (mut reward, _cache) = hostile_with(Limits::default());
+    for completion in ["nan", "inf", "neg-inf", "nan-part"] {
+        let message = fails_then_recovers(&mut reward, completion, FailureKind::NonFinite);
+        assert!(message.contains("NaN") || message.contains("inf"), "{completion}: {message}");
+    }
+    // In a group, only the non-finite completion fails.
+    let group = ["nan".to_string(), "fine".to_string()];
+    let verdicts = reward.score_group(&task("t", None), &group);
+    assert_eq!(verdicts[0].as_ref().unwrap_err().kind, FailureKind::NonFinite);
+    assert_eq!(verdicts[1].as_ref().unwrap().reward, 4.0);
+    // Large but finite is a number like any other.
+    assert_eq!(reward.score(&task("t", None), "huge").unwrap().reward, 1e30);
+}

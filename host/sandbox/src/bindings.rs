@@ -1,9 +1,12 @@
-//! The one place that generates host bindings of the `wirl:rl` worlds.
+//! The one place that generates host bindings of the `wirl:rl` worlds. Exports are called
+//! asynchronously: a call is a future that the host can drop at its deadline, also while
+//! the guest waits inside a blocking WASI import (`call::bounded`).
 
 pub(crate) mod reward_world {
     wasmtime::component::bindgen!({
         world: "reward-plugin",
         path: "../../wit",
+        exports: { default: async },
         additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
     });
 }
@@ -12,6 +15,7 @@ pub(crate) mod environment_world {
     wasmtime::component::bindgen!({
         world: "environment-plugin",
         path: "../../wit",
+        exports: { default: async },
         additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
         with: {
             "wirl:rl/types": super::reward_world::wirl::rl::types,
@@ -24,6 +28,9 @@ pub(crate) mod grader_world {
     wasmtime::component::bindgen!({
         world: "grader-plugin",
         path: "../../wit",
+        exports: { default: async },
+        // A program's run is awaited, so that the grader's own deadline can cut it.
+        imports: { "wirl:rl/code-runner.run": async },
         additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
         with: {
             "wirl:rl/types": super::reward_world::wirl::rl::types,
@@ -36,6 +43,7 @@ pub(crate) mod code_runner_world {
     wasmtime::component::bindgen!({
         world: "code-runner-plugin",
         path: "../../wit",
+        exports: { default: async },
     });
 }
 

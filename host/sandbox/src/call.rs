@@ -1,14 +1,22 @@
 //! One plugin call under limits: the store's state, the guards that watch memory and
-//! prints, and the verdict when a call fails.
+//! prints, how a call is bounded in time, and the verdict when a call fails.
+//!
+//! Time: every export is called asynchronously (`bounded`) on the sandbox's own runtime,
+//! raced against a timer at the call's deadline and the sandbox's [`Interrupter`]. When
+//! either fires, the call's future is dropped, which unwinds the guest wherever it is —
+//! running its own code, or waiting inside a WASI import (a clock pollable, a sleep, a
+//! stream). Guest code that never yields is stopped by the epoch callback, which checks the
+//! same deadline and interrupt every few milliseconds of guest execution.
 
 use crate::bindings::reward_world::wirl::rl::config;
 use crate::limits::Limits;
 use bytes::Bytes;
 use serde::Serialize;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 use wasmtime::component::ResourceTable;
-use wasmtime::{ResourceLimiter, Store, Trap};
+use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -42,6 +50,10 @@ pub enum FailureKind {
     PrintLimit,
     /// The instance could not be created.
     Instantiate,
+    /// The plugin returned a reward or part that is NaN or infinite.
+    NonFinite,
+    /// The host was asked to stop (Ctrl-C) while the call ran.
+    Interrupted,
 }
 
 impl FailureKind {
@@ -56,6 +68,8 @@ impl FailureKind {
             FailureKind::OutputTooLarge => "output_too_large",
             FailureKind::PrintLimit => "print_limit",
             FailureKind::Instantiate => "instantiate",
+            FailureKind::NonFinite => "non_finite",
+            FailureKind::Interrupted => "interrupted",
         }
     }
 }
@@ -91,6 +105,9 @@ pub(crate) struct HostState {
     pub(crate) stderr: BoundedOutput,
     /// Where a grader's `code-runner` import sends programs; none for other worlds.
     pub(crate) runner: Option<Arc<crate::CodeRunnerPlugin>>,
+    /// When the current call must end (set by `arm`).
+    pub(crate) deadline_at: Instant,
+    pub(crate) interrupt: Interrupter,
 }
 
 impl HostState {
@@ -101,8 +118,11 @@ impl HostState {
         stdout: BoundedOutput,
         stderr: BoundedOutput,
         runner: Option<Arc<crate::CodeRunnerPlugin>>,
+        interrupt: Interrupter,
     ) -> Self {
         HostState {
+            deadline_at: Instant::now() + limits.deadline(),
+            interrupt,
             wasi,
             table: ResourceTable::new(),
             limiter: MemoryGuard { limit: limits.memory_bytes as usize, denied: None },
@@ -262,10 +282,34 @@ impl StdoutStream for BoundedOutput {
     }
 }
 
+/// How often, in epoch ticks of guest execution, the epoch callback checks the deadline and
+/// the interrupt: the latency of stopping guest code that never yields.
+const CHECK_TICKS: u64 = 10;
+
+/// Install the epoch callback of a new store: it ends guest code past the store's deadline
+/// (`Trap::Interrupt`, named `deadline`) or when the sandbox is interrupted.
+pub(crate) fn install_deadline_check(store: &mut Store<HostState>, epoch_tick_ms: u64) {
+    let tick = epoch_tick_ms.max(1);
+    store.epoch_deadline_callback(move |context| {
+        let state = context.data();
+        if state.interrupt.is_interrupted() {
+            return Err(Cut::Interrupted.into());
+        }
+        let now = Instant::now();
+        if now >= state.deadline_at {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        let left_ms = u64::try_from((state.deadline_at - now).as_millis()).unwrap_or(u64::MAX);
+        Ok(UpdateDeadline::Continue(left_ms.div_ceil(tick).clamp(1, CHECK_TICKS)))
+    });
+}
+
 /// Arm a store for the next call: a fresh deadline and fuel, cleared guards.
 pub(crate) fn arm(store: &mut Store<HostState>, limits: &Limits, epoch_tick_ms: u64, fuel_enabled: bool) {
-    let ticks = limits.deadline_ms.div_ceil(epoch_tick_ms.max(1)) + 1;
-    store.set_epoch_deadline(ticks);
+    let ticks = limits.deadline_ms.div_ceil(epoch_tick_ms.max(1)).saturating_add(1);
+    store.set_epoch_deadline(ticks.min(CHECK_TICKS));
+    // A deadline too far to represent is no deadline: it stays at the far future.
+    store.data_mut().deadline_at = Instant::now().checked_add(limits.deadline()).unwrap_or_else(far_future);
     if fuel_enabled {
         // Without a fuel limit the budget is effectively unlimited; the deadline still holds.
         let _ = store.set_fuel(limits.fuel.unwrap_or(u64::MAX));
@@ -273,11 +317,93 @@ pub(crate) fn arm(store: &mut Store<HostState>, limits: &Limits, epoch_tick_ms: 
     store.data_mut().limiter.denied = None;
 }
 
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+}
+
+/// Why the host cut a call short (the error a bounded call ends with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Cut {
+    #[error("the call ran past its deadline")]
+    Deadline,
+    #[error("the host was interrupted")]
+    Interrupted,
+}
+
+/// Stops every call of a sandbox's plugins within milliseconds, wherever the guests are
+/// (running, or blocked in a host call), for as long as it is set. Cheap to clone; a
+/// signal handler's flag can be forwarded to it from a thread.
+#[derive(Clone, Debug, Default)]
+pub struct Interrupter(Arc<AtomicBool>);
+
+impl Interrupter {
+    /// Cut every running call (`interrupted`) and fail every new one until [`clear`]ed.
+    ///
+    /// [`clear`]: Interrupter::clear
+    pub fn interrupt(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn clear(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_interrupted(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once interrupted (checked every few milliseconds).
+    async fn interrupted(&self) {
+        while !self.is_interrupted() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// The runtime that plugin calls (and the WASI imports they wait in) run on. Its one
+/// worker drives timers and I/O; a call itself runs on the calling thread (`block_on`).
+static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("wirl-sandbox-io")
+        .enable_all()
+        .build()
+        .expect("starting the sandbox's tokio runtime")
+});
+
+/// Run a plugin call to completion from synchronous code. Not to be called from inside an
+/// async runtime (use `spawn_blocking` there).
+pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    RUNTIME.block_on(future)
+}
+
+/// Run `call` on `store` until it returns, its deadline passes or the sandbox is
+/// interrupted, whichever comes first; the two last end it with a [`Cut`] error.
+pub(crate) async fn bounded<R>(
+    store: &mut Store<HostState>,
+    call: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<R>,
+) -> wasmtime::Result<R> {
+    let deadline_at = store.data().deadline_at;
+    let interrupt = store.data().interrupt.clone();
+    if interrupt.is_interrupted() {
+        return Err(Cut::Interrupted.into());
+    }
+    tokio::select! {
+        biased;
+        result = call(store) => result,
+        () = tokio::time::sleep_until(deadline_at.into()) => Err(Cut::Deadline.into()),
+        () = interrupt.interrupted() => Err(Cut::Interrupted.into()),
+    }
+}
+
 /// Name what went wrong in a call that failed with `error`.
 pub(crate) fn classify(store: &Store<HostState>, error: &wasmtime::Error, limits: &Limits) -> Failure {
     let state = store.data();
     let trap = error.downcast_ref::<Trap>().copied();
-    let (kind, message) = if trap == Some(Trap::Interrupt) {
+    let cut = error.downcast_ref::<Cut>().copied();
+    let (kind, message) = if cut == Some(Cut::Interrupted) {
+        (FailureKind::Interrupted, "the host was interrupted during the call".to_string())
+    } else if trap == Some(Trap::Interrupt) || cut == Some(Cut::Deadline) {
         (FailureKind::Deadline, format!("ran past its deadline of {} ms", limits.deadline_ms))
     } else if trap == Some(Trap::OutOfFuel) {
         (FailureKind::Fuel, format!("used up its fuel of {}", limits.fuel.unwrap_or(u64::MAX)))

@@ -72,16 +72,27 @@ impl CodeRunnerPlugin {
     /// Run `program` in a fresh instance, to its end or its first exhausted limit. Never
     /// fails: whatever happened is in the outcome's `termination`.
     pub fn run(&self, program: &Program, requested: &RunLimits) -> Outcome {
+        call::block_on(self.run_async(program, requested))
+    }
+
+    /// [`CodeRunnerPlugin::run`], awaited: how a grader's `code-runner` import runs a
+    /// program inside the grader's own (bounded) call.
+    pub(crate) async fn run_async(&self, program: &Program, requested: &RunLimits) -> Outcome {
         let limits = self.effective_limits(requested);
         let started = Instant::now();
         let mut store = match self.plugin.new_store_with(&limits) {
             Ok(store) => store,
             Err(failure) => return crashed(failure.message, started),
         };
-        let bindings: Bindings = match self.pre.instantiate(&mut store) {
+        let pre = &self.pre;
+        let bindings: Bindings = match call::bounded(&mut store, async |store| pre.instantiate_async(store).await).await
+        {
             Ok(bindings) => bindings,
             Err(error) => {
                 let failure = call::classify(&store, &error, &limits);
+                if failure.kind == FailureKind::Deadline {
+                    return timed_out(&mut store, started);
+                }
                 return crashed(format!("while instantiating the interpreter: {failure}"), started);
             }
         };
@@ -98,7 +109,10 @@ impl CodeRunnerPlugin {
             fuel: limits.fuel,
             max_output_bytes: u32::try_from(limits.max_print_bytes).unwrap_or(u32::MAX),
         };
-        let result = bindings.wirl_rl_code_runner().call_run(&mut store, &program, asked);
+        let result = call::bounded(&mut store, async |store| {
+            bindings.wirl_rl_code_runner().call_run(store, &program, asked).await
+        })
+        .await;
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
             CallStats { instantiate: instantiated - started, call: instantiated.elapsed() };
 
@@ -169,6 +183,19 @@ fn last_line(text: &str) -> &str {
     text.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("")
 }
 
+/// A run cut at its deadline before the program started: what it printed is kept.
+fn timed_out(store: &mut wasmtime::Store<HostState>, started: Instant) -> Outcome {
+    let (stdout, stdout_cut) = store.data().stdout.take();
+    let (stderr, stderr_cut) = store.data().stderr.take();
+    Outcome {
+        termination: Termination::TimedOut,
+        stdout,
+        stderr,
+        truncated: stdout_cut || stderr_cut,
+        duration_ms: elapsed_ms(started),
+    }
+}
+
 fn crashed(message: String, started: Instant) -> Outcome {
     Outcome {
         termination: Termination::Crashed(message),
@@ -224,9 +251,9 @@ impl RunLimits {
 /// A grader's `code-runner` import: each program goes to the grader's own runner plugin, in
 /// a store of its own, so nothing the program does reaches the grader's memory.
 impl import::Host for HostState {
-    fn run(&mut self, program: Program, limits: RunLimits) -> Outcome {
-        match &self.runner {
-            Some(runner) => runner.run(&program, &limits),
+    async fn run(&mut self, program: Program, limits: RunLimits) -> Outcome {
+        match self.runner.clone() {
+            Some(runner) => runner.run_async(&program, &limits).await,
             None => crashed(
                 "this grader was loaded without a code runner; give it one (`code_runner` in its config)".into(),
                 Instant::now(),

@@ -1,7 +1,7 @@
 //! Typed calls into an environment plugin: tasks, and multi-turn episodes.
 
 use crate::bindings::environment_world::{EnvironmentPlugin as Bindings, EnvironmentPluginPre};
-use crate::call::{CallStats, Failure, HostState};
+use crate::call::{self, CallStats, Failure, HostState};
 use crate::plugin::{Instances, Plugin};
 use crate::{Description, Error, Result, StepResult, Task, World};
 use std::sync::Arc;
@@ -40,8 +40,8 @@ impl EnvironmentPlugin {
     pub fn describe(&mut self) -> Result<Description, Failure> {
         let pre = &self.pre;
         let description = self.instances.call(
-            |store| pre.instantiate(store),
-            |store, bindings| bindings.wirl_rl_environment().call_describe(store),
+            async |store| pre.instantiate_async(store).await,
+            async |store, bindings| bindings.wirl_rl_environment().call_describe(store).await,
         )?;
         self.instances.plugin.check_return_size(description.name.len())?;
         Ok(description)
@@ -51,8 +51,8 @@ impl EnvironmentPlugin {
     pub fn task_at(&mut self, seed: u64, index: u64) -> Result<Task, Failure> {
         let pre = &self.pre;
         let verdict = self.instances.call(
-            |store| pre.instantiate(store),
-            |store, bindings| bindings.wirl_rl_environment().call_task_at(store, seed, index),
+            async |store| pre.instantiate_async(store).await,
+            async |store, bindings| bindings.wirl_rl_environment().call_task_at(store, seed, index).await,
         )?;
         let plugin = &self.instances.plugin;
         match verdict {
@@ -71,12 +71,14 @@ impl EnvironmentPlugin {
     pub fn start_episode(&self, task: &Task) -> Result<Episode, Failure> {
         let plugin = self.instances.plugin.clone();
         let mut store = plugin.new_store()?;
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| plugin.failure(&store, &e))?;
-        let episode = bindings
-            .wirl_rl_environment()
-            .episode()
-            .call_constructor(&mut store, task)
-            .map_err(|e| plugin.failure(&store, &e))?;
+        let pre = &self.pre;
+        let started = call::block_on(call::bounded(&mut store, async |store| {
+            let bindings = pre.instantiate_async(&mut *store).await?;
+            let episode = bindings.wirl_rl_environment().episode().call_constructor(&mut *store, task).await?;
+            Ok((bindings, episode))
+        }));
+        let (bindings, episode) = started.map_err(|e| plugin.failure(&store, &e))?;
+        plugin.drain_prints(&store);
         Ok(Episode { plugin, store, bindings, episode })
     }
 }
@@ -93,12 +95,11 @@ impl Episode {
     /// Give the model's reply; learn whether the episode goes on or is done.
     pub fn step(&mut self, reply: &str) -> Result<StepResult, Failure> {
         self.plugin.arm(&mut self.store);
-        let verdict = self
-            .bindings
-            .wirl_rl_environment()
-            .episode()
-            .call_step(&mut self.store, self.episode, reply)
-            .map_err(|e| self.plugin.failure(&self.store, &e))?;
+        let (bindings, episode) = (&self.bindings, self.episode);
+        let verdict = call::block_on(call::bounded(&mut self.store, async |store| {
+            bindings.wirl_rl_environment().episode().call_step(store, episode, reply).await
+        }))
+        .map_err(|e| self.plugin.failure(&self.store, &e))?;
         self.plugin.drain_prints(&self.store);
         verdict.map_err(Failure::guest)
     }

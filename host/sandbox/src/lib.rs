@@ -26,7 +26,7 @@ mod sandbox;
 mod world;
 
 pub use bindings::{Description, Message, Outcome, Program, RunLimits, Score, StepResult, Task, Termination};
-pub use call::{CallStats, Failure, FailureKind};
+pub use call::{CallStats, Failure, FailureKind, Interrupter};
 pub use code_runner::CodeRunnerPlugin;
 pub use environment::{EnvironmentPlugin, Episode};
 pub use limits::{Grants, Limits, SandboxSettings};

@@ -1,6 +1,6 @@
 //! A loaded plugin: its component, identity, world, and how to make a store for it.
 
-use crate::call::{self, BoundedOutput, Failure, FailureKind, HostState};
+use crate::call::{self, BoundedOutput, Failure, FailureKind, HostState, Interrupter};
 use crate::limits::{Grants, Limits};
 use crate::world::World;
 use std::path::{Path, PathBuf};
@@ -57,6 +57,8 @@ pub struct Plugin {
     pub(crate) fuel_enabled: bool,
     /// A grader's code runner, loaded with it.
     pub(crate) runner: Option<Arc<crate::CodeRunnerPlugin>>,
+    /// The sandbox's interrupt, which ends this plugin's calls.
+    pub(crate) interrupt: Interrupter,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -128,9 +130,18 @@ impl Plugin {
                 message: format!("cannot grant read-only directory {}: {e}", dir.display()),
             })?;
         }
-        let state = HostState::new(wasi.build(), limits, self.config.clone(), stdout, stderr, self.runner.clone());
+        let state = HostState::new(
+            wasi.build(),
+            limits,
+            self.config.clone(),
+            stdout,
+            stderr,
+            self.runner.clone(),
+            self.interrupt.clone(),
+        );
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
+        call::install_deadline_check(&mut store, self.epoch_tick_ms);
         call::arm(&mut store, limits, self.epoch_tick_ms, self.fuel_enabled);
         Ok(store)
     }
@@ -202,11 +213,12 @@ impl<B> Instances<B> {
         Instances { plugin, reused: None, last: Default::default() }
     }
 
-    /// Run `call` on an instance made by `instantiate` (or the kept one), under the limits.
+    /// Run `call` on an instance made by `instantiate` (or the kept one), under the limits:
+    /// instantiation and the call share one deadline.
     pub(crate) fn call<R>(
         &mut self,
-        instantiate: impl FnOnce(&mut Store<HostState>) -> wasmtime::Result<B>,
-        call: impl FnOnce(&mut Store<HostState>, &B) -> wasmtime::Result<R>,
+        instantiate: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<B>,
+        call: impl AsyncFnOnce(&mut Store<HostState>, &B) -> wasmtime::Result<R>,
     ) -> Result<R, Failure> {
         let started = std::time::Instant::now();
         let (mut store, bindings) = match self.reused.take() {
@@ -216,7 +228,7 @@ impl<B> Instances<B> {
             }
             None => {
                 let mut store = self.plugin.new_store()?;
-                match instantiate(&mut store) {
+                match call::block_on(call::bounded(&mut store, instantiate)) {
                     Ok(bindings) => (store, bindings),
                     Err(error) => {
                         let mut failure = self.plugin.failure(&store, &error);
@@ -230,7 +242,7 @@ impl<B> Instances<B> {
             }
         };
         let instantiated = std::time::Instant::now();
-        let result = call(&mut store, &bindings);
+        let result = call::block_on(call::bounded(&mut store, async |store| call(store, &bindings).await));
         self.last = crate::CallStats { instantiate: instantiated - started, call: instantiated.elapsed() };
         match result {
             Ok(value) => {

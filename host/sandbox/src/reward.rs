@@ -2,7 +2,7 @@
 
 use crate::bindings::grader_world::{GraderPlugin, GraderPluginPre};
 use crate::bindings::reward_world::{RewardPlugin as Bindings, RewardPluginPre};
-use crate::call::{CallStats, Failure, HostState};
+use crate::call::{CallStats, Failure, FailureKind, HostState};
 use crate::plugin::{Instances, Plugin};
 use crate::{Error, Result, Score, Task, World};
 use std::sync::Arc;
@@ -30,33 +30,52 @@ enum Scorer {
 type Verdict = Result<Score, String>;
 
 impl Pre {
-    fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Scorer> {
+    async fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Scorer> {
         match self {
-            Pre::Reward(pre) => pre.instantiate(store).map(Scorer::Reward),
-            Pre::Grader(pre) => pre.instantiate(store).map(Scorer::Grader),
+            Pre::Reward(pre) => pre.instantiate_async(store).await.map(Scorer::Reward),
+            Pre::Grader(pre) => pre.instantiate_async(store).await.map(Scorer::Grader),
         }
     }
 }
 
 impl Scorer {
-    fn score(&self, store: &mut Store<HostState>, task: &Task, completion: &str) -> wasmtime::Result<Verdict> {
+    async fn score(&self, store: &mut Store<HostState>, task: &Task, completion: &str) -> wasmtime::Result<Verdict> {
         match self {
-            Scorer::Reward(b) => b.wirl_rl_reward().call_score_completion(store, task, completion),
-            Scorer::Grader(b) => b.wirl_rl_reward().call_score_completion(store, task, completion),
+            Scorer::Reward(b) => b.wirl_rl_reward().call_score_completion(store, task, completion).await,
+            Scorer::Grader(b) => b.wirl_rl_reward().call_score_completion(store, task, completion).await,
         }
     }
 
-    fn score_group(
+    async fn score_group(
         &self,
         store: &mut Store<HostState>,
         task: &Task,
         completions: &[String],
     ) -> wasmtime::Result<Vec<Verdict>> {
         match self {
-            Scorer::Reward(b) => b.wirl_rl_reward().call_score_group(store, task, completions),
-            Scorer::Grader(b) => b.wirl_rl_reward().call_score_group(store, task, completions),
+            Scorer::Reward(b) => b.wirl_rl_reward().call_score_group(store, task, completions).await,
+            Scorer::Grader(b) => b.wirl_rl_reward().call_score_group(store, task, completions).await,
         }
     }
+}
+
+/// A score whose reward or a part is NaN or infinite is the plugin's failure: such a
+/// number would poison the group's advantages and, through them, the weights.
+fn finite(score: Score) -> Result<Score, Failure> {
+    let bad = |value: f32| !value.is_finite();
+    if bad(score.reward) {
+        return Err(Failure {
+            kind: FailureKind::NonFinite,
+            message: format!("returned a reward of {}", score.reward),
+        });
+    }
+    if let Some((name, value)) = score.parts.iter().find(|(_, value)| bad(*value)) {
+        return Err(Failure {
+            kind: FailureKind::NonFinite,
+            message: format!("returned {value} for part `{}`", name.escape_debug()),
+        });
+    }
+    Ok(score)
 }
 
 impl RewardPlugin {
@@ -99,14 +118,15 @@ impl RewardPlugin {
     /// Score one completion.
     pub fn score(&mut self, task: &Task, completion: &str) -> Result<Score, Failure> {
         let pre = &self.pre;
-        let verdict = self
-            .instances
-            .call(|store| pre.instantiate(store), |store, scorer| scorer.score(store, task, completion))?;
+        let verdict = self.instances.call(
+            async |store| pre.instantiate(store).await,
+            async |store, scorer| scorer.score(store, task, completion).await,
+        )?;
         let plugin = &self.instances.plugin;
         match verdict {
             Ok(score) => {
                 plugin.check_return_size(score.text_bytes())?;
-                Ok(score)
+                finite(score)
             }
             Err(reason) => {
                 plugin.check_return_size(reason.len())?;
@@ -119,9 +139,10 @@ impl RewardPlugin {
     /// with the same verdict.
     pub fn score_group(&mut self, task: &Task, completions: &[String]) -> Vec<Result<Score, Failure>> {
         let pre = &self.pre;
-        let verdicts = self
-            .instances
-            .call(|store| pre.instantiate(store), |store, scorer| scorer.score_group(store, task, completions));
+        let verdicts = self.instances.call(
+            async |store| pre.instantiate(store).await,
+            async |store, scorer| scorer.score_group(store, task, completions).await,
+        );
         let verdicts = verdicts.and_then(|verdicts| {
             let bytes: usize = verdicts.iter().map(|v| v.as_ref().map_or_else(String::len, Score::text_bytes)).sum();
             self.instances.plugin.check_return_size(bytes)?;
@@ -135,7 +156,7 @@ impl RewardPlugin {
             Ok(verdicts)
         });
         match verdicts {
-            Ok(verdicts) => verdicts.into_iter().map(|v| v.map_err(Failure::guest)).collect(),
+            Ok(verdicts) => verdicts.into_iter().map(|v| v.map_err(Failure::guest).and_then(finite)).collect(),
             Err(failure) => vec![Err(failure); completions.len()],
         }
     }

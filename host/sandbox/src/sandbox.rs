@@ -2,7 +2,7 @@
 
 use crate::bindings::grader_world::wirl::rl::code_runner;
 use crate::bindings::reward_world::wirl::rl::config;
-use crate::call::HostState;
+use crate::call::{HostState, Interrupter};
 use crate::limits::SandboxSettings;
 use crate::plugin::{Plugin, PluginSpec};
 use crate::world::{self, WIT_PACKAGE, World};
@@ -20,6 +20,7 @@ pub struct Sandbox {
     engine: Engine,
     linker: Linker<HostState>,
     settings: SandboxSettings,
+    interrupt: Interrupter,
 }
 
 impl Sandbox {
@@ -45,18 +46,23 @@ impl Sandbox {
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
 
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
         config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(format!("{e:#}")))?;
         code_runner::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(format!("{e:#}")))?;
 
         start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
-        Ok(Sandbox { engine, linker, settings })
+        Ok(Sandbox { engine, linker, settings, interrupt: Interrupter::default() })
     }
 
     pub fn settings(&self) -> &SandboxSettings {
         &self.settings
+    }
+
+    /// The handle that cuts every call of this sandbox's plugins short (Ctrl-C).
+    pub fn interrupter(&self) -> Interrupter {
+        self.interrupt.clone()
     }
 
     /// Read, validate, compile (or take from the cache) and prepare a plugin.
@@ -125,6 +131,7 @@ impl Sandbox {
             epoch_tick_ms: self.settings.epoch_tick_ms.max(1),
             fuel_enabled: self.settings.fuel,
             runner,
+            interrupt: self.interrupt.clone(),
         }))
     }
 }

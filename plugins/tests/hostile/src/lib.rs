@@ -84,7 +84,22 @@ impl Reward for Hostile {
                 Ok(Score::new(calls as f32))
             }
             "guest-error" => Err("the completion is unscorable, says the guest".into()),
-            other => Ok(Score::new(other.len() as f32).note(other)),
+            // Non-finite and extreme numbers, as a buggy reward might return them.
+            "nan" => Ok(Score::new(f32::NAN)),
+            "inf" => Ok(Score::new(f32::INFINITY)),
+            "neg-inf" => Ok(Score::new(f32::NEG_INFINITY)),
+            "nan-part" => Ok(Score::new(1.0).part("broken", f32::NAN)),
+            "huge" => Ok(Score::new(1e30)),
+            "carriage-return" => Ok(Score::new(1.0).note("\rforged log line\x1b[2K")),
+            other => match other.strip_prefix("sleep:").and_then(|ms| ms.parse::<u64>().ok()) {
+                // Blocks in the host: std's sleep is a monotonic-clock pollable that WASI
+                // waits on, outside guest code.
+                Some(ms) => {
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                    Ok(Score::new(ms as f32).note("slept"))
+                }
+                None => Ok(Score::new(other.len() as f32).note(other)),
+            },
         }
     }
 }
