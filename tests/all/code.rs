@@ -360,7 +360,8 @@ fn wirl_eval_reports_pass_at_k_on_humaneval() {
     for line in &lines {
         assert_eq!(line["completions"].as_array().unwrap().len(), 3, "{line}");
         // Every verdict says why: "passed", or a reason such as "syntax error: ...".
-        assert!(line["greedy"]["note"].as_str().is_some_and(|n| !n.is_empty()), "{line}");
+        let notes = line["greedy"]["notes"].as_object().unwrap();
+        assert!(notes.values().all(|n| n.as_str().is_some_and(|n| !n.is_empty())) && !notes.is_empty(), "{line}");
     }
     // pass@k comes from the per-task counts by the unbiased estimator.
     let mean_pass_1 = lines.iter().map(|l| l["passed"].as_f64().unwrap() / 3.0).sum::<f64>() / 2.0;

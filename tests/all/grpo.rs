@@ -42,7 +42,7 @@ fn trainable_and_inference_log_probs_agree() {
 
 /// A config for `wirl train` on the tiny model, the arithmetic environment and the hostile
 /// plugin as reward (its reward is the completion's length in characters).
-fn write_config(dir: &Path, extra_reward: &str, steps: usize, lr: f64) -> std::path::PathBuf {
+pub fn write_config(dir: &Path, extra_reward: &str, steps: usize, lr: f64) -> std::path::PathBuf {
     let model = dir.join("model");
     std::fs::create_dir_all(&model).unwrap();
     write_tiny_model(&model, false);
@@ -90,7 +90,7 @@ tasks = 0
     path
 }
 
-fn train(config: &Path, run_dir: &Path) -> std::process::Output {
+pub fn train(config: &Path, run_dir: &Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
         .arg("train")
         .arg(config)
@@ -100,7 +100,7 @@ fn train(config: &Path, run_dir: &Path) -> std::process::Output {
         .unwrap()
 }
 
-fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
+pub fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()
         .lines()

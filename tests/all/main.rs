@@ -5,6 +5,7 @@ mod cli;
 mod code;
 mod engine;
 mod grpo;
+mod hardening;
 mod languages;
 mod plugins;
 mod reference;

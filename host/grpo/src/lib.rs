@@ -7,5 +7,5 @@ pub mod optim;
 pub mod policy;
 
 pub use loss::{AdvantageMode, Aggregation, LossParts, LossSettings, group_advantages, grpo_loss, token_weights};
-pub use optim::{Optimizer, Schedule};
+pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{Net, Policy, TokenStats};

@@ -31,21 +31,41 @@ pub enum Aggregation {
 }
 
 /// Advantages of one group's rewards. A group whose rewards are all equal carries no signal:
-/// `None` (the trainer drops it).
+/// `None` (the trainer drops it). Rewards must be finite (the sandbox fails a plugin that
+/// returns NaN or infinity).
+///
+/// Computed in f32, as every run before, unless a sum or square would overflow there
+/// (rewards like 1e30 and 0): then in f64, so that large rewards still give advantages
+/// instead of silently zeroing them.
 pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>> {
     let n = rewards.len();
     if n == 0 || rewards.iter().all(|&r| r == rewards[0]) {
         return None;
     }
     let mean = rewards.iter().sum::<f32>() / n as f32;
-    match mode {
-        AdvantageMode::MeanOnly => Some(rewards.iter().map(|r| r - mean).collect()),
+    let advantages: Vec<f32> = match mode {
+        AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect(),
         AdvantageMode::Grpo => {
             let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / (n.max(2) - 1) as f32;
             let std = var.sqrt();
-            Some(rewards.iter().map(|r| (r - mean) / (std + 1e-4)).collect())
+            rewards.iter().map(|r| (r - mean) / (std + 1e-4)).collect()
         }
+    };
+    if mean.is_finite() && advantages.iter().all(|a| a.is_finite()) && advantages.iter().any(|&a| a != 0.0) {
+        return Some(advantages);
     }
+    let rewards: Vec<f64> = rewards.iter().map(|&r| f64::from(r)).collect();
+    let mean = rewards.iter().sum::<f64>() / n as f64;
+    let advantages = match mode {
+        AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect::<Vec<f64>>(),
+        AdvantageMode::Grpo => {
+            let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n.max(2) - 1) as f64;
+            let std = var.sqrt();
+            rewards.iter().map(|r| (r - mean) / (std + 1e-4)).collect()
+        }
+    };
+    // Mean-only advantages of huge rewards are huge: clamp to what f32 holds.
+    Some(advantages.into_iter().map(|a| a.clamp(-f64::from(f32::MAX), f64::from(f32::MAX)) as f32).collect())
 }
 
 /// Per-token weights that turn a sum of token losses into the chosen aggregation over the
@@ -153,6 +173,20 @@ mod tests {
         assert_eq!(a, vec![1.0, -1.0, 0.0]);
         assert_eq!(group_advantages(&[0.5; 8], AdvantageMode::Grpo), None, "zero variance is filtered");
         assert_eq!(group_advantages(&[], AdvantageMode::Grpo), None);
+    }
+
+    #[test]
+    fn huge_rewards_do_not_overflow_the_advantages() {
+        // In f32, (1e30 - mean)² overflows: the std is infinite and every advantage 0.
+        let a = group_advantages(&[1e30, 0.0, 0.0, 0.0], AdvantageMode::Grpo).unwrap();
+        assert!(a.iter().all(|x| x.is_finite()), "{a:?}");
+        assert!((a[0] - 1.5).abs() < 1e-4 && (a[1] + 0.5).abs() < 1e-4, "{a:?}");
+        let a = group_advantages(&[f32::MAX, -f32::MAX], AdvantageMode::MeanOnly).unwrap();
+        assert!(a.iter().all(|x| x.is_finite()) && a[0] > 0.0 && a[1] < 0.0, "{a:?}");
+        // Ordinary rewards give the f32 values of every earlier run, bit for bit.
+        let a = group_advantages(&[1.0, 0.0, 0.0, 1.0], AdvantageMode::Grpo).unwrap();
+        let std = (4.0f32 * 0.25 / 3.0).sqrt();
+        assert_eq!(a[0], 0.5 / (std + 1e-4));
     }
 
     #[test]

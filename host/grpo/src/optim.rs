@@ -74,14 +74,17 @@ impl Optimizer {
 
     /// One update with learning rate `lr`, the gradients scaled down so that their global
     /// norm is at most `max_norm` (if given). Returns the norm before clipping.
-    pub fn step(&mut self, grads: &GradStore, lr: f64, max_norm: Option<f64>) -> Result<f64> {
+    /// One AdamW update from `grads`, skipped (weights and moments untouched) when the
+    /// gradient is not finite.
+    pub fn step(&mut self, grads: &GradStore, lr: f64, max_norm: Option<f64>) -> Result<Update> {
         let norm = self.grad_norm(grads)?;
         let scale = match max_norm {
             Some(max) if norm > max && norm.is_finite() => max / (norm + 1e-6),
             _ => 1.0,
         };
         if !norm.is_finite() {
-            candle_core::bail!("the gradient norm is {norm}; the update is skipped");
+            // A NaN or infinite gradient would poison every weight and both moments.
+            return Ok(Update { grad_norm: norm, applied: false });
         }
         if self.moments.is_empty() {
             self.moments = self.vars.iter().map(|v| Ok((v.zeros_like()?, v.zeros_like()?))).collect::<Result<_>>()?;
@@ -98,7 +101,7 @@ impl Optimizer {
             let decayed = (var.as_tensor() * (1.0 - lr * self.weight_decay))?;
             var.set(&(decayed - (update * lr)?)?)?;
         }
-        Ok(norm)
+        Ok(Update { grad_norm: norm, applied: true })
     }
 }
 
@@ -124,8 +127,8 @@ mod tests {
         let mut opt = Optimizer::new(vec![var.clone()], 0.0).unwrap();
         let loss = (var.as_tensor() * Tensor::new(&[3.0f32, -4.0], &Device::Cpu).unwrap()).unwrap().sum_all().unwrap();
         let grads = loss.backward().unwrap();
-        let norm = opt.step(&grads, 0.1, Some(1.0)).unwrap();
-        assert!((norm - 5.0).abs() < 1e-6);
+        let update = opt.step(&grads, 0.1, Some(1.0)).unwrap();
+        assert!(update.applied && (update.grad_norm - 5.0).abs() < 1e-6);
         let w: Vec<f32> = var.as_tensor().to_vec1().unwrap();
         assert!((w[0] - 0.9).abs() < 1e-5 && (w[1] + 1.9).abs() < 1e-5, "{w:?}");
         // Weight decay shrinks the weight by lr × wd × w before the step.
@@ -136,4 +139,31 @@ mod tests {
         let w: Vec<f32> = var.as_tensor().to_vec1().unwrap();
         assert!((w[0] - (0.95 - 0.1)).abs() < 1e-5, "{w:?}");
     }
+
+    #[test]
+    fn a_non_finite_gradient_is_skipped_and_leaves_weights_and_moments_alone() {
+        let var = Var::new(&[1.0f32, -2.0], &Device::Cpu).unwrap();
+        let mut opt = Optimizer::new(vec![var.clone()], 0.1).unwrap();
+        for bad in [f32::NAN, f32::INFINITY] {
+            let factor = Tensor::new(&[bad, 1.0], &Device::Cpu).unwrap();
+            let grads = (var.as_tensor() * factor).unwrap().sum_all().unwrap().backward().unwrap();
+            let update = opt.step(&grads, 0.1, Some(1.0)).unwrap();
+            assert!(!update.applied && !update.grad_norm.is_finite());
+            assert_eq!(var.as_tensor().to_vec1::<f32>().unwrap(), [1.0, -2.0]);
+            assert_eq!(opt.steps, 0);
+        }
+        // A finite one after them applies.
+        let grads = (var.as_tensor() * 3.0).unwrap().sum_all().unwrap().backward().unwrap();
+        assert!(opt.step(&grads, 0.1, None).unwrap().applied);
+        assert_eq!(opt.steps, 1);
+    }
+}
+
+/// What an optimizer step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Update {
+    /// The gradient's global norm before clipping.
+    pub grad_norm: f64,
+    /// False when the gradient was not finite and the update was skipped.
+    pub applied: bool,
 }

@@ -191,7 +191,7 @@ fn log_prints(plugin: &str, stream: &str, text: &str) {
     const MAX_LINES: usize = 20;
     let mut lines = text.lines();
     for line in lines.by_ref().take(MAX_LINES) {
-        tracing::info!(target: "wirl::plugin", plugin, "{stream}: {line}");
+        tracing::info!(target: "wirl::plugin", plugin, "{stream}: {}", crate::printable(line));
     }
     let rest = lines.count();
     if rest > 0 {

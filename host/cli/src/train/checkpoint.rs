@@ -45,6 +45,12 @@ pub fn write(
     config: &wirl_engine::Config,
     tokenizer: &wirl_engine::Tokenizer,
 ) -> anyhow::Result<PathBuf> {
+    // A checkpoint is a promise of usable weights: never write NaN or infinity.
+    for (name, var) in policy.vars() {
+        if !wirl_engine::load::all_finite(var.as_tensor())? {
+            bail!("not writing the checkpoint of step {}: weight `{name}` holds NaN or infinite values", state.step);
+        }
+    }
     let root = run_dir.join("checkpoints");
     std::fs::create_dir_all(&root)?;
     let final_dir = root.join(name(state.step));
@@ -68,7 +74,9 @@ pub fn write(
     Ok(final_dir)
 }
 
-/// The newest complete checkpoint of a run, if any.
+/// The newest complete and valid checkpoint of a run, if any. One that is damaged (no or
+/// unreadable `state.json`, a step that disagrees with its directory's name, no model or
+/// moments) is passed over with a warning for the one before it.
 pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
     let root = run_dir.join("checkpoints");
     if !root.is_dir() {
@@ -83,13 +91,33 @@ pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
         })
         .collect();
     steps.sort();
-    let Some((_, dir)) = steps.pop() else { return Ok(None) };
+    while let Some((step, dir)) = steps.pop() {
+        match validate(step, &dir) {
+            Ok(state) => return Ok(Some(Checkpoint { dir, state })),
+            Err(error) => eprintln!("warning: checkpoint {} passed over: {error:#}", dir.display()),
+        }
+    }
+    Ok(None)
+}
+
+/// The state of the checkpoint in `dir`, named for `step`, if everything it needs is there.
+fn validate(step: usize, dir: &Path) -> anyhow::Result<State> {
     let state_path = dir.join("state.json");
-    let state: State = serde_json::from_str(
-        &std::fs::read_to_string(&state_path).with_context(|| format!("reading {}", state_path.display()))?,
-    )
-    .with_context(|| format!("{} is not a checkpoint state", state_path.display()))?;
-    Ok(Some(Checkpoint { dir, state }))
+    let text = std::fs::read_to_string(&state_path).with_context(|| format!("reading {}", state_path.display()))?;
+    let state: State =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a checkpoint state", state_path.display()))?;
+    if state.step != step {
+        bail!("its state.json says step {}, its directory step {step}", state.step);
+    }
+    for file in ["model/config.json", "model/model.safetensors"] {
+        if !dir.join(file).is_file() {
+            bail!("{file} is missing");
+        }
+    }
+    if state.optimizer_steps > 0 && !dir.join("optimizer.safetensors").is_file() {
+        bail!("optimizer.safetensors is missing");
+    }
+    Ok(state)
 }
 
 /// Restore the optimizer's moments from `checkpoint`.

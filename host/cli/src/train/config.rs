@@ -11,6 +11,12 @@ pub const DEFAULT_TOML: &str = include_str!("../../../../examples/train/default.
 /// Where the embedded default's relative paths are resolved from (it lives there in the repo).
 pub const DEFAULT_DIR: &str = "examples/train";
 
+/// A float setting: its key, value, what it must be, and the test of that.
+type FloatRule = (&'static str, f64, &'static str, fn(f64) -> bool);
+
+/// The largest plugin memory a config may ask for: the sandbox's `max_memory_bytes`.
+const MAX_MEMORY_MIB: u64 = 4 << 10;
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
@@ -139,6 +145,9 @@ pub struct GrpoSection {
     pub seed: u64,
     /// Write a checkpoint every this many steps (0: only at the end and on Ctrl-C).
     pub checkpoint_every: usize,
+    /// Updates in a row whose gradient is not finite (each skipped with a warning) after
+    /// which the run stops, with a checkpoint of the last good weights.
+    pub max_skipped_updates: usize,
 }
 
 impl Default for GrpoSection {
@@ -163,6 +172,7 @@ impl Default for GrpoSection {
             pass_reward: 1.0,
             seed: 0,
             checkpoint_every: 10,
+            max_skipped_updates: 3,
         }
     }
 }
@@ -278,11 +288,18 @@ impl TrainConfig {
                 return Err(plugin_missing(&format!("rewards[{i}].code_runner.plugin"), &runner.plugin));
             }
         }
+        self.check_numbers(origin)
+    }
+
+    /// Every number of the config finite and in range, the error naming the key. Run on
+    /// load and again after command-line overrides.
+    pub fn check_numbers(&self, origin: &str) -> anyhow::Result<()> {
         let g = &self.grpo;
         let positive = [
             ("grpo.steps", g.steps),
             ("grpo.prompts_per_step", g.prompts_per_step),
             ("grpo.inner_epochs", g.inner_epochs),
+            ("grpo.max_skipped_updates", g.max_skipped_updates),
             ("sampling.max_tokens", self.sampling.max_tokens),
         ];
         for (key, value) in positive {
@@ -293,13 +310,65 @@ impl TrainConfig {
         if g.group_size < 2 {
             bail!("{origin}: `grpo.group_size` must be at least 2 (advantages compare samples of a group)");
         }
-        if !(g.learning_rate > 0.0 && g.learning_rate.is_finite()) {
-            bail!("{origin}: `grpo.learning_rate` must be positive");
+        // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
+        let floats: [FloatRule; 9] = [
+            ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
+            ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
+            ("grpo.beta", g.beta, "a number >= 0", |x| x >= 0.0),
+            ("grpo.clip_low", g.clip_low, "in [0, 1)", |x| (0.0..1.0).contains(&x)),
+            ("grpo.clip_high", g.clip_high, "a number >= 0", |x| x >= 0.0),
+            ("grpo.entropy", g.entropy, "a finite number", |_| true),
+            ("grpo.failure_reward", f64::from(g.failure_reward), "a finite number", |_| true),
+            ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
+            ("sampling.top_p", f64::from(self.sampling.top_p), "in (0, 1]", |x| x > 0.0 && x <= 1.0),
+        ];
+        for (key, value, wanted, ok) in floats {
+            if !(value.is_finite() && ok(value)) {
+                bail!("{origin}: `{key}` = {value}: it must be {wanted}");
+            }
         }
-        if g.beta < 0.0 || g.clip_low < 0.0 || g.clip_low >= 1.0 || g.clip_high < 0.0 {
-            bail!("{origin}: `grpo.beta` must be >= 0, `grpo.clip_low` in [0, 1), `grpo.clip_high` >= 0");
+        if let Some(norm) = g.max_grad_norm
+            && !(norm.is_finite() && norm > 0.0)
+        {
+            bail!(
+                "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
+            );
         }
-        if self.environment.is_some() && self.eval.first_index < (self.grpo.steps * self.grpo.prompts_per_step) as u64 {
+        let temperature = self.sampling.temperature;
+        if !(temperature.is_finite() && temperature > 0.0) {
+            bail!(
+                "{origin}: `sampling.temperature` = {temperature}: training needs a positive temperature (at 0 every \
+                 sample of a group is the same, so no group carries a signal)"
+            );
+        }
+        for (i, reward) in self.rewards.iter().enumerate() {
+            if !reward.weight.is_finite() {
+                bail!("{origin}: `rewards[{i}].weight` = {}: it must be a finite number", reward.weight);
+            }
+        }
+        // Memory in MiB becomes bytes: a value that cannot is refused, not wrapped.
+        let mut memories: Vec<(String, Option<u64>)> = Vec::new();
+        if let Some(environment) = &self.environment {
+            memories.push(("environment.memory_mib".into(), environment.memory_mib));
+        }
+        for (i, reward) in self.rewards.iter().enumerate() {
+            memories.push((format!("rewards[{i}].memory_mib"), reward.memory_mib));
+            if let Some(runner) = &reward.code_runner {
+                memories.push((format!("rewards[{i}].code_runner.memory_mib"), runner.memory_mib));
+            }
+        }
+        for (key, mib) in memories {
+            if let Some(mib) = mib
+                && !(1..=MAX_MEMORY_MIB).contains(&mib)
+            {
+                bail!("{origin}: `{key}` = {mib}: it must be between 1 and {MAX_MEMORY_MIB} (the sandbox's maximum)");
+            }
+        }
+        let training_tasks = (g.steps as u64).checked_mul(g.prompts_per_step as u64);
+        let Some(training_tasks) = training_tasks.filter(|&n| n < 1 << 40) else {
+            bail!("{origin}: `grpo.steps` x `grpo.prompts_per_step` is too large (at most 2^40 tasks)");
+        };
+        if self.environment.is_some() && self.eval.first_index < training_tasks {
             bail!("{origin}: `eval.first_index` overlaps the training tasks; raise it above steps x prompts_per_step");
         }
         if let Some(&k) = self.eval.k.iter().find(|&&k| k == 0 || (self.eval.samples > 0 && k > self.eval.samples)) {

@@ -79,7 +79,7 @@ pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_j
             let mut line = json!({
                 "task_id": task.id,
                 "greedy": { "passed": pass(greedy_score.reward), "reward": greedy_score.reward,
-                            "note": greedy_score.note, "completion": greedy_text },
+                            "notes": greedy_score.notes, "completion": greedy_text },
             });
             let mut passed_samples = None;
             if eval.samples > 0 {
@@ -100,7 +100,7 @@ pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_j
                 line["completions"] = texts
                     .iter()
                     .zip(&scores)
-                    .map(|(text, s)| json!({ "passed": pass(s.reward), "note": s.note, "completion": text }))
+                    .map(|(text, s)| json!({ "passed": pass(s.reward), "notes": s.notes, "completion": text }))
                     .collect();
             }
             serde_json::to_writer(&mut lines, &line)?;

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use wirl_engine::{ChatMessage, EngineHandle, GenerateRequest, LoadOptions, Sampling, Tokenizer};
 use wirl_grpo::{LossSettings, Net, Optimizer, Policy};
-use wirl_sandbox::{EnvironmentPlugin, RewardPlugin, Sandbox, SandboxSettings, Task};
+use wirl_sandbox::{EnvironmentPlugin, RewardPlugin, Sandbox, SandboxSettings, Task, printable};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -63,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             (TrainConfig::parse(DEFAULT_TOML, origin, Path::new(DEFAULT_DIR))?, DEFAULT_TOML.to_string())
         }
     };
-    apply_overrides(&mut config, &args);
+    apply_overrides(&mut config, &args)?;
     let run_dir = match &args.run_dir {
         Some(dir) => dir.clone(),
         None => {
@@ -133,13 +133,14 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn apply_overrides(config: &mut TrainConfig, args: &Args) {
+fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> {
     if let Some(steps) = args.steps {
         config.grpo.steps = steps;
     }
     if let Some(tasks) = args.eval_tasks {
         config.eval.tasks = tasks;
     }
+    config.check_numbers("the command line (--steps, --eval-tasks)")
 }
 
 fn resume(run_dir: &Path, args: &Args) -> anyhow::Result<ExitCode> {
@@ -147,7 +148,7 @@ fn resume(run_dir: &Path, args: &Args) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("{} is not a wirl run directory (no {RESOLVED})", run_dir.display()))?;
     let mut config = TrainConfig::parse(&text, &path.display().to_string(), Path::new(""))?;
-    apply_overrides(&mut config, args);
+    apply_overrides(&mut config, args)?;
     let Some(checkpoint) = checkpoint::latest(run_dir)? else {
         bail!("{}: no complete checkpoint to resume from (checkpoints/step-*)", run_dir.display());
     };
@@ -167,6 +168,24 @@ static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 
 extern "C" fn on_interrupt(_: libc::c_int) {
     INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Forward SIGINT to the sandbox: its plugins' calls end within milliseconds (a plugin or
+/// model code that sleeps does not hold the run), and the step in progress is abandoned.
+fn forward_interrupts(interrupter: wirl_sandbox::Interrupter) {
+    let spawned = std::thread::Builder::new().name("wirl-sigint".into()).spawn(move || {
+        while !interrupted() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        interrupter.interrupt();
+    });
+    if let Err(error) = spawned {
+        tracing::warn!("Ctrl-C will wait for plugin calls to end: cannot start its thread ({error})");
+    }
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 fn install_interrupt_handler() {
@@ -202,12 +221,34 @@ struct Rewards {
 }
 
 /// One scored completion.
+#[derive(Default)]
 struct Scored {
     reward: f32,
+    /// Parts by name; a name that two plugins both give is kept as `plugin/part` for each.
     parts: BTreeMap<String, f32>,
+    /// Failure kinds (`deadline`, `non_finite`, …), one per failed plugin call.
     failures: Vec<String>,
-    /// The plugins' remarks (what was extracted, why it failed), joined.
-    note: Option<String>,
+    /// Each plugin's note, or its failure (`kind: message`), by plugin name.
+    notes: BTreeMap<String, String>,
+}
+
+/// Merge the parts that each plugin gave one completion: names given by one plugin stay
+/// as they are, names given by several are namespaced by plugin, so none overwrites another.
+fn merge_parts(given: Vec<(String, String, f32)>) -> BTreeMap<String, f32> {
+    let mut givers: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for (plugin, part, _) in &given {
+        givers.entry(part.as_str()).or_default().insert(plugin.as_str());
+    }
+    let shared: std::collections::BTreeSet<String> =
+        givers.into_iter().filter(|(_, plugins)| plugins.len() > 1).map(|(part, _)| part.to_string()).collect();
+    given
+        .into_iter()
+        .map(
+            |(plugin, part, value)| {
+                if shared.contains(&part) { (format!("{plugin}/{part}"), value) } else { (part, value) }
+            },
+        )
+        .collect()
 }
 
 impl Rewards {
@@ -233,34 +274,31 @@ impl Rewards {
     /// Score one group: every plugin's weighted reward summed; a failing call scores
     /// `failure_reward` for that plugin and is recorded.
     fn score_group(&mut self, task: &Task, completions: &[String], failure_reward: f32) -> Vec<Scored> {
-        let mut scored: Vec<Scored> = completions
-            .iter()
-            .map(|_| Scored { reward: 0.0, parts: BTreeMap::new(), failures: Vec::new(), note: None })
-            .collect();
+        let mut scored: Vec<Scored> = completions.iter().map(|_| Scored::default()).collect();
+        let mut given: Vec<Vec<(String, String, f32)>> = completions.iter().map(|_| Vec::new()).collect();
         for (plugin, weight) in &mut self.plugins {
             let name = plugin.plugin().name().to_string();
-            for (out, verdict) in scored.iter_mut().zip(plugin.score_group(task, completions)) {
+            let verdicts = plugin.score_group(task, completions);
+            for ((out, parts), verdict) in scored.iter_mut().zip(&mut given).zip(verdicts) {
                 match verdict {
                     Ok(score) => {
                         out.reward += *weight * score.reward;
-                        for (part, value) in score.parts {
-                            out.parts.insert(part, value);
-                        }
+                        parts.extend(score.parts.into_iter().map(|(part, value)| (name.clone(), part, value)));
                         if let Some(note) = score.note {
-                            out.note = Some(match out.note.take() {
-                                Some(earlier) => format!("{earlier}; {note}"),
-                                None => note,
-                            });
+                            out.notes.insert(name.clone(), note);
                         }
                     }
                     Err(failure) => {
                         out.reward += *weight * failure_reward;
                         out.failures.push(failure.kind.name().to_string());
-                        out.note = Some(format!("{name}: {failure}"));
-                        tracing::warn!("reward plugin {name}: {failure}");
+                        tracing::warn!("reward plugin {name}: {}", wirl_sandbox::printable(&failure.to_string()));
+                        out.notes.insert(name.clone(), failure.to_string());
                     }
                 }
             }
+        }
+        for (out, parts) in scored.iter_mut().zip(given) {
+            out.parts = merge_parts(parts);
         }
         scored
     }
@@ -345,13 +383,23 @@ impl TaskSource {
             TaskSource::Dataset { train, .. } if train.is_empty() => {
                 bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)")
             }
-            TaskSource::Dataset { train, .. } => Ok(train[index as usize % train.len()].clone()),
+            TaskSource::Dataset { train, .. } => Ok(train[(index % train.len() as u64) as usize].clone()),
         }
     }
 
     fn held_out(&mut self, first_index: u64, count: usize) -> anyhow::Result<Vec<Task>> {
         match self {
-            TaskSource::Environment { .. } => (0..count as u64).map(|i| self.training(first_index + i)).collect(),
+            // A held-out task the environment cannot give is left out, with a warning.
+            TaskSource::Environment { .. } => Ok((0..count as u64)
+                .filter_map(|i| {
+                    let index = first_index.saturating_add(i);
+                    self.training(index)
+                        .inspect_err(|e| {
+                            tracing::warn!("held-out task {index} skipped: {}", printable(&format!("{e:#}")))
+                        })
+                        .ok()
+                })
+                .collect()),
             TaskSource::Dataset { eval, .. } => Ok(eval.iter().take(count).cloned().collect()),
         }
     }
@@ -403,7 +451,13 @@ impl Trainer {
         let (engine, _thread) = EngineHandle::spawn(inference.clone(), tokenizer.clone())?;
 
         let sandbox = Sandbox::new(SandboxSettings::default())?;
+        forward_interrupts(sandbox.interrupter());
         let tasks = TaskSource::load(&sandbox, &config)?;
+        if let TaskSource::Dataset { train, .. } = &tasks
+            && train.is_empty()
+        {
+            bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)");
+        }
         let rewards = Rewards::load(&sandbox, &config.rewards)?;
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
@@ -430,8 +484,8 @@ impl Trainer {
         prompt_ids(&self.tokenizer, task)
     }
 
-    fn task(&mut self, index: u64) -> anyhow::Result<Task> {
-        self.tasks.training(index)
+    fn task(&mut self, index: u64) -> Result<Task, TaskFailure> {
+        self.tasks.training(index).map_err(|e| TaskFailure { id: None, reason: format!("{e:#}") })
     }
 
     /// Greedy pass rate on the held-out tasks.
@@ -446,14 +500,25 @@ impl Trainer {
             tracing::warn!("no held-out tasks (a [dataset] without `eval`): evaluation skipped");
             return Ok(None);
         }
+        // A held-out task whose prompt does not fit is left out, as in training.
+        let mut fitting = Vec::new();
+        let mut requests = Vec::new();
+        for task in tasks {
+            match self.fitting_prompt(&task) {
+                Ok(prompt) => {
+                    let sampling = Sampling::greedy(self.config.sampling.max_tokens);
+                    requests.push(GenerateRequest { prompt, n: 1, sampling });
+                    fitting.push(task);
+                }
+                Err(failure) => tracing::warn!("held-out task `{}` skipped: {}", task.id, printable(&failure.reason)),
+            }
+        }
+        let tasks = fitting;
         let count = tasks.len();
-        let requests: Vec<GenerateRequest> = tasks
-            .iter()
-            .map(|t| {
-                let sampling = Sampling::greedy(self.config.sampling.max_tokens);
-                Ok(GenerateRequest { prompt: self.prompt_ids(t)?, n: 1, sampling })
-            })
-            .collect::<anyhow::Result<_>>()?;
+        if count == 0 {
+            tracing::warn!("no held-out task could be used: evaluation skipped");
+            return Ok(None);
+        }
         let outputs = wirl_engine::generate(&self.inference, &self.tokenizer, &requests, |_, _, _| {})?;
         let mut passed = 0;
         for (task, out) in tasks.iter().zip(outputs) {
@@ -511,8 +576,21 @@ impl Trainer {
         let steps = self.config.grpo.steps;
         let every = self.config.grpo.checkpoint_every;
         let mut step_times = Vec::new();
+        let mut skipped_in_a_row = 0;
         for step in start..steps {
-            let line = self.step(step, &mut rollouts, &hashes)?;
+            let Some(line) = self.step(step, &mut rollouts, &hashes)? else {
+                // Interrupted while plugins scored: the step is abandoned, the weights are
+                // those of the last completed step.
+                status("");
+                rollouts.flush()?;
+                self.checkpoint(step, before)?;
+                eprintln!(
+                    "interrupted during step {}: resume with `wirl train --resume {}`",
+                    step + 1,
+                    self.run_dir.display()
+                );
+                return Ok(ExitCode::from(130));
+            };
             step_times.push(line["time_s"]["total"].as_f64().unwrap_or(0.0));
             writeln!(metrics, "{line}")?;
             metrics.flush()?;
@@ -533,7 +611,22 @@ impl Trainer {
                 line["time_s"]["train"].as_f64().unwrap_or(0.0),
                 eta,
             );
-            let interrupted = INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
+            let skipped = line["updates_skipped"].as_u64().unwrap_or(0) as usize;
+            skipped_in_a_row = if skipped > 0 { skipped_in_a_row + skipped } else { 0 };
+            if skipped_in_a_row >= self.config.grpo.max_skipped_updates {
+                // The weights are still the last good ones: skipped updates leave them alone.
+                self.checkpoint(step + 1, before)?;
+                bail!(
+                    "stopping: {skipped_in_a_row} updates in a row had a non-finite gradient (the last at step {}; \
+                     grpo.max_skipped_updates = {}); the last good weights are checkpointed. Look at the step's \
+                     rewards in {} and lower grpo.learning_rate, then `wirl train --resume {}`",
+                    step + 1,
+                    self.config.grpo.max_skipped_updates,
+                    self.run_dir.join("rollouts.jsonl").display(),
+                    self.run_dir.display()
+                );
+            }
+            let interrupted = interrupted();
             if step + 1 == steps || (every > 0 && (step + 1) % every == 0) || interrupted {
                 self.checkpoint(step + 1, before)?;
             }
@@ -563,15 +656,17 @@ impl Trainer {
         step: usize,
         rollouts: &mut impl Write,
         hashes: &[(String, String)],
-    ) -> anyhow::Result<serde_json::Value> {
+    ) -> anyhow::Result<Option<serde_json::Value>> {
         let g = self.config.grpo.clone();
         let step_started = Instant::now();
 
         // Tasks and rollouts.
-        let first = (step * g.prompts_per_step) as u64;
-        let tasks: Vec<Task> =
-            (first..first + g.prompts_per_step as u64).map(|i| self.task(i)).collect::<anyhow::Result<_>>()?;
-        let prompts: Vec<Vec<u32>> = tasks.iter().map(|t| self.prompt_ids(t)).collect::<anyhow::Result<_>>()?;
+        let StepTasks { tasks, prompts, skipped } = self.step_tasks(step)?;
+        for skip in &skipped {
+            tracing::warn!("step {}: {}", step + 1, printable(&skip.to_string()));
+            let record = json!({"step": step + 1, "skipped_task": skip.index, "task": skip.id, "reason": skip.reason});
+            writeln!(rollouts, "{record}")?;
+        }
         let steps = g.steps;
         status(&format!("step {}/{steps}: generating {} x {}", step + 1, g.prompts_per_step, g.group_size));
         let generate_started = Instant::now();
@@ -606,6 +701,11 @@ impl Trainer {
             scored.push(self.rewards.score_group(task, &texts, g.failure_reward));
         }
         let score_s = score_started.elapsed().as_secs_f64();
+        if interrupted() {
+            // The calls were cut short: their verdicts are not the plugins', so nothing of
+            // this step is learned from or recorded.
+            return Ok(None);
+        }
 
         // Advantages; groups whose rewards are all equal carry no signal.
         let mut kept = Vec::new();
@@ -624,6 +724,7 @@ impl Trainer {
         let step_tokens: usize = kept.iter().flat_map(|(i, _)| groups[*i].iter().map(|c| c.tokens.len())).sum();
         let step_sequences = kept.len() * g.group_size;
         let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum, mut grad_norm) = (0f32, 0f32, 0f32, 0f32, 0f64);
+        let mut updates_skipped = 0usize;
         if !kept.is_empty() {
             // Old log-probs (μ > 1) and the reference's, before any update of this step.
             let mut old = Vec::new();
@@ -687,7 +788,16 @@ impl Trainer {
                 }
                 let timer = Instant::now();
                 if let Some(grads) = grads {
-                    grad_norm = self.optimizer.step(&grads, lr, g.max_grad_norm)?;
+                    let update = self.optimizer.step(&grads, lr, g.max_grad_norm)?;
+                    grad_norm = update.grad_norm;
+                    if !update.applied {
+                        updates_skipped += 1;
+                        tracing::warn!(
+                            "step {}: the gradient norm is {}; the update is skipped (weights unchanged)",
+                            step + 1,
+                            update.grad_norm
+                        );
+                    }
                 }
                 optimizer_s += timer.elapsed().as_secs_f64();
             }
@@ -722,13 +832,13 @@ impl Trainer {
                 let record = json!({
                     "step": step + 1, "task": task.id, "sample": sample, "completion": completion.text,
                     "tokens": completion.tokens.len(), "reward": score.reward, "parts": score.parts,
-                    "failures": score.failures, "plugins": hashes.iter().map(|(n, h)| json!({"name": n, "sha256": h})).collect::<Vec<_>>(),
+                    "failures": score.failures, "notes": score.notes, "plugins": hashes.iter().map(|(n, h)| json!({"name": n, "sha256": h})).collect::<Vec<_>>(),
                 });
                 writeln!(rollouts, "{record}")?;
             }
         }
         let total_s = step_started.elapsed().as_secs_f64();
-        Ok(json!({
+        Ok(Some(json!({
             "step": step + 1,
             "learning_rate": lr,
             "reward_mean": mean,
@@ -740,7 +850,9 @@ impl Trainer {
             "kl": if step_tokens > 0 && g.beta > 0.0 { kl_sum } else { 0.0 },
             "entropy": entropy_sum,
             "clip_fraction": clip_sum,
-            "grad_norm": grad_norm,
+            "grad_norm": if grad_norm.is_finite() { json!(grad_norm) } else { json!(grad_norm.to_string()) },
+            "updates_skipped": updates_skipped,
+            "tasks_skipped": skipped.iter().map(|s| json!({"index": s.index, "task": s.id, "reason": s.reason})).collect::<Vec<_>>(),
             "completion_tokens_mean": generated as f32 / lengths.len().max(1) as f32,
             "completion_tokens_max": lengths.iter().max().copied().unwrap_or(0),
             "failures": failures,
@@ -750,7 +862,104 @@ impl Trainer {
                 "reference_forward": reference_s, "policy_forward": forward_s, "backward": backward_s,
                 "optimizer": optimizer_s,
             },
-        }))
+        })))
+    }
+
+    /// The step's tasks and their prompts. A task the source cannot give — its `task-at`
+    /// fails, or its prompt leaves no room for a completion in the model's context — is
+    /// skipped (returned, to be recorded) and replaced by another index; a slot that finds
+    /// no task in `MAX_TASK_TRIES` tries stops the run, since the source is then broken.
+    fn step_tasks(&mut self, step: usize) -> anyhow::Result<StepTasks> {
+        let per_step = self.config.grpo.prompts_per_step as u64;
+        let first = step as u64 * per_step;
+        let (mut tasks, mut prompts, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+        for index in first..first + per_step {
+            let mut found = false;
+            for attempt in 0..MAX_TASK_TRIES {
+                // Replacements come from a range of their own, the same on every resume.
+                let index = if attempt == 0 { index } else { REPLACEMENT_INDICES + index * MAX_TASK_TRIES + attempt };
+                match self.task(index).and_then(|task| Ok((self.fitting_prompt(&task)?, task))) {
+                    Ok((prompt, task)) => {
+                        tasks.push(task);
+                        prompts.push(prompt);
+                        found = true;
+                        break;
+                    }
+                    Err(failure) => skipped.push(failure.at(index)),
+                }
+            }
+            if !found {
+                let last = skipped.last().map(|s| s.reason.clone()).unwrap_or_default();
+                bail!(
+                    "the task source failed {MAX_TASK_TRIES} tasks in a row (index {index} and its replacements); \
+                     the last: {last}. Fix the environment or dataset, then `wirl train --resume`"
+                );
+            }
+        }
+        Ok(StepTasks { tasks, prompts, skipped })
+    }
+
+    /// `task`'s prompt, if it leaves room for `sampling.max_tokens` in the model's context.
+    fn fitting_prompt(&self, task: &Task) -> Result<Vec<u32>, TaskFailure> {
+        let prompt = self.prompt_ids(task).map_err(|e| TaskFailure::of(task, format!("{e:#}")))?;
+        let context = self.model_config.max_position_embeddings;
+        let room = self.config.sampling.max_tokens;
+        if prompt.len() + room > context || prompt.is_empty() {
+            return Err(TaskFailure::of(
+                task,
+                format!(
+                    "its prompt is {} tokens; with sampling.max_tokens = {room} it does not fit the model's context of \
+                     {context}",
+                    prompt.len()
+                ),
+            ));
+        }
+        Ok(prompt)
+    }
+}
+
+/// Tries per task slot of a step before the source counts as broken.
+const MAX_TASK_TRIES: u64 = 8;
+/// Where replacement tasks' indices start: far above training's and the default held-out
+/// range (`eval.first_index` = 2^40).
+const REPLACEMENT_INDICES: u64 = 1 << 50;
+
+/// Why a task could not be used.
+struct TaskFailure {
+    id: Option<String>,
+    reason: String,
+}
+
+impl TaskFailure {
+    fn of(task: &Task, reason: String) -> Self {
+        TaskFailure { id: Some(task.id.clone()), reason }
+    }
+
+    fn at(self, index: u64) -> SkippedTask {
+        SkippedTask { index, id: self.id, reason: self.reason }
+    }
+}
+
+/// A step's tasks, their prompts, and the tasks skipped on the way.
+struct StepTasks {
+    tasks: Vec<Task>,
+    prompts: Vec<Vec<u32>>,
+    skipped: Vec<SkippedTask>,
+}
+
+/// A task skipped in a step, as recorded in rollouts and metrics.
+struct SkippedTask {
+    index: u64,
+    id: Option<String>,
+    reason: String,
+}
+
+impl std::fmt::Display for SkippedTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.id {
+            Some(id) => write!(f, "task {} (`{id}`) skipped: {}", self.index, self.reason),
+            None => write!(f, "task {} skipped: {}", self.index, self.reason),
+        }
     }
 }
 

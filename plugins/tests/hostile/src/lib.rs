@@ -3,7 +3,9 @@
 //! test can check that the call after a misbehaving one works.
 //!
 //! With config `trap_odd_tasks = true` it traps whenever the task id ends in an odd number
-//! (the trainer's test: a reward plugin that fails every other call).
+//! (the trainer's test: a reward plugin that fails every other call); with
+//! `nan_odd_tasks = true` it scores those NaN instead; with `sleep_ms = N` every call first
+//! sleeps N ms (blocked in the host, on a clock pollable).
 
 use std::hint::black_box;
 use wirl_sdk::reward::{Reward, Score, Task};
@@ -12,11 +14,20 @@ struct Hostile;
 
 static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// Whether this call must trap (`trap_odd_tasks`).
-fn trap_for(task: &Task) -> bool {
-    let enabled: bool = wirl_sdk::reward::config::get_or("trap_odd_tasks", false).unwrap_or(false);
+/// Whether the config switch `key` is on and the task's index is odd.
+fn odd_task_with(key: &str, task: &Task) -> bool {
+    let enabled: bool = wirl_sdk::reward::config::get_or(key, false).unwrap_or(false);
     let index = task.id.rsplit(['/', '-', '_']).next().and_then(|n| n.parse::<u64>().ok());
     enabled && index.is_some_and(|i| i % 2 == 1)
+}
+
+/// Whether this call must trap (`trap_odd_tasks`), after the configured sleep.
+fn trap_for(task: &Task) -> bool {
+    let sleep_ms: u64 = wirl_sdk::reward::config::get_or("sleep_ms", 0).unwrap_or(0);
+    if sleep_ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(sleep_ms));
+    }
+    odd_task_with("trap_odd_tasks", task)
 }
 
 impl Reward for Hostile {
@@ -24,13 +35,22 @@ impl Reward for Hostile {
         if trap_for(&task) {
             std::process::abort();
         }
-        completions.into_iter().map(|c| Self::score(task.clone(), c)).collect()
+        if odd_task_with("nan_odd_tasks", &task) {
+            return completions.iter().map(|_| Ok(Score::new(f32::NAN))).collect();
+        }
+        completions.into_iter().map(|c| Self::score_one(&task, c)).collect()
     }
 
     fn score(task: Task, completion: String) -> Result<Score, String> {
         if trap_for(&task) {
             std::process::abort();
         }
+        Self::score_one(&task, completion)
+    }
+}
+
+impl Hostile {
+    fn score_one(_task: &Task, completion: String) -> Result<Score, String> {
         match completion.as_str() {
             "loop" => loop {
                 black_box(());

@@ -1,0 +1,274 @@
+//! `wirl train` under hostile plugins, configs and files: training goes on past failed
+//! tasks and non-finite rewards, stops cleanly (with a checkpoint) when it must, and never
+//! writes or loads unusable weights.
+
+use crate::grpo::{metrics, train, write_config};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use wirl_test_artifacts::{ARITHMETIC, HOSTILE, HOSTILE_ENVIRONMENT};
+
+fn stderr(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn rollouts(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The config of `write_config` with its environment replaced by `environment`.
+fn with_environment(dir: &Path, environment: &str, steps: usize) -> std::path::PathBuf {
+    let config = write_config(dir, "", steps, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace(&format!("plugin = {ARITHMETIC:?}\nconfig = {{ shots = false }}"), environment);
+    std::fs::write(&config, text).unwrap();
+    config
+}
+
+#[test]
+fn tasks_that_fail_are_skipped_recorded_and_replaced() {
+    for (mode, reason) in [("fail_mod = 2", "on purpose"), ("trap_mod = 2", "trap")] {
+        let dir = tempfile::tempdir().unwrap();
+        let environment = format!("plugin = {HOSTILE_ENVIRONMENT:?}\nconfig = {{ {mode} }}");
+        let config = with_environment(dir.path(), &environment, 2);
+        let run = dir.path().join("run");
+        let out = train(&config, &run);
+        assert!(out.status.success(), "{mode}: {}", stderr(&out));
+        let mut total = 0;
+        for (step, line) in metrics(&run).iter().enumerate() {
+            // Indices 2·step and 2·step + 1: the odd one fails and is replaced (by indices
+            // from a range of their own, which may fail too).
+            let skipped = line["tasks_skipped"].as_array().unwrap();
+            assert!(!skipped.is_empty() && skipped.len() < 8, "{mode}: {line}");
+            assert_eq!(skipped[0]["index"], 2 * step as u64 + 1);
+            assert!(skipped.iter().all(|s| s["reason"].as_str().unwrap().contains(reason)), "{mode}: {line}");
+            total += skipped.len();
+        }
+        let records = rollouts(&run);
+        assert_eq!(records.iter().filter(|r| r.get("skipped_task").is_some()).count(), total, "{mode}");
+        // Every step still trains on its full count of tasks × samples.
+        assert_eq!(records.iter().filter(|r| r.get("completion").is_some()).count(), 2 * 2 * 6, "{mode}");
+    }
+}
+
+#[test]
+fn a_source_that_fails_every_task_stops_with_a_message_after_bounded_tries() {
+    let dir = tempfile::tempdir().unwrap();
+    let environment = format!("plugin = {HOSTILE_ENVIRONMENT:?}\nconfig = {{ fail_all = true }}");
+    let config = with_environment(dir.path(), &environment, 2);
+    let out = train(&config, &dir.path().join("run"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let error = stderr(&out);
+    assert!(error.contains("failed 8 tasks in a row") && error.contains("on purpose"), "{error}");
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_a_failed_task_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    // The tiny model's context is 64 tokens: one task of the dataset is 200 words long.
+    let task = |id: &str, words: usize| {
+        let content = vec!["w2 w3"; words / 2].join(" ");
+        format!(r#"{{"id": "{id}", "messages": [{{"role": "user", "content": "{content}"}}], "answer": "1"}}"#)
+    };
+    std::fs::write(
+        dir.path().join("train.jsonl"),
+        [task("short-a", 4), task("too-long", 200), task("short-b", 6)].join("\n"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let start = text.find("[environment]").unwrap();
+    let end = text.find("[[rewards]]").unwrap();
+    std::fs::write(&config, format!("{}[dataset]\ntrain = \"train.jsonl\"\n\n{}", &text[..start], &text[end..]))
+        .unwrap();
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let skipped: Vec<serde_json::Value> =
+        metrics(&run).iter().flat_map(|m| m["tasks_skipped"].as_array().unwrap().clone()).collect();
+    assert!(!skipped.is_empty());
+    for skip in &skipped {
+        assert_eq!(skip["task"], "too-long");
+        assert!(skip["reason"].as_str().unwrap().contains("context of 64"), "{skip}");
+    }
+    assert!(stderr(&out).contains("too-long"), "the warning names the task");
+}
+
+#[test]
+fn non_finite_rewards_are_failures_of_the_plugin_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "config = { nan_odd_tasks = true }", 2, 0.01);
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for line in metrics(&run) {
+        assert_eq!(line["failures"]["non_finite"], 6, "{line}");
+        assert!(line["loss"].as_f64().unwrap().is_finite(), "{line}");
+        assert_eq!(line["updates_skipped"], 0, "{line}");
+    }
+    // The rollouts keep the plugin's failure message under its name.
+    let failed = rollouts(&run).into_iter().find(|r| r["failures"].as_array().is_some_and(|f| !f.is_empty())).unwrap();
+    let note = failed["notes"]["hostile"].as_str().unwrap();
+    assert!(note.starts_with("non_finite") && note.contains("NaN"), "{failed}");
+    // A checkpoint of the run loads.
+    assert!(run.join("checkpoints/step-000002/model/model.safetensors").is_file());
+}
+
+#[test]
+fn non_finite_gradients_skip_updates_then_stop_with_the_last_good_weights() {
+    // A learning rate this large sends the weights to 1e30 in one update: the next
+    // forward overflows and every gradient after it is NaN.
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 10, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap().replace("learning_rate = 0.01", "learning_rate = 1e30");
+    std::fs::write(&config, text).unwrap();
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    let error = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{error}");
+    assert!(error.contains("3 updates in a row had a non-finite gradient"), "{error}");
+    assert!(error.contains("the update is skipped"), "each skip is a warning naming its step: {error}");
+    let lines = metrics(&run);
+    assert!(lines.len() < 10);
+    assert_eq!(lines.iter().rev().take(3).map(|l| l["updates_skipped"].as_u64().unwrap()).sum::<u64>(), 3);
+    // The checkpoint it stopped with holds finite weights and loads.
+    let step = lines.len();
+    let model = run.join(format!("checkpoints/step-{step:06}/model"));
+    let generate = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["generate", "--max-tokens", "2", "--prompt", "w2"])
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(generate.status.success(), "{}", stderr(&generate));
+}
+
+#[test]
+fn weights_with_nan_are_refused_on_load_naming_the_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    crate::engine::write_tiny_model(&model, false);
+    let path = model.join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+    let norm = tensors.get("model.norm.weight").unwrap();
+    let poisoned = (norm * f64::NAN).unwrap();
+    tensors.insert("model.norm.weight".into(), poisoned);
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    let generate = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["generate", "--max-tokens", "2", "--prompt", "w2", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(!generate.status.success());
+    let error = stderr(&generate);
+    assert!(error.contains("model.norm.weight") && error.contains("NaN"), "{error}");
+}
+
+#[test]
+fn non_finite_and_out_of_range_settings_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 1, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let run = dir.path().join("run");
+    let cases = [
+        (text.replace("beta = 0.0", "beta = 0.0\nweight_decay = nan"), "grpo.weight_decay"),
+        (text.replace("beta = 0.0", "beta = nan"), "grpo.beta"),
+        (text.replace("beta = 0.0", "beta = 0.0\nmax_grad_norm = -1.0"), "grpo.max_grad_norm"),
+        (text.replace("beta = 0.0", "beta = 0.0\nclip_high = inf"), "grpo.clip_high"),
+        (text.replace("learning_rate = 0.01", "learning_rate = inf"), "grpo.learning_rate"),
+        (text.replace("max_tokens = 6", "max_tokens = 6\ntemperature = 0.0"), "sampling.temperature"),
+        (
+            text.replace(&format!("plugin = {HOSTILE:?}"), &format!("plugin = {HOSTILE:?}\nweight = nan")),
+            "rewards[0].weight",
+        ),
+        (
+            text.replace(
+                &format!("plugin = {HOSTILE:?}"),
+                &format!("plugin = {HOSTILE:?}\nmemory_mib = 18014398509481984"),
+            ),
+            "rewards[0].memory_mib",
+        ),
+        (text.replace("steps = 1", "steps = 18446744073709551615"), "grpo.steps"),
+    ];
+    for (bad, key) in cases {
+        std::fs::write(&config, bad).unwrap();
+        let out = train(&config, &run);
+        assert_eq!(out.status.code(), Some(2), "{key}: {}", stderr(&out));
+        let error = stderr(&out);
+        assert!(error.contains("train.toml") && error.contains(key), "expected `{key}` in: {error}");
+        assert!(!run.exists(), "{key}: nothing is written for a refused config");
+    }
+    // Overrides on the command line are checked too.
+    std::fs::write(&config, &text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(&config)
+        .args(["--steps", "0", "--run-dir"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("grpo.steps"), "{}", stderr(&out));
+}
+
+#[test]
+fn ctrl_c_cuts_a_sleeping_reward_and_stops_with_a_checkpoint_within_a_second() {
+    // The reward sleeps a minute per call under a two-minute deadline: only the interrupt
+    // can end the step early.
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "config = { sleep_ms = 60000 }\ndeadline_ms = 120000", 3, 0.01);
+    let run = dir.path().join("run");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(&run)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Scoring has begun once the run directory exists and a few seconds have passed for the
+    // tiny model's generation.
+    let started = Instant::now();
+    while !run.join("config.resolved.toml").exists() && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let signalled = Instant::now();
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let took = signalled.elapsed();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(took < Duration::from_secs(2), "stopped {took:?} after Ctrl-C");
+    assert!(stderr(&out).contains("interrupted during step 1"), "{}", stderr(&out));
+    // Nothing of the abandoned step is recorded; a checkpoint of step 0 lets it resume.
+    assert!(run.join("checkpoints/step-000000/state.json").is_file());
+    assert!(std::fs::read_to_string(run.join("metrics.jsonl")).unwrap().is_empty());
+}
+
+#[test]
+fn resume_passes_over_a_damaged_newest_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap().replace("seed = 3", "seed = 3\ncheckpoint_every = 1");
+    std::fs::write(&config, text).unwrap();
+    let run = dir.path().join("run");
+    assert!(train(&config, &run).status.success());
+    // The newest checkpoint's state disagrees with its directory.
+    let state = run.join("checkpoints/step-000002/state.json");
+    std::fs::write(&state, std::fs::read_to_string(&state).unwrap().replace("\"step\": 2", "\"step\": 7")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--steps", "3", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let error = stderr(&out);
+    assert!(out.status.success(), "{error}");
+    assert!(error.contains("step-000002 passed over") && error.contains("says step 7"), "{error}");
+    assert!(error.contains("resuming") && error.contains("from step 1"), "{error}");
+    assert_eq!(metrics(&run).len(), 3);
+}
