@@ -6,7 +6,14 @@
 //! prefix is the sum over the group, as it would be with G copies. Completions are
 //! right-padded: under the causal mask no real token attends to padding, so no padding mask
 //! is needed, and padding positions get zero loss weight.
+//!
+//! Memory: backward through the whole forward keeps every layer's attention scores, which
+//! grow with the square of the prompt (`[layers, heads, P, P]`: gigabytes at 1,000 tokens).
+//! [`Policy::loss_and_grads`] therefore recomputes: above a memory estimate it runs the
+//! forward once without a graph, keeping only each layer's input, then rebuilds and
+//! differentiates one layer at a time from the top, so only one layer's graph is alive.
 
+use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
@@ -64,6 +71,20 @@ impl Net {
 
     /// Log-probabilities and entropies of `completions` after `prompt`.
     pub fn completion_stats(&self, prompt: &[u32], completions: &[Vec<u32>]) -> Result<TokenStats> {
+        let batch = self.batch(prompt, completions)?;
+        let hidden = self.forward(batch.prefix, &batch.inputs)?;
+        self.head_stats(&hidden, &batch.targets)
+    }
+
+    /// The same net over the same storage, with no gradient tracking (a pass that only
+    /// reads, and the recomputing backward's first pass).
+    pub fn detached(&self) -> Net {
+        let weights = self.weights.iter().map(|(n, t)| (n.clone(), t.detach())).collect();
+        Net { config: self.config.clone(), weights, cos: self.cos.clone(), sin: self.sin.clone() }
+    }
+
+    /// Inputs and targets of one group, as `completion_stats` feeds them.
+    fn batch<'p>(&self, prompt: &'p [u32], completions: &[Vec<u32>]) -> Result<Batch<'p>> {
         let device = self.cos.device().clone();
         let groups = completions.len();
         let width = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
@@ -82,12 +103,16 @@ impl Net {
         }
         let inputs = Tensor::from_vec(inputs, (groups, width), &device)?;
         let targets = Tensor::from_vec(targets, (groups, width, 1), &device)?;
-        let hidden = self.forward(prefix, &inputs)?;
-        let hidden = self.rms_norm(&hidden, "model.norm.weight")?;
+        Ok(Batch { prefix, inputs, targets })
+    }
+
+    /// Per-token stats from the last layer's hidden states.
+    fn head_stats(&self, hidden: &Tensor, targets: &Tensor) -> Result<TokenStats> {
+        let hidden = self.rms_norm(hidden, "model.norm.weight")?;
         let head = if self.weights.contains_key("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
         let logits = hidden.broadcast_matmul(&self.w(&format!("{head}.weight"))?.t()?)?;
         let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let logp = log_probs.gather(&targets, D::Minus1)?.squeeze(D::Minus1)?;
+        let logp = log_probs.gather(targets, D::Minus1)?.squeeze(D::Minus1)?;
         let entropy = (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()?;
         Ok(TokenStats { logp, entropy })
     }
@@ -95,42 +120,75 @@ impl Net {
     /// Hidden states of `inputs` (`[G, width]`, positions after `prefix`), which attend to the
     /// shared `prefix` and causally to themselves.
     fn forward(&self, prefix: &[u32], inputs: &Tensor) -> Result<Tensor> {
-        let device = inputs.device();
-        let (groups, width) = inputs.dims2()?;
-        let p = prefix.len();
-        let embed = self.w("model.embed_tokens.weight")?;
-        let mut x = embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))?;
-        let mut px = if p > 0 {
-            let ids = Tensor::from_vec(prefix.to_vec(), p, device)?;
-            Some(embed.index_select(&ids, 0)?.unsqueeze(0)?)
-        } else {
-            None
-        };
-        let (pcos, psin) = (self.cos.narrow(0, 0, p.max(1))?, self.sin.narrow(0, 0, p.max(1))?);
-        let (cos, sin) = (self.cos.narrow(0, p, width)?, self.sin.narrow(0, p, width)?);
-        let prefix_mask = causal_mask(p, 0, device, x.dtype())?;
-        let mask = causal_mask(width, p, device, x.dtype())?;
+        let frame = self.frame(prefix, inputs)?;
+        let (mut px, mut x) = self.embed(prefix, inputs)?;
         for i in 0..self.config.num_hidden_layers {
-            let l = format!("model.layers.{i}");
-            // The prefix runs once; its keys and values are shared by the group's rows.
-            let prefix_kv = match &px {
-                Some(h) => {
-                    let normed = self.rms_norm(h, &format!("{l}.input_layernorm.weight"))?;
-                    let (out, k, v) = self.attention(&normed, &l, &pcos, &psin, None, &prefix_mask)?;
-                    let h = (h + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
-                    let normed = self.rms_norm(&h, &format!("{l}.post_attention_layernorm.weight"))?;
-                    px = Some((&h + self.mlp(&normed, &l)?)?);
-                    Some((k, v))
-                }
-                None => None,
-            };
-            let normed = self.rms_norm(&x, &format!("{l}.input_layernorm.weight"))?;
-            let (out, _, _) = self.attention(&normed, &l, &cos, &sin, prefix_kv.as_ref(), &mask)?;
-            x = (x + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
-            let normed = self.rms_norm(&x, &format!("{l}.post_attention_layernorm.weight"))?;
-            x = (&x + self.mlp(&normed, &l)?)?;
+            (px, x) = self.layer(i, px.as_ref(), &x, &frame)?;
         }
         Ok(x)
+    }
+
+    /// Embeddings of the prefix (`[1, P, hidden]`, none when empty) and of the inputs.
+    fn embed(&self, prefix: &[u32], inputs: &Tensor) -> Result<(Option<Tensor>, Tensor)> {
+        let (groups, width) = inputs.dims2()?;
+        let embed = self.w("model.embed_tokens.weight")?;
+        let x = embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))?;
+        let px = if prefix.is_empty() {
+            None
+        } else {
+            let ids = Tensor::from_vec(prefix.to_vec(), prefix.len(), inputs.device())?;
+            Some(embed.index_select(&ids, 0)?.unsqueeze(0)?)
+        };
+        Ok((px, x))
+    }
+
+    /// Rotary tables and masks of one group's positions, shared by every layer.
+    fn frame(&self, prefix: &[u32], inputs: &Tensor) -> Result<Frame> {
+        let device = inputs.device();
+        let (_, width) = inputs.dims2()?;
+        let p = prefix.len();
+        let dtype = self.cos.dtype();
+        Ok(Frame {
+            pcos: self.cos.narrow(0, 0, p.max(1))?,
+            psin: self.sin.narrow(0, 0, p.max(1))?,
+            cos: self.cos.narrow(0, p, width)?,
+            sin: self.sin.narrow(0, p, width)?,
+            prefix_mask: causal_mask(p, 0, device, dtype)?,
+            mask: causal_mask(width, p, device, dtype)?,
+        })
+    }
+
+    /// Decoder layer `i` over the prefix's hidden states `px` (run once; its keys and values
+    /// are shared by the group's rows) and the rows' `x`.
+    fn layer(&self, i: usize, px: Option<&Tensor>, x: &Tensor, frame: &Frame) -> Result<(Option<Tensor>, Tensor)> {
+        let l = format!("model.layers.{i}");
+        let (px, prefix_kv) = match px {
+            Some(h) => {
+                let normed = self.rms_norm(h, &format!("{l}.input_layernorm.weight"))?;
+                let (out, k, v) = self.attention(&normed, &l, &frame.pcos, &frame.psin, None, &frame.prefix_mask)?;
+                let h = (h + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
+                let normed = self.rms_norm(&h, &format!("{l}.post_attention_layernorm.weight"))?;
+                (Some((&h + self.mlp(&normed, &l)?)?), Some((k, v)))
+            }
+            None => (None, None),
+        };
+        let normed = self.rms_norm(x, &format!("{l}.input_layernorm.weight"))?;
+        let (out, _, _) = self.attention(&normed, &l, &frame.cos, &frame.sin, prefix_kv.as_ref(), &frame.mask)?;
+        let x = (x + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
+        let normed = self.rms_norm(&x, &format!("{l}.post_attention_layernorm.weight"))?;
+        let x = (&x + self.mlp(&normed, &l)?)?;
+        Ok((px, x))
+    }
+
+    /// Bytes of attention intermediates that one backward through the whole forward keeps
+    /// alive for this group: scores, masked scores, their exponentials and weights (about
+    /// five `[heads, rows, keys]` tensors per layer).
+    pub fn attention_graph_bytes(&self, prompt_len: usize, group: usize, width: usize) -> u64 {
+        let p = prompt_len.saturating_sub(1) as u64;
+        let (group, width) = (group as u64, width as u64);
+        let per_layer = p * p + group * width * (p + width);
+        let scalar = self.cos.dtype().size_in_bytes() as u64;
+        5 * scalar * self.config.num_attention_heads as u64 * self.config.num_hidden_layers as u64 * per_layer
     }
 
     /// Attention of `x` (`[B, T, hidden]`) with keys/values of `prefix` (`[1, kv, P, dim]`)
@@ -180,11 +238,39 @@ impl Net {
     }
 }
 
+/// One group's inputs: the prompt but its last token, the rows' input ids and their targets.
+struct Batch<'p> {
+    prefix: &'p [u32],
+    inputs: Tensor,
+    targets: Tensor,
+}
+
+/// What every layer of one group's forward shares.
+struct Frame {
+    pcos: Tensor,
+    psin: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    prefix_mask: Tensor,
+    mask: Tensor,
+}
+
 /// Softmax over the last dimension from differentiable ops (the max is a constant shift).
 fn softmax(x: &Tensor) -> Result<Tensor> {
     let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?.detach())?;
     let e = shifted.exp()?;
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// A scalar whose gradient with respect to a layer's outputs is the gradient that came down
+/// from above (`Σ out · g`), to pull it through the layer.
+fn pull(upstream: &(Option<Tensor>, Tensor), px_out: Option<&Tensor>, x_out: &Tensor) -> Result<Tensor> {
+    let (px_grad, x_grad) = upstream;
+    let mut sum = (x_out * x_grad)?.sum_all()?;
+    if let (Some(out), Some(grad)) = (px_out, px_grad) {
+        sum = (sum + (out * grad)?.sum_all()?)?;
+    }
+    Ok(sum)
 }
 
 /// `[len, past + len]`: query `q` sees every past key and its own and earlier positions.
@@ -224,6 +310,85 @@ impl Policy {
     /// The weights, sharing storage with the variables.
     pub fn shared_tensors(&self) -> &HashMap<String, Tensor> {
         self.net.weights()
+    }
+
+    /// The loss of one group and its gradients with respect to the policy's variables.
+    /// `loss_of` turns the group's token stats into a scalar loss (plus what the caller wants
+    /// back). When a backward through the whole forward would keep more than
+    /// `recompute_above` bytes of attention intermediates, the layers are recomputed one at
+    /// a time instead (same ops, one layer's graph in memory at once). The flag returned
+    /// says whether it recomputed.
+    pub fn loss_and_grads<R>(
+        &self,
+        prompt: &[u32],
+        completions: &[Vec<u32>],
+        recompute_above: u64,
+        loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
+    ) -> Result<(R, GradStore, bool)> {
+        let width = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        if self.net.attention_graph_bytes(prompt.len(), completions.len(), width) <= recompute_above {
+            let stats = self.net.completion_stats(prompt, completions)?;
+            let (loss, extra) = loss_of(&stats)?;
+            return Ok((extra, loss.backward()?, false));
+        }
+        let net = &self.net;
+        let batch = net.batch(prompt, completions)?;
+        let frame = net.frame(batch.prefix, &batch.inputs)?;
+        // Forward without a graph, keeping each layer's inputs (a few MB at most).
+        let frozen = net.detached();
+        let mut inputs = vec![frozen.embed(batch.prefix, &batch.inputs)?];
+        for i in 0..net.config.num_hidden_layers {
+            let (px, x) = inputs.last().expect("the embeddings are first");
+            let next = frozen.layer(i, px.as_ref(), x, &frame)?;
+            inputs.push(next);
+        }
+        let mut total = GradStore::default();
+        // The head: the loss from the last hidden states, a leaf whose gradient goes down.
+        let (_, top) = inputs.pop().expect("one entry per layer and the embeddings");
+        let top = Var::from_tensor(&top)?;
+        let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
+        let (loss, extra) = loss_of(&stats)?;
+        let mut grads = loss.backward()?;
+        let mut upstream = (None, self.take_grads(&mut grads, &mut total, top.as_tensor())?);
+        // Layers from the top: rebuild one, pull the upstream gradient through it.
+        for i in (0..net.config.num_hidden_layers).rev() {
+            let (px, x) = inputs.pop().expect("one entry per layer");
+            let (px, x) = (px.map(|t| Var::from_tensor(&t)).transpose()?, Var::from_tensor(&x)?);
+            let (px_out, x_out) = net.layer(i, px.as_ref().map(Var::as_tensor), x.as_tensor(), &frame)?;
+            let mut grads = pull(&upstream, px_out.as_ref(), &x_out)?.backward()?;
+            let px_grad = match &px {
+                Some(px) => Some(self.take_grads(&mut grads, &mut total, px.as_tensor())?),
+                None => None,
+            };
+            upstream = (px_grad, self.take_grads(&mut grads, &mut total, x.as_tensor())?);
+        }
+        // The embeddings (tied to the head in many models: their gradients add up).
+        let (px, x) = net.embed(batch.prefix, &batch.inputs)?;
+        let mut grads = pull(&upstream, px.as_ref(), &x)?.backward()?;
+        self.add_var_grads(&mut grads, &mut total)?;
+        Ok((extra, total, true))
+    }
+
+    /// Move the variables' gradients from `grads` into `total` and return the gradient of
+    /// `leaf` (zeros if nothing reached it).
+    fn take_grads(&self, grads: &mut GradStore, total: &mut GradStore, leaf: &Tensor) -> Result<Tensor> {
+        self.add_var_grads(grads, total)?;
+        match grads.remove(leaf) {
+            Some(grad) => Ok(grad),
+            None => leaf.zeros_like(),
+        }
+    }
+
+    fn add_var_grads(&self, grads: &mut GradStore, total: &mut GradStore) -> Result<()> {
+        for (_, var) in &self.vars {
+            let Some(grad) = grads.remove(var.as_tensor()) else { continue };
+            let grad = match total.remove(var.as_tensor()) {
+                Some(earlier) => (earlier + grad)?,
+                None => grad,
+            };
+            total.insert(var.as_tensor(), grad);
+        }
+        Ok(())
     }
 
     /// A frozen copy (the KL reference).

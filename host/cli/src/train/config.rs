@@ -148,6 +148,10 @@ pub struct GrpoSection {
     /// Updates in a row whose gradient is not finite (each skipped with a warning) after
     /// which the run stops, with a checkpoint of the last good weights.
     pub max_skipped_updates: usize,
+    /// Above this many MiB of attention intermediates a group's backward would keep, the
+    /// layers are recomputed one at a time instead (peak memory of one layer, about one
+    /// more forward of time). The default job stays below it.
+    pub recompute_above_mib: u64,
 }
 
 impl Default for GrpoSection {
@@ -173,6 +177,7 @@ impl Default for GrpoSection {
             seed: 0,
             checkpoint_every: 10,
             max_skipped_updates: 3,
+            recompute_above_mib: 1024,
         }
     }
 }

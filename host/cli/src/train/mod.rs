@@ -725,6 +725,9 @@ impl Trainer {
         let step_sequences = kept.len() * g.group_size;
         let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum, mut grad_norm) = (0f32, 0f32, 0f32, 0f32, 0f64);
         let mut updates_skipped = 0usize;
+        let mut groups_recomputed = 0usize;
+        // The default job's groups keep about 0.5 GiB and stay on the whole-graph path.
+        let recompute_above = g.recompute_above_mib.saturating_mul(1 << 20);
         if !kept.is_empty() {
             // Old log-probs (μ > 1) and the reference's, before any update of this step.
             let mut old = Vec::new();
@@ -733,7 +736,8 @@ impl Trainer {
             for (i, _) in &kept {
                 let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
                 if g.inner_epochs > 1 {
-                    old.push(Some(self.policy.net().completion_stats(&prompts[*i], &completions)?.logp.detach()));
+                    // Read-only: the detached net builds no graph.
+                    old.push(Some(self.policy.net().detached().completion_stats(&prompts[*i], &completions)?.logp));
                 } else {
                     old.push(None);
                 }
@@ -750,41 +754,47 @@ impl Trainer {
                     let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
                     let lengths: Vec<usize> = completions.iter().map(Vec::len).collect();
                     let timer = Instant::now();
-                    let stats = self.policy.net().completion_stats(&prompts[*i], &completions)?;
-                    let width = stats.logp.dim(1)?;
-                    let weights = wirl_grpo::token_weights(
-                        &lengths,
-                        width,
-                        g.aggregation,
-                        step_tokens,
-                        step_sequences,
-                        self.config.sampling.max_tokens,
-                    );
-                    let device = stats.logp.device();
-                    let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
-                    let advantages = Tensor::from_vec(advantages.clone(), lengths.len(), device)?;
-                    let old_logp = match &old[k] {
-                        Some(old) => old.clone(),
-                        None => stats.logp.detach(),
+                    let loss_of = |stats: &wirl_grpo::TokenStats| {
+                        // The forward ends where the loss begins (when recomputing, that
+                        // is the graph-free pass and the head).
+                        let forward_time = timer.elapsed();
+                        let width = stats.logp.dim(1)?;
+                        let weights = wirl_grpo::token_weights(
+                            &lengths,
+                            width,
+                            g.aggregation,
+                            step_tokens,
+                            step_sequences,
+                            self.config.sampling.max_tokens,
+                        );
+                        let device = stats.logp.device();
+                        let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
+                        let advantages = Tensor::from_vec(advantages.clone(), lengths.len(), device)?;
+                        let old_logp = match &old[k] {
+                            Some(old) => old.clone(),
+                            None => stats.logp.detach(),
+                        };
+                        let parts = wirl_grpo::grpo_loss(
+                            &stats.logp,
+                            &old_logp,
+                            reference[k].as_ref(),
+                            Some(&stats.entropy),
+                            &advantages,
+                            &weights,
+                            &settings,
+                        )?;
+                        Ok((parts.loss.clone(), (parts, forward_time)))
                     };
-                    let parts = wirl_grpo::grpo_loss(
-                        &stats.logp,
-                        &old_logp,
-                        reference[k].as_ref(),
-                        Some(&stats.entropy),
-                        &advantages,
-                        &weights,
-                        &settings,
-                    )?;
+                    let ((parts, forward_time), new, recomputed) =
+                        self.policy.loss_and_grads(&prompts[*i], &completions, recompute_above, loss_of)?;
+                    groups_recomputed += usize::from(recomputed);
                     loss_sum += parts.loss.to_scalar::<f32>()?;
                     kl_sum += parts.kl;
                     entropy_sum += parts.entropy;
                     clip_sum += parts.clip_fraction / kept.len() as f32;
-                    forward_s += timer.elapsed().as_secs_f64();
-                    let timer = Instant::now();
-                    let new = parts.loss.backward()?;
                     grads = Some(accumulate(grads, new, &self.policy)?);
-                    backward_s += timer.elapsed().as_secs_f64();
+                    forward_s += forward_time.as_secs_f64();
+                    backward_s += (timer.elapsed() - forward_time).as_secs_f64();
                 }
                 let timer = Instant::now();
                 if let Some(grads) = grads {
@@ -852,6 +862,8 @@ impl Trainer {
             "clip_fraction": clip_sum,
             "grad_norm": if grad_norm.is_finite() { json!(grad_norm) } else { json!(grad_norm.to_string()) },
             "updates_skipped": updates_skipped,
+            "groups_recomputed": groups_recomputed,
+            "peak_rss_mib": peak_rss_mib(),
             "tasks_skipped": skipped.iter().map(|s| json!({"index": s.index, "task": s.id, "reason": s.reason})).collect::<Vec<_>>(),
             "completion_tokens_mean": generated as f32 / lengths.len().max(1) as f32,
             "completion_tokens_max": lengths.iter().max().copied().unwrap_or(0),
@@ -916,6 +928,13 @@ impl Trainer {
         }
         Ok(prompt)
     }
+}
+
+/// This process's peak resident memory so far, from the kernel (Linux), in MiB.
+fn peak_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib / 1024)
 }
 
 /// Tries per task slot of a step before the source counts as broken.
