@@ -155,3 +155,73 @@ fn tasks_are_reproducible_and_configurable() {
         );
     }
 }
+
+#[test]
+fn score_counts_non_finite_scores_as_failures_and_keeps_undecodable_lines_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let line = |c: &str| format!(r#"{{"task": {{"id": "{c}", "messages": []}}, "completion": "{c}"}}"#);
+    let mut bytes = [line("nan"), line("inf"), line("ok")].join("\n").into_bytes();
+    bytes.extend_from_slice(b"\n{\"task\": {\"id\": \"\xff\xfe\", \"messages\": []}, \"completion\": \"x\"}\n");
+    bytes.extend_from_slice(line("fine").as_bytes());
+    std::fs::write(&input, bytes).unwrap();
+    let output = wirl(&["score", "--plugin", HOSTILE, "--input", input.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let records = stdout_lines(&output);
+    assert_eq!(records.len(), 5, "every line has a record");
+    assert_eq!(records[0]["failure"]["kind"], "non_finite");
+    assert_eq!(records[1]["failure"]["kind"], "non_finite");
+    assert_eq!(records[2]["reward"], 2.0);
+    assert!(records[3]["input_error"].as_str().unwrap().contains("line 4: not UTF-8"), "{}", records[3]);
+    assert_eq!(records[4]["reward"], 4.0, "the line after an undecodable one is scored");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("scored      2 of 5") && stderr.contains("non_finite 2"), "{stderr}");
+}
+
+#[test]
+fn score_refuses_to_write_over_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let text = r#"{"task": {"id": "t", "messages": []}, "completion": "ok"}"#;
+    std::fs::write(&input, text).unwrap();
+    // The same file, also when named another way.
+    let other_name = dir.path().join(".").join("in.jsonl");
+    let output = wirl(&[
+        "score",
+        "--plugin",
+        HOSTILE,
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        other_name.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("is the --input file"));
+    assert_eq!(std::fs::read_to_string(&input).unwrap(), text, "the input is untouched");
+}
+
+#[test]
+fn a_closed_stdout_ends_a_command_quietly_and_large_numbers_are_errors() {
+    // `wirl tasks … | head -c 1`: the reader leaves after one byte.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["tasks", "--plugin", ARITHMETIC, "--count", "100000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+
+    let output = wirl(&["tasks", "--plugin", ARITHMETIC, "--start", "18446744073709551615", "--count", "2"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("past the last index"));
+    let output = wirl(&["score", "--plugin", HOSTILE, "--memory-mib", "18014398509481984"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--memory-mib"));
+    let output = wirl(&["score", "--plugin", HOSTILE, "--deadline-ms", "18446744073709551615", "--input", "/dev/null"]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}

@@ -321,3 +321,46 @@ fn non_finite_rewards_and_parts_are_named_failures() {
     // Large but finite is a number like any other.
     assert_eq!(reward.score(&task("t", None), "huge").unwrap().reward, 1e30);
 }
+
+#[test]
+fn a_cache_entry_with_damaged_machine_code_is_verified_and_rebuilt() {
+    // Its header intact, bytes in the middle of the code flipped: mapped and run as it was,
+    // such an entry crashed the host.
+    let (sandbox, cache) = sandbox();
+    load(&sandbox, HOSTILE);
+    let entries: Vec<_> = std::fs::read_dir(cache.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut entry = std::fs::read(&entries[0]).unwrap();
+    let middle = entry.len() / 2;
+    for byte in &mut entry[middle..middle + 4096] {
+        *byte ^= 0xA5;
+    }
+    std::fs::write(&entries[0], &entry).unwrap();
+    let mut reward = RewardPlugin::new(load(&sandbox, HOSTILE)).unwrap();
+    assert_eq!(reward.score(&task("t", None), "fine").unwrap().reward, 4.0);
+    assert_ne!(std::fs::read(&entries[0]).unwrap(), entry, "the entry was rewritten");
+}
+
+#[test]
+fn devices_fifos_directories_and_huge_files_are_refused_before_reading() {
+    let (sandbox, _cache) = sandbox();
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.wasm");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a plain mkfifo on a path in our own temporary directory.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let sparse = dir.path().join("sparse.wasm");
+    let file = std::fs::File::create(&sparse).unwrap();
+    file.set_len(2 << 30).unwrap();
+    let cases = [
+        ("/dev/zero".into(), "not a regular file"),
+        (fifo, "not a regular file"),
+        (dir.path().to_path_buf(), "a directory"),
+        (sparse, "more than the largest plugin"),
+    ];
+    for (path, expected) in cases {
+        let started = std::time::Instant::now();
+        let error = sandbox.load(PluginSpec::new(&path)).unwrap_err().to_string();
+        assert!(error.contains(expected) && error.contains(path.to_str().unwrap()), "{error}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{path:?} took {:?}", started.elapsed());
+    }
+}

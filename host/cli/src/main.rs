@@ -71,6 +71,15 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Train(_) | Command::Eval(_)) {
+        // A reader that goes away (`wirl plugin inspect … | head`) ends the command quietly,
+        // as with any Unix tool. Training keeps SIGPIPE ignored: a closed log pipe must not
+        // kill a run before its checkpoint.
+        // SAFETY: restoring the default disposition of one signal, before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Train(args) => train::run(args),
         Command::Eval(args) => train::eval(args),
@@ -137,7 +146,9 @@ impl PluginArgs {
             spec.limits.deadline_ms = ms;
         }
         if let Some(mib) = self.memory_mib {
-            spec.limits.memory_bytes = mib << 20;
+            spec.limits.memory_bytes = mib
+                .checked_mul(1 << 20)
+                .ok_or_else(|| anyhow::anyhow!("--memory-mib {mib} is too large; the sandbox allows up to 4096"))?;
         }
         spec.limits.fuel = self.fuel;
         spec.limits.reuse_instance = self.reuse_instance;

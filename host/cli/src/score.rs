@@ -28,6 +28,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let (Some(input), Some(output)) = (&args.input, &args.output)
+        && same_file(input, output)
+    {
+        anyhow::bail!(
+            "--output {} is the --input file: writing it would empty it before it is read; choose another path",
+            output.display()
+        );
+    }
     let (_sandbox, plugin) = args.plugin.load()?;
     let mut reward = RewardPlugin::new(plugin.clone())?;
     let input: Box<dyn BufRead> = match &args.input {
@@ -46,14 +54,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut summary = Summary::default();
     let started = Instant::now();
-    for (index, line) in input.lines().enumerate() {
+    for (index, line) in input.split(b'\n').enumerate() {
         let number = index + 1;
         let line = line.map_err(|e| anyhow::anyhow!("reading input line {number}: {e}"))?;
-        if line.trim().is_empty() {
+        if line.trim_ascii().is_empty() {
             continue;
         }
         summary.lines += 1;
-        let record = match parse_line(&line, args.answers) {
+        // A line that is not UTF-8 is bad input like any other: named, and the rest scored.
+        let parsed = std::str::from_utf8(&line)
+            .map_err(|e| format!("not UTF-8 text ({e})"))
+            .and_then(|line| parse_line(line, args.answers));
+        let record = match parsed {
             Ok((task, completion)) => {
                 let call_started = Instant::now();
                 let verdict = reward.score(&task, &completion);
@@ -102,6 +114,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         eprintln!("{unscored} of {} lines were not scored", summary.lines);
         Ok(ExitCode::from(1))
+    }
+}
+
+/// Whether two paths name one file (also through links or `.`/`..`).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 

@@ -23,7 +23,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (_sandbox, plugin) = args.plugin.load()?;
     let mut environment = wirl_sandbox::EnvironmentPlugin::new(plugin)?;
     let mut out = std::io::stdout().lock();
-    for index in args.start..args.start + args.count {
+    let end = args.start.checked_add(args.count).ok_or_else(|| {
+        anyhow::anyhow!("--start {} + --count {} is past the last index (2^64 - 1)", args.start, args.count)
+    })?;
+    for index in args.start..end {
         let task = environment
             .task_at(args.seed, index)
             .map_err(|failure| anyhow::anyhow!("task {index} of seed {}: {failure}", args.seed))?;

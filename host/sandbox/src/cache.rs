@@ -1,5 +1,10 @@
 //! Compiled components on disk, keyed by what makes compiled code reusable: the component's
 //! bytes, the wasmtime version and the engine's settings.
+//!
+//! An entry is the sha256 of the compiled code followed by the code. Machine code is run as
+//! it is found, so a damaged entry whose header still parses would crash the host (SIGTRAP,
+//! or worse): every entry is verified against its checksum before it is used, and one that
+//! does not match is compiled again.
 
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
@@ -19,28 +24,32 @@ pub(crate) fn load(
         return Component::new(engine, bytes);
     };
     let path = entry_path(engine, dir, sha256);
-    if path.exists() {
-        // SAFETY: the file was written by `Engine::precompile_component` of an engine with
-        // the same settings and version (both are in its name), into wirl's own cache
-        // directory; a file that fails to deserialize is compiled again below.
-        match unsafe { Component::deserialize_file(engine, &path) } {
-            Ok(component) => return Ok(component),
-            Err(error) => tracing::warn!("recompiling: cached component {} unusable: {error}", path.display()),
+    if let Ok(entry) = std::fs::read(&path) {
+        match verified(&entry) {
+            // SAFETY: the code matches the checksum written with it by `store` below, from
+            // `Engine::precompile_component` of an engine with the same settings and version
+            // (both are in the entry's name); code that fails to deserialize is compiled again.
+            Some(code) => match unsafe { Component::deserialize(engine, code) } {
+                Ok(component) => return Ok(component),
+                Err(error) => tracing::warn!("recompiling: cached component {} unusable: {error}", path.display()),
+            },
+            None => tracing::warn!("recompiling: cached component {} is damaged (checksum)", path.display()),
         }
     }
     let compiled = engine.precompile_component(bytes)?;
-    if let Err(error) = write_atomically(&path, &compiled) {
+    let mut entry = Sha256::digest(&compiled).to_vec();
+    entry.extend_from_slice(&compiled);
+    if let Err(error) = write_atomically(&path, &entry) {
         tracing::warn!("cannot cache compiled component in {}: {error}", path.display());
-        return Component::new(engine, bytes);
     }
-    // SAFETY: as above; this is the file just written from `precompile_component`.
-    match unsafe { Component::deserialize_file(engine, &path) } {
-        Ok(component) => Ok(component),
-        // Another process may have replaced the entry between our rename and this read with
-        // a file we cannot map; the bytes we compiled are still good.
-        // SAFETY: `compiled` comes from `precompile_component` of this very engine.
-        Err(_) => unsafe { Component::deserialize(engine, &compiled) },
-    }
+    // SAFETY: `compiled` comes from `precompile_component` of this very engine.
+    unsafe { Component::deserialize(engine, &compiled) }
+}
+
+/// The compiled code of a cache entry, if its checksum holds.
+fn verified(entry: &[u8]) -> Option<&[u8]> {
+    let (checksum, code) = entry.split_at_checked(32)?;
+    (Sha256::digest(code).as_slice() == checksum).then_some(code)
 }
 
 fn entry_path(engine: &Engine, dir: &Path, sha256: &str) -> PathBuf {

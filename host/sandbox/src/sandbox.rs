@@ -69,8 +69,7 @@ impl Sandbox {
     pub fn load(&self, spec: PluginSpec) -> Result<Arc<Plugin>> {
         let path = spec.path.clone();
         let refused = |reason: String| Error::Refused { path: path.clone(), reason };
-        let bytes = std::fs::read(&path).map_err(|error| Error::Read { path: path.clone(), error })?;
-        sniff(&bytes).map_err(refused)?;
+        let bytes = read_plugin_file(&path)?;
         if spec.limits.memory_bytes > self.settings.max_memory_bytes {
             return Err(Error::Config {
                 name: spec.name.clone(),
@@ -136,8 +135,47 @@ impl Sandbox {
     }
 }
 
+/// The largest plugin file wirl loads. CPython as a component is ~20 MB; anything near this
+/// is not a plugin, and reading it whole would only cost memory.
+const MAX_PLUGIN_BYTES: u64 = 512 << 20;
+
+/// A plugin file's bytes, after checking that it is a regular file of a sane size whose first
+/// bytes look like a component, so that a device (`/dev/zero`), a FIFO or a huge file is
+/// refused by name before it is read.
+fn read_plugin_file(path: &std::path::Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let refused = |reason: String| Error::Refused { path: path.to_path_buf(), reason };
+    let read_error = |error| Error::Read { path: path.to_path_buf(), error };
+    let metadata = std::fs::metadata(path).map_err(read_error)?;
+    if !metadata.is_file() {
+        let what = if metadata.is_dir() { "a directory" } else { "not a regular file (a device, FIFO or socket)" };
+        return Err(refused(format!("it is {what}; a plugin is a .wasm component file")));
+    }
+    if metadata.len() > MAX_PLUGIN_BYTES {
+        return Err(refused(format!(
+            "it is {} MiB, more than the largest plugin wirl loads ({} MiB)",
+            metadata.len() >> 20,
+            MAX_PLUGIN_BYTES >> 20
+        )));
+    }
+    let mut file = std::fs::File::open(path).map_err(read_error)?;
+    let mut header = Vec::with_capacity(HEADER_BYTES);
+    (&mut file).take(HEADER_BYTES as u64).read_to_end(&mut header).map_err(read_error)?;
+    sniff(&header).map_err(refused)?;
+    let mut bytes = header;
+    // Bounded even if the file grows while it is read.
+    file.take(MAX_PLUGIN_BYTES + 1 - bytes.len() as u64).read_to_end(&mut bytes).map_err(read_error)?;
+    if bytes.len() as u64 > MAX_PLUGIN_BYTES {
+        return Err(refused(format!("it grew past {} MiB while it was read", MAX_PLUGIN_BYTES >> 20)));
+    }
+    Ok(bytes)
+}
+
+/// How much of a file `sniff` looks at.
+const HEADER_BYTES: usize = 4096;
+
 /// Refuse what is plainly not a component before handing bytes to the compiler, with a
-/// message that says what the file is instead.
+/// message that says what the file is instead. `bytes` is the file's start.
 fn sniff(bytes: &[u8]) -> std::result::Result<(), String> {
     if bytes.is_empty() {
         return Err("the file is empty".into());
