@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Peak memory of one `wirl train` step against prompt length, on the default model
-# (SmolLM2-135M, f32 trainer): group 2, 8 new tokens, one task of ~N tokens. Each length runs
+# (SmolLM2-135M, f32 trainer): group 4 at temperature 1.5 (so that rewards differ and the group is trained on), 8 new tokens, one task of ~N tokens. Each length runs
 # with the recomputing backward (the default above grpo.recompute_above_mib = 1024) and, up
 # to MAX_WHOLE tokens, with the whole graph kept (recompute_above_mib = huge), to show what
 # recomputation saves. Prints one JSON line per run: prompt tokens, mode, peak RSS, step time.
@@ -36,10 +36,11 @@ train = "$work/tasks-$n.jsonl"
 plugin = "$reward"
 [sampling]
 max_tokens = 8
+temperature = 1.5
 [grpo]
 steps = 1
 prompts_per_step = 1
-group_size = 2
+group_size = 4
 beta = 0.04
 recompute_above_mib = $above
 [eval]
