@@ -400,3 +400,35 @@ fn the_batching_actor_serves_concurrent_callers() {
     drop(engine);
     thread.join().unwrap();
 }
+
+/// A caller that gives up (an interrupted trainer) gets `None` at once, the engine drops the
+/// rows no one waits for, and the next requests get what they would get alone.
+#[test]
+fn requests_given_up_are_dropped_and_the_engine_goes_on() {
+    use std::sync::Arc;
+    // The tiny model with room for a generation far longer than the test waits.
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), false);
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    let config = config.replace("\"max_position_embeddings\":64", "\"max_position_embeddings\":8192");
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let m = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
+    let (model, tokenizer) = (Arc::new(m.model), Arc::new(m.tokenizer));
+    let requests = ragged_requests();
+    let (engine, _thread) = wirl_engine::EngineHandle::spawn(model.clone(), tokenizer.clone()).unwrap();
+    let long = GenerateRequest {
+        n: 8,
+        sampling: Sampling { max_tokens: 8_000, ignore_eos: true, ..requests[0].sampling.clone() },
+        ..requests[0].clone()
+    };
+    let started = std::time::Instant::now();
+    let stop_at = started + std::time::Duration::from_millis(100);
+    assert!(engine.generate_all_until(vec![long], || std::time::Instant::now() >= stop_at).is_none());
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "gave up after {:?}", started.elapsed());
+    let outputs = engine.generate_all_until(requests.to_vec(), || false).unwrap();
+    for (request, output) in requests.iter().zip(outputs) {
+        let texts: Vec<String> = output.unwrap().into_iter().map(|c| c.text).collect();
+        let alone: Vec<String> = generate_alone(&model, &tokenizer, request).into_iter().map(|c| c.text).collect();
+        assert_eq!(texts, alone);
+    }
+}

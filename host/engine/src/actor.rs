@@ -88,6 +88,40 @@ impl EngineHandle {
         receivers.into_iter().map(|r| r.blocking_recv().map_err(|_| Error::Stopped)?).collect()
     }
 
+    /// [`generate_all_blocking`](Self::generate_all_blocking), given up as soon as `stop()`
+    /// says so (checked every 10 ms): `None` then, and the engine drops the requests' rows at
+    /// its next step, since no one waits for them.
+    pub fn generate_all_until(
+        &self,
+        requests: Vec<GenerateRequest>,
+        stop: impl Fn() -> bool,
+    ) -> Option<Vec<Result<Vec<Completion>>>> {
+        let (jobs, mut receivers): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|request| {
+                let (reply, receiver) = oneshot::channel();
+                ((request, reply), receiver)
+            })
+            .unzip();
+        if self.sender.send(Message::GenerateAll { jobs }).is_err() {
+            return Some(receivers.iter().map(|_| Err(Error::Stopped)).collect());
+        }
+        let mut results = Vec::with_capacity(receivers.len());
+        for receiver in &mut receivers {
+            loop {
+                match receiver.try_recv() {
+                    Ok(result) => break results.push(result),
+                    Err(oneshot::error::TryRecvError::Closed) => break results.push(Err(Error::Stopped)),
+                    Err(oneshot::error::TryRecvError::Empty) if stop() => return None,
+                    Err(oneshot::error::TryRecvError::Empty) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                }
+            }
+        }
+        Some(results)
+    }
+
     /// Swap in new weights (the trainer, after an update). Returns once the engine uses them.
     pub async fn set_model(&self, model: Arc<Model>) -> Result<()> {
         let (reply, receiver) = oneshot::channel();
@@ -157,6 +191,13 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
                     let Some(Message::SetModel { model, reply }) = queue.pop_front() else { unreachable!() };
                     break (model, reply);
                 }
+                continue;
+            }
+            // Every caller of the running rows gave up (an interrupted trainer): drop them
+            // instead of decoding for no one.
+            if !waiters.is_empty() && waiters.values().all(|w| w.reply.is_closed()) {
+                batch.abandon();
+                waiters.clear();
                 continue;
             }
             let stepped = batch.step(|id, sample, piece| {

@@ -579,8 +579,8 @@ impl Trainer {
         let mut skipped_in_a_row = 0;
         for step in start..steps {
             let Some(line) = self.step(step, &mut rollouts, &hashes)? else {
-                // Interrupted while plugins scored: the step is abandoned, the weights are
-                // those of the last completed step.
+                // Interrupted before the step's first update: the step is abandoned, the
+                // weights are those of the last completed step.
                 status("");
                 rollouts.flush()?;
                 self.checkpoint(step, before)?;
@@ -651,6 +651,8 @@ impl Trainer {
         Ok(ExitCode::SUCCESS)
     }
 
+    /// One GRPO step: its metrics line, or `None` when Ctrl-C came before its first update
+    /// (generating, scoring, or training its first epoch), which abandons it unrecorded.
     fn step(
         &mut self,
         step: usize,
@@ -664,8 +666,6 @@ impl Trainer {
         let StepTasks { tasks, prompts, skipped } = self.step_tasks(step)?;
         for skip in &skipped {
             tracing::warn!("step {}: {}", step + 1, printable(&skip.to_string()));
-            let record = json!({"step": step + 1, "skipped_task": skip.index, "task": skip.id, "reason": skip.reason});
-            writeln!(rollouts, "{record}")?;
         }
         let steps = g.steps;
         status(&format!("step {}/{steps}: generating {} x {}", step + 1, g.prompts_per_step, g.group_size));
@@ -688,8 +688,10 @@ impl Trainer {
             .collect();
         // Through the batching actor, all of the step's requests in one admission, so that the
         // batch (and so every sample) does not depend on thread timing.
-        let groups: Vec<Vec<wirl_engine::Completion>> =
-            self.engine.generate_all_blocking(requests).into_iter().collect::<Result<_, _>>()?;
+        let Some(generated) = self.engine.generate_all_until(requests, interrupted) else {
+            return Ok(None);
+        };
+        let groups: Vec<Vec<wirl_engine::Completion>> = generated.into_iter().collect::<Result<_, _>>()?;
         let generate_s = generate_started.elapsed().as_secs_f64();
 
         // Scores.
@@ -734,6 +736,9 @@ impl Trainer {
             let mut reference = Vec::new();
             let timer = Instant::now();
             for (i, _) in &kept {
+                if interrupted() {
+                    return Ok(None);
+                }
                 let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
                 if g.inner_epochs > 1 {
                     // Read-only: the detached net builds no graph.
@@ -747,9 +752,13 @@ impl Trainer {
                 });
             }
             reference_s += timer.elapsed().as_secs_f64();
-            for _epoch in 0..g.inner_epochs {
+            for epoch in 0..g.inner_epochs {
                 let mut grads: Option<GradStore> = None;
                 for (k, (i, advantages)) in kept.iter().enumerate() {
+                    // Until the first update the step can still be abandoned whole.
+                    if epoch == 0 && interrupted() {
+                        return Ok(None);
+                    }
                     status(&format!("step {}/{steps}: training on group {}/{}", step + 1, k + 1, kept.len()));
                     let completions: Vec<Vec<u32>> = groups[*i].iter().map(|c| c.tokens.clone()).collect();
                     let lengths: Vec<usize> = completions.iter().map(Vec::len).collect();
@@ -837,6 +846,10 @@ impl Trainer {
         }
         let lengths: Vec<usize> = groups.iter().flatten().map(|c| c.tokens.len()).collect();
         let generated: usize = lengths.iter().sum();
+        for skip in &skipped {
+            let record = json!({"step": step + 1, "skipped_task": skip.index, "task": skip.id, "reason": skip.reason});
+            writeln!(rollouts, "{record}")?;
+        }
         for ((task, group), scores) in tasks.iter().zip(&groups).zip(&scored) {
             for (sample, (completion, score)) in group.iter().zip(scores).enumerate() {
                 let record = json!({
