@@ -5,7 +5,7 @@
 use crate::grpo::{metrics, train, write_config};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use wirl_test_artifacts::{ARITHMETIC, HOSTILE, HOSTILE_ENVIRONMENT};
+use wirl_test_artifacts::{ARITHMETIC, EXACT_MATCH, HOSTILE, HOSTILE_ENVIRONMENT, MATH_ANSWER};
 
 fn stderr(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
@@ -332,4 +332,25 @@ fn a_step_on_a_two_thousand_token_prompt_trains() {
     assert_eq!(line["groups_recomputed"], line["groups_kept"], "{line}");
     assert!(line["grad_norm"].as_f64().is_some_and(|n| n > 0.0), "{line}");
     eprintln!("peak resident memory with a 2,000-token prompt: {} MiB", line["peak_rss_mib"]);
+}
+
+#[test]
+fn parts_that_two_plugins_share_are_namespaced_and_notes_kept_per_plugin() {
+    // math-answer and exact-match both give a part `correct`; math-answer alone gives
+    // `format`; the same file twice gets a second name.
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "\n[[rewards]]\nplugin = {MATH_ANSWER:?}\n\n[[rewards]]\nplugin = {EXACT_MATCH:?}\n\n[[rewards]]\nplugin = {EXACT_MATCH:?}\n"
+    );
+    let config = write_config(dir.path(), &extra, 1, 0.01);
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let record = rollouts(&run).into_iter().find(|r| r.get("completion").is_some()).unwrap();
+    let parts = record["parts"].as_object().unwrap();
+    let mut names: Vec<&str> = parts.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["exact_match#2/correct", "exact_match/correct", "format", "math_answer/correct"], "{record}");
+    let notes = record["notes"].as_object().unwrap();
+    assert!(notes.contains_key("math_answer") && notes.contains_key("hostile"), "{record}");
 }

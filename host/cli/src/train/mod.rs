@@ -218,6 +218,9 @@ fn build_default_plugins() -> anyhow::Result<()> {
 /// The reward plugins of a run, with their weights.
 struct Rewards {
     plugins: Vec<(RewardPlugin, f32)>,
+    /// Each plugin's name in notes and namespaced parts: its file's name, with `#2`, `#3`
+    /// for further entries of one file, so that no two coincide.
+    labels: Vec<String>,
 }
 
 /// One scored completion.
@@ -268,7 +271,13 @@ impl Rewards {
             }
             plugins.push((RewardPlugin::new(sandbox.load(spec)?)?, reward.weight));
         }
-        Ok(Rewards { plugins })
+        let mut labels: Vec<String> = Vec::new();
+        for (plugin, _) in &plugins {
+            let name = plugin.plugin().name();
+            let taken = labels.iter().filter(|l| *l == name || l.starts_with(&format!("{name}#"))).count();
+            labels.push(if taken == 0 { name.to_string() } else { format!("{name}#{}", taken + 1) });
+        }
+        Ok(Rewards { plugins, labels })
     }
 
     /// Score one group: every plugin's weighted reward summed; a failing call scores
@@ -276,8 +285,7 @@ impl Rewards {
     fn score_group(&mut self, task: &Task, completions: &[String], failure_reward: f32) -> Vec<Scored> {
         let mut scored: Vec<Scored> = completions.iter().map(|_| Scored::default()).collect();
         let mut given: Vec<Vec<(String, String, f32)>> = completions.iter().map(|_| Vec::new()).collect();
-        for (plugin, weight) in &mut self.plugins {
-            let name = plugin.plugin().name().to_string();
+        for ((plugin, weight), name) in self.plugins.iter_mut().zip(&self.labels) {
             let verdicts = plugin.score_group(task, completions);
             for ((out, parts), verdict) in scored.iter_mut().zip(&mut given).zip(verdicts) {
                 match verdict {
