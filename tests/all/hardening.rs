@@ -271,6 +271,19 @@ fn resume_passes_over_a_damaged_newest_checkpoint() {
     assert!(error.contains("step-000002 passed over") && error.contains("says step 7"), "{error}");
     assert!(error.contains("resuming") && error.contains("from step 1"), "{error}");
     assert_eq!(metrics(&run).len(), 3);
+
+    // A truncated model file is passed over the same way.
+    let model = run.join("checkpoints/step-000003/model/model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--steps", "4", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let error = stderr(&out);
+    assert!(out.status.success(), "{error}");
+    assert!(error.contains("step-000003 passed over") && error.contains("damaged"), "{error}");
 }
 
 /// The recomputing backward (one layer's graph at a time) gives the loss and gradients of

@@ -109,13 +109,19 @@ fn validate(step: usize, dir: &Path) -> anyhow::Result<State> {
     if state.step != step {
         bail!("its state.json says step {}, its directory step {step}", state.step);
     }
-    for file in ["model/config.json", "model/model.safetensors"] {
-        if !dir.join(file).is_file() {
-            bail!("{file} is missing");
-        }
+    if !dir.join("model/config.json").is_file() {
+        bail!("model/config.json is missing");
     }
-    if state.optimizer_steps > 0 && !dir.join("optimizer.safetensors").is_file() {
-        bail!("optimizer.safetensors is missing");
+    let mut tensor_files = vec!["model/model.safetensors"];
+    if state.optimizer_steps > 0 {
+        tensor_files.push("optimizer.safetensors");
+    }
+    for file in tensor_files {
+        // Mapping checks the header and that every tensor lies inside the file (a truncated
+        // write fails here); reading the values waits for the load.
+        // SAFETY: the file is only read, and the run directory is the trainer's own.
+        unsafe { candle_core::safetensors::MmapedSafetensors::new(dir.join(file)) }
+            .with_context(|| format!("{file} is missing or damaged"))?;
     }
     Ok(state)
 }
