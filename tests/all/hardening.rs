@@ -82,11 +82,24 @@ fn a_prompt_longer_than_the_context_is_a_failed_task_naming_it() {
     let text = std::fs::read_to_string(&config).unwrap();
     let start = text.find("[environment]").unwrap();
     let end = text.find("[[rewards]]").unwrap();
-    std::fs::write(&config, format!("{}[dataset]\ntrain = \"train.jsonl\"\n\n{}", &text[..start], &text[end..]))
-        .unwrap();
+    let text =
+        format!("{}[dataset]\ntrain = \"train.jsonl\"\neval = \"train.jsonl\"\n\n{}", &text[..start], &text[end..]);
+    std::fs::write(&config, text).unwrap();
     let run = dir.path().join("run");
     let out = train(&config, &run);
     assert!(out.status.success(), "{}", stderr(&out));
+    // `wirl eval` leaves the task out too, and evaluates the others.
+    let eval = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("eval")
+        .arg(&config)
+        .args(["--tasks", "3", "--output"])
+        .arg(dir.path().join("eval.jsonl"))
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", stderr(&eval));
+    assert!(stderr(&eval).contains("`too-long` left out"), "{}", stderr(&eval));
+    let result: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    assert_eq!(result["tasks"], 2, "{result}");
     let skipped: Vec<serde_json::Value> =
         metrics(&run).iter().flat_map(|m| m["tasks_skipped"].as_array().unwrap().clone()).collect();
     assert!(!skipped.is_empty());

@@ -3,7 +3,7 @@
 //! line per task. Needs only the inference model, not the trainer.
 
 use super::config::TrainConfig;
-use super::{Rewards, TaskSource, mix, prompt_ids};
+use super::{Rewards, TaskSource, fitting_prompt, mix, prompt_ids};
 use crate::model;
 use anyhow::Context;
 use serde_json::json;
@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
+use wirl_sandbox::printable;
 use wirl_sandbox::{Sandbox, SandboxSettings};
 
 /// The unbiased estimator of pass@k from n samples of which c passed (Chen et al. 2021):
@@ -35,6 +36,19 @@ pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_j
     let mut source = TaskSource::load(&sandbox, config)?;
     let tasks = source.held_out(config.eval.first_index, config.eval.tasks)?;
     anyhow::ensure!(!tasks.is_empty(), "no held-out tasks to evaluate (a [dataset] needs an `eval` file)");
+    // A task whose prompt does not fit the context is left out, as in training.
+    let context = loaded.config.max_position_embeddings;
+    let tasks: Vec<_> = tasks
+        .into_iter()
+        .filter(|task| match fitting_prompt(&loaded.tokenizer, task, config.sampling.max_tokens, context) {
+            Ok(_) => true,
+            Err(failure) => {
+                tracing::warn!("held-out task `{}` left out: {}", task.id, printable(&failure.reason));
+                false
+            }
+        })
+        .collect();
+    anyhow::ensure!(!tasks.is_empty(), "no held-out task fits the model's context of {context} tokens");
     let mut rewards = Rewards::load(&sandbox, &config.rewards)?;
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;

@@ -488,10 +488,6 @@ impl Trainer {
         })
     }
 
-    fn prompt_ids(&self, task: &Task) -> anyhow::Result<Vec<u32>> {
-        prompt_ids(&self.tokenizer, task)
-    }
-
     fn task(&mut self, index: u64) -> Result<Task, TaskFailure> {
         self.tasks.training(index).map_err(|e| TaskFailure { id: None, reason: format!("{e:#}") })
     }
@@ -934,20 +930,8 @@ impl Trainer {
 
     /// `task`'s prompt, if it leaves room for `sampling.max_tokens` in the model's context.
     fn fitting_prompt(&self, task: &Task) -> Result<Vec<u32>, TaskFailure> {
-        let prompt = self.prompt_ids(task).map_err(|e| TaskFailure::of(task, format!("{e:#}")))?;
         let context = self.model_config.max_position_embeddings;
-        let room = self.config.sampling.max_tokens;
-        if prompt.len() + room > context || prompt.is_empty() {
-            return Err(TaskFailure::of(
-                task,
-                format!(
-                    "its prompt is {} tokens; with sampling.max_tokens = {room} it does not fit the model's context of \
-                     {context}",
-                    prompt.len()
-                ),
-            ));
-        }
-        Ok(prompt)
+        fitting_prompt(&self.tokenizer, task, self.config.sampling.max_tokens, context)
     }
 }
 
@@ -956,6 +940,23 @@ fn peak_rss_mib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib / 1024)
+}
+
+/// `task`'s prompt, if it leaves room for `room` new tokens in a context of `context`; else
+/// why not, naming the sizes.
+fn fitting_prompt(tokenizer: &Tokenizer, task: &Task, room: usize, context: usize) -> Result<Vec<u32>, TaskFailure> {
+    let prompt = prompt_ids(tokenizer, task).map_err(|e| TaskFailure::of(task, format!("{e:#}")))?;
+    if prompt.is_empty() || prompt.len().saturating_add(room) > context {
+        return Err(TaskFailure::of(
+            task,
+            format!(
+                "its prompt is {} tokens; with sampling.max_tokens = {room} it does not fit the model's context of \
+                 {context}",
+                prompt.len()
+            ),
+        ));
+    }
+    Ok(prompt)
 }
 
 /// Tries per task slot of a step before the source counts as broken.
