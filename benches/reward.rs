@@ -13,7 +13,9 @@ use wirl_sandbox::{Limits, PluginSpec, RewardPlugin, Sandbox, SandboxSettings, T
 const GROUP: usize = 8;
 
 fn main() {
-    let pairs_path = std::env::args().nth(1).expect("usage: reward PAIRS.jsonl (from benches/reward.sh)");
+    // `cargo bench` appends `--bench` to the arguments: only the positional ones count.
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let pairs_path = args.first().cloned().expect("usage: reward PAIRS.jsonl [PLUGIN] (from benches/reward.sh)");
     let pairs: Vec<(String, String)> = std::fs::read_to_string(&pairs_path)
         .unwrap()
         .lines()
@@ -33,7 +35,7 @@ fn main() {
         })
         .collect();
     let n = pairs.len();
-    let plugin_path = std::env::args().nth(2).unwrap_or_else(|| wirl_test_artifacts::MATH_ANSWER.to_string());
+    let plugin_path = args.get(1).cloned().unwrap_or_else(|| wirl_test_artifacts::MATH_ANSWER.to_string());
     let plugin_path = plugin_path.as_str();
 
     // Load times: cold compiles into an empty cache, warm deserializes the cached code.
