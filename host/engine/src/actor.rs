@@ -75,17 +75,10 @@ impl EngineHandle {
     /// Several requests admitted into the batch in one go, in order, so that the batch they
     /// form does not depend on thread timing (the trainer's runs are reproducible). Blocks.
     pub fn generate_all_blocking(&self, requests: Vec<GenerateRequest>) -> Vec<Result<Vec<Completion>>> {
-        let (jobs, receivers): (Vec<_>, Vec<_>) = requests
-            .into_iter()
-            .map(|request| {
-                let (reply, receiver) = oneshot::channel();
-                ((request, reply), receiver)
-            })
-            .unzip();
-        if self.sender.send(Message::GenerateAll { jobs }).is_err() {
-            return receivers.iter().map(|_| Err(Error::Stopped)).collect();
+        match self.submit_all(requests) {
+            Ok(receivers) => receivers.into_iter().map(|r| r.blocking_recv().map_err(|_| Error::Stopped)?).collect(),
+            Err(count) => (0..count).map(|_| Err(Error::Stopped)).collect(),
         }
-        receivers.into_iter().map(|r| r.blocking_recv().map_err(|_| Error::Stopped)?).collect()
     }
 
     /// [`generate_all_blocking`](Self::generate_all_blocking), given up as soon as `stop()`
@@ -96,16 +89,10 @@ impl EngineHandle {
         requests: Vec<GenerateRequest>,
         stop: impl Fn() -> bool,
     ) -> Option<Vec<Result<Vec<Completion>>>> {
-        let (jobs, mut receivers): (Vec<_>, Vec<_>) = requests
-            .into_iter()
-            .map(|request| {
-                let (reply, receiver) = oneshot::channel();
-                ((request, reply), receiver)
-            })
-            .unzip();
-        if self.sender.send(Message::GenerateAll { jobs }).is_err() {
-            return Some(receivers.iter().map(|_| Err(Error::Stopped)).collect());
-        }
+        let mut receivers = match self.submit_all(requests) {
+            Ok(receivers) => receivers,
+            Err(count) => return Some((0..count).map(|_| Err(Error::Stopped)).collect()),
+        };
         let mut results = Vec::with_capacity(receivers.len());
         for receiver in &mut receivers {
             loop {
@@ -129,6 +116,20 @@ impl EngineHandle {
         receiver.await.map_err(|_| Error::Stopped)
     }
 
+    /// Send `requests` to join the batch together; their reply channels, or (the engine
+    /// having stopped) how many there were.
+    fn submit_all(&self, requests: Vec<GenerateRequest>) -> std::result::Result<Vec<Receiver>, usize> {
+        let count = requests.len();
+        let (jobs, receivers): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|request| {
+                let (reply, receiver) = oneshot::channel();
+                ((request, reply), receiver)
+            })
+            .unzip();
+        self.sender.send(Message::GenerateAll { jobs }).map(|()| receivers).map_err(|_| count)
+    }
+
     fn submit(
         &self,
         request: GenerateRequest,
@@ -139,6 +140,9 @@ impl EngineHandle {
         Ok(receiver)
     }
 }
+
+/// Where a request's completions arrive.
+type Receiver = oneshot::Receiver<Result<Vec<Completion>>>;
 
 /// A caller waiting for its request.
 struct Waiter {
