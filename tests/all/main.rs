@@ -10,6 +10,7 @@ mod languages;
 mod plugins;
 mod reference;
 mod sandbox;
+mod trainer;
 
 use std::sync::Arc;
 use wirl_sandbox::{Plugin, PluginSpec, Sandbox, SandboxSettings, Task};
