@@ -430,3 +430,39 @@ fn requests_given_up_are_dropped_and_the_engine_goes_on() {
         assert_eq!(texts, alone);
     }
 }
+
+/// The weights barrier: a hold is granted once the rows admitted before it finish, nothing
+/// is generated while it lasts, and completions after it carry the next weights version.
+#[test]
+fn the_weights_barrier_waits_for_running_rows_and_counts_versions() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    let (_dir, m) = tiny(false);
+    let (model, tokenizer) = (Arc::new(m.model), Arc::new(m.tokenizer));
+    let (engine, _thread) = wirl_engine::EngineHandle::spawn(model, tokenizer).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let request = |max_tokens| GenerateRequest {
+        prompt: prompt(&[3, 4, 5]),
+        n: 2,
+        sampling: Sampling { max_tokens, ignore_eos: true, ..Sampling::greedy(max_tokens) },
+    };
+    let mut cx = Context::from_waker(Waker::noop());
+    // Submitted (the first poll sends it) before the hold is asked for.
+    let mut before = Box::pin(engine.generate(request(40)));
+    assert!(before.as_mut().poll(&mut cx).is_pending());
+    let hold = engine.hold_weights().unwrap();
+    assert_eq!(hold.version, 0);
+    let before = runtime.block_on(before).unwrap();
+    assert!(before.iter().all(|c| c.weights_version == 0 && c.tokens.len() == 40));
+    // Asked for while the hold lasts: not generated until it ends.
+    let mut during = Box::pin(engine.generate(request(4)));
+    assert!(during.as_mut().poll(&mut cx).is_pending());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(matches!(during.as_mut().poll(&mut cx), Poll::Pending), "generated while the weights were held");
+    drop(hold);
+    let during = runtime.block_on(during).unwrap();
+    assert!(during.iter().all(|c| c.weights_version == 1), "{:?}", during[0].weights_version);
+    assert_eq!(during[0].tokens, before[0].tokens[..4], "the same weights give the same greedy tokens");
+    assert_eq!(engine.hold_weights().unwrap().version, 1);
+}

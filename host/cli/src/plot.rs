@@ -6,6 +6,7 @@ use anyhow::{Context, bail};
 use font8x8::UnicodeFonts;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use wirl_trainer::metrics::{StepMetrics, read_metrics};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -13,19 +14,27 @@ pub struct Args {
     run_dir: PathBuf,
 }
 
-/// `(label, metric path)` of one line.
-type Series = (&'static str, &'static str);
+/// `(label, value of a step)` of one line.
+type Series = (&'static str, fn(&StepMetrics) -> f64);
 
 /// `(file, title, lines)`: one chart each.
 const CHARTS: &[(&str, &str, &[Series])] = &[
-    ("reward.png", "reward", &[("reward mean", "reward_mean"), ("pass rate", "pass_rate")]),
-    ("kl.png", "kl to reference", &[("kl", "kl")]),
-    ("loss.png", "loss", &[("loss", "loss")]),
-    ("lengths.png", "completion tokens", &[("mean", "completion_tokens_mean"), ("max", "completion_tokens_max")]),
+    (
+        "reward.png",
+        "reward",
+        &[("reward mean", |m| f64::from(m.reward_mean)), ("pass rate", |m| f64::from(m.pass_rate))],
+    ),
+    ("kl.png", "kl to reference", &[("kl", |m| f64::from(m.kl))]),
+    ("loss.png", "loss", &[("loss", |m| f64::from(m.loss))]),
+    (
+        "lengths.png",
+        "completion tokens",
+        &[("mean", |m| f64::from(m.completion_tokens_mean)), ("max", |m| m.completion_tokens_max as f64)],
+    ),
     (
         "time.png",
         "seconds per step",
-        &[("generate", "time_s.generate"), ("score", "time_s.score"), ("train", "time_s.train")],
+        &[("generate", |m| m.time_s.generate), ("score", |m| m.time_s.score), ("train", |m| m.time_s.train)],
     ),
 ];
 
@@ -39,13 +48,7 @@ const BOTTOM: usize = 40;
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let path = args.run_dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let lines: Vec<serde_json::Value> = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1)))
-        .collect::<anyhow::Result<_>>()?;
+    let lines = read_metrics(&path)?;
     if lines.is_empty() {
         bail!("{}: no steps yet", path.display());
     }
@@ -53,8 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let data: Vec<(&str, Vec<(f64, f64)>)> = series
             .iter()
             .map(|(label, key)| {
-                let points =
-                    lines.iter().filter_map(|m| Some((m["step"].as_f64()?, lookup(m, key)?))).collect::<Vec<_>>();
+                let points = lines.iter().map(|m| (m.step as f64, key(m))).filter(|(_, y)| y.is_finite()).collect();
                 (*label, points)
             })
             .collect();
@@ -63,10 +65,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{}", out.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn lookup(value: &serde_json::Value, key: &str) -> Option<f64> {
-    key.split('.').try_fold(value, |v, k| v.get(k))?.as_f64()
 }
 
 struct Canvas {

@@ -32,6 +32,20 @@ enum Message {
     /// Use other weights from the next batch on: waits until the running rows finish, and
     /// requests sent after it use the new model.
     SetModel { model: Arc<Model>, reply: oneshot::Sender<()> },
+    /// The weights barrier: once the rows admitted before it finish, tell the holder
+    /// (`held`), generate nothing until it lets go (`release` sent or dropped), then count a
+    /// new weights version.
+    Hold { held: oneshot::Sender<u64>, release: oneshot::Receiver<()> },
+}
+
+/// While alive, the engine generates nothing: whoever holds it may change the model's
+/// weights in place (the optimizer writes only through this barrier, since a server or an
+/// agent may be generating at the same time). Dropping it bumps the weights version that
+/// every later completion carries.
+pub struct WeightsHold {
+    _release: oneshot::Sender<()>,
+    /// The version of the weights now being changed.
+    pub version: u64,
 }
 
 /// Sends work to the engine thread. Cheap to clone; the thread ends when every handle is
@@ -116,6 +130,17 @@ impl EngineHandle {
         receiver.await.map_err(|_| Error::Stopped)
     }
 
+    /// Wait until the rows admitted before this call have finished, and keep the engine from
+    /// generating until the returned hold is dropped. Blocks; must not be called from within
+    /// an async runtime.
+    pub fn hold_weights(&self) -> Result<WeightsHold> {
+        let (held, held_receiver) = oneshot::channel();
+        let (release_sender, release) = oneshot::channel();
+        self.sender.send(Message::Hold { held, release }).map_err(|_| Error::Stopped)?;
+        let version = held_receiver.blocking_recv().map_err(|_| Error::Stopped)?;
+        Ok(WeightsHold { _release: release_sender, version })
+    }
+
     /// Send `requests` to join the batch together; their reply channels, or (the engine
     /// having stopped) how many there were.
     fn submit_all(&self, requests: Vec<GenerateRequest>) -> std::result::Result<Vec<Receiver>, usize> {
@@ -153,6 +178,7 @@ struct Waiter {
 fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::UnboundedReceiver<Message>) {
     let mut queue: VecDeque<Message> = VecDeque::new();
     let mut next_id: RequestId = 0;
+    let mut version: u64 = 0;
     loop {
         let mut batch = Batch::new(&model, &tokenizer);
         let mut waiters: HashMap<RequestId, Waiter> = HashMap::new();
@@ -191,9 +217,19 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
                 fail_all(&mut batch, &mut waiters, &error);
             }
             if batch.is_idle() {
-                if let Some(Message::SetModel { .. }) = queue.front() {
-                    let Some(Message::SetModel { model, reply }) = queue.pop_front() else { unreachable!() };
-                    break (model, reply);
+                match queue.pop_front() {
+                    Some(Message::SetModel { model, reply }) => break (model, reply),
+                    Some(Message::Hold { held, release }) => {
+                        // No row is running: the holder may write the weights. A holder that
+                        // gave up before this point changed nothing.
+                        let holder_waits = held.send(version).is_ok();
+                        if holder_waits {
+                            let _ = release.blocking_recv();
+                            version += 1;
+                        }
+                    }
+                    Some(other) => queue.push_front(other),
+                    None => {}
                 }
                 continue;
             }
@@ -211,7 +247,10 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
             });
             match stepped {
                 Ok(done) => {
-                    for (id, completions) in done {
+                    for (id, mut completions) in done {
+                        for completion in &mut completions {
+                            completion.weights_version = version;
+                        }
                         if let Some(waiter) = waiters.remove(&id) {
                             let _ = waiter.reply.send(Ok(completions));
                         }
@@ -223,6 +262,7 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
         drop(batch);
         let (new_model, reply) = swap;
         model = new_model;
+        version += 1;
         let _ = reply.send(());
     }
 }

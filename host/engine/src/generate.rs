@@ -37,6 +37,10 @@ pub struct Completion {
     /// The text, without EOS or the stop string.
     pub text: String,
     pub finish: FinishReason,
+    /// The version of the weights that sampled it: the engine actor counts every update
+    /// made through its barrier ([`EngineHandle::hold_weights`](crate::EngineHandle::hold_weights));
+    /// 0 outside the actor.
+    pub weights_version: u64,
 }
 
 /// Which request a batch's row or result belongs to (chosen by the caller).
@@ -248,8 +252,13 @@ impl<'m> Batch<'m> {
             }
             match finish {
                 Some(finish) => {
-                    open.done[row.sample] =
-                        Some(Completion { tokens: row.tokens, logprobs: row.logprobs, text: row.text, finish });
+                    open.done[row.sample] = Some(Completion {
+                        tokens: row.tokens,
+                        logprobs: row.logprobs,
+                        text: row.text,
+                        finish,
+                        weights_version: 0,
+                    });
                     if open.done.iter().all(Option::is_some) {
                         let open = self.open.remove(&row.request).expect("request is open");
                         done.push((row.request, open.done.into_iter().flatten().collect()));

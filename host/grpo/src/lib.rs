@@ -1,11 +1,15 @@
-//! wirl's GRPO trainer: the policy's trainable forward pass over the engine's weights
-//! (`policy`), the GRPO objective (`loss`), and AdamW with clipping and a schedule (`optim`).
-//! The loop that ties these to plugins and the engine lives in the `wirl train` command.
+//! wirl's GRPO learner: the policy's trainable forward pass over the engine's weights
+//! (`policy`), the GRPO objective (`loss`), AdamW with clipping and a schedule (`optim`), and
+//! one update over a step's groups (`update`: old/reference passes, token weights, epochs,
+//! gradient accumulation, the optimizer step through the engine's weights barrier).
+//! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
 
 pub mod loss;
 pub mod optim;
 pub mod policy;
+pub mod update;
 
 pub use loss::{AdvantageMode, Aggregation, LossParts, LossSettings, group_advantages, grpo_loss, token_weights};
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{Net, Policy, TokenStats};
+pub use update::{GroupBatch, Learner, UpdateSettings, UpdateStats, UpdateTimes};

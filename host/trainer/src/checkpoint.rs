@@ -94,7 +94,7 @@ pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
     while let Some((step, dir)) = steps.pop() {
         match validate(step, &dir) {
             Ok(state) => return Ok(Some(Checkpoint { dir, state })),
-            Err(error) => eprintln!("warning: checkpoint {} passed over: {error:#}", dir.display()),
+            Err(error) => tracing::warn!("checkpoint {} passed over: {error:#}", dir.display()),
         }
     }
     Ok(None)

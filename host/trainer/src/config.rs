@@ -1,13 +1,16 @@
-//! `wirl train`'s configuration: a TOML file, checked on load. An unknown key, a wrong type or
-//! a missing plugin file is an error naming the file, the key and what to do.
+//! A run's configuration: a TOML file parsed raw ([`TrainConfig`], what the run directory
+//! keeps), checked once on load — an unknown key, a wrong type, a number out of range or a
+//! missing plugin file is an error naming the file, the key and what to do — and converted
+//! into the validated [`RunConfig`] that the trainer runs on, where a task source is an enum.
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
+use wirl_rollout::{CodeRunnerRef, PluginRef, RewardSpec, SamplingSpec, SourceSpec};
 
 /// The default run, embedded so that `wirl train` needs no file.
-pub const DEFAULT_TOML: &str = include_str!("../../../../examples/train/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../../examples/train/default.toml");
 /// Where the embedded default's relative paths are resolved from (it lives there in the repo).
 pub const DEFAULT_DIR: &str = "examples/train";
 
@@ -204,7 +207,74 @@ impl Default for EvalSection {
     }
 }
 
+/// A checked configuration, in the types the trainer runs on.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// A GGUF file, an HF directory or the default model's name (the caller resolves it).
+    pub model: String,
+    pub source: SourceSpec,
+    pub rewards: Vec<RewardSpec>,
+    pub sampling: SamplingSpec,
+    pub grpo: GrpoSection,
+    pub eval: EvalSection,
+}
+
+/// A TOML table as the plugin's JSON config.
+fn json_config(table: &toml::Table) -> serde_json::Map<String, serde_json::Value> {
+    table.iter().map(|(key, value)| (key.clone(), serde_json::to_value(value).unwrap_or_default())).collect()
+}
+
 impl TrainConfig {
+    /// The validated form. Only for a config that `parse` (or `check_numbers`, after an
+    /// override) accepted: one without a task source is refused here too.
+    pub fn run_config(&self) -> anyhow::Result<RunConfig> {
+        let source = match (&self.environment, &self.dataset) {
+            (Some(environment), None) => SourceSpec::Environment {
+                plugin: PluginRef {
+                    path: environment.plugin.clone(),
+                    config: json_config(&environment.config),
+                    deadline_ms: environment.deadline_ms,
+                    memory_mib: environment.memory_mib,
+                },
+                seed: environment.seed,
+            },
+            (None, Some(dataset)) => SourceSpec::Dataset { train: dataset.train.clone(), eval: dataset.eval.clone() },
+            _ => bail!("the config needs exactly one task source: [environment] or [dataset]"),
+        };
+        let rewards = self
+            .rewards
+            .iter()
+            .map(|reward| RewardSpec {
+                plugin: PluginRef {
+                    path: reward.plugin.clone(),
+                    config: json_config(&reward.config),
+                    deadline_ms: reward.deadline_ms,
+                    memory_mib: reward.memory_mib,
+                },
+                weight: reward.weight,
+                code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
+                    path: runner.plugin.clone(),
+                    deadline_ms: runner.deadline_ms,
+                    memory_mib: runner.memory_mib,
+                }),
+            })
+            .collect();
+        let s = &self.sampling;
+        Ok(RunConfig {
+            model: self.model.path.clone(),
+            source,
+            rewards,
+            sampling: SamplingSpec {
+                max_tokens: s.max_tokens,
+                temperature: s.temperature,
+                top_p: s.top_p,
+                top_k: s.top_k,
+            },
+            grpo: self.grpo.clone(),
+            eval: self.eval.clone(),
+        })
+    }
+
     /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
     pub fn parse(text: &str, origin: &str, base: &Path) -> anyhow::Result<Self> {
         let mut config: TrainConfig = toml::from_str(text).map_err(|e| {

@@ -1,16 +1,16 @@
-//! `wirl eval`: a model (or checkpoint) on a config's held-out tasks — the greedy pass rate,
-//! and with `eval.samples = n` the unbiased pass@k over n samples per task — with one JSONL
-//! line per task. Needs only the inference model, not the trainer.
+//! Held-out evaluation of a model (or checkpoint) on a config's held-out tasks — the greedy
+//! pass rate, and with `eval.samples = n` the unbiased pass@k over n samples per task — with
+//! one JSONL line per task. Needs only the inference model, not the learner.
 
-use super::config::TrainConfig;
-use super::{Rewards, TaskSource, fitting_prompt, mix, prompt_ids};
-use crate::model;
+use crate::config::RunConfig;
+use crate::observer::{Event, Observer};
 use anyhow::Context;
 use serde_json::json;
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
+use wirl_rollout::{Scorers, TaskSource, fitting_prompt, prompt_ids, seed_for};
 use wirl_sandbox::printable;
 use wirl_sandbox::{Sandbox, SandboxSettings};
 
@@ -23,18 +23,23 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
     1.0 - ((n - c + 1)..=n).map(|i| 1.0 - k as f64 / i as f64).product::<f64>()
 }
 
-/// Evaluate; the summary (also printed by the caller) as JSON.
-pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_json::Value> {
+/// Evaluate the model at `model` (a resolved path; `config.model` names it in the summary);
+/// the summary as JSON.
+pub fn evaluate(
+    config: &RunConfig,
+    model: &Path,
+    output: &Path,
+    observer: &mut dyn Observer,
+) -> anyhow::Result<serde_json::Value> {
     let started = Instant::now();
     if let Some(k) = config.eval.k.iter().find(|&&k| config.eval.samples > 0 && k > config.eval.samples) {
         anyhow::bail!("pass@{k} needs at least {k} samples per task, but `eval.samples` is {}", config.eval.samples);
     }
-    let path = model::resolve(Some(&config.model.path))?;
-    eprintln!("loading {}", path.display());
-    let loaded = wirl_engine::load(&path, &LoadOptions::default())?;
+    observer.event(Event::Loading { path: model });
+    let loaded = wirl_engine::load(model, &LoadOptions::default())?;
     let sandbox = Sandbox::new(SandboxSettings::default())?;
-    let mut source = TaskSource::load(&sandbox, config)?;
-    let tasks = source.held_out(config.eval.first_index, config.eval.tasks)?;
+    let mut source = TaskSource::load(&sandbox, &config.source)?;
+    let tasks = source.held_out(config.eval.first_index, config.eval.tasks);
     anyhow::ensure!(!tasks.is_empty(), "no held-out tasks to evaluate (a [dataset] needs an `eval` file)");
     // A task whose prompt does not fit the context is left out, as in training.
     let context = loaded.config.max_position_embeddings;
@@ -49,7 +54,7 @@ pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_j
         })
         .collect();
     anyhow::ensure!(!tasks.is_empty(), "no held-out task fits the model's context of {context} tokens");
-    let mut rewards = Rewards::load(&sandbox, &config.rewards)?;
+    let mut rewards = Scorers::load(&sandbox, &config.rewards)?;
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -71,15 +76,9 @@ pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_j
                 sampling: Sampling::greedy(config.sampling.max_tokens),
             });
             if eval.samples > 0 {
-                let sampling = Sampling {
-                    max_tokens: config.sampling.max_tokens,
-                    temperature: config.sampling.temperature,
-                    top_p: config.sampling.top_p,
-                    top_k: config.sampling.top_k,
-                    // Per task, so a task's samples do not depend on the batch it ran in.
-                    seed: Some(mix(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64)),
-                    ..Default::default()
-                };
+                // Seeded per task, so a task's samples do not depend on the batch it ran in.
+                let sampling =
+                    config.sampling.seeded(seed_for(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64));
                 requests.push(GenerateRequest { prompt, n: eval.samples, sampling });
             }
         }
@@ -120,20 +119,19 @@ pub(super) fn run(config: &TrainConfig, output: &Path) -> anyhow::Result<serde_j
             serde_json::to_writer(&mut lines, &line)?;
             writeln!(lines)?;
             done += 1;
-            let samples = passed_samples.map_or(String::new(), |c| format!(", samples {c}/{}", eval.samples));
-            eprintln!(
-                "[{done}/{}] {}: greedy {}{samples}  ({:.0} s)",
-                tasks.len(),
-                task.id,
-                if pass(greedy_score.reward) { "pass" } else { "fail" },
-                started.elapsed().as_secs_f64()
-            );
+            observer.event(Event::EvalTask {
+                done,
+                total: tasks.len(),
+                task: &task.id,
+                greedy_passed: pass(greedy_score.reward),
+                samples: passed_samples.map(|c| (c, eval.samples)),
+            });
         }
         lines.flush()?;
     }
     let count = tasks.len();
     let mut summary = json!({
-        "model": config.model.path,
+        "model": config.model,
         "tasks": count,
         "greedy_pass_rate": greedy_passed as f64 / count as f64,
         "samples": eval.samples,

@@ -1,0 +1,264 @@
+//! `wirl train` and `wirl eval` on the terminal: arguments, the embedded default, Ctrl-C,
+//! the status line and a line per step, exit codes. The loop itself is `wirl-trainer`'s.
+
+use crate::model;
+use anyhow::bail;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use wirl_trainer::config::{DEFAULT_DIR, DEFAULT_TOML};
+use wirl_trainer::{Control, Event, Observer, Outcome, Phase, TrainConfig, Trainer, run_dir};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A training config (TOML); without one, the embedded default (examples/train/default.toml).
+    #[arg(conflicts_with = "resume")]
+    config: Option<PathBuf>,
+    /// Continue the run in this directory from its newest complete checkpoint.
+    #[arg(long, value_name = "RUN_DIR")]
+    resume: Option<PathBuf>,
+    /// Where the run's files go (default: runs/train-<unix time>).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Override `grpo.steps`.
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Override `eval.tasks` (0 skips the held-out evaluation).
+    #[arg(long)]
+    eval_tasks: Option<usize>,
+}
+
+const DEFAULT_ORIGIN: &str = "the embedded default config (examples/train/default.toml)";
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let control = Control::new();
+    forward_interrupts(control.clone());
+    let mut terminal = Terminal;
+    let (mut trainer, start, before, run_dir) = match &args.resume {
+        Some(run_dir) => {
+            let mut config = run_dir::config(run_dir)?;
+            apply_overrides(&mut config, &args)?;
+            let checkpoint = run_dir::prepare_resume(run_dir)?;
+            terminal.event(Event::Resuming { run_dir, step: checkpoint.state.step });
+            let model = model::resolve(Some(&config.model.path))?;
+            let trainer =
+                Trainer::new(config.run_config()?, &model, run_dir, Some(&checkpoint), control, &mut terminal)?;
+            let current = trainer.plugin_hashes();
+            if current != checkpoint.state.plugins {
+                tracing::warn!("the plugins changed since the checkpoint (by sha256): {current:?}");
+            }
+            (trainer, checkpoint.state.step, checkpoint.state.held_out_before, run_dir.clone())
+        }
+        None => {
+            let (mut config, text) = match &args.config {
+                Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
+                None => {
+                    build_default_plugins()?;
+                    (TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new(DEFAULT_DIR))?, DEFAULT_TOML.into())
+                }
+            };
+            apply_overrides(&mut config, &args)?;
+            let run_dir = match &args.run_dir {
+                Some(dir) => dir.clone(),
+                None => run_dir::default_run_dir()?,
+            };
+            run_dir::create(&run_dir, &text, &config)?;
+            let model = model::resolve(Some(&config.model.path))?;
+            let trainer = Trainer::new(config.run_config()?, &model, &run_dir, None, control, &mut terminal)?;
+            (trainer, 0, None, run_dir)
+        }
+    };
+    match trainer.train(start, before, &mut terminal)? {
+        Outcome::Finished(summary) => {
+            if let (Some(b), Some(a)) = (summary.held_out_pass_rate_before, summary.held_out_pass_rate_after) {
+                eprintln!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
+            }
+            eprintln!("run written to {}", run_dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Outcome::Stopped { steps_done, abandoned } => {
+            let when =
+                if abandoned { format!("during step {}", steps_done + 1) } else { format!("after step {steps_done}") };
+            eprintln!("interrupted {when}: resume with `wirl train --resume {}`", run_dir.display());
+            Ok(ExitCode::from(130))
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    /// A training config (TOML) whose environment, rewards and `[eval]` section define the
+    /// held-out set; without one, the embedded default.
+    config: Option<PathBuf>,
+    /// The model to evaluate: a checkpoint's `model/` directory, any GGUF file or HF
+    /// directory (default: the config's model).
+    #[arg(long)]
+    model: Option<String>,
+    /// Override `eval.tasks`.
+    #[arg(long)]
+    tasks: Option<usize>,
+    /// Override `eval.samples` (completions per task for pass@k; 0: greedy only).
+    #[arg(long)]
+    samples: Option<usize>,
+    /// Where the per-task results go, one JSON line per task (default: eval.jsonl).
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+/// `wirl eval`: greedy pass rate on the config's held-out tasks (indices from
+/// `eval.first_index`, disjoint from training's), for the base model or a checkpoint.
+pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
+    let mut config = match &args.config {
+        Some(path) => TrainConfig::load(path)?,
+        None => {
+            build_default_plugins()?;
+            TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new(DEFAULT_DIR))?
+        }
+    };
+    if let Some(model) = &args.model {
+        config.model.path = model.clone();
+    }
+    if let Some(tasks) = args.tasks {
+        config.eval.tasks = tasks;
+    }
+    if let Some(samples) = args.samples {
+        config.eval.samples = samples;
+    }
+    let output = args.output.clone().unwrap_or_else(|| PathBuf::from("eval.jsonl"));
+    let model = model::resolve(Some(&config.model.path))?;
+    let started = std::time::Instant::now();
+    let summary = wirl_trainer::eval::evaluate(&config.run_config()?, &model, &output, &mut EvalTerminal { started })?;
+    println!("{summary}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> {
+    if let Some(steps) = args.steps {
+        config.grpo.steps = steps;
+    }
+    if let Some(tasks) = args.eval_tasks {
+        config.eval.tasks = tasks;
+    }
+    config.check_numbers("the command line (--steps, --eval-tasks)")
+}
+
+/// Set by SIGINT.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Turn SIGINT into `control.stop()`: plugin calls end within milliseconds (a plugin or
+/// model code that sleeps does not hold the run), generation is given up, and the step in
+/// progress is abandoned or finished; the trainer checkpoints and returns.
+fn forward_interrupts(control: Control) {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
+    }
+    let spawned = std::thread::Builder::new().name("wirl-sigint".into()).spawn(move || {
+        while !INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        control.stop();
+    });
+    if let Err(error) = spawned {
+        tracing::warn!("Ctrl-C will wait for plugin calls to end: cannot start its thread ({error})");
+    }
+}
+
+/// The embedded default names the plugins built in this repository: build them on first use
+/// (from the repository's root, where the default's relative paths point).
+fn build_default_plugins() -> anyhow::Result<()> {
+    let built = ["arithmetic", "math_answer"]
+        .iter()
+        .all(|name| Path::new(&format!("plugins/target/wasm32-wasip2/release/{name}.wasm")).is_file());
+    if built {
+        return Ok(());
+    }
+    if !Path::new("scripts/build-plugins").is_file() {
+        bail!("the default run needs wirl's repository: run `wirl train` from its root, or pass a config file");
+    }
+    eprintln!("building the default plugins (scripts/build-plugins)");
+    let status = std::process::Command::new("bash").arg("scripts/build-plugins").status()?;
+    if !status.success() {
+        bail!("scripts/build-plugins failed ({status})");
+    }
+    Ok(())
+}
+
+/// `wirl train` on stderr: a line per step and, on a terminal, a status line saying what
+/// the step is doing now.
+struct Terminal;
+
+impl Observer for Terminal {
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Loading { path } => eprintln!("loading {}", path.display()),
+            Event::Resuming { run_dir, step } => eprintln!("resuming {} from step {step}", run_dir.display()),
+            Event::Phase { step, steps, phase } => status(&match phase {
+                Phase::Generating { prompts, group_size } => {
+                    format!("step {step}/{steps}: generating {prompts} x {group_size}")
+                }
+                Phase::Scoring => format!("step {step}/{steps}: scoring"),
+                Phase::Training { group, groups } => {
+                    format!("step {step}/{steps}: training on group {}/{groups}", group + 1)
+                }
+            }),
+            Event::Step { metrics: m, steps, eta_s } => {
+                status("");
+                eprintln!(
+                    "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  kl {:.5}  len {:.1}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
+                    m.step,
+                    m.reward_mean,
+                    m.pass_rate,
+                    m.loss,
+                    m.kl,
+                    m.completion_tokens_mean,
+                    m.time_s.generate,
+                    m.time_s.score,
+                    m.time_s.train,
+                );
+            }
+            Event::HeldOut { after: false, pass_rate, tasks } => {
+                eprintln!("held-out greedy pass rate before training: {pass_rate:.3} ({tasks} tasks)")
+            }
+            Event::HeldOut { after: true, .. } => {}
+            Event::Checkpoint { dir } => {
+                status("");
+                eprintln!("checkpoint {}", dir.display())
+            }
+            Event::EvalTask { .. } => {}
+        }
+    }
+}
+
+/// `wirl eval` on stderr: a line per task.
+struct EvalTerminal {
+    started: std::time::Instant,
+}
+
+impl Observer for EvalTerminal {
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Loading { path } => eprintln!("loading {}", path.display()),
+            Event::EvalTask { done, total, task, greedy_passed, samples } => {
+                let samples = samples.map_or(String::new(), |(c, n)| format!(", samples {c}/{n}"));
+                eprintln!(
+                    "[{done}/{total}] {task}: greedy {}{samples}  ({:.0} s)",
+                    if greedy_passed { "pass" } else { "fail" },
+                    self.started.elapsed().as_secs_f64()
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A transient status line on a terminal (what the step is doing now), cleared by `""`.
+fn status(text: &str) {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K{text}");
+    }
+}

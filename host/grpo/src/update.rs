@@ -1,0 +1,209 @@
+//! One GRPO update over a step's groups: old and reference log-probs before any change, then
+//! μ epochs of (forward, loss, backward per group, gradients summed, one AdamW step), the
+//! optimizer writing the weights only through the engine's barrier.
+//!
+//! The learner sees token ids and advantages, nothing of tasks, plugins or files: the
+//! rollout layer turns scored trajectories into [`GroupBatch`]es.
+
+use crate::loss::{Aggregation, LossSettings, grpo_loss, token_weights};
+use crate::optim::Optimizer;
+use crate::policy::{Net, Policy, TokenStats};
+use anyhow::bail;
+use candle_core::Tensor;
+use candle_core::backprop::GradStore;
+use std::time::Instant;
+use wirl_engine::EngineHandle;
+
+/// One group as the learner sees it: the prompt once, its completions, and each
+/// completion's advantage.
+#[derive(Clone, Debug)]
+pub struct GroupBatch {
+    pub prompt: Vec<u32>,
+    pub completions: Vec<Vec<u32>>,
+    pub advantages: Vec<f32>,
+}
+
+/// The settings of one update (the run config's GRPO keys, the step's learning rate).
+#[derive(Clone, Debug)]
+pub struct UpdateSettings {
+    pub learning_rate: f64,
+    pub loss: LossSettings,
+    /// μ: passes over the step's groups, each ending in an optimizer step.
+    pub inner_epochs: usize,
+    pub aggregation: Aggregation,
+    pub max_grad_norm: Option<f64>,
+    /// The sampler's `max_tokens` (the `constant` aggregation divides by it).
+    pub max_tokens: usize,
+    /// Above this many bytes of attention intermediates a group's backward recomputes its
+    /// layers one at a time.
+    pub recompute_above_bytes: u64,
+}
+
+/// What an update did, averaged over its epochs where that is meaningful.
+#[derive(Clone, Debug, Default)]
+pub struct UpdateStats {
+    pub loss: f32,
+    /// The k3 KL to the reference (0 without one).
+    pub kl: f32,
+    pub entropy: f32,
+    pub clip_fraction: f32,
+    /// The last epoch's gradient norm before clipping (non-finite when it was skipped).
+    pub grad_norm: f64,
+    /// Optimizer steps skipped for a non-finite gradient (the weights left alone).
+    pub updates_skipped: usize,
+    /// Group passes that took the layer-recomputing backward.
+    pub groups_recomputed: usize,
+    pub time: UpdateTimes,
+}
+
+/// Seconds spent in each part of an update.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UpdateTimes {
+    pub reference_forward: f64,
+    pub policy_forward: f64,
+    pub backward: f64,
+    pub optimizer: f64,
+}
+
+/// The policy, its frozen reference (kept only when β > 0) and AdamW.
+pub struct Learner {
+    pub policy: Policy,
+    pub reference: Option<Net>,
+    pub optimizer: Optimizer,
+}
+
+impl Learner {
+    /// Update the policy on `groups`. `engine`, when the policy's weights are shared with a
+    /// sampling engine, is held at its barrier for each optimizer step. `stop` is asked
+    /// between groups until the first optimizer step: `Ok(None)` then, nothing changed.
+    /// `progress(k, n)` says that group `k` of `n` is being trained on.
+    pub fn update(
+        &mut self,
+        groups: &[GroupBatch],
+        settings: &UpdateSettings,
+        engine: Option<&EngineHandle>,
+        stop: &dyn Fn() -> bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> anyhow::Result<Option<UpdateStats>> {
+        let mut stats = UpdateStats::default();
+        if groups.is_empty() {
+            return Ok(Some(stats));
+        }
+        let step_tokens: usize = groups.iter().flat_map(|g| g.completions.iter().map(Vec::len)).sum();
+        let step_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
+        // Old log-probs (μ > 1) and the reference's, before any update of this step.
+        let mut old = Vec::new();
+        let mut reference = Vec::new();
+        let timer = Instant::now();
+        for group in groups {
+            if stop() {
+                return Ok(None);
+            }
+            if settings.inner_epochs > 1 {
+                // Read-only: the detached net builds no graph.
+                old.push(Some(self.policy.net().detached().completion_stats(&group.prompt, &group.completions)?.logp));
+            } else {
+                old.push(None);
+            }
+            reference.push(match &self.reference {
+                Some(net) => Some(net.completion_stats(&group.prompt, &group.completions)?.logp.detach()),
+                None => None,
+            });
+        }
+        stats.time.reference_forward = timer.elapsed().as_secs_f64();
+        let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum) = (0f32, 0f32, 0f32, 0f32);
+        for epoch in 0..settings.inner_epochs {
+            let mut grads: Option<GradStore> = None;
+            for (k, group) in groups.iter().enumerate() {
+                // Until the first update the step can still be abandoned whole.
+                if epoch == 0 && stop() {
+                    return Ok(None);
+                }
+                progress(k, groups.len());
+                let lengths: Vec<usize> = group.completions.iter().map(Vec::len).collect();
+                let timer = Instant::now();
+                let loss_of = |token_stats: &TokenStats| {
+                    // The forward ends where the loss begins (when recomputing, that is the
+                    // graph-free pass and the head).
+                    let forward_time = timer.elapsed();
+                    let width = token_stats.logp.dim(1)?;
+                    let weights = token_weights(
+                        &lengths,
+                        width,
+                        settings.aggregation,
+                        step_tokens,
+                        step_sequences,
+                        settings.max_tokens,
+                    );
+                    let device = token_stats.logp.device();
+                    let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
+                    let advantages = Tensor::from_vec(group.advantages.clone(), lengths.len(), device)?;
+                    let old_logp = match &old[k] {
+                        Some(old) => old.clone(),
+                        None => token_stats.logp.detach(),
+                    };
+                    let parts = grpo_loss(
+                        &token_stats.logp,
+                        &old_logp,
+                        reference[k].as_ref(),
+                        Some(&token_stats.entropy),
+                        &advantages,
+                        &weights,
+                        &settings.loss,
+                    )?;
+                    Ok((parts.loss.clone(), (parts, forward_time)))
+                };
+                let ((parts, forward_time), new, recomputed) = self.policy.loss_and_grads(
+                    &group.prompt,
+                    &group.completions,
+                    settings.recompute_above_bytes,
+                    loss_of,
+                )?;
+                stats.groups_recomputed += usize::from(recomputed);
+                loss_sum += parts.loss.to_scalar::<f32>()?;
+                kl_sum += parts.kl;
+                entropy_sum += parts.entropy;
+                clip_sum += parts.clip_fraction / groups.len() as f32;
+                grads = Some(accumulate(grads, new, &self.policy)?);
+                stats.time.policy_forward += forward_time.as_secs_f64();
+                stats.time.backward += (timer.elapsed() - forward_time).as_secs_f64();
+            }
+            let timer = Instant::now();
+            if let Some(grads) = grads {
+                // No row samples while the weights change (they are the engine's too).
+                let hold = engine.map(EngineHandle::hold_weights).transpose()?;
+                let update = self.optimizer.step(&grads, settings.learning_rate, settings.max_grad_norm)?;
+                drop(hold);
+                stats.grad_norm = update.grad_norm;
+                stats.updates_skipped += usize::from(!update.applied);
+            }
+            stats.time.optimizer += timer.elapsed().as_secs_f64();
+        }
+        let epochs = settings.inner_epochs as f32;
+        stats.loss = loss_sum / epochs;
+        stats.kl = kl_sum / epochs;
+        stats.entropy = entropy_sum / epochs;
+        stats.clip_fraction = clip_sum / epochs;
+        Ok(Some(stats))
+    }
+}
+
+/// Sum `new`'s gradients of the policy's variables into `total` (dropping the intermediate
+/// tensors' gradients that a backward pass also returns).
+fn accumulate(total: Option<GradStore>, mut new: GradStore, policy: &Policy) -> anyhow::Result<GradStore> {
+    let mut sum = total.unwrap_or_default();
+    let mut any = false;
+    for (_, var) in policy.vars() {
+        let Some(grad) = new.remove(var.as_tensor()) else { continue };
+        any = true;
+        let grad = match sum.remove(var.as_tensor()) {
+            Some(previous) => (previous + grad)?,
+            None => grad,
+        };
+        sum.insert(var.as_tensor(), grad);
+    }
+    if !any {
+        bail!("the loss has no gradient with respect to the policy's weights");
+    }
+    Ok(sum)
+}

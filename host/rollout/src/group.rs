@@ -1,0 +1,106 @@
+//! A step's rollouts: G samples per prompt through the engine's batching actor, kept as the
+//! sampler produced them (token ids, log-probs, the weights version), then scored.
+
+use crate::scorer::Scored;
+use wirl_engine::{Completion, EngineHandle, FinishReason, GenerateRequest, Sampling};
+use wirl_sandbox::Task;
+
+/// One sampled completion of a group, exactly as the sampler produced it: the trainer learns
+/// from these ids, never from a re-tokenization of the text.
+#[derive(Clone, Debug)]
+pub struct Trajectory {
+    pub tokens: Vec<u32>,
+    /// Each token's log-probability under the sampler (temperature 1).
+    pub logprobs: Vec<f32>,
+    pub text: String,
+    pub finish: FinishReason,
+    /// The engine's weights version that sampled it.
+    pub weights_version: u64,
+}
+
+impl From<Completion> for Trajectory {
+    fn from(c: Completion) -> Self {
+        Trajectory {
+            tokens: c.tokens,
+            logprobs: c.logprobs,
+            text: c.text,
+            finish: c.finish,
+            weights_version: c.weights_version,
+        }
+    }
+}
+
+/// A task, its prompt, its trajectories and their scores (one per trajectory).
+#[derive(Clone, Debug)]
+pub struct RolloutGroup {
+    pub task: Task,
+    pub prompt: Vec<u32>,
+    pub trajectories: Vec<Trajectory>,
+    pub scores: Vec<Scored>,
+}
+
+impl RolloutGroup {
+    pub fn rewards(&self) -> Vec<f32> {
+        self.scores.iter().map(|s| s.reward).collect()
+    }
+}
+
+/// How a task's completions are sampled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingSpec {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+}
+
+impl SamplingSpec {
+    /// The engine's sampling with this seed.
+    pub fn seeded(&self, seed: u64) -> Sampling {
+        Sampling {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: Some(seed),
+            ..Default::default()
+        }
+    }
+}
+
+/// `group_size` samples of each prompt, the `i`-th prompt seeded `seeds(i)`. All requests are
+/// admitted to the engine's batch in one go, so that the batch (and so every sample) does not
+/// depend on thread timing. `None` when `stop()` said so first (the engine drops the rows).
+pub fn sample_groups(
+    engine: &EngineHandle,
+    prompts: &[Vec<u32>],
+    group_size: usize,
+    sampling: &SamplingSpec,
+    seeds: impl Fn(usize) -> u64,
+    stop: impl Fn() -> bool,
+) -> Option<anyhow::Result<Vec<Vec<Trajectory>>>> {
+    let requests: Vec<GenerateRequest> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| GenerateRequest {
+            prompt: prompt.clone(),
+            n: group_size,
+            sampling: sampling.seeded(seeds(i)),
+        })
+        .collect();
+    let generated = engine.generate_all_until(requests, stop)?;
+    Some(
+        generated
+            .into_iter()
+            .map(|group| Ok(group?.into_iter().map(Trajectory::from).collect()))
+            .collect::<anyhow::Result<Vec<_>>>(),
+    )
+}
+
+/// A seed for the `index`-th request of a run seeded `seed` (SplitMix64 finaliser).
+pub fn seed_for(seed: u64, index: u64) -> u64 {
+    let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,21 @@
+//! wirl's rollout layer: where a step's data comes from and how it is judged, before any
+//! tensor. Task sources (`source`: environment plugins, JSONL datasets), prompts that fit the
+//! model (`prompt`), sampling a step's groups through the engine's batching actor (`group`),
+//! and the reward plugins that score them (`scorer`).
+//!
+//! It must not know tensors, the loss, run directories or HTTP routes: `wirl-trainer` turns
+//! its `RolloutGroup`s into the learner's batches, and a server can drive the same pieces.
+
+pub mod group;
+pub mod mixture;
+pub mod prompt;
+pub mod scorer;
+pub mod source;
+pub mod spec;
+
+pub use group::{RolloutGroup, SamplingSpec, Trajectory, sample_groups, seed_for};
+pub use mixture::{Allocation, MixtureError, allocate};
+pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, prompt_ids, step_tasks};
+pub use scorer::{Scored, Scorers};
+pub use source::{TaskSource, read_tasks};
+pub use spec::{CodeRunnerRef, PluginRef, RewardSpec, SourceSpec};

@@ -1,0 +1,120 @@
+//! A task's prompt as token ids, and a step's tasks: those whose prompt leaves room for a
+//! completion in the model's context, failures skipped, recorded and replaced.
+
+use crate::source::TaskSource;
+use anyhow::bail;
+use wirl_engine::{ChatMessage, Tokenizer};
+use wirl_sandbox::Task;
+
+/// A task's conversation, rendered with the model's chat template and tokenized.
+pub fn prompt_ids(tokenizer: &Tokenizer, task: &Task) -> anyhow::Result<Vec<u32>> {
+    let messages: Vec<ChatMessage> =
+        task.messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
+    Ok(tokenizer.encode(&tokenizer.render_chat(&messages, true)?)?)
+}
+
+/// `task`'s prompt, if it leaves room for `room` new tokens in a context of `context`; else
+/// why not, naming the sizes.
+pub fn fitting_prompt(
+    tokenizer: &Tokenizer,
+    task: &Task,
+    room: usize,
+    context: usize,
+) -> Result<Vec<u32>, TaskFailure> {
+    let prompt = prompt_ids(tokenizer, task).map_err(|e| TaskFailure::of(task, format!("{e:#}")))?;
+    if prompt.is_empty() || prompt.len().saturating_add(room) > context {
+        return Err(TaskFailure::of(
+            task,
+            format!(
+                "its prompt is {} tokens; with sampling.max_tokens = {room} it does not fit the model's context of \
+                 {context}",
+                prompt.len()
+            ),
+        ));
+    }
+    Ok(prompt)
+}
+
+/// Tries per task slot of a step before the source counts as broken.
+pub const MAX_TASK_TRIES: u64 = 8;
+/// Where replacement tasks' indices start: far above training's and the default held-out
+/// range (`eval.first_index` = 2^40).
+pub const REPLACEMENT_INDICES: u64 = 1 << 50;
+
+/// Why a task could not be used.
+#[derive(Clone, Debug)]
+pub struct TaskFailure {
+    pub id: Option<String>,
+    pub reason: String,
+}
+
+impl TaskFailure {
+    pub fn of(task: &Task, reason: String) -> Self {
+        TaskFailure { id: Some(task.id.clone()), reason }
+    }
+
+    fn at(self, index: u64) -> SkippedTask {
+        SkippedTask { index, id: self.id, reason: self.reason }
+    }
+}
+
+/// A step's tasks, their prompts, and the tasks skipped on the way.
+pub struct StepTasks {
+    pub tasks: Vec<Task>,
+    pub prompts: Vec<Vec<u32>>,
+    pub skipped: Vec<SkippedTask>,
+}
+
+/// A task skipped in a step, as recorded in rollouts and metrics.
+#[derive(Clone, Debug)]
+pub struct SkippedTask {
+    pub index: u64,
+    pub id: Option<String>,
+    pub reason: String,
+}
+
+impl std::fmt::Display for SkippedTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.id {
+            Some(id) => write!(f, "task {} (`{id}`) skipped: {}", self.index, self.reason),
+            None => write!(f, "task {} skipped: {}", self.index, self.reason),
+        }
+    }
+}
+
+/// The tasks at `indices` and their prompts. A task the source cannot give — its `task-at`
+/// fails, or `fit` refuses its prompt — is skipped (returned, to be recorded) and replaced by
+/// another index; a slot that finds no task in `MAX_TASK_TRIES` tries is an error, since the
+/// source is then broken.
+pub fn step_tasks(
+    source: &mut TaskSource,
+    indices: std::ops::Range<u64>,
+    fit: impl Fn(&Task) -> Result<Vec<u32>, TaskFailure>,
+) -> anyhow::Result<StepTasks> {
+    let (mut tasks, mut prompts, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+    for index in indices {
+        let mut found = false;
+        for attempt in 0..MAX_TASK_TRIES {
+            // Replacements come from a range of their own, the same on every resume.
+            let index = if attempt == 0 { index } else { REPLACEMENT_INDICES + index * MAX_TASK_TRIES + attempt };
+            let task = source.training(index).map_err(|e| TaskFailure { id: None, reason: format!("{e:#}") });
+            match task.and_then(|task| Ok((fit(&task)?, task))) {
+                Ok((prompt, task)) => {
+                    tasks.push(task);
+                    prompts.push(prompt);
+                    found = true;
+                    break;
+                }
+                Err(failure) => skipped.push(failure.at(index)),
+            }
+        }
+        if !found {
+            let last = skipped.last().map(|s| s.reason.clone()).unwrap_or_default();
+            bail!(
+                "the task source failed {MAX_TASK_TRIES} tasks in a row (index {index} and its replacements); \
+                 the last: {last}. Fix the environment or dataset, then `wirl train --resume`"
+            );
+        }
+    }
+    Ok(StepTasks { tasks, prompts, skipped })
+}

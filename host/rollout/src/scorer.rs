@@ -1,0 +1,119 @@
+//! The reward plugins of a task, scoring groups of completions: every plugin's weighted
+//! reward summed; a failing call is recorded by kind and scores `failure_reward` for that
+//! plugin.
+
+use crate::spec::RewardSpec;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use wirl_sandbox::{Plugin, RewardPlugin, Sandbox, Task, printable};
+
+/// The reward plugins of a run, with their weights.
+pub struct Scorers {
+    plugins: Vec<(RewardPlugin, f32)>,
+    /// Each plugin's name in notes and namespaced parts: its file's name, with `#2`, `#3`
+    /// for further entries of one file, so that no two coincide.
+    labels: Vec<String>,
+}
+
+/// One scored completion.
+#[derive(Clone, Debug, Default)]
+pub struct Scored {
+    pub reward: f32,
+    /// Parts by name; a name that two plugins both give is kept as `plugin/part` for each.
+    pub parts: BTreeMap<String, f32>,
+    /// Failure kinds (`deadline`, `non_finite`, …), one per failed plugin call.
+    pub failures: Vec<String>,
+    /// Each plugin's note, or its failure (`kind: message`), by plugin name.
+    pub notes: BTreeMap<String, String>,
+}
+
+impl Scorers {
+    /// Load the reward plugins (a grader with its code runner).
+    pub fn load(sandbox: &Sandbox, specs: &[RewardSpec]) -> anyhow::Result<Self> {
+        let mut plugins = Vec::new();
+        for reward in specs {
+            plugins.push((RewardPlugin::new(sandbox.load(reward.spec())?)?, reward.weight));
+        }
+        let mut labels: Vec<String> = Vec::new();
+        for (plugin, _) in &plugins {
+            let name = plugin.plugin().name();
+            let taken = labels.iter().filter(|l| *l == name || l.starts_with(&format!("{name}#"))).count();
+            labels.push(if taken == 0 { name.to_string() } else { format!("{name}#{}", taken + 1) });
+        }
+        Ok(Scorers { plugins, labels })
+    }
+
+    /// The loaded plugins, in config order.
+    pub fn plugins(&self) -> impl Iterator<Item = &Arc<Plugin>> {
+        self.plugins.iter().map(|(p, _)| p.plugin())
+    }
+
+    /// Score one group: every plugin's weighted reward summed; a failing call scores
+    /// `failure_reward` for that plugin and is recorded.
+    pub fn score_group(&mut self, task: &Task, completions: &[String], failure_reward: f32) -> Vec<Scored> {
+        let mut scored: Vec<Scored> = completions.iter().map(|_| Scored::default()).collect();
+        let mut given: Vec<Vec<(String, String, f32)>> = completions.iter().map(|_| Vec::new()).collect();
+        for ((plugin, weight), name) in self.plugins.iter_mut().zip(&self.labels) {
+            let verdicts = plugin.score_group(task, completions);
+            for ((out, parts), verdict) in scored.iter_mut().zip(&mut given).zip(verdicts) {
+                match verdict {
+                    Ok(score) => {
+                        out.reward += *weight * score.reward;
+                        parts.extend(score.parts.into_iter().map(|(part, value)| (name.clone(), part, value)));
+                        if let Some(note) = score.note {
+                            out.notes.insert(name.clone(), note);
+                        }
+                    }
+                    Err(failure) => {
+                        out.reward += *weight * failure_reward;
+                        out.failures.push(failure.kind.name().to_string());
+                        tracing::warn!("reward plugin {name}: {}", printable(&failure.to_string()));
+                        out.notes.insert(name.clone(), failure.to_string());
+                    }
+                }
+            }
+        }
+        for (out, parts) in scored.iter_mut().zip(given) {
+            out.parts = merge_parts(parts);
+        }
+        scored
+    }
+}
+
+/// Merge the parts that each plugin gave one completion: names given by one plugin stay
+/// as they are, names given by several are namespaced by plugin, so none overwrites another.
+fn merge_parts(given: Vec<(String, String, f32)>) -> BTreeMap<String, f32> {
+    let mut givers: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (plugin, part, _) in &given {
+        givers.entry(part.as_str()).or_default().insert(plugin.as_str());
+    }
+    let shared: BTreeSet<String> =
+        givers.into_iter().filter(|(_, plugins)| plugins.len() > 1).map(|(part, _)| part.to_string()).collect();
+    given
+        .into_iter()
+        .map(
+            |(plugin, part, value)| {
+                if shared.contains(&part) { (format!("{plugin}/{part}"), value) } else { (part, value) }
+            },
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_parts;
+
+    #[test]
+    fn shared_part_names_are_namespaced_by_plugin() {
+        let given = vec![
+            ("a".to_string(), "correct".to_string(), 1.0),
+            ("b".to_string(), "correct".to_string(), 0.0),
+            ("b".to_string(), "format".to_string(), 0.5),
+        ];
+        let parts = merge_parts(given);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts["a/correct"], 1.0);
+        assert_eq!(parts["b/correct"], 0.0);
+        assert_eq!(parts["format"], 0.5);
+    }
+}

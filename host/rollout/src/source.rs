@@ -1,0 +1,97 @@
+//! Task sources: an environment plugin's deterministic `task-at(seed, index)`, or tasks read
+//! from JSONL files.
+
+use crate::spec::SourceSpec;
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use wirl_sandbox::{EnvironmentPlugin, Plugin, Sandbox, Task, printable};
+
+/// Where a run's tasks come from, loaded.
+pub enum TaskSource {
+    /// `task_at(seed, index)` of an environment plugin; held-out tasks from `eval.first_index`.
+    Environment { plugin: EnvironmentPlugin, seed: u64 },
+    /// JSONL files: training tasks cycled in order, held-out tasks from their own file.
+    Dataset { train: Vec<Task>, eval: Vec<Task> },
+}
+
+impl TaskSource {
+    /// Load the plugin or read the files of `spec`.
+    pub fn load(sandbox: &Sandbox, spec: &SourceSpec) -> anyhow::Result<Self> {
+        let read = |path: &Option<PathBuf>| match path {
+            Some(path) => read_tasks(path),
+            None => Ok(Vec::new()),
+        };
+        Ok(match spec {
+            SourceSpec::Environment { plugin, seed } => {
+                TaskSource::Environment { plugin: EnvironmentPlugin::new(sandbox.load(plugin.spec())?)?, seed: *seed }
+            }
+            SourceSpec::Dataset { train, eval } => TaskSource::Dataset { train: read(train)?, eval: read(eval)? },
+        })
+    }
+
+    /// Whether training tasks can be drawn (a dataset may hold only held-out tasks).
+    pub fn can_train(&self) -> bool {
+        !matches!(self, TaskSource::Dataset { train, .. } if train.is_empty())
+    }
+
+    /// The environment plugin, if the tasks come from one (its sha256 goes into records).
+    pub fn plugin(&self) -> Option<&Arc<Plugin>> {
+        match self {
+            TaskSource::Environment { plugin, .. } => Some(plugin.plugin()),
+            TaskSource::Dataset { .. } => None,
+        }
+    }
+
+    /// The training task at `index`.
+    pub fn training(&mut self, index: u64) -> anyhow::Result<Task> {
+        match self {
+            TaskSource::Environment { plugin, seed } => {
+                let seed = *seed;
+                plugin.task_at(seed, index).map_err(|f| anyhow::anyhow!("environment task {index} (seed {seed}): {f}"))
+            }
+            TaskSource::Dataset { train, .. } if train.is_empty() => {
+                bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)")
+            }
+            TaskSource::Dataset { train, .. } => Ok(train[(index % train.len() as u64) as usize].clone()),
+        }
+    }
+
+    /// `count` held-out tasks: an environment's from `first_index` on (one it cannot give is
+    /// left out, with a warning), a dataset's first of its `eval` file.
+    pub fn held_out(&mut self, first_index: u64, count: usize) -> Vec<Task> {
+        match self {
+            TaskSource::Environment { .. } => (0..count as u64)
+                .filter_map(|i| {
+                    let index = first_index.saturating_add(i);
+                    self.training(index)
+                        .inspect_err(|e| {
+                            tracing::warn!("held-out task {index} skipped: {}", printable(&format!("{e:#}")))
+                        })
+                        .ok()
+                })
+                .collect(),
+            TaskSource::Dataset { eval, .. } => eval.iter().take(count).cloned().collect(),
+        }
+    }
+}
+
+/// Tasks of a JSONL file: `{"task": {...}}` or the task itself per line. An error names the
+/// file, the line and what is wrong.
+pub fn read_tasks(path: &Path) -> anyhow::Result<Vec<Task>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut tasks = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let value: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+        let task = value.get("task").cloned().unwrap_or(value);
+        let task: Task = serde_json::from_value(task).with_context(|| {
+            format!("{} line {}: not a task (fields id, messages, answer?, metadata?)", path.display(), i + 1)
+        })?;
+        tasks.push(task);
+    }
+    if tasks.is_empty() {
+        bail!("{}: no tasks", path.display());
+    }
+    Ok(tasks)
+}

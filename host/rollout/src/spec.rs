@@ -1,0 +1,68 @@
+//! The validated descriptions of a run's plugins and task source, as the trainer's config
+//! hands them over: illegal combinations cannot be written (a source is one of its kinds).
+
+use std::path::PathBuf;
+use wirl_sandbox::{Limits, PluginSpec};
+
+/// A plugin file with its settings and, where given, its own limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PluginRef {
+    pub path: PathBuf,
+    /// The plugin's own settings, readable through `wirl:rl/config`.
+    pub config: serde_json::Map<String, serde_json::Value>,
+    pub deadline_ms: Option<u64>,
+    pub memory_mib: Option<u64>,
+}
+
+impl PluginRef {
+    /// The sandbox's spec: default limits, overridden where this names them.
+    pub fn spec(&self) -> PluginSpec {
+        let mut spec = PluginSpec::new(&self.path);
+        spec.config = self.config.clone();
+        if let Some(ms) = self.deadline_ms {
+            spec.limits.deadline_ms = ms;
+        }
+        if let Some(mib) = self.memory_mib {
+            spec.limits.memory_bytes = mib << 20;
+        }
+        spec
+    }
+}
+
+/// The interpreter a grader's programs run in, with the most one program may use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CodeRunnerRef {
+    pub path: PathBuf,
+    pub deadline_ms: Option<u64>,
+    pub memory_mib: Option<u64>,
+}
+
+/// A reward plugin (or a grader with its code runner) and its weight in the sum.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RewardSpec {
+    pub plugin: PluginRef,
+    pub weight: f32,
+    pub code_runner: Option<CodeRunnerRef>,
+}
+
+impl RewardSpec {
+    pub fn spec(&self) -> PluginSpec {
+        let mut spec = self.plugin.spec();
+        if let Some(runner) = &self.code_runner {
+            let mut limits = Limits::code_runner();
+            limits.deadline_ms = runner.deadline_ms.unwrap_or(limits.deadline_ms);
+            limits.memory_bytes = runner.memory_mib.map_or(limits.memory_bytes, |mib| mib << 20);
+            spec.code_runner = Some(Box::new(PluginSpec { limits, ..PluginSpec::new(&runner.path) }));
+        }
+        spec
+    }
+}
+
+/// Where a task comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceSpec {
+    /// `task-at(seed, index)` of an environment plugin.
+    Environment { plugin: PluginRef, seed: u64 },
+    /// JSONL files: training tasks (cycled in order) and held-out tasks; at least one.
+    Dataset { train: Option<PathBuf>, eval: Option<PathBuf> },
+}

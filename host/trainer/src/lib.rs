@@ -1,0 +1,21 @@
+//! wirl's trainer: a validated run config (`config`), the loop collect → update → record →
+//! checkpoint (`trainer`), its typed records (`metrics`), run directories and resume
+//! (`run_dir`, `checkpoint`), held-out evaluation (`eval`), a [`Control`] handle to stop a
+//! run from another thread, and an [`Observer`] that hears what it does.
+//!
+//! It must not know clap, the terminal, signals or HTTP: the CLI (and a server) drive it.
+
+pub mod checkpoint;
+pub mod config;
+pub mod control;
+pub mod eval;
+pub mod metrics;
+pub mod observer;
+pub mod run_dir;
+pub mod trainer;
+
+pub use config::{RunConfig, TrainConfig};
+pub use control::Control;
+pub use metrics::{RolloutRecord, StepMetrics};
+pub use observer::{Event, Observer, Phase, Quiet};
+pub use trainer::{Outcome, Summary, Trainer};

@@ -1,0 +1,152 @@
+//! The run's records as types: one [`StepMetrics`] per line of `metrics.jsonl`, one
+//! [`RolloutRecord`] (or [`SkippedTaskRecord`]) per line of `rollouts.jsonl`. Written, read
+//! back (`wirl plot`, resume) and tested from these structs, never from string keys.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One training step, as written to `metrics.jsonl`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepMetrics {
+    /// 1-based.
+    pub step: usize,
+    pub learning_rate: f64,
+    pub reward_mean: f32,
+    pub reward_std: f32,
+    /// Each reward part's mean over the step's completions.
+    pub parts: BTreeMap<String, f32>,
+    /// The share of completions whose reward reached `grpo.pass_reward`.
+    pub pass_rate: f32,
+    /// Groups with a signal (not all rewards equal), trained on.
+    pub groups_kept: usize,
+    pub loss: f32,
+    pub kl: f32,
+    pub entropy: f32,
+    pub clip_fraction: f32,
+    /// Written as a string when not finite (JSON has no NaN).
+    #[serde(with = "finite_or_string")]
+    pub grad_norm: f64,
+    pub updates_skipped: usize,
+    pub groups_recomputed: usize,
+    /// This process's peak resident memory so far (Linux), in MiB.
+    pub peak_rss_mib: Option<u64>,
+    pub tasks_skipped: Vec<SkippedTaskEntry>,
+    pub completion_tokens_mean: f32,
+    pub completion_tokens_max: usize,
+    /// Failed plugin calls by kind.
+    pub failures: BTreeMap<String, usize>,
+    pub generate_tokens_per_s: f64,
+    pub time_s: StepTimes,
+}
+
+/// A task skipped in a step (its source failed it, or its prompt did not fit).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SkippedTaskEntry {
+    pub index: u64,
+    pub task: Option<String>,
+    pub reason: String,
+}
+
+/// Seconds per phase of a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepTimes {
+    pub generate: f64,
+    pub score: f64,
+    pub train: f64,
+    pub total: f64,
+    pub reference_forward: f64,
+    pub policy_forward: f64,
+    pub backward: f64,
+    pub optimizer: f64,
+}
+
+/// One completion of a step, as written to `rollouts.jsonl`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    pub step: usize,
+    pub task: String,
+    pub sample: usize,
+    pub completion: String,
+    pub tokens: usize,
+    pub reward: f32,
+    pub parts: BTreeMap<String, f32>,
+    pub failures: Vec<String>,
+    pub notes: BTreeMap<String, String>,
+    /// The plugins that produced it (environment, rewards), by sha256.
+    pub plugins: Vec<PluginHash>,
+}
+
+/// A task skipped in a step, as written to `rollouts.jsonl`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SkippedTaskRecord {
+    pub step: usize,
+    pub skipped_task: u64,
+    pub task: Option<String>,
+    pub reason: String,
+}
+
+/// A plugin by name and the sha256 of its bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginHash {
+    pub name: String,
+    pub sha256: String,
+}
+
+/// Read `metrics.jsonl`; an undecodable line is an error naming the file and the line.
+pub fn read_metrics(path: &std::path::Path) -> anyhow::Result<Vec<StepMetrics>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .with_context(|| format!("{} line {}: not a step's metrics", path.display(), i + 1))
+        })
+        .collect()
+}
+
+mod finite_or_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+        if value.is_finite() { serializer.serialize_f64(*value) } else { serializer.serialize_str(&value.to_string()) }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Number(f64),
+            Text(String),
+        }
+        Ok(match Either::deserialize(deserializer)? {
+            Either::Number(x) => x,
+            Either::Text(text) => text.parse().unwrap_or(f64::NAN),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepMetrics;
+
+    #[test]
+    fn a_non_finite_gradient_norm_round_trips_as_text() {
+        for norm in [f64::NAN, f64::INFINITY, 2.5] {
+            let metrics = StepMetrics { step: 3, grad_norm: norm, ..Default::default() };
+            let line = serde_json::to_string(&metrics).unwrap();
+            let back: StepMetrics = serde_json::from_str(&line).unwrap();
+            assert_eq!(back.step, 3);
+            assert!(back.grad_norm == norm || (norm.is_nan() && back.grad_norm.is_nan()), "{line}");
+        }
+    }
+
+    #[test]
+    fn older_lines_without_newer_fields_still_read() {
+        let back: StepMetrics = serde_json::from_str(r#"{"step": 1, "reward_mean": 0.5}"#).unwrap();
+        assert_eq!((back.step, back.reward_mean, back.peak_rss_mib), (1, 0.5, None));
+    }
+}
