@@ -50,11 +50,14 @@ pub fn allocate(weights: &[f64], groups: usize) -> Result<Allocation, MixtureErr
     if let Some(i) = weights.iter().position(|w| !(w.is_finite() && *w >= 0.0)) {
         return Err(MixtureError::BadWeight(i));
     }
-    let total: f64 = weights.iter().sum();
     let weighted = weights.iter().filter(|&&w| w > 0.0).count();
-    if weighted == 0 || !(total > 0.0) {
+    if weighted == 0 {
         return Err(MixtureError::NothingToSample);
     }
+    // Scaled by the largest first, so that a sum of huge weights cannot overflow.
+    let largest = weights.iter().copied().fold(0.0, f64::max);
+    let weights: Vec<f64> = weights.iter().map(|w| w / largest).collect();
+    let total: f64 = weights.iter().sum();
     if groups < weighted {
         return Err(MixtureError::TooFewGroups { groups, weighted });
     }
@@ -144,7 +147,8 @@ mod tests {
 
     #[test]
     fn every_allocation_sums_to_the_groups_and_serves_every_weighted_task() {
-        let weight_sets: [&[f64]; 5] = [&[1.0], &[0.7, 0.2, 0.1], &[5.0, 1.0, 1.0, 0.01], &[1e-9, 1.0], &[1e300, 1.0]];
+        let weight_sets: [&[f64]; 6] =
+            [&[1.0], &[0.7, 0.2, 0.1], &[5.0, 1.0, 1.0, 0.01], &[1e-9, 1.0], &[1e300, 1.0], &[f64::MAX, f64::MAX, 1.0]];
         for weights in weight_sets {
             for total in weights.len()..40 {
                 let a = allocate(weights, total).unwrap();
