@@ -2,6 +2,7 @@
 //! before the loop moved out of the CLI (issue 13), so that no restructuring moves them.
 
 use std::path::Path;
+use wirl_test_artifacts::{ARITHMETIC, HOSTILE};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/default-job-2-steps.json");
 
@@ -39,7 +40,9 @@ fn deterministic_record(run: &Path) -> serde_json::Value {
 }
 
 /// Equal, except that floats may differ by a relative 1e-3 (another CPU's vector width
-/// reorders f32 sums in the loss and gradient norm; sampled tokens and rewards stay exact).
+/// reorders f32 sums in the loss and gradient norm; sampled tokens and rewards stay exact),
+/// and that records may have gained keys the fixture does not know (every key it has must
+/// be there, with its value).
 fn assert_close(path: &str, expected: &serde_json::Value, actual: &serde_json::Value) {
     use serde_json::Value;
     match (expected, actual) {
@@ -48,10 +51,9 @@ fn assert_close(path: &str, expected: &serde_json::Value, actual: &serde_json::V
             assert!((a - b).abs() <= 1e-3 * a.abs().max(b.abs()) + 1e-6, "{path}: fixture {a}, this run {b}");
         }
         (Value::Object(a), Value::Object(b)) => {
-            let keys = |o: &serde_json::Map<String, Value>| o.keys().cloned().collect::<Vec<_>>();
-            assert_eq!(keys(a), keys(b), "{path}: keys");
             for (key, value) in a {
-                assert_close(&format!("{path}.{key}"), value, &b[key]);
+                let actual = b.get(key).unwrap_or_else(|| panic!("{path}: no `{key}` in this run"));
+                assert_close(&format!("{path}.{key}"), value, actual);
             }
         }
         (Value::Array(a), Value::Array(b)) => {
@@ -87,4 +89,224 @@ fn the_default_jobs_numbers_hold() {
     let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
     assert_eq!(record["rollouts"].as_array().unwrap().len(), 2 * 4 * 8);
     assert_close("run", &fixture, &record);
+}
+
+/// A `[[tasks]]` config on the tiny model: two weighted environment tasks (3:1, the second
+/// with its own seed, kind and `max_tokens`) sharing the top-level reward, and an
+/// `eval_only` dataset task. Returns the config's path.
+fn write_multitask_config(dir: &Path, steps: usize) -> std::path::PathBuf {
+    let legacy = crate::grpo::write_config(dir, "", steps, 0.01);
+    let model = dir.join("model");
+    let tasks = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["tasks", "--plugin", ARITHMETIC, "--count", "2", "--seed", "9", "--config", "shots=false"])
+        .output()
+        .unwrap();
+    assert!(tasks.status.success());
+    std::fs::write(dir.join("held.jsonl"), &tasks.stdout).unwrap();
+    let config = format!(
+        r#"
+[model]
+path = {model:?}
+
+[[rewards]]
+plugin = {HOSTILE:?}
+
+[[tasks]]
+name = "sums"
+weight = 3
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+config = {{ shots = false }}
+
+[[tasks]]
+name = "mixed"
+weight = 1
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+seed = 7
+config = {{ shots = false, kind = "basic_arithmetic" }}
+[tasks.sampling]
+max_tokens = 3
+
+[[tasks]]
+name = "held"
+eval_only = true
+[tasks.dataset]
+eval = "held.jsonl"
+
+[sampling]
+max_tokens = 6
+
+[grpo]
+steps = {steps}
+prompts_per_step = 4
+group_size = 4
+learning_rate = 0.01
+beta = 0.0
+seed = 3
+checkpoint_every = 1
+
+[eval]
+tasks = 2
+"#
+    );
+    std::fs::write(&legacy, config).unwrap();
+    legacy
+}
+
+/// Weighted multi-task: each step gives the tasks 3 and 1 groups (Megatron's rule), each
+/// task's groups are sampled with its own settings and recorded under its name; the
+/// `eval_only` task is evaluated, never trained on; `--resume` equals an uninterrupted run.
+#[test]
+fn a_weighted_multitask_run_records_each_task_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_multitask_config(dir.path(), 2);
+    let whole = dir.path().join("whole");
+    let out = crate::grpo::train(&config, &whole);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metrics = crate::grpo::metrics(&whole);
+    assert_eq!(metrics.len(), 2);
+    for line in &metrics {
+        let tasks = line["tasks"].as_object().unwrap();
+        assert_eq!(tasks.keys().collect::<Vec<_>>(), ["mixed", "sums"], "{line}");
+        assert_eq!((tasks["sums"]["groups"].as_u64(), tasks["mixed"]["groups"].as_u64()), (Some(3), Some(1)));
+    }
+    let rollouts: Vec<serde_json::Value> = std::fs::read_to_string(whole.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rollouts.len(), 2 * 4 * 4);
+    let of = |name: &str| rollouts.iter().filter(|r| r["task_name"] == name).collect::<Vec<_>>();
+    assert_eq!((of("sums").len(), of("mixed").len(), of("held").len()), (2 * 3 * 4, 2 * 4, 0));
+    assert!(of("mixed").iter().all(|r| r["tokens"].as_u64().unwrap() <= 3), "the task's own max_tokens");
+    assert!(of("sums").iter().any(|r| r["tokens"].as_u64().unwrap() > 3), "the run's max_tokens");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(whole.join("summary.json")).unwrap()).unwrap();
+    let by_task = summary["held_out_by_task"].as_object().unwrap();
+    assert_eq!(by_task.keys().collect::<Vec<_>>(), ["held", "mixed", "sums"], "{summary}");
+
+    // Stopped after step 1 (its checkpoint), resumed to step 2: the same records.
+    let parts = dir.path().join("parts");
+    let first = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(&config)
+        .args(["--steps", "1", "--run-dir"])
+        .arg(&parts)
+        .output()
+        .unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--steps", "2", "--resume"])
+        .arg(&parts)
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let read = |run: &Path, name: &str| std::fs::read_to_string(run.join(name)).unwrap();
+    assert_eq!(read(&whole, "rollouts.jsonl"), read(&parts, "rollouts.jsonl"));
+    let deterministic = |run: &Path| -> Vec<serde_json::Value> {
+        crate::grpo::metrics(run)
+            .into_iter()
+            .map(|mut m| {
+                for key in ["time_s", "generate_tokens_per_s", "peak_rss_mib"] {
+                    m.as_object_mut().unwrap().remove(key);
+                }
+                m
+            })
+            .collect()
+    };
+    assert_eq!(deterministic(&whole), deterministic(&parts));
+    let summary_of = |run: &Path| -> serde_json::Value { serde_json::from_str(&read(run, "summary.json")).unwrap() };
+    assert_eq!(summary_of(&whole)["held_out_by_task"], summary_of(&parts)["held_out_by_task"]);
+
+    // `wirl eval` on the same config: every task's held-out problems, a line each, per task.
+    let eval = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("eval")
+        .arg(&config)
+        .arg("--output")
+        .arg(dir.path().join("eval.jsonl"))
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    assert_eq!(result["tasks"], 6, "{result}");
+    assert_eq!(result["by_task"]["held"]["tasks"], 2, "{result}");
+}
+
+/// `[[tasks]]` mistakes are errors naming the file, the key and what to do; weights that
+/// `grpo.prompts_per_step` cannot follow exactly are a warning giving the groups.
+#[test]
+fn multitask_config_errors_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_multitask_config(dir.path(), 1);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let run = dir.path().join("run");
+    let cases = [
+        (text.replace("prompts_per_step = 4", "prompts_per_step = 1"), "prompts_per_step to at least 2"),
+        (text.replace("name = \"mixed\"", "name = \"sums\""), "`tasks[1].name`: two tasks are named"),
+        (text.replace("name = \"mixed\"", "name = \"a b\""), "`tasks[1].name`"),
+        (text.replace("weight = 1\n", "weight = -1.0\n"), "`tasks[1].weight` = -1"),
+        (text.replace("weight = 3", "weight = nan"), "`tasks[0].weight` = NaN"),
+        (text.replace("weight = 3", "weight = 0").replace("weight = 1\n", "weight = 0\n"), "no task is trained on"),
+        (text.replace("max_tokens = 3", "max_tokens = 0"), "`tasks[1].sampling.max_tokens`"),
+        (text.replace("max_tokens = 3", "temperature = inf"), "`tasks[1].sampling.temperature`"),
+        (text.replace("max_tokens = 3", "flavour = 3"), "flavour"),
+        (format!("[environment]\nplugin = {ARITHMETIC:?}\n{text}"), "[tasks.environment]"),
+        (text.replace("eval_only = true", "eval_only = false"), "`tasks[2].dataset` has no `train` file"),
+        (text.replace("[tasks.dataset]\neval = \"held.jsonl\"", ""), "has no source"),
+        (text.replace(HOSTILE, "/nonexistent/reward.wasm"), "`rewards[0].plugin`"),
+    ];
+    for (bad, expected) in cases {
+        std::fs::write(&config, &bad).unwrap();
+        let out = crate::grpo::train(&config, &run);
+        let error = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "accepted:\n{bad}");
+        assert!(error.contains("train.toml") && error.contains(expected), "expected `{expected}` in: {error}");
+        assert!(!run.join("config.resolved.toml").exists(), "a refused config leaves no run");
+    }
+    // 1:1 over 3 groups: 2 and 1, said so.
+    let uneven = text.replace("weight = 3", "weight = 1").replace("prompts_per_step = 4", "prompts_per_step = 3");
+    std::fs::write(&config, uneven).unwrap();
+    let out = crate::grpo::train(&config, &run);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot follow the task weights exactly") && stderr.contains("sums 2, mixed 1"),
+        "{stderr}"
+    );
+}
+
+/// `examples/train/multitask.toml` as shipped (its real plugins, few-shot prompts), on the
+/// tiny model given a context that holds them: one step, each task evaluated, plotted.
+#[test]
+fn the_multitask_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    crate::engine::write_tiny_model(&model, false);
+    let config = std::fs::read_to_string(model.join("config.json")).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        config.replace("\"max_position_embeddings\":64", "\"max_position_embeddings\":4096"),
+    )
+    .unwrap();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/train/multitask.toml");
+    let run = dir.path().join("run");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", example, "--steps", "1", "--eval-tasks", "1", "--model"])
+        .arg(&model)
+        .arg("--run-dir")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metrics = crate::grpo::metrics(&run);
+    assert_eq!(metrics[0]["tasks"]["sums"]["groups"], 3);
+    assert_eq!(metrics[0]["tasks"]["mixed"]["groups"], 1);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["held_out_by_task"].as_object().unwrap().len(), 3, "{summary}");
+    let plot = std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).arg("plot").arg(&run).output().unwrap();
+    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
+    assert!(std::fs::read(run.join("tasks.png")).unwrap().starts_with(b"\x89PNG"));
 }

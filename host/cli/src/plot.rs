@@ -64,6 +64,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         write_chart(&out, title, &data)?;
         println!("{}", out.display());
     }
+    // One line per task of the mixture (runs from before `[[tasks]]` have none).
+    let names: std::collections::BTreeSet<&String> = lines.iter().flat_map(|m| m.tasks.keys()).collect();
+    if !names.is_empty() {
+        let data: Vec<(&str, Vec<(f64, f64)>)> = names
+            .iter()
+            .map(|name| {
+                let points = lines
+                    .iter()
+                    .filter_map(|m| Some((m.step as f64, f64::from(m.tasks.get(*name)?.reward_mean))))
+                    .filter(|(_, y)| y.is_finite())
+                    .collect();
+                (name.as_str(), points)
+            })
+            .collect();
+        let out = args.run_dir.join("tasks.png");
+        write_chart(&out, "reward mean per task", &data)?;
+        println!("{}", out.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

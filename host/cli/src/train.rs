@@ -26,6 +26,9 @@ pub struct Args {
     /// Override `eval.tasks` (0 skips the held-out evaluation).
     #[arg(long)]
     eval_tasks: Option<usize>,
+    /// Override `model.path`: a GGUF file, an HF directory or the default model's name.
+    #[arg(long, conflicts_with = "resume")]
+    model: Option<String>,
 }
 
 const DEFAULT_ORIGIN: &str = "the embedded default config (examples/train/default.toml)";
@@ -34,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let control = Control::new();
     forward_interrupts(control.clone());
     let mut terminal = Terminal;
-    let (mut trainer, start, before, run_dir) = match &args.resume {
+    let (mut trainer, checkpoint, run_dir) = match &args.resume {
         Some(run_dir) => {
             let mut config = run_dir::config(run_dir)?;
             apply_overrides(&mut config, &args)?;
@@ -47,7 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if current != checkpoint.state.plugins {
                 tracing::warn!("the plugins changed since the checkpoint (by sha256): {current:?}");
             }
-            (trainer, checkpoint.state.step, checkpoint.state.held_out_before, run_dir.clone())
+            (trainer, Some(checkpoint), run_dir.clone())
         }
         None => {
             let (mut config, text) = match &args.config {
@@ -65,10 +68,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             run_dir::create(&run_dir, &text, &config)?;
             let model = model::resolve(Some(&config.model.path))?;
             let trainer = Trainer::new(config.run_config()?, &model, &run_dir, None, control, &mut terminal)?;
-            (trainer, 0, None, run_dir)
+            (trainer, None, run_dir)
         }
     };
-    match trainer.train(start, before, &mut terminal)? {
+    let start = checkpoint.as_ref().map_or(0, |c| c.state.step);
+    match trainer.train(start, checkpoint.as_ref(), &mut terminal)? {
         Outcome::Finished(summary) => {
             if let (Some(b), Some(a)) = (summary.held_out_pass_rate_before, summary.held_out_pass_rate_after) {
                 eprintln!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
@@ -133,6 +137,9 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> {
+    if let Some(model) = &args.model {
+        config.model.path = model.clone();
+    }
     if let Some(steps) = args.steps {
         config.grpo.steps = steps;
     }
@@ -221,8 +228,8 @@ impl Observer for Terminal {
                     m.time_s.train,
                 );
             }
-            Event::HeldOut { after: false, pass_rate, tasks } => {
-                eprintln!("held-out greedy pass rate before training: {pass_rate:.3} ({tasks} tasks)")
+            Event::HeldOut { after: false, pass_rate, problems } => {
+                eprintln!("held-out greedy pass rate before training: {pass_rate:.3} ({problems} tasks)")
             }
             Event::HeldOut { after: true, .. } => {}
             Event::Checkpoint { dir } => {

@@ -33,6 +33,9 @@ impl From<Completion> for Trajectory {
 /// A task, its prompt, its trajectories and their scores (one per trajectory).
 #[derive(Clone, Debug)]
 pub struct RolloutGroup {
+    /// The run's task (its `[[tasks]]` name) that the problem came from.
+    pub task_name: String,
+    /// The problem.
     pub task: Task,
     pub prompt: Vec<u32>,
     pub trajectories: Vec<Trajectory>,
@@ -68,26 +71,14 @@ impl SamplingSpec {
     }
 }
 
-/// `group_size` samples of each prompt, the `i`-th prompt seeded `seeds(i)`. All requests are
-/// admitted to the engine's batch in one go, so that the batch (and so every sample) does not
-/// depend on thread timing. `None` when `stop()` said so first (the engine drops the rows).
+/// Each request's `n` samples (a group). All requests are admitted to the engine's batch in
+/// one go, so that the batch (and so every sample) does not depend on thread timing. `None`
+/// when `stop()` said so first (the engine drops the rows).
 pub fn sample_groups(
     engine: &EngineHandle,
-    prompts: &[Vec<u32>],
-    group_size: usize,
-    sampling: &SamplingSpec,
-    seeds: impl Fn(usize) -> u64,
+    requests: Vec<GenerateRequest>,
     stop: impl Fn() -> bool,
 ) -> Option<anyhow::Result<Vec<Vec<Trajectory>>>> {
-    let requests: Vec<GenerateRequest> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, prompt)| GenerateRequest {
-            prompt: prompt.clone(),
-            n: group_size,
-            sampling: sampling.seeded(seeds(i)),
-        })
-        .collect();
     let generated = engine.generate_all_until(requests, stop)?;
     Some(
         generated

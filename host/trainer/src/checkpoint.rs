@@ -17,6 +17,9 @@ pub struct State {
     pub step: usize,
     pub optimizer_steps: usize,
     pub held_out_before: Option<f32>,
+    /// Each task's held-out pass rate before training (absent in runs before `[[tasks]]`).
+    #[serde(default)]
+    pub held_out_before_by_task: std::collections::BTreeMap<String, f32>,
     /// `(name, sha256)` of the environment and reward plugins the run was trained with.
     pub plugins: Vec<(String, String)>,
 }

@@ -24,11 +24,17 @@ const MAX_MEMORY_MIB: u64 = 4 << 10;
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     pub model: ModelSection,
+    /// Several tasks mixed by weight, each with its source, rewards and sampling. Without
+    /// them, the one task of `environment` or `dataset` with `rewards`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskSection>,
     /// Where tasks come from: an environment plugin, or (instead) a JSONL dataset.
     #[serde(default)]
     pub environment: Option<PluginSection>,
     #[serde(default)]
     pub dataset: Option<DatasetSection>,
+    /// The reward plugins of the task; with `[[tasks]]`, those of every task that names none.
+    #[serde(default)]
     pub rewards: Vec<RewardSection>,
     #[serde(default)]
     pub sampling: SamplingSection,
@@ -36,6 +42,44 @@ pub struct TrainConfig {
     pub grpo: GrpoSection,
     #[serde(default)]
     pub eval: EvalSection,
+}
+
+/// One task of a weighted mixture.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSection {
+    /// Unique; names the task in metrics, rollouts and plots (letters, digits, `-`, `_`, `.`).
+    pub name: String,
+    /// Its share of each step's groups, relative to the other tasks' (0: never trained on).
+    #[serde(default = "one_f64")]
+    pub weight: f64,
+    /// Only in the held-out evaluation, never trained on.
+    #[serde(default)]
+    pub eval_only: bool,
+    #[serde(default)]
+    pub environment: Option<PluginSection>,
+    #[serde(default)]
+    pub dataset: Option<DatasetSection>,
+    /// Its reward plugins (default: the top-level `[[rewards]]`).
+    #[serde(default)]
+    pub rewards: Vec<RewardSection>,
+    /// Its sampling, where it differs from `[sampling]`.
+    #[serde(default)]
+    pub sampling: SamplingOverrides,
+}
+
+/// `[sampling]` keys that a task sets for itself.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingOverrides {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+}
+
+fn one_f64() -> f64 {
+    1.0
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -212,11 +256,32 @@ impl Default for EvalSection {
 pub struct RunConfig {
     /// A GGUF file, an HF directory or the default model's name (the caller resolves it).
     pub model: String,
-    pub source: SourceSpec,
-    pub rewards: Vec<RewardSpec>,
+    /// At least one; the trained ones' weights allocate at least one group each.
+    pub tasks: Vec<TaskSpec>,
+    /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the
+    /// `constant` aggregation's divisor.
     pub sampling: SamplingSpec,
     pub grpo: GrpoSection,
     pub eval: EvalSection,
+}
+
+/// A task of the run, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskSpec {
+    pub name: String,
+    /// Its share of the groups: 0 for a task never trained on (`eval_only`, or weight 0).
+    pub weight: f64,
+    pub source: SourceSpec,
+    pub rewards: Vec<RewardSpec>,
+    pub sampling: SamplingSpec,
+}
+
+impl RunConfig {
+    /// Groups per step for each task, by Megatron's rule (checked on load).
+    pub fn allocation(&self) -> anyhow::Result<wirl_rollout::Allocation> {
+        let weights: Vec<f64> = self.tasks.iter().map(|t| t.weight).collect();
+        Ok(wirl_rollout::allocate(&weights, self.grpo.prompts_per_step)?)
+    }
 }
 
 /// A TOML table as the plugin's JSON config.
@@ -224,46 +289,137 @@ fn json_config(table: &toml::Table) -> serde_json::Map<String, serde_json::Value
     table.iter().map(|(key, value)| (key.clone(), serde_json::to_value(value).unwrap_or_default())).collect()
 }
 
+/// One task as the config gives it, `[[tasks]]` or the single-source keys alike, with the
+/// key prefix that its errors name.
+struct TaskView<'a> {
+    /// `tasks[1].` or empty.
+    key: String,
+    name: String,
+    weight: f64,
+    eval_only: bool,
+    environment: Option<&'a PluginSection>,
+    dataset: Option<&'a DatasetSection>,
+    rewards: &'a [RewardSection],
+    /// `tasks[1].rewards` or `rewards`.
+    rewards_key: String,
+    sampling: &'a SamplingOverrides,
+}
+
+static NO_OVERRIDES: SamplingOverrides =
+    SamplingOverrides { max_tokens: None, temperature: None, top_p: None, top_k: None };
+
+impl TaskView<'_> {
+    fn sampling(&self, run: &SamplingSection) -> SamplingSpec {
+        let own = self.sampling;
+        SamplingSpec {
+            max_tokens: own.max_tokens.unwrap_or(run.max_tokens),
+            temperature: own.temperature.unwrap_or(run.temperature),
+            top_p: own.top_p.unwrap_or(run.top_p),
+            top_k: own.top_k.unwrap_or(run.top_k),
+        }
+    }
+}
+
+fn plugin_ref(section: &PluginSection) -> PluginRef {
+    PluginRef {
+        path: section.plugin.clone(),
+        config: json_config(&section.config),
+        deadline_ms: section.deadline_ms,
+        memory_mib: section.memory_mib,
+    }
+}
+
 impl TrainConfig {
-    /// The validated form. Only for a config that `parse` (or `check_numbers`, after an
-    /// override) accepted: one without a task source is refused here too.
-    pub fn run_config(&self) -> anyhow::Result<RunConfig> {
-        let source = match (&self.environment, &self.dataset) {
-            (Some(environment), None) => SourceSpec::Environment {
-                plugin: PluginRef {
-                    path: environment.plugin.clone(),
-                    config: json_config(&environment.config),
-                    deadline_ms: environment.deadline_ms,
-                    memory_mib: environment.memory_mib,
-                },
-                seed: environment.seed,
-            },
-            (None, Some(dataset)) => SourceSpec::Dataset { train: dataset.train.clone(), eval: dataset.eval.clone() },
-            _ => bail!("the config needs exactly one task source: [environment] or [dataset]"),
-        };
-        let rewards = self
-            .rewards
+    /// The tasks, `[[tasks]]` or the one of the single-source keys (named after its
+    /// environment plugin's file, or `dataset`).
+    fn task_views(&self) -> Vec<TaskView<'_>> {
+        if self.tasks.is_empty() {
+            let name = match &self.environment {
+                Some(environment) => {
+                    environment.plugin.file_stem().map_or("environment".into(), |s| s.to_string_lossy().into_owned())
+                }
+                None => "dataset".to_string(),
+            };
+            return vec![TaskView {
+                key: String::new(),
+                name,
+                weight: 1.0,
+                eval_only: false,
+                environment: self.environment.as_ref(),
+                dataset: self.dataset.as_ref(),
+                rewards: &self.rewards,
+                rewards_key: "rewards".into(),
+                sampling: &NO_OVERRIDES,
+            }];
+        }
+        self.tasks
             .iter()
-            .map(|reward| RewardSpec {
-                plugin: PluginRef {
-                    path: reward.plugin.clone(),
-                    config: json_config(&reward.config),
-                    deadline_ms: reward.deadline_ms,
-                    memory_mib: reward.memory_mib,
-                },
-                weight: reward.weight,
-                code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
-                    path: runner.plugin.clone(),
-                    deadline_ms: runner.deadline_ms,
-                    memory_mib: runner.memory_mib,
-                }),
+            .enumerate()
+            .map(|(i, task)| {
+                let (rewards, rewards_key) = if task.rewards.is_empty() {
+                    (&self.rewards[..], "rewards".to_string())
+                } else {
+                    (&task.rewards[..], format!("tasks[{i}].rewards"))
+                };
+                TaskView {
+                    key: format!("tasks[{i}]."),
+                    name: task.name.clone(),
+                    weight: task.weight,
+                    eval_only: task.eval_only,
+                    environment: task.environment.as_ref(),
+                    dataset: task.dataset.as_ref(),
+                    rewards,
+                    rewards_key,
+                    sampling: &task.sampling,
+                }
             })
-            .collect();
+            .collect()
+    }
+
+    /// The validated form. Only for a config that `parse` (or `check_numbers`, after an
+    /// override) accepted.
+    pub fn run_config(&self) -> anyhow::Result<RunConfig> {
+        let mut tasks = Vec::new();
+        for view in self.task_views() {
+            let source = match (view.environment, view.dataset) {
+                (Some(environment), None) => {
+                    SourceSpec::Environment { plugin: plugin_ref(environment), seed: environment.seed }
+                }
+                (None, Some(dataset)) => {
+                    SourceSpec::Dataset { train: dataset.train.clone(), eval: dataset.eval.clone() }
+                }
+                _ => bail!("task `{}` needs exactly one task source: an environment or a dataset", view.name),
+            };
+            let rewards = view
+                .rewards
+                .iter()
+                .map(|reward| RewardSpec {
+                    plugin: PluginRef {
+                        path: reward.plugin.clone(),
+                        config: json_config(&reward.config),
+                        deadline_ms: reward.deadline_ms,
+                        memory_mib: reward.memory_mib,
+                    },
+                    weight: reward.weight,
+                    code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
+                        path: runner.plugin.clone(),
+                        deadline_ms: runner.deadline_ms,
+                        memory_mib: runner.memory_mib,
+                    }),
+                })
+                .collect();
+            tasks.push(TaskSpec {
+                weight: if view.eval_only { 0.0 } else { view.weight },
+                sampling: view.sampling(&self.sampling),
+                name: view.name,
+                source,
+                rewards,
+            });
+        }
         let s = &self.sampling;
         Ok(RunConfig {
             model: self.model.path.clone(),
-            source,
-            rewards,
+            tasks,
             sampling: SamplingSpec {
                 max_tokens: s.max_tokens,
                 temperature: s.temperature,
@@ -294,15 +450,26 @@ impl TrainConfig {
 
     /// Every file the config names.
     fn paths(&mut self) -> Vec<&mut PathBuf> {
-        let mut paths: Vec<&mut PathBuf> = Vec::new();
-        for reward in &mut self.rewards {
-            paths.push(&mut reward.plugin);
-            paths.extend(reward.code_runner.as_mut().map(|r| &mut r.plugin));
+        fn of<'a>(
+            paths: &mut Vec<&'a mut PathBuf>,
+            environment: Option<&'a mut PluginSection>,
+            dataset: Option<&'a mut DatasetSection>,
+            rewards: &'a mut [RewardSection],
+        ) {
+            for reward in rewards {
+                paths.push(&mut reward.plugin);
+                paths.extend(reward.code_runner.as_mut().map(|r| &mut r.plugin));
+            }
+            paths.extend(environment.map(|e| &mut e.plugin));
+            if let Some(dataset) = dataset {
+                paths.extend(dataset.train.as_mut());
+                paths.extend(dataset.eval.as_mut());
+            }
         }
-        paths.extend(self.environment.as_mut().map(|e| &mut e.plugin));
-        if let Some(dataset) = self.dataset.as_mut() {
-            paths.extend(dataset.train.as_mut());
-            paths.extend(dataset.eval.as_mut());
+        let mut paths: Vec<&mut PathBuf> = Vec::new();
+        of(&mut paths, self.environment.as_mut(), self.dataset.as_mut(), &mut self.rewards);
+        for task in &mut self.tasks {
+            of(&mut paths, task.environment.as_mut(), task.dataset.as_mut(), &mut task.rewards);
         }
         paths
     }
@@ -321,46 +488,90 @@ impl TrainConfig {
                 path.display()
             )
         };
-        match (&self.environment, &self.dataset) {
-            (Some(environment), None) => {
-                if !environment.plugin.is_file() {
-                    return Err(plugin_missing("environment.plugin", &environment.plugin));
+        if !self.tasks.is_empty() && (self.environment.is_some() || self.dataset.is_some()) {
+            bail!(
+                "{origin}: with [[tasks]], each task names its own source: move [environment] into a task as \
+                 [tasks.environment] (or [dataset] as [tasks.dataset])"
+            );
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for view in self.task_views() {
+            let key = &view.key;
+            let where_ = if key.is_empty() { String::new() } else { format!(" of `{key}name` = {:?}", view.name) };
+            if !key.is_empty() {
+                let fine = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+                if view.name.is_empty() || view.name.len() > 64 || !view.name.chars().all(fine) {
+                    bail!(
+                        "{origin}: `{key}name` = {:?}: a task's name is 1 to 64 letters, digits, `-`, `_` or `.`",
+                        view.name
+                    );
+                }
+                if !names.insert(view.name.clone()) {
+                    bail!("{origin}: `{key}name`: two tasks are named {:?}; names must be unique", view.name);
                 }
             }
-            (None, Some(dataset)) => {
-                if dataset.train.is_none() && dataset.eval.is_none() {
-                    bail!("{origin}: [dataset] names no file: set `train` (to train) and/or `eval` (held-out tasks)");
-                }
-                for (key, path) in dataset
-                    .train
-                    .iter()
-                    .map(|p| ("dataset.train", p))
-                    .chain(dataset.eval.iter().map(|p| ("dataset.eval", p)))
-                {
-                    if !path.is_file() {
-                        bail!(
-                            "{origin}: `{key}`: {} does not exist (relative paths are from the config's directory)",
-                            path.display()
-                        );
+            match (view.environment, view.dataset) {
+                (Some(environment), None) => {
+                    if !environment.plugin.is_file() {
+                        return Err(plugin_missing(&format!("{key}environment.plugin"), &environment.plugin));
                     }
                 }
+                (None, Some(dataset)) => {
+                    if dataset.train.is_none() && dataset.eval.is_none() {
+                        bail!(
+                            "{origin}: [{key}dataset] names no file: set `train` (to train) and/or `eval` (held-out tasks)"
+                        );
+                    }
+                    if dataset.train.is_none() && !view.eval_only && view.weight > 0.0 && !key.is_empty() {
+                        bail!(
+                            "{origin}: `{key}dataset` has no `train` file but the task trains (weight {}): name one, \
+                             or set `{key}eval_only = true`",
+                            view.weight
+                        );
+                    }
+                    for (name, path) in
+                        dataset.train.iter().map(|p| ("train", p)).chain(dataset.eval.iter().map(|p| ("eval", p)))
+                    {
+                        if !path.is_file() {
+                            bail!(
+                                "{origin}: `{key}dataset.{name}`: {} does not exist (relative paths are from the \
+                                 config's directory)",
+                                path.display()
+                            );
+                        }
+                    }
+                }
+                (Some(_), Some(_)) => {
+                    bail!("{origin}: give either [{key}environment] or [{key}dataset]{where_}, not both")
+                }
+                (None, None) if key.is_empty() => bail!(
+                    "{origin}: no task source: add an [environment] table (a plugin) or a [dataset] table (JSONL), \
+                     or [[tasks]]"
+                ),
+                (None, None) => {
+                    bail!(
+                        "{origin}: `{key}`: the task {:?} has no source: add [{key}environment] or [{key}dataset]",
+                        view.name
+                    )
+                }
             }
-            (Some(_), Some(_)) => bail!("{origin}: give either [environment] or [dataset], not both"),
-            (None, None) => {
-                bail!("{origin}: no task source: add an [environment] table (a plugin) or a [dataset] table (JSONL)")
+            if view.rewards.is_empty() {
+                bail!(
+                    "{origin}: `{}`: at least one reward plugin is needed{where_} (a [[rewards]] table{})",
+                    view.rewards_key,
+                    if key.is_empty() { String::new() } else { format!(", shared, or [[{key}rewards]]") }
+                );
             }
-        }
-        if self.rewards.is_empty() {
-            bail!("{origin}: `rewards`: at least one [[rewards]] table is needed");
-        }
-        for (i, reward) in self.rewards.iter().enumerate() {
-            if !reward.plugin.is_file() {
-                return Err(plugin_missing(&format!("rewards[{i}].plugin"), &reward.plugin));
-            }
-            if let Some(runner) = &reward.code_runner
-                && !runner.plugin.is_file()
-            {
-                return Err(plugin_missing(&format!("rewards[{i}].code_runner.plugin"), &runner.plugin));
+            for (i, reward) in view.rewards.iter().enumerate() {
+                let rkey = &view.rewards_key;
+                if !reward.plugin.is_file() {
+                    return Err(plugin_missing(&format!("{rkey}[{i}].plugin"), &reward.plugin));
+                }
+                if let Some(runner) = &reward.code_runner
+                    && !runner.plugin.is_file()
+                {
+                    return Err(plugin_missing(&format!("{rkey}[{i}].code_runner.plugin"), &runner.plugin));
+                }
             }
         }
         self.check_numbers(origin)
@@ -386,7 +597,7 @@ impl TrainConfig {
             bail!("{origin}: `grpo.group_size` must be at least 2 (advantages compare samples of a group)");
         }
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
-        let floats: [FloatRule; 9] = [
+        let floats: [FloatRule; 8] = [
             ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
             ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
             ("grpo.beta", g.beta, "a number >= 0", |x| x >= 0.0),
@@ -395,7 +606,6 @@ impl TrainConfig {
             ("grpo.entropy", g.entropy, "a finite number", |_| true),
             ("grpo.failure_reward", f64::from(g.failure_reward), "a finite number", |_| true),
             ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
-            ("sampling.top_p", f64::from(self.sampling.top_p), "in (0, 1]", |x| x > 0.0 && x <= 1.0),
         ];
         for (key, value, wanted, ok) in floats {
             if !(value.is_finite() && ok(value)) {
@@ -409,41 +619,63 @@ impl TrainConfig {
                 "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
             );
         }
-        let temperature = self.sampling.temperature;
-        if !(temperature.is_finite() && temperature > 0.0) {
-            bail!(
-                "{origin}: `sampling.temperature` = {temperature}: training needs a positive temperature (at 0 every \
-                 sample of a group is the same, so no group carries a signal)"
-            );
-        }
-        for (i, reward) in self.rewards.iter().enumerate() {
-            if !reward.weight.is_finite() {
-                bail!("{origin}: `rewards[{i}].weight` = {}: it must be a finite number", reward.weight);
+        check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
+        let views = self.task_views();
+        for view in &views {
+            let key = &view.key;
+            if !key.is_empty() {
+                check_sampling(origin, &format!("{key}sampling."), view.sampling)?;
+                if !(view.weight.is_finite() && view.weight >= 0.0) {
+                    bail!("{origin}: `{key}weight` = {}: it must be a finite number >= 0", view.weight);
+                }
+            }
+            for (i, reward) in view.rewards.iter().enumerate() {
+                if !reward.weight.is_finite() {
+                    bail!(
+                        "{origin}: `{}[{i}].weight` = {}: it must be a finite number",
+                        view.rewards_key,
+                        reward.weight
+                    );
+                }
+            }
+            // Memory in MiB becomes bytes: a value that cannot is refused, not wrapped.
+            let mut memories: Vec<(String, Option<u64>)> = Vec::new();
+            if let Some(environment) = view.environment {
+                memories.push((format!("{key}environment.memory_mib"), environment.memory_mib));
+            }
+            for (i, reward) in view.rewards.iter().enumerate() {
+                let rkey = &view.rewards_key;
+                memories.push((format!("{rkey}[{i}].memory_mib"), reward.memory_mib));
+                if let Some(runner) = &reward.code_runner {
+                    memories.push((format!("{rkey}[{i}].code_runner.memory_mib"), runner.memory_mib));
+                }
+            }
+            for (key, mib) in memories {
+                if let Some(mib) = mib
+                    && !(1..=MAX_MEMORY_MIB).contains(&mib)
+                {
+                    bail!(
+                        "{origin}: `{key}` = {mib}: it must be between 1 and {MAX_MEMORY_MIB} (the sandbox's maximum)"
+                    );
+                }
             }
         }
-        // Memory in MiB becomes bytes: a value that cannot is refused, not wrapped.
-        let mut memories: Vec<(String, Option<u64>)> = Vec::new();
-        if let Some(environment) = &self.environment {
-            memories.push(("environment.memory_mib".into(), environment.memory_mib));
-        }
-        for (i, reward) in self.rewards.iter().enumerate() {
-            memories.push((format!("rewards[{i}].memory_mib"), reward.memory_mib));
-            if let Some(runner) = &reward.code_runner {
-                memories.push((format!("rewards[{i}].code_runner.memory_mib"), runner.memory_mib));
-            }
-        }
-        for (key, mib) in memories {
-            if let Some(mib) = mib
-                && !(1..=MAX_MEMORY_MIB).contains(&mib)
-            {
-                bail!("{origin}: `{key}` = {mib}: it must be between 1 and {MAX_MEMORY_MIB} (the sandbox's maximum)");
-            }
+        // Each trained task gets at least one group a step (Megatron's rule).
+        let weights: Vec<f64> = views.iter().map(|v| if v.eval_only { 0.0 } else { v.weight }).collect();
+        if let Err(error) = wirl_rollout::allocate(&weights, g.prompts_per_step) {
+            let error = match error {
+                wirl_rollout::MixtureError::NothingToSample => {
+                    "no task is trained on: give at least one task a positive weight and no `eval_only`".to_string()
+                }
+                other => other.to_string(),
+            };
+            bail!("{origin}: {error}");
         }
         let training_tasks = (g.steps as u64).checked_mul(g.prompts_per_step as u64);
         let Some(training_tasks) = training_tasks.filter(|&n| n < 1 << 40) else {
             bail!("{origin}: `grpo.steps` x `grpo.prompts_per_step` is too large (at most 2^40 tasks)");
         };
-        if self.environment.is_some() && self.eval.first_index < training_tasks {
+        if views.iter().any(|v| v.environment.is_some()) && self.eval.first_index < training_tasks {
             bail!("{origin}: `eval.first_index` overlaps the training tasks; raise it above steps x prompts_per_step");
         }
         if let Some(&k) = self.eval.k.iter().find(|&&k| k == 0 || (self.eval.samples > 0 && k > self.eval.samples)) {
@@ -454,4 +686,36 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+impl From<SamplingSection> for SamplingOverrides {
+    fn from(s: SamplingSection) -> Self {
+        SamplingOverrides {
+            max_tokens: Some(s.max_tokens),
+            temperature: Some(s.temperature),
+            top_p: Some(s.top_p),
+            top_k: Some(s.top_k),
+        }
+    }
+}
+
+/// The sampling keys under `prefix` that are set: in range, finite, named on error.
+fn check_sampling(origin: &str, prefix: &str, sampling: &SamplingOverrides) -> anyhow::Result<()> {
+    if sampling.max_tokens == Some(0) {
+        bail!("{origin}: `{prefix}max_tokens` must be at least 1");
+    }
+    if let Some(top_p) = sampling.top_p
+        && !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0)
+    {
+        bail!("{origin}: `{prefix}top_p` = {top_p}: it must be in (0, 1]");
+    }
+    if let Some(temperature) = sampling.temperature
+        && !(temperature.is_finite() && temperature > 0.0)
+    {
+        bail!(
+            "{origin}: `{prefix}temperature` = {temperature}: training needs a positive temperature (at 0 every \
+             sample of a group is the same, so no group carries a signal)"
+        );
+    }
+    Ok(())
 }

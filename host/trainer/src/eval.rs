@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::Instant;
 use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
 use wirl_rollout::{Scorers, TaskSource, fitting_prompt, prompt_ids, seed_for};
-use wirl_sandbox::printable;
 use wirl_sandbox::{Sandbox, SandboxSettings};
+use wirl_sandbox::{Task, printable};
 
 /// The unbiased estimator of pass@k from n samples of which c passed (Chen et al. 2021):
 /// 1 - C(n-c, k) / C(n, k), as a product so that large n does not overflow.
@@ -38,23 +38,33 @@ pub fn evaluate(
     observer.event(Event::Loading { path: model });
     let loaded = wirl_engine::load(model, &LoadOptions::default())?;
     let sandbox = Sandbox::new(SandboxSettings::default())?;
-    let mut source = TaskSource::load(&sandbox, &config.source)?;
-    let tasks = source.held_out(config.eval.first_index, config.eval.tasks);
-    anyhow::ensure!(!tasks.is_empty(), "no held-out tasks to evaluate (a [dataset] needs an `eval` file)");
-    // A task whose prompt does not fit the context is left out, as in training.
+    // Every task's held-out problems, in task order; one whose prompt does not fit the
+    // context is left out, as in training.
     let context = loaded.config.max_position_embeddings;
-    let tasks: Vec<_> = tasks
-        .into_iter()
-        .filter(|task| match fitting_prompt(&loaded.tokenizer, task, config.sampling.max_tokens, context) {
-            Ok(_) => true,
-            Err(failure) => {
-                tracing::warn!("held-out task `{}` left out: {}", task.id, printable(&failure.reason));
-                false
+    let mut scorers = Vec::new();
+    let mut tasks: Vec<(usize, Task)> = Vec::new();
+    for (t, spec) in config.tasks.iter().enumerate() {
+        let name = &spec.name;
+        let mut source = TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
+        let held_out = source.held_out(config.eval.first_index, config.eval.tasks);
+        if held_out.is_empty() {
+            tracing::warn!("task `{name}`: no held-out problems (a dataset needs an `eval` file)");
+        }
+        for problem in held_out {
+            match fitting_prompt(&loaded.tokenizer, &problem, spec.sampling.max_tokens, context) {
+                Ok(_) => tasks.push((t, problem)),
+                Err(failure) => {
+                    tracing::warn!("held-out task `{}` left out: {}", problem.id, printable(&failure.reason))
+                }
             }
-        })
-        .collect();
-    anyhow::ensure!(!tasks.is_empty(), "no held-out task fits the model's context of {context} tokens");
-    let mut rewards = Scorers::load(&sandbox, &config.rewards)?;
+        }
+        scorers.push(Scorers::load(&sandbox, &spec.rewards).with_context(|| format!("task `{name}`"))?);
+    }
+    anyhow::ensure!(
+        !tasks.is_empty(),
+        "no held-out task to evaluate (a dataset needs an `eval` file; prompts must fit the model's context of \
+         {context} tokens)"
+    );
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -64,32 +74,38 @@ pub fn evaluate(
 
     let eval = &config.eval;
     let pass = |reward: f32| reward >= config.grpo.pass_reward;
-    let (mut greedy_passed, mut estimates) = (0usize, vec![0.0f64; eval.k.len()]);
+    // Per task: problems, greedy passes, pass@k estimates summed.
+    let mut tallies: Vec<(usize, usize, Vec<f64>)> =
+        config.tasks.iter().map(|_| (0, 0, vec![0.0; eval.k.len()])).collect();
     let mut done = 0usize;
     for (chunk_index, chunk) in tasks.chunks(eval.batch_tasks).enumerate() {
         let mut requests = Vec::new();
-        for (i, task) in chunk.iter().enumerate() {
+        for (i, (t, task)) in chunk.iter().enumerate() {
+            let sampling_spec = &config.tasks[*t].sampling;
             let prompt = prompt_ids(&loaded.tokenizer, task)?;
             requests.push(GenerateRequest {
                 prompt: prompt.clone(),
                 n: 1,
-                sampling: Sampling::greedy(config.sampling.max_tokens),
+                sampling: Sampling::greedy(sampling_spec.max_tokens),
             });
             if eval.samples > 0 {
                 // Seeded per task, so a task's samples do not depend on the batch it ran in.
                 let sampling =
-                    config.sampling.seeded(seed_for(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64));
+                    sampling_spec.seeded(seed_for(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64));
                 requests.push(GenerateRequest { prompt, n: eval.samples, sampling });
             }
         }
         let mut outputs = wirl_engine::generate(&loaded.model, &loaded.tokenizer, &requests, |_, _, _| {})?.into_iter();
-        for task in chunk {
+        for (t, task) in chunk {
+            let (rewards, tally) = (&mut scorers[*t], &mut tallies[*t]);
             let greedy = outputs.next().context("one greedy completion per task")?;
             let greedy_text = greedy[0].text.clone();
             let greedy_score =
                 &rewards.score_group(task, std::slice::from_ref(&greedy_text), config.grpo.failure_reward)[0];
-            greedy_passed += usize::from(pass(greedy_score.reward));
+            tally.0 += 1;
+            tally.1 += usize::from(pass(greedy_score.reward));
             let mut line = json!({
+                "task_name": config.tasks[*t].name,
                 "task_id": task.id,
                 "greedy": { "passed": pass(greedy_score.reward), "reward": greedy_score.reward,
                             "notes": greedy_score.notes, "completion": greedy_text },
@@ -102,7 +118,7 @@ pub fn evaluate(
                 let c = scores.iter().filter(|s| pass(s.reward)).count();
                 passed_samples = Some(c);
                 let mut per_k = serde_json::Map::new();
-                for (k, estimate) in eval.k.iter().zip(&mut estimates) {
+                for (k, estimate) in eval.k.iter().zip(&mut tally.2) {
                     let p = pass_at_k(texts.len(), c, *k);
                     *estimate += p;
                     per_k.insert(format!("pass@{k}"), p.into());
@@ -129,20 +145,31 @@ pub fn evaluate(
         }
         lines.flush()?;
     }
-    let count = tasks.len();
-    let mut summary = json!({
-        "model": config.model,
-        "tasks": count,
-        "greedy_pass_rate": greedy_passed as f64 / count as f64,
-        "samples": eval.samples,
-        "per_task": output.display().to_string(),
-        "seconds": started.elapsed().as_secs_f64(),
-    });
-    if eval.samples > 0 {
-        for (k, estimate) in eval.k.iter().zip(estimates) {
-            summary[format!("pass@{k}")] = (estimate / count as f64).into();
+    // Over all problems together, and per task.
+    let figures = |count: usize, passed: usize, estimates: &[f64]| {
+        let mut figures = json!({ "tasks": count, "greedy_pass_rate": passed as f64 / count.max(1) as f64 });
+        if eval.samples > 0 {
+            for (k, estimate) in eval.k.iter().zip(estimates) {
+                figures[format!("pass@{k}")] = (estimate / count.max(1) as f64).into();
+            }
         }
-    }
+        figures
+    };
+    let (count, passed) = tallies.iter().fold((0, 0), |(n, p), t| (n + t.0, p + t.1));
+    let estimates: Vec<f64> = (0..eval.k.len()).map(|i| tallies.iter().map(|t| t.2[i]).sum()).collect();
+    let mut summary = figures(count, passed, &estimates);
+    summary["model"] = config.model.clone().into();
+    summary["samples"] = eval.samples.into();
+    summary["per_task"] = output.display().to_string().into();
+    summary["seconds"] = started.elapsed().as_secs_f64().into();
+    summary["by_task"] = config
+        .tasks
+        .iter()
+        .zip(&tallies)
+        .filter(|(_, tally)| tally.0 > 0)
+        .map(|(spec, (n, p, e))| (spec.name.clone(), figures(*n, *p, e)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     Ok(summary)
 }
 

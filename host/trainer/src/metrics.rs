@@ -38,11 +38,28 @@ pub struct StepMetrics {
     pub failures: BTreeMap<String, usize>,
     pub generate_tokens_per_s: f64,
     pub time_s: StepTimes,
+    /// The same figures per task of the mixture, by task name.
+    pub tasks: BTreeMap<String, TaskMetrics>,
+}
+
+/// One task's share of a step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TaskMetrics {
+    /// Groups allocated to it.
+    pub groups: usize,
+    pub groups_kept: usize,
+    pub reward_mean: f32,
+    pub pass_rate: f32,
+    pub completion_tokens_mean: f32,
+    pub tasks_skipped: usize,
 }
 
 /// A task skipped in a step (its source failed it, or its prompt did not fit).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SkippedTaskEntry {
+    /// The run's task (`[[tasks]]` name) whose source skipped it.
+    pub task_name: String,
     pub index: u64,
     pub task: Option<String>,
     pub reason: String,
@@ -66,6 +83,9 @@ pub struct StepTimes {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RolloutRecord {
     pub step: usize,
+    /// The run's task (`[[tasks]]` name).
+    pub task_name: String,
+    /// The problem's id.
     pub task: String,
     pub sample: usize,
     pub completion: String,
@@ -82,6 +102,7 @@ pub struct RolloutRecord {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SkippedTaskRecord {
     pub step: usize,
+    pub task_name: String,
     pub skipped_task: u64,
     pub task: Option<String>,
     pub reason: String,

@@ -16,8 +16,9 @@ pub enum Event<'a> {
     Phase { step: usize, steps: usize, phase: Phase },
     /// A step finished; `eta_s` estimates the rest of the run.
     Step { metrics: &'a StepMetrics, steps: usize, eta_s: f64 },
-    /// The held-out greedy pass rate, before or after training.
-    HeldOut { after: bool, pass_rate: f32, tasks: usize },
+    /// The held-out greedy pass rate over `problems` held-out problems (all tasks'), before
+    /// or after training.
+    HeldOut { after: bool, pass_rate: f32, problems: usize },
     /// A checkpoint was written.
     Checkpoint { dir: &'a Path },
     /// `wirl eval`: one held-out task judged.

@@ -8,11 +8,13 @@
 //! one line of `metrics.jsonl`, the step's completions in `rollouts.jsonl`, and checkpoints.
 
 use crate::checkpoint::{self, Checkpoint};
-use crate::config::RunConfig;
+use crate::config::{RunConfig, TaskSpec};
 use crate::control::Control;
-use crate::metrics::{PluginHash, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes};
+use crate::metrics::{
+    PluginHash, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes, TaskMetrics,
+};
 use crate::observer::{Event, Observer, Phase};
-use anyhow::bail;
+use anyhow::{Context, bail};
 use candle_core::{DType, Device};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -21,8 +23,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use wirl_engine::{EngineHandle, GenerateRequest, LoadOptions, Sampling, Tokenizer};
 use wirl_grpo::{GroupBatch, Learner, LossSettings, Net, Optimizer, Policy, UpdateSettings};
-use wirl_rollout::{RolloutGroup, Scorers, StepTasks, TaskFailure, TaskSource, sample_groups, seed_for};
-use wirl_sandbox::{Sandbox, SandboxSettings, Task, printable};
+use wirl_rollout::{RolloutGroup, Scorers, SkippedTask, StepTasks, TaskSource, sample_groups, seed_for};
+use wirl_sandbox::{Sandbox, SandboxSettings, printable};
 
 /// How a run ended, when it did not fail.
 #[derive(Debug)]
@@ -38,10 +40,33 @@ pub enum Outcome {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
     pub steps: usize,
+    /// Over all tasks' held-out problems together.
     pub held_out_pass_rate_before: Option<f32>,
     pub held_out_pass_rate_after: Option<f32>,
+    /// Held-out problems per task (`eval.tasks`).
     pub held_out_tasks: usize,
+    /// Each task's before and after.
+    #[serde(default)]
+    pub held_out_by_task: BTreeMap<String, (Option<f32>, Option<f32>)>,
     pub seconds_this_session: f64,
+}
+
+/// Held-out greedy pass rates: over all tasks' problems together, and per task.
+#[derive(Clone, Debug, Default)]
+struct HeldOut {
+    overall: Option<f32>,
+    /// How many problems `overall` is over.
+    problems: usize,
+    by_task: BTreeMap<String, f32>,
+}
+
+/// A task of the run, loaded: its source and scorers.
+struct LoadedTask {
+    spec: TaskSpec,
+    source: TaskSource,
+    scorers: Scorers,
+    /// Its plugins (environment, rewards), as its rollouts record them.
+    hashes: Vec<PluginHash>,
 }
 
 pub struct Trainer {
@@ -51,8 +76,9 @@ pub struct Trainer {
     learner: Learner,
     inference: Arc<wirl_engine::Model>,
     engine: EngineHandle,
-    tasks: TaskSource,
-    rewards: Scorers,
+    tasks: Vec<LoadedTask>,
+    /// Groups per step for each task.
+    allocation: Vec<usize>,
     model_config: wirl_engine::Config,
     control: Control,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
@@ -94,11 +120,38 @@ impl Trainer {
 
         let sandbox = Sandbox::new(SandboxSettings::default())?;
         control.watch(sandbox.interrupter());
-        let tasks = TaskSource::load(&sandbox, &config.source)?;
-        if !tasks.can_train() {
-            bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)");
+        let allocation = config.allocation()?;
+        if allocation.moved {
+            let shares: Vec<String> = config
+                .tasks
+                .iter()
+                .zip(&allocation.groups)
+                .map(|(task, groups)| format!("{} {groups}", task.name))
+                .collect();
+            tracing::warn!(
+                "grpo.prompts_per_step = {} cannot follow the task weights exactly; groups per step: {}",
+                config.grpo.prompts_per_step,
+                shares.join(", ")
+            );
         }
-        let rewards = Scorers::load(&sandbox, &config.rewards)?;
+        let mut tasks = Vec::new();
+        for (spec, &groups) in config.tasks.iter().zip(&allocation.groups) {
+            let name = &spec.name;
+            let source = TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
+            if groups > 0 && !source.can_train() {
+                bail!(
+                    "task `{name}`: its dataset has no `train` file: name one to train (evaluation needs only `eval`)"
+                );
+            }
+            let scorers = Scorers::load(&sandbox, &spec.rewards).with_context(|| format!("task `{name}`"))?;
+            let hashes = source
+                .plugin()
+                .into_iter()
+                .chain(scorers.plugins())
+                .map(|p| PluginHash { name: p.name().to_string(), sha256: p.sha256().to_string() })
+                .collect();
+            tasks.push(LoadedTask { spec: spec.clone(), source, scorers, hashes });
+        }
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
         if let Some(checkpoint) = resume {
@@ -113,7 +166,7 @@ impl Trainer {
             inference,
             engine,
             tasks,
-            rewards,
+            allocation: allocation.groups,
             control,
             _sandbox: sandbox,
         })
@@ -124,60 +177,76 @@ impl Trainer {
         &self.engine
     }
 
-    /// `(name, sha256)` of the environment and reward plugins.
+    /// `(name, sha256)` of every task's environment and reward plugins, each once.
     pub fn plugin_hashes(&self) -> Vec<(String, String)> {
-        self.tasks
-            .plugin()
-            .into_iter()
-            .chain(self.rewards.plugins())
-            .map(|p| (p.name().to_string(), p.sha256().to_string()))
-            .collect()
-    }
-
-    /// Greedy pass rate on the held-out tasks.
-    fn evaluate(&mut self) -> anyhow::Result<Option<f32>> {
-        let count = self.config.eval.tasks;
-        if count == 0 {
-            return Ok(None);
-        }
-        let tasks = self.tasks.held_out(self.config.eval.first_index, count);
-        if tasks.is_empty() {
-            tracing::warn!("no held-out tasks (a [dataset] without `eval`): evaluation skipped");
-            return Ok(None);
-        }
-        // A held-out task whose prompt does not fit is left out, as in training.
-        let mut fitting = Vec::new();
-        let mut requests = Vec::new();
-        for task in tasks {
-            match self.fitting_prompt(&task) {
-                Ok(prompt) => {
-                    let sampling = Sampling::greedy(self.config.sampling.max_tokens);
-                    requests.push(GenerateRequest { prompt, n: 1, sampling });
-                    fitting.push(task);
-                }
-                Err(failure) => tracing::warn!("held-out task `{}` skipped: {}", task.id, printable(&failure.reason)),
+        let mut hashes: Vec<(String, String)> = Vec::new();
+        for hash in self.tasks.iter().flat_map(|t| &t.hashes) {
+            let pair = (hash.name.clone(), hash.sha256.clone());
+            if !hashes.contains(&pair) {
+                hashes.push(pair);
             }
         }
-        let tasks = fitting;
-        let count = tasks.len();
-        if count == 0 {
-            tracing::warn!("no held-out task could be used: evaluation skipped");
-            return Ok(None);
-        }
-        let outputs = wirl_engine::generate(&self.inference, &self.tokenizer, &requests, |_, _, _| {})?;
-        let mut passed = 0;
-        for (task, out) in tasks.iter().zip(outputs) {
-            let scored = self.rewards.score_group(task, &[out[0].text.clone()], self.config.grpo.failure_reward);
-            passed += usize::from(scored[0].reward >= self.config.grpo.pass_reward);
-        }
-        Ok(Some(passed as f32 / count as f32))
+        hashes
     }
 
-    fn checkpoint(&self, step: usize, held_out_before: Option<f32>, observer: &mut dyn Observer) -> anyhow::Result<()> {
+    /// Greedy pass rates on every task's held-out problems (`eval.tasks` each), all
+    /// generated together.
+    fn evaluate(&mut self) -> anyhow::Result<HeldOut> {
+        let count = self.config.eval.tasks;
+        if count == 0 {
+            return Ok(HeldOut::default());
+        }
+        let context = self.model_config.max_position_embeddings;
+        let mut problems = Vec::new();
+        let mut requests = Vec::new();
+        for (t, task) in self.tasks.iter_mut().enumerate() {
+            let held_out = task.source.held_out(self.config.eval.first_index, count);
+            if held_out.is_empty() {
+                tracing::warn!("task `{}`: no held-out problems (a dataset without `eval`)", task.spec.name);
+            }
+            let max_tokens = task.spec.sampling.max_tokens;
+            // A held-out problem whose prompt does not fit is left out, as in training.
+            for problem in held_out {
+                match wirl_rollout::fitting_prompt(&self.tokenizer, &problem, max_tokens, context) {
+                    Ok(prompt) => {
+                        requests.push(GenerateRequest { prompt, n: 1, sampling: Sampling::greedy(max_tokens) });
+                        problems.push((t, problem));
+                    }
+                    Err(failure) => {
+                        tracing::warn!("held-out task `{}` skipped: {}", problem.id, printable(&failure.reason))
+                    }
+                }
+            }
+        }
+        if problems.is_empty() {
+            tracing::warn!("no held-out task could be used: evaluation skipped");
+            return Ok(HeldOut::default());
+        }
+        let outputs = wirl_engine::generate(&self.inference, &self.tokenizer, &requests, |_, _, _| {})?;
+        let mut passed = vec![(0usize, 0usize); self.tasks.len()];
+        for ((t, problem), out) in problems.iter().zip(outputs) {
+            let task = &mut self.tasks[*t];
+            let scored = task.scorers.score_group(problem, &[out[0].text.clone()], self.config.grpo.failure_reward);
+            passed[*t].0 += usize::from(scored[0].reward >= self.config.grpo.pass_reward);
+            passed[*t].1 += 1;
+        }
+        let (all_passed, all) = passed.iter().fold((0, 0), |(p, n), (tp, tn)| (p + tp, n + tn));
+        let by_task = self
+            .tasks
+            .iter()
+            .zip(&passed)
+            .filter(|(_, (_, n))| *n > 0)
+            .map(|(task, (p, n))| (task.spec.name.clone(), *p as f32 / *n as f32))
+            .collect();
+        Ok(HeldOut { overall: Some(all_passed as f32 / all as f32), problems: all, by_task })
+    }
+
+    fn checkpoint(&self, step: usize, before: &HeldOut, observer: &mut dyn Observer) -> anyhow::Result<()> {
         let state = checkpoint::State {
             step,
             optimizer_steps: self.learner.optimizer.steps,
-            held_out_before,
+            held_out_before: before.overall,
+            held_out_before_by_task: before.by_task.clone(),
             plugins: self.plugin_hashes(),
         };
         let dir = checkpoint::write(
@@ -192,37 +261,43 @@ impl Trainer {
         Ok(())
     }
 
-    /// Run steps `start + 1 ..= grpo.steps` (`held_out_before`: the score a resumed run had
-    /// before its first step).
+    /// Run steps `start + 1 ..= grpo.steps`; a resumed run passes its checkpoint, whose
+    /// held-out scores before training it keeps.
     pub fn train(
         &mut self,
         start: usize,
-        held_out_before: Option<f32>,
+        resumed: Option<&Checkpoint>,
         observer: &mut dyn Observer,
     ) -> anyhow::Result<Outcome> {
         let started = Instant::now();
         let tasks = self.config.eval.tasks;
-        let before = if start == 0 { self.evaluate()? } else { held_out_before };
-        if let (0, Some(pass_rate)) = (start, before) {
-            observer.event(Event::HeldOut { after: false, pass_rate, tasks });
+        let before = match resumed {
+            Some(checkpoint) => HeldOut {
+                overall: checkpoint.state.held_out_before,
+                problems: 0,
+                by_task: checkpoint.state.held_out_before_by_task.clone(),
+            },
+            None if start == 0 => self.evaluate()?,
+            None => HeldOut::default(),
+        };
+        if let (0, Some(pass_rate)) = (start, before.overall) {
+            observer.event(Event::HeldOut { after: false, pass_rate, problems: before.problems });
         }
         let append = |name: &str| -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
             let file = std::fs::OpenOptions::new().create(true).append(true).open(self.run_dir.join(name))?;
             Ok(std::io::BufWriter::new(file))
         };
         let (mut metrics, mut rollouts) = (append("metrics.jsonl")?, append("rollouts.jsonl")?);
-        let hashes: Vec<PluginHash> =
-            self.plugin_hashes().into_iter().map(|(name, sha256)| PluginHash { name, sha256 }).collect();
         let steps = self.config.grpo.steps;
         let every = self.config.grpo.checkpoint_every;
         let mut step_times = Vec::new();
         let mut skipped_in_a_row = 0;
         for step in start..steps {
-            let Some(line) = self.step(step, &mut rollouts, &hashes, observer)? else {
+            let Some(line) = self.step(step, &mut rollouts, observer)? else {
                 // Stopped before the step's first update: the step is abandoned, the weights
                 // are those of the last completed step.
                 rollouts.flush()?;
-                self.checkpoint(step, before, observer)?;
+                self.checkpoint(step, &before, observer)?;
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: true });
             };
             step_times.push(line.time_s.total);
@@ -243,7 +318,7 @@ impl Trainer {
             skipped_in_a_row = if line.updates_skipped > 0 { skipped_in_a_row + line.updates_skipped } else { 0 };
             if skipped_in_a_row >= self.config.grpo.max_skipped_updates {
                 // The weights are still the last good ones: skipped updates leave them alone.
-                self.checkpoint(step + 1, before, observer)?;
+                self.checkpoint(step + 1, &before, observer)?;
                 bail!(
                     "stopping: {skipped_in_a_row} updates in a row had a non-finite gradient (the last at step {}; \
                      grpo.max_skipped_updates = {}); the last good weights are checkpointed. Look at the step's \
@@ -256,21 +331,29 @@ impl Trainer {
             }
             let stopped = self.control.is_stopped();
             if step + 1 == steps || (every > 0 && (step + 1) % every == 0) || stopped {
-                self.checkpoint(step + 1, before, observer)?;
+                self.checkpoint(step + 1, &before, observer)?;
             }
             if stopped {
                 return Ok(Outcome::Stopped { steps_done: step + 1, abandoned: false });
             }
         }
         let after = self.evaluate()?;
-        if let Some(pass_rate) = after {
-            observer.event(Event::HeldOut { after: true, pass_rate, tasks });
+        if let Some(pass_rate) = after.overall {
+            observer.event(Event::HeldOut { after: true, pass_rate, problems: after.problems });
         }
+        let held_out_by_task = self
+            .tasks
+            .iter()
+            .map(|t| &t.spec.name)
+            .filter(|name| before.by_task.contains_key(*name) || after.by_task.contains_key(*name))
+            .map(|name| (name.clone(), (before.by_task.get(name).copied(), after.by_task.get(name).copied())))
+            .collect();
         let summary = Summary {
             steps,
-            held_out_pass_rate_before: before,
-            held_out_pass_rate_after: after,
+            held_out_pass_rate_before: before.overall,
+            held_out_pass_rate_after: after.overall,
             held_out_tasks: tasks,
+            held_out_by_task,
             seconds_this_session: started.elapsed().as_secs_f64(),
         };
         std::fs::write(self.run_dir.join("summary.json"), serde_json::to_string(&summary)? + "\n")?;
@@ -283,7 +366,6 @@ impl Trainer {
         &mut self,
         step: usize,
         rollouts: &mut impl Write,
-        hashes: &[PluginHash],
         observer: &mut dyn Observer,
     ) -> anyhow::Result<Option<StepMetrics>> {
         let g = self.config.grpo.clone();
@@ -292,38 +374,59 @@ impl Trainer {
         let stop = self.control.clone();
         let stopped = move || stop.is_stopped();
 
-        // Tasks and rollouts.
-        let per_step = g.prompts_per_step as u64;
-        let first = step as u64 * per_step;
-        let (tokenizer, room) = (self.tokenizer.clone(), self.config.sampling.max_tokens);
+        // Each task's problems and prompts, in task order: task t's k-th group of step s is
+        // its problem s × groups(t) + k, the same on every resume.
         let context = self.model_config.max_position_embeddings;
-        let StepTasks { tasks, prompts, skipped } =
-            wirl_rollout::step_tasks(&mut self.tasks, first..first + per_step, |task| {
-                wirl_rollout::fitting_prompt(&tokenizer, task, room, context)
-            })?;
-        for skip in &skipped {
-            tracing::warn!("step {}: {}", step + 1, printable(&skip.to_string()));
+        let mut picked: Vec<(usize, wirl_sandbox::Task, Vec<u32>)> = Vec::new();
+        let mut skipped: Vec<(usize, SkippedTask)> = Vec::new();
+        for (t, task) in self.tasks.iter_mut().enumerate() {
+            let groups = self.allocation[t] as u64;
+            if groups == 0 {
+                continue;
+            }
+            let first = step as u64 * groups;
+            let max_tokens = task.spec.sampling.max_tokens;
+            let tokenizer = &self.tokenizer;
+            let StepTasks { tasks, prompts, skipped: skips } =
+                wirl_rollout::step_tasks(&mut task.source, first..first + groups, |problem| {
+                    wirl_rollout::fitting_prompt(tokenizer, problem, max_tokens, context)
+                })
+                .with_context(|| format!("task `{}`", task.spec.name))?;
+            picked.extend(tasks.into_iter().zip(prompts).map(|(problem, prompt)| (t, problem, prompt)));
+            skipped.extend(skips.into_iter().map(|skip| (t, skip)));
+        }
+        for (t, skip) in &skipped {
+            tracing::warn!("step {}, task `{}`: {}", step + 1, self.tasks[*t].spec.name, printable(&skip.to_string()));
         }
         let phase = |phase| Event::Phase { step: step + 1, steps, phase };
-        observer.event(phase(Phase::Generating { prompts: g.prompts_per_step, group_size: g.group_size }));
+        observer.event(phase(Phase::Generating { prompts: picked.len(), group_size: g.group_size }));
         let generate_started = Instant::now();
-        let seeds = |i: usize| seed_for(g.seed, (step * g.prompts_per_step + i) as u64);
-        let Some(generated) =
-            sample_groups(&self.engine, &prompts, g.group_size, &self.config.sampling, seeds, &stopped)
-        else {
+        let requests = picked
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _, prompt))| GenerateRequest {
+                prompt: prompt.clone(),
+                n: g.group_size,
+                sampling: self.tasks[*t].spec.sampling.seeded(seed_for(g.seed, (step * g.prompts_per_step + i) as u64)),
+            })
+            .collect();
+        let Some(generated) = sample_groups(&self.engine, requests, &stopped) else {
             return Ok(None);
         };
         let generated = generated?;
         let generate_s = generate_started.elapsed().as_secs_f64();
 
-        // Scores.
+        // Scores, each group by its task's reward plugins.
         observer.event(phase(Phase::Scoring));
         let score_started = Instant::now();
         let mut groups = Vec::with_capacity(generated.len());
-        for ((task, prompt), trajectories) in tasks.into_iter().zip(prompts).zip(generated) {
+        let mut owners = Vec::with_capacity(generated.len());
+        for ((t, task, prompt), trajectories) in picked.into_iter().zip(generated) {
             let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
-            let scores = self.rewards.score_group(&task, &texts, g.failure_reward);
-            groups.push(RolloutGroup { task, prompt, trajectories, scores });
+            let owner = &mut self.tasks[t];
+            let scores = owner.scorers.score_group(&task, &texts, g.failure_reward);
+            groups.push(RolloutGroup { task_name: owner.spec.name.clone(), task, prompt, trajectories, scores });
+            owners.push(t);
         }
         let score_s = score_started.elapsed().as_secs_f64();
         if stopped() {
@@ -333,10 +436,13 @@ impl Trainer {
         }
 
         // Advantages; groups whose rewards are all equal carry no signal.
+        let mut kept_of_task = vec![0usize; self.tasks.len()];
         let batches: Vec<GroupBatch> = groups
             .iter()
-            .filter_map(|group| {
+            .zip(&owners)
+            .filter_map(|(group, &t)| {
                 let advantages = wirl_grpo::group_advantages(&group.rewards(), g.advantage)?;
+                kept_of_task[t] += 1;
                 Some(GroupBatch {
                     prompt: group.prompt.clone(),
                     completions: group.trajectories.iter().map(|t| t.tokens.clone()).collect(),
@@ -368,6 +474,115 @@ impl Trainer {
         let train_s = train_started.elapsed().as_secs_f64();
 
         // Records.
+        for (t, skip) in &skipped {
+            let record = SkippedTaskRecord {
+                step: step + 1,
+                task_name: self.tasks[*t].spec.name.clone(),
+                skipped_task: skip.index,
+                task: skip.id.clone(),
+                reason: skip.reason.clone(),
+            };
+            serde_json::to_writer(&mut *rollouts, &record)?;
+            writeln!(rollouts)?;
+        }
+        for (group, &t) in groups.iter().zip(&owners) {
+            for (sample, (trajectory, score)) in group.trajectories.iter().zip(&group.scores).enumerate() {
+                let record = RolloutRecord {
+                    step: step + 1,
+                    task_name: group.task_name.clone(),
+                    task: group.task.id.clone(),
+                    sample,
+                    completion: trajectory.text.clone(),
+                    tokens: trajectory.tokens.len(),
+                    reward: score.reward,
+                    parts: score.parts.clone(),
+                    failures: score.failures.clone(),
+                    notes: score.notes.clone(),
+                    plugins: self.tasks[t].hashes.clone(),
+                };
+                serde_json::to_writer(&mut *rollouts, &record)?;
+                writeln!(rollouts)?;
+            }
+        }
+        let figures = Figures::of(groups.iter(), g.pass_reward);
+        let mut per_task = BTreeMap::new();
+        for (t, task) in self.tasks.iter().enumerate() {
+            if self.allocation[t] == 0 {
+                continue;
+            }
+            let own = Figures::of(groups.iter().zip(&owners).filter(|(_, o)| **o == t).map(|(g, _)| g), g.pass_reward);
+            per_task.insert(
+                task.spec.name.clone(),
+                TaskMetrics {
+                    groups: self.allocation[t],
+                    groups_kept: kept_of_task[t],
+                    reward_mean: own.reward_mean,
+                    pass_rate: own.pass_rate,
+                    completion_tokens_mean: own.tokens_mean,
+                    tasks_skipped: skipped.iter().filter(|(o, _)| *o == t).count(),
+                },
+            );
+        }
+        let step_tokens: usize = batches.iter().flat_map(|b| b.completions.iter().map(Vec::len)).sum();
+        Ok(Some(StepMetrics {
+            step: step + 1,
+            learning_rate,
+            reward_mean: figures.reward_mean,
+            reward_std: figures.reward_std,
+            parts: figures.parts,
+            pass_rate: figures.pass_rate,
+            groups_kept: batches.len(),
+            loss: update.loss,
+            kl: if step_tokens > 0 && g.beta > 0.0 { update.kl } else { 0.0 },
+            entropy: update.entropy,
+            clip_fraction: update.clip_fraction,
+            grad_norm: update.grad_norm,
+            updates_skipped: update.updates_skipped,
+            groups_recomputed: update.groups_recomputed,
+            peak_rss_mib: peak_rss_mib(),
+            tasks_skipped: skipped
+                .iter()
+                .map(|(t, s)| SkippedTaskEntry {
+                    task_name: self.tasks[*t].spec.name.clone(),
+                    index: s.index,
+                    task: s.id.clone(),
+                    reason: s.reason.clone(),
+                })
+                .collect(),
+            completion_tokens_mean: figures.tokens_mean,
+            completion_tokens_max: figures.tokens_max,
+            failures: figures.failures,
+            generate_tokens_per_s: figures.tokens as f64 / generate_s.max(1e-9),
+            time_s: StepTimes {
+                generate: generate_s,
+                score: score_s,
+                train: train_s,
+                total: step_started.elapsed().as_secs_f64(),
+                reference_forward: update.time.reference_forward,
+                policy_forward: update.time.policy_forward,
+                backward: update.time.backward,
+                optimizer: update.time.optimizer,
+            },
+            tasks: per_task,
+        }))
+    }
+}
+
+/// Reward and length figures over some groups' completions.
+struct Figures {
+    reward_mean: f32,
+    reward_std: f32,
+    pass_rate: f32,
+    parts: BTreeMap<String, f32>,
+    failures: BTreeMap<String, usize>,
+    tokens: usize,
+    tokens_mean: f32,
+    tokens_max: usize,
+}
+
+impl Figures {
+    fn of<'a>(groups: impl Iterator<Item = &'a RolloutGroup>, pass_reward: f32) -> Figures {
+        let groups: Vec<&RolloutGroup> = groups.collect();
         let all: Vec<&wirl_rollout::Scored> = groups.iter().flat_map(|g| &g.scores).collect();
         let rewards: Vec<f32> = all.iter().map(|s| s.reward).collect();
         let n = rewards.len().max(1) as f32;
@@ -386,78 +601,17 @@ impl Trainer {
             }
         }
         let lengths: Vec<usize> = groups.iter().flat_map(|g| g.trajectories.iter().map(|t| t.tokens.len())).collect();
-        let generated: usize = lengths.iter().sum();
-        for skip in &skipped {
-            let record = SkippedTaskRecord {
-                step: step + 1,
-                skipped_task: skip.index,
-                task: skip.id.clone(),
-                reason: skip.reason.clone(),
-            };
-            serde_json::to_writer(&mut *rollouts, &record)?;
-            writeln!(rollouts)?;
-        }
-        for group in &groups {
-            for (sample, (trajectory, score)) in group.trajectories.iter().zip(&group.scores).enumerate() {
-                let record = RolloutRecord {
-                    step: step + 1,
-                    task: group.task.id.clone(),
-                    sample,
-                    completion: trajectory.text.clone(),
-                    tokens: trajectory.tokens.len(),
-                    reward: score.reward,
-                    parts: score.parts.clone(),
-                    failures: score.failures.clone(),
-                    notes: score.notes.clone(),
-                    plugins: hashes.to_vec(),
-                };
-                serde_json::to_writer(&mut *rollouts, &record)?;
-                writeln!(rollouts)?;
-            }
-        }
-        let kept = batches.len();
-        let step_tokens: usize = batches.iter().flat_map(|b| b.completions.iter().map(Vec::len)).sum();
-        Ok(Some(StepMetrics {
-            step: step + 1,
-            learning_rate,
+        let tokens: usize = lengths.iter().sum();
+        Figures {
             reward_mean: mean,
             reward_std: std,
+            pass_rate: rewards.iter().filter(|&&r| r >= pass_reward).count() as f32 / n,
             parts,
-            pass_rate: rewards.iter().filter(|&&r| r >= g.pass_reward).count() as f32 / n,
-            groups_kept: kept,
-            loss: update.loss,
-            kl: if step_tokens > 0 && g.beta > 0.0 { update.kl } else { 0.0 },
-            entropy: update.entropy,
-            clip_fraction: update.clip_fraction,
-            grad_norm: update.grad_norm,
-            updates_skipped: update.updates_skipped,
-            groups_recomputed: update.groups_recomputed,
-            peak_rss_mib: peak_rss_mib(),
-            tasks_skipped: skipped
-                .iter()
-                .map(|s| SkippedTaskEntry { index: s.index, task: s.id.clone(), reason: s.reason.clone() })
-                .collect(),
-            completion_tokens_mean: generated as f32 / lengths.len().max(1) as f32,
-            completion_tokens_max: lengths.iter().max().copied().unwrap_or(0),
             failures,
-            generate_tokens_per_s: generated as f64 / generate_s.max(1e-9),
-            time_s: StepTimes {
-                generate: generate_s,
-                score: score_s,
-                train: train_s,
-                total: step_started.elapsed().as_secs_f64(),
-                reference_forward: update.time.reference_forward,
-                policy_forward: update.time.policy_forward,
-                backward: update.time.backward,
-                optimizer: update.time.optimizer,
-            },
-        }))
-    }
-
-    /// `task`'s prompt, if it leaves room for `sampling.max_tokens` in the model's context.
-    fn fitting_prompt(&self, task: &Task) -> Result<Vec<u32>, TaskFailure> {
-        let context = self.model_config.max_position_embeddings;
-        wirl_rollout::fitting_prompt(&self.tokenizer, task, self.config.sampling.max_tokens, context)
+            tokens,
+            tokens_mean: tokens as f32 / lengths.len().max(1) as f32,
+            tokens_max: lengths.iter().max().copied().unwrap_or(0),
+        }
     }
 }
 
