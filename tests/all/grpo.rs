@@ -138,7 +138,9 @@ fn training_raises_a_toy_reward() {
 }
 
 /// A reward plugin that traps on every other call: the run completes and the failures are
-/// counted by kind.
+/// counted by kind. By default the failed trajectories are masked (no gradient, no reward, a
+/// group left without two usable ones skipped and counted); with `on_failure = "reward"`
+/// they are trained on with `failure_reward`, as the user asked.
 #[test]
 fn a_reward_plugin_that_traps_every_other_call_does_not_stop_training() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,10 +148,46 @@ fn a_reward_plugin_that_traps_every_other_call_does_not_stop_training() {
     let run = dir.path().join("run");
     let out = train(&config, &run);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let statuses = |run: &Path| -> Vec<String> {
+        std::fs::read_to_string(run.join("rollouts.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["status"].as_str().unwrap().to_string())
+            .collect()
+    };
     for line in metrics(&run) {
         // Two tasks per step, the second of each pair traps: its 6 completions fail.
         assert_eq!(line["failures"]["trap"], 6, "{line}");
+        assert_eq!((line["trajectories_masked"].as_u64(), line["groups_unusable"].as_u64()), (Some(6), Some(1)));
+        // The reward figures are the usable group's: its completions score their length > 0.
+        assert!(line["reward_mean"].as_f64().unwrap() > 0.0, "{line}");
     }
+    let masked = statuses(&run);
+    assert_eq!(masked.iter().filter(|s| *s == "masked").count(), 2 * 6, "{masked:?}");
+    assert_eq!(masked.iter().filter(|s| *s == "ok").count(), 2 * 6, "{masked:?}");
+
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("seed = 3", "seed = 3\non_failure = \"reward\"\nfailure_reward = -1.0");
+    std::fs::write(&config, text).unwrap();
+    let rewarded = dir.path().join("rewarded");
+    let out = train(&config, &rewarded);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for line in metrics(&rewarded) {
+        assert_eq!(line["failures"]["trap"], 6, "{line}");
+        assert_eq!(line["trajectories_masked"], 0, "{line}");
+        assert_eq!(line["groups_unusable"], 0, "{line}");
+    }
+    let statuses = statuses(&rewarded);
+    assert_eq!(statuses.iter().filter(|s| *s == "failed").count(), 2 * 6, "{statuses:?}");
+    let rewards: Vec<f64> = std::fs::read_to_string(rewarded.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["status"] == "failed")
+        .map(|r| r["reward"].as_f64().unwrap())
+        .collect();
+    assert!(rewards.iter().all(|&r| r == -1.0), "{rewards:?}");
 }
 
 #[test]
@@ -163,6 +201,7 @@ fn config_errors_name_the_file_the_key_and_what_to_do() {
         (text.replace("steps = 1", "steps = \"many\""), "steps"),
         (text.replace(HOSTILE, "/nonexistent/reward.wasm"), "rewards[0].plugin"),
         (text.replace("group_size = 6", "group_size = 1"), "grpo.group_size"),
+        (text.replace("seed = 3", "seed = 3\nfailure_reward = 0.5"), "grpo.on_failure = \"reward\""),
     ];
     for (bad, key) in cases {
         std::fs::write(&config, bad).unwrap();

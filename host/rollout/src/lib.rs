@@ -16,6 +16,6 @@ pub mod spec;
 pub use group::{RolloutGroup, SamplingSpec, Trajectory, sample_groups, seed_for};
 pub use mixture::{Allocation, MixtureError, allocate};
 pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, prompt_ids, step_tasks};
-pub use scorer::{Scored, Scorers};
+pub use scorer::{FailurePolicy, OnFailure, Scored, Scorers, Status};
 pub use source::{TaskSource, read_tasks};
 pub use spec::{CodeRunnerRef, PluginRef, RewardSpec, SourceSpec};

@@ -15,9 +15,53 @@ pub struct Scorers {
     labels: Vec<String>,
 }
 
+/// What a trajectory whose scoring failed becomes (a task's `on_failure`). A failure is
+/// never silently a reward unless the task asks for that.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFailure {
+    /// Masked: no gradient, not in the group's advantages or the step's reward figures;
+    /// counted.
+    #[default]
+    Mask,
+    /// Trained on, with `failure_reward` standing for each failed plugin's reward.
+    Reward,
+}
+
+/// How a failed plugin call is scored.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FailurePolicy {
+    pub on_failure: OnFailure,
+    /// The reward that stands for a failed call's under `OnFailure::Reward`.
+    pub failure_reward: f32,
+}
+
+/// A trajectory's standing after scoring (after Megatron-RL's rollout status).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Scored by every plugin.
+    #[default]
+    Ok,
+    /// A plugin failed on it; it is trained on with `failure_reward` for that plugin.
+    Failed,
+    /// A plugin failed on it; it carries no gradient and is counted.
+    Masked,
+}
+
+impl Status {
+    /// Whether it takes part in advantages, the loss and reward figures.
+    pub fn usable(self) -> bool {
+        self != Status::Masked
+    }
+}
+
 /// One scored completion.
 #[derive(Clone, Debug, Default)]
 pub struct Scored {
+    pub status: Status,
+    /// The weighted sum of the plugins' rewards (a failed call counting `failure_reward`
+    /// under `OnFailure::Reward`, 0 under `Mask`, where the total is not used).
     pub reward: f32,
     /// Parts by name; a name that two plugins both give is kept as `plugin/part` for each.
     pub parts: BTreeMap<String, f32>,
@@ -48,9 +92,13 @@ impl Scorers {
         self.plugins.iter().map(|(p, _)| p.plugin())
     }
 
-    /// Score one group: every plugin's weighted reward summed; a failing call scores
-    /// `failure_reward` for that plugin and is recorded.
-    pub fn score_group(&mut self, task: &Task, completions: &[String], failure_reward: f32) -> Vec<Scored> {
+    /// Score one group: every plugin's weighted reward summed. A failing call is recorded
+    /// (its kind, its message in the notes) and handled by `policy`.
+    pub fn score_group(&mut self, task: &Task, completions: &[String], policy: FailurePolicy) -> Vec<Scored> {
+        let failure_reward = match policy.on_failure {
+            OnFailure::Reward => policy.failure_reward,
+            OnFailure::Mask => 0.0,
+        };
         let mut scored: Vec<Scored> = completions.iter().map(|_| Scored::default()).collect();
         let mut given: Vec<Vec<(String, String, f32)>> = completions.iter().map(|_| Vec::new()).collect();
         for ((plugin, weight), name) in self.plugins.iter_mut().zip(&self.labels) {
@@ -75,6 +123,12 @@ impl Scorers {
         }
         for (out, parts) in scored.iter_mut().zip(given) {
             out.parts = merge_parts(parts);
+            if !out.failures.is_empty() {
+                out.status = match policy.on_failure {
+                    OnFailure::Reward => Status::Failed,
+                    OnFailure::Mask => Status::Masked,
+                };
+            }
         }
         scored
     }

@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
-use wirl_rollout::{CodeRunnerRef, PluginRef, RewardSpec, SamplingSpec, SourceSpec};
+use wirl_rollout::{CodeRunnerRef, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec, SourceSpec};
 
 /// The default run, embedded so that `wirl train` needs no file.
 pub const DEFAULT_TOML: &str = include_str!("../../../examples/train/default.toml");
@@ -66,6 +66,9 @@ pub struct TaskSection {
     /// Its sampling, where it differs from `[sampling]`.
     #[serde(default)]
     pub sampling: SamplingOverrides,
+    /// What a trajectory whose scoring fails becomes (default: `grpo.on_failure`).
+    #[serde(default)]
+    pub on_failure: Option<OnFailure>,
 }
 
 /// `[sampling]` keys that a task sets for itself.
@@ -185,7 +188,10 @@ pub struct GrpoSection {
     pub inner_epochs: usize,
     pub advantage: AdvantageMode,
     pub aggregation: Aggregation,
-    /// The reward a completion gets when a reward plugin fails on it.
+    /// What a trajectory whose scoring fails becomes: `mask` (no gradient, counted) or
+    /// `reward` (trained on, with `failure_reward` for the failed plugin's reward).
+    pub on_failure: OnFailure,
+    /// The reward that stands for a failed plugin call's under `on_failure = "reward"`.
     pub failure_reward: f32,
     /// A completion passes when its reward is at least this.
     pub pass_reward: f32,
@@ -219,6 +225,7 @@ impl Default for GrpoSection {
             inner_epochs: 1,
             advantage: AdvantageMode::Grpo,
             aggregation: Aggregation::TokenMean,
+            on_failure: OnFailure::Mask,
             failure_reward: 0.0,
             pass_reward: 1.0,
             seed: 0,
@@ -274,6 +281,8 @@ pub struct TaskSpec {
     pub source: SourceSpec,
     pub rewards: Vec<RewardSpec>,
     pub sampling: SamplingSpec,
+    /// How its reward plugins' failures are handled.
+    pub failures: FailurePolicy,
 }
 
 impl RunConfig {
@@ -303,6 +312,7 @@ struct TaskView<'a> {
     /// `tasks[1].rewards` or `rewards`.
     rewards_key: String,
     sampling: &'a SamplingOverrides,
+    on_failure: Option<OnFailure>,
 }
 
 static NO_OVERRIDES: SamplingOverrides =
@@ -350,6 +360,7 @@ impl TrainConfig {
                 rewards: &self.rewards,
                 rewards_key: "rewards".into(),
                 sampling: &NO_OVERRIDES,
+                on_failure: None,
             }];
         }
         self.tasks
@@ -371,6 +382,7 @@ impl TrainConfig {
                     rewards,
                     rewards_key,
                     sampling: &task.sampling,
+                    on_failure: task.on_failure,
                 }
             })
             .collect()
@@ -409,6 +421,10 @@ impl TrainConfig {
                 })
                 .collect();
             tasks.push(TaskSpec {
+                failures: FailurePolicy {
+                    on_failure: view.on_failure.unwrap_or(self.grpo.on_failure),
+                    failure_reward: self.grpo.failure_reward,
+                },
                 weight: if view.eval_only { 0.0 } else { view.weight },
                 sampling: view.sampling(&self.sampling),
                 name: view.name,
@@ -659,6 +675,14 @@ impl TrainConfig {
                     );
                 }
             }
+        }
+        if g.failure_reward != 0.0 && views.iter().all(|v| v.on_failure.unwrap_or(g.on_failure) == OnFailure::Mask) {
+            bail!(
+                "{origin}: `grpo.failure_reward` = {} is used only where failures are rewarded: set \
+                 `grpo.on_failure = \"reward\"` (or a task's `on_failure`), or leave it out (failed trajectories are \
+                 masked by default)",
+                g.failure_reward
+            );
         }
         // Each trained task gets at least one group a step (Megatron's rule).
         let weights: Vec<f64> = views.iter().map(|v| if v.eval_only { 0.0 } else { v.weight }).collect();

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
-use wirl_rollout::{Scorers, TaskSource, fitting_prompt, prompt_ids, seed_for};
+use wirl_rollout::{Scored, Scorers, TaskSource, fitting_prompt, prompt_ids, seed_for};
 use wirl_sandbox::{Sandbox, SandboxSettings};
 use wirl_sandbox::{Task, printable};
 
@@ -73,7 +73,8 @@ pub fn evaluate(
     );
 
     let eval = &config.eval;
-    let pass = |reward: f32| reward >= config.grpo.pass_reward;
+    // A masked verdict (a plugin failed) is not a pass.
+    let pass = |score: &Scored| score.status.usable() && score.reward >= config.grpo.pass_reward;
     // Per task: problems, greedy passes, pass@k estimates summed.
     let mut tallies: Vec<(usize, usize, Vec<f64>)> =
         config.tasks.iter().map(|_| (0, 0, vec![0.0; eval.k.len()])).collect();
@@ -101,21 +102,21 @@ pub fn evaluate(
             let greedy = outputs.next().context("one greedy completion per task")?;
             let greedy_text = greedy[0].text.clone();
             let greedy_score =
-                &rewards.score_group(task, std::slice::from_ref(&greedy_text), config.grpo.failure_reward)[0];
+                &rewards.score_group(task, std::slice::from_ref(&greedy_text), config.tasks[*t].failures)[0];
             tally.0 += 1;
-            tally.1 += usize::from(pass(greedy_score.reward));
+            tally.1 += usize::from(pass(greedy_score));
             let mut line = json!({
                 "task_name": config.tasks[*t].name,
                 "task_id": task.id,
-                "greedy": { "passed": pass(greedy_score.reward), "reward": greedy_score.reward,
+                "greedy": { "passed": pass(greedy_score), "reward": greedy_score.reward,
                             "notes": greedy_score.notes, "completion": greedy_text },
             });
             let mut passed_samples = None;
             if eval.samples > 0 {
                 let texts: Vec<String> =
                     outputs.next().context("samples per task")?.into_iter().map(|c| c.text).collect();
-                let scores = rewards.score_group(task, &texts, config.grpo.failure_reward);
-                let c = scores.iter().filter(|s| pass(s.reward)).count();
+                let scores = rewards.score_group(task, &texts, config.tasks[*t].failures);
+                let c = scores.iter().filter(|s| pass(s)).count();
                 passed_samples = Some(c);
                 let mut per_k = serde_json::Map::new();
                 for (k, estimate) in eval.k.iter().zip(&mut tally.2) {
@@ -129,7 +130,7 @@ pub fn evaluate(
                 line["completions"] = texts
                     .iter()
                     .zip(&scores)
-                    .map(|(text, s)| json!({ "passed": pass(s.reward), "notes": s.notes, "completion": text }))
+                    .map(|(text, s)| json!({ "passed": pass(s), "notes": s.notes, "completion": text }))
                     .collect();
             }
             serde_json::to_writer(&mut lines, &line)?;
@@ -139,7 +140,7 @@ pub fn evaluate(
                 done,
                 total: tasks.len(),
                 task: &task.id,
-                greedy_passed: pass(greedy_score.reward),
+                greedy_passed: pass(greedy_score),
                 samples: passed_samples.map(|c| (c, eval.samples)),
             });
         }

@@ -20,6 +20,11 @@ pub struct StepMetrics {
     pub pass_rate: f32,
     /// Groups with a signal (not all rewards equal), trained on.
     pub groups_kept: usize,
+    /// Groups left with fewer than two usable trajectories (the rest masked), skipped.
+    pub groups_unusable: usize,
+    /// Trajectories masked for a failed plugin call (`on_failure = "mask"`): no gradient,
+    /// not in the reward figures.
+    pub trajectories_masked: usize,
     pub loss: f32,
     pub kl: f32,
     pub entropy: f32,
@@ -53,6 +58,8 @@ pub struct TaskMetrics {
     pub pass_rate: f32,
     pub completion_tokens_mean: f32,
     pub tasks_skipped: usize,
+    pub trajectories_masked: usize,
+    pub groups_unusable: usize,
 }
 
 /// A task skipped in a step (its source failed it, or its prompt did not fit).
@@ -83,6 +90,8 @@ pub struct StepTimes {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RolloutRecord {
     pub step: usize,
+    /// `ok`, `failed` (trained on with `failure_reward`) or `masked` (no gradient).
+    pub status: wirl_rollout::Status,
     /// The run's task (`[[tasks]]` name).
     pub task_name: String,
     /// The problem's id.

@@ -226,8 +226,9 @@ impl Trainer {
         let mut passed = vec![(0usize, 0usize); self.tasks.len()];
         for ((t, problem), out) in problems.iter().zip(outputs) {
             let task = &mut self.tasks[*t];
-            let scored = task.scorers.score_group(problem, &[out[0].text.clone()], self.config.grpo.failure_reward);
-            passed[*t].0 += usize::from(scored[0].reward >= self.config.grpo.pass_reward);
+            let scored = task.scorers.score_group(problem, &[out[0].text.clone()], task.spec.failures);
+            // A masked verdict (a plugin failed) is not a pass.
+            passed[*t].0 += usize::from(scored[0].status.usable() && scored[0].reward >= self.config.grpo.pass_reward);
             passed[*t].1 += 1;
         }
         let (all_passed, all) = passed.iter().fold((0, 0), |(p, n), (tp, tn)| (p + tp, n + tn));
@@ -424,7 +425,7 @@ impl Trainer {
         for ((t, task, prompt), trajectories) in picked.into_iter().zip(generated) {
             let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
             let owner = &mut self.tasks[t];
-            let scores = owner.scorers.score_group(&task, &texts, g.failure_reward);
+            let scores = owner.scorers.score_group(&task, &texts, owner.spec.failures);
             groups.push(RolloutGroup { task_name: owner.spec.name.clone(), task, prompt, trajectories, scores });
             owners.push(t);
         }
@@ -435,17 +436,26 @@ impl Trainer {
             return Ok(None);
         }
 
-        // Advantages; groups whose rewards are all equal carry no signal.
+        // Advantages over each group's usable trajectories (masked ones carry no gradient); a
+        // group with fewer than two cannot compare, one whose rewards are all equal carries
+        // no signal.
         let mut kept_of_task = vec![0usize; self.tasks.len()];
+        let mut unusable_of_task = vec![0usize; self.tasks.len()];
         let batches: Vec<GroupBatch> = groups
             .iter()
             .zip(&owners)
             .filter_map(|(group, &t)| {
-                let advantages = wirl_grpo::group_advantages(&group.rewards(), g.advantage)?;
+                let usable: Vec<usize> = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).collect();
+                if usable.len() < 2 {
+                    unusable_of_task[t] += 1;
+                    return None;
+                }
+                let rewards: Vec<f32> = usable.iter().map(|&i| group.scores[i].reward).collect();
+                let advantages = wirl_grpo::group_advantages(&rewards, g.advantage)?;
                 kept_of_task[t] += 1;
                 Some(GroupBatch {
                     prompt: group.prompt.clone(),
-                    completions: group.trajectories.iter().map(|t| t.tokens.clone()).collect(),
+                    completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
                     advantages,
                 })
             })
@@ -489,6 +499,7 @@ impl Trainer {
             for (sample, (trajectory, score)) in group.trajectories.iter().zip(&group.scores).enumerate() {
                 let record = RolloutRecord {
                     step: step + 1,
+                    status: score.status,
                     task_name: group.task_name.clone(),
                     task: group.task.id.clone(),
                     sample,
@@ -520,6 +531,8 @@ impl Trainer {
                     pass_rate: own.pass_rate,
                     completion_tokens_mean: own.tokens_mean,
                     tasks_skipped: skipped.iter().filter(|(o, _)| *o == t).count(),
+                    trajectories_masked: own.masked,
+                    groups_unusable: unusable_of_task[t],
                 },
             );
         }
@@ -532,6 +545,8 @@ impl Trainer {
             parts: figures.parts,
             pass_rate: figures.pass_rate,
             groups_kept: batches.len(),
+            groups_unusable: unusable_of_task.iter().sum(),
+            trajectories_masked: figures.masked,
             loss: update.loss,
             kl: if step_tokens > 0 && g.beta > 0.0 { update.kl } else { 0.0 },
             entropy: update.entropy,
@@ -568,8 +583,9 @@ impl Trainer {
     }
 }
 
-/// Reward and length figures over some groups' completions.
+/// Reward and length figures over some groups' completions (rewards over the usable ones).
 struct Figures {
+    masked: usize,
     reward_mean: f32,
     reward_std: f32,
     pass_rate: f32,
@@ -584,12 +600,13 @@ impl Figures {
     fn of<'a>(groups: impl Iterator<Item = &'a RolloutGroup>, pass_reward: f32) -> Figures {
         let groups: Vec<&RolloutGroup> = groups.collect();
         let all: Vec<&wirl_rollout::Scored> = groups.iter().flat_map(|g| &g.scores).collect();
-        let rewards: Vec<f32> = all.iter().map(|s| s.reward).collect();
+        let masked = all.iter().filter(|s| !s.status.usable()).count();
+        let rewards: Vec<f32> = all.iter().filter(|s| s.status.usable()).map(|s| s.reward).collect();
         let n = rewards.len().max(1) as f32;
         let mean = rewards.iter().sum::<f32>() / n;
         let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / n).sqrt();
         let mut parts: BTreeMap<String, f32> = BTreeMap::new();
-        for s in &all {
+        for s in all.iter().filter(|s| s.status.usable()) {
             for (name, value) in &s.parts {
                 *parts.entry(name.clone()).or_default() += value / n;
             }
@@ -603,6 +620,7 @@ impl Figures {
         let lengths: Vec<usize> = groups.iter().flat_map(|g| g.trajectories.iter().map(|t| t.tokens.len())).collect();
         let tokens: usize = lengths.iter().sum();
         Figures {
+            masked,
             reward_mean: mean,
             reward_std: std,
             pass_rate: rewards.iter().filter(|&&r| r >= pass_reward).count() as f32 / n,
