@@ -7,6 +7,7 @@ mod engine;
 mod grpo;
 mod hardening;
 mod languages;
+mod multiturn;
 mod plugins;
 mod reference;
 mod sandbox;

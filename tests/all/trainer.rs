@@ -91,12 +91,19 @@ fn the_default_jobs_numbers_hold() {
     assert_close("run", &fixture, &record);
 }
 
-/// A `[[tasks]]` config on the tiny model: two weighted environment tasks (3:1, the second
-/// with its own seed, kind and `max_tokens`) sharing the top-level reward, and an
-/// `eval_only` dataset task. Returns the config's path.
+/// A `[[tasks]]` config on the tiny model (given a context of 1024): two weighted
+/// environment tasks (3:1, the second with its own seed, kind and `max_tokens`) sharing the
+/// top-level reward, a multi-turn task (the arithmetic environment's retry episodes, up to 3
+/// turns, weight 1), and an `eval_only` dataset task. Returns the config's path.
 fn write_multitask_config(dir: &Path, steps: usize) -> std::path::PathBuf {
     let legacy = crate::grpo::write_config(dir, "", steps, 0.01);
     let model = dir.join("model");
+    let model_config = std::fs::read_to_string(model.join("config.json")).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        model_config.replace("\"max_position_embeddings\":64", "\"max_position_embeddings\":1024"),
+    )
+    .unwrap();
     let tasks = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
         .args(["tasks", "--plugin", ARITHMETIC, "--count", "2", "--seed", "9", "--config", "shots=false"])
         .output()
@@ -129,6 +136,14 @@ config = {{ shots = false, kind = "basic_arithmetic" }}
 max_tokens = 3
 
 [[tasks]]
+name = "retry"
+max_turns = 3
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+seed = 11
+config = {{ shots = false, attempts = 3 }}
+
+[[tasks]]
 name = "held"
 eval_only = true
 [tasks.dataset]
@@ -139,7 +154,7 @@ max_tokens = 6
 
 [grpo]
 steps = {steps}
-prompts_per_step = 4
+prompts_per_step = 5
 group_size = 4
 learning_rate = 0.01
 beta = 0.0
@@ -154,9 +169,11 @@ tasks = 2
     legacy
 }
 
-/// Weighted multi-task: each step gives the tasks 3 and 1 groups (Megatron's rule), each
+/// Weighted multi-task: each step gives the tasks 3, 1 and 1 groups (Megatron's rule), each
 /// task's groups are sampled with its own settings and recorded under its name; the
-/// `eval_only` task is evaluated, never trained on; `--resume` equals an uninterrupted run.
+/// multi-turn task's episodes run 3 turns with the environment's feedback between; the
+/// `eval_only` task is evaluated, never trained on; `--resume` of the multi-task, multi-turn
+/// run equals an uninterrupted one.
 #[test]
 fn a_weighted_multitask_run_records_each_task_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,23 +185,36 @@ fn a_weighted_multitask_run_records_each_task_and_resumes_exactly() {
     assert_eq!(metrics.len(), 2);
     for line in &metrics {
         let tasks = line["tasks"].as_object().unwrap();
-        assert_eq!(tasks.keys().collect::<Vec<_>>(), ["mixed", "sums"], "{line}");
+        assert_eq!(tasks.keys().collect::<Vec<_>>(), ["mixed", "retry", "sums"], "{line}");
         assert_eq!((tasks["sums"]["groups"].as_u64(), tasks["mixed"]["groups"].as_u64()), (Some(3), Some(1)));
+        assert_eq!(tasks["retry"]["groups"], 1);
+        // The tiny model never solves it: each of the 4 episodes takes 2 more turns.
+        assert_eq!(line["episode_turns"], 4 * 2, "{line}");
     }
     let rollouts: Vec<serde_json::Value> = std::fs::read_to_string(whole.join("rollouts.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rollouts.len(), 2 * 4 * 4);
+    assert_eq!(rollouts.len(), 2 * 5 * 4);
     let of = |name: &str| rollouts.iter().filter(|r| r["task_name"] == name).collect::<Vec<_>>();
-    assert_eq!((of("sums").len(), of("mixed").len(), of("held").len()), (2 * 3 * 4, 2 * 4, 0));
+    assert_eq!(
+        (of("sums").len(), of("mixed").len(), of("retry").len(), of("held").len()),
+        (2 * 3 * 4, 2 * 4, 2 * 4, 0)
+    );
+    for episode in of("retry") {
+        assert_eq!(episode["turns"], 3, "{episode}");
+        let conversation = episode["conversation"].as_array().unwrap();
+        assert_eq!(conversation.len(), 5, "{episode}");
+        assert_eq!(conversation[1]["role"], "user");
+        assert!(episode["tokens"].as_u64().unwrap() <= 3 * 6, "model tokens only: {episode}");
+    }
     assert!(of("mixed").iter().all(|r| r["tokens"].as_u64().unwrap() <= 3), "the task's own max_tokens");
     assert!(of("sums").iter().any(|r| r["tokens"].as_u64().unwrap() > 3), "the run's max_tokens");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(whole.join("summary.json")).unwrap()).unwrap();
     let by_task = summary["held_out_by_task"].as_object().unwrap();
-    assert_eq!(by_task.keys().collect::<Vec<_>>(), ["held", "mixed", "sums"], "{summary}");
+    assert_eq!(by_task.keys().collect::<Vec<_>>(), ["held", "mixed", "retry", "sums"], "{summary}");
 
     // Stopped after step 1 (its checkpoint), resumed to step 2: the same records.
     let parts = dir.path().join("parts");
@@ -229,7 +259,7 @@ fn a_weighted_multitask_run_records_each_task_and_resumes_exactly() {
         .unwrap();
     assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
     let result: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
-    assert_eq!(result["tasks"], 6, "{result}");
+    assert_eq!(result["tasks"], 8, "{result}");
     assert_eq!(result["by_task"]["held"]["tasks"], 2, "{result}");
 }
 
@@ -242,17 +272,28 @@ fn multitask_config_errors_name_the_key() {
     let text = std::fs::read_to_string(&config).unwrap();
     let run = dir.path().join("run");
     let cases = [
-        (text.replace("prompts_per_step = 4", "prompts_per_step = 1"), "prompts_per_step to at least 2"),
+        (text.replace("prompts_per_step = 5", "prompts_per_step = 2"), "prompts_per_step to at least 3"),
+        (text.replace("max_turns = 3", "max_turns = 0"), "`tasks[2].max_turns` = 0"),
+        (text.replace("max_turns = 3", "max_turns = 1000"), "`tasks[2].max_turns` = 1000"),
+        (
+            text.replace("max_turns = 3\n", "max_turns = 3\n[[tasks.rewards]]\nplugin = \"x.wasm\"\n"),
+            "is scored by its environment's episodes",
+        ),
         (text.replace("name = \"mixed\"", "name = \"sums\""), "`tasks[1].name`: two tasks are named"),
         (text.replace("name = \"mixed\"", "name = \"a b\""), "`tasks[1].name`"),
         (text.replace("weight = 1\n", "weight = -1.0\n"), "`tasks[1].weight` = -1"),
         (text.replace("weight = 3", "weight = nan"), "`tasks[0].weight` = NaN"),
-        (text.replace("weight = 3", "weight = 0").replace("weight = 1\n", "weight = 0\n"), "no task is trained on"),
+        (
+            text.replace("weight = 3", "weight = 0")
+                .replace("weight = 1\n", "weight = 0\n")
+                .replace("max_turns = 3\n", "max_turns = 3\nweight = 0\n"),
+            "no task is trained on",
+        ),
         (text.replace("max_tokens = 3", "max_tokens = 0"), "`tasks[1].sampling.max_tokens`"),
         (text.replace("max_tokens = 3", "temperature = inf"), "`tasks[1].sampling.temperature`"),
         (text.replace("max_tokens = 3", "flavour = 3"), "flavour"),
         (format!("[environment]\nplugin = {ARITHMETIC:?}\n{text}"), "[tasks.environment]"),
-        (text.replace("eval_only = true", "eval_only = false"), "`tasks[2].dataset` has no `train` file"),
+        (text.replace("eval_only = true", "eval_only = false"), "`tasks[3].dataset` has no `train` file"),
         (text.replace("[tasks.dataset]\neval = \"held.jsonl\"", ""), "has no source"),
         (text.replace(HOSTILE, "/nonexistent/reward.wasm"), "`rewards[0].plugin`"),
     ];
@@ -264,14 +305,14 @@ fn multitask_config_errors_name_the_key() {
         assert!(error.contains("train.toml") && error.contains(expected), "expected `{expected}` in: {error}");
         assert!(!run.join("config.resolved.toml").exists(), "a refused config leaves no run");
     }
-    // 1:1 over 3 groups: 2 and 1, said so.
-    let uneven = text.replace("weight = 3", "weight = 1").replace("prompts_per_step = 4", "prompts_per_step = 3");
+    // 1:1:1 over 4 groups: 2, 1 and 1, said so.
+    let uneven = text.replace("weight = 3", "weight = 1").replace("prompts_per_step = 5", "prompts_per_step = 4");
     std::fs::write(&config, uneven).unwrap();
     let out = crate::grpo::train(&config, &run);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("cannot follow the task weights exactly") && stderr.contains("sums 2, mixed 1"),
+        stderr.contains("cannot follow the task weights exactly") && stderr.contains("sums 2, mixed 1, retry 1"),
         "{stderr}"
     );
 }

@@ -9,7 +9,10 @@ pub mod optim;
 pub mod policy;
 pub mod update;
 
-pub use loss::{AdvantageMode, Aggregation, LossParts, LossSettings, group_advantages, grpo_loss, token_weights};
+pub use loss::{
+    AdvantageMode, Aggregation, LossParts, LossSettings, group_advantages, grpo_loss, masked_token_weights,
+    token_weights,
+};
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{Net, Policy, TokenStats};
 pub use update::{GroupBatch, Learner, UpdateSettings, UpdateStats, UpdateTimes};

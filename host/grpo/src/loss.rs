@@ -92,6 +92,33 @@ pub fn token_weights(
     weights
 }
 
+/// [`token_weights`] for sequences of which only some tokens are trained on (a multi-turn
+/// ledger: the model's turns, not the environment's): `trainable[row][i]` says whether token
+/// i of the row is. A sequence's length, for the aggregation, is its trainable tokens, and
+/// `step_tokens` counts only trainable tokens; all trainable, it equals [`token_weights`].
+pub fn masked_token_weights(
+    trainable: &[Vec<bool>],
+    width: usize,
+    aggregation: Aggregation,
+    step_tokens: usize,
+    step_sequences: usize,
+    max_tokens: usize,
+) -> Vec<f32> {
+    let lengths: Vec<usize> = trainable.iter().map(|row| row.iter().filter(|&&t| t).count()).collect();
+    let mut weights = token_weights(&lengths, width, aggregation, step_tokens, step_sequences, max_tokens);
+    for (row, mask) in trainable.iter().enumerate() {
+        let w = weights[row * width];
+        let line = &mut weights[row * width..(row + 1) * width];
+        line.fill(0.0);
+        for (slot, &t) in line.iter_mut().zip(mask) {
+            if t {
+                *slot = w;
+            }
+        }
+    }
+    weights
+}
+
 /// Settings of the per-token objective.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossSettings {

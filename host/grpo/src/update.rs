@@ -5,7 +5,7 @@
 //! The learner sees token ids and advantages, nothing of tasks, plugins or files: the
 //! rollout layer turns scored trajectories into [`GroupBatch`]es.
 
-use crate::loss::{Aggregation, LossSettings, grpo_loss, token_weights};
+use crate::loss::{Aggregation, LossSettings, grpo_loss, masked_token_weights, token_weights};
 use crate::optim::Optimizer;
 use crate::policy::{Net, Policy, TokenStats};
 use anyhow::bail;
@@ -21,6 +21,20 @@ pub struct GroupBatch {
     pub prompt: Vec<u32>,
     pub completions: Vec<Vec<u32>>,
     pub advantages: Vec<f32>,
+    /// Per completion, per token: trained on (the model's) or not (a multi-turn ledger's
+    /// environment tokens, context only). Empty: every token is trained on.
+    pub trainable: Vec<Vec<bool>>,
+}
+
+impl GroupBatch {
+    /// Tokens of the group that carry loss.
+    fn trainable_tokens(&self) -> usize {
+        if self.trainable.is_empty() {
+            self.completions.iter().map(Vec::len).sum()
+        } else {
+            self.trainable.iter().flatten().filter(|&&t| t).count()
+        }
+    }
 }
 
 /// The settings of one update (the run config's GRPO keys, the step's learning rate).
@@ -89,7 +103,7 @@ impl Learner {
         if groups.is_empty() {
             return Ok(Some(stats));
         }
-        let step_tokens: usize = groups.iter().flat_map(|g| g.completions.iter().map(Vec::len)).sum();
+        let step_tokens: usize = groups.iter().map(GroupBatch::trainable_tokens).sum();
         let step_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
         // Old log-probs (μ > 1) and the reference's, before any update of this step.
         let mut old = Vec::new();
@@ -127,14 +141,25 @@ impl Learner {
                     // graph-free pass and the head).
                     let forward_time = timer.elapsed();
                     let width = token_stats.logp.dim(1)?;
-                    let weights = token_weights(
-                        &lengths,
-                        width,
-                        settings.aggregation,
-                        step_tokens,
-                        step_sequences,
-                        settings.max_tokens,
-                    );
+                    let weights = if group.trainable.is_empty() {
+                        token_weights(
+                            &lengths,
+                            width,
+                            settings.aggregation,
+                            step_tokens,
+                            step_sequences,
+                            settings.max_tokens,
+                        )
+                    } else {
+                        masked_token_weights(
+                            &group.trainable,
+                            width,
+                            settings.aggregation,
+                            step_tokens,
+                            step_sequences,
+                            settings.max_tokens,
+                        )
+                    };
                     let device = token_stats.logp.device();
                     let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
                     let advantages = Tensor::from_vec(group.advantages.clone(), lengths.len(), device)?;

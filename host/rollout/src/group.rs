@@ -3,7 +3,7 @@
 
 use crate::scorer::Scored;
 use wirl_engine::{Completion, EngineHandle, FinishReason, GenerateRequest, Sampling};
-use wirl_sandbox::Task;
+use wirl_sandbox::{Message, Task};
 
 /// One sampled completion of a group, exactly as the sampler produced it: the trainer learns
 /// from these ids, never from a re-tokenization of the text.
@@ -14,8 +14,16 @@ pub struct Trajectory {
     pub logprobs: Vec<f32>,
     pub text: String,
     pub finish: FinishReason,
-    /// The engine's weights version that sampled it.
+    /// The engine's weights version that sampled it (its first turn's).
     pub weights_version: u64,
+    /// For a multi-turn ledger, per token of `tokens`: sampled by the model (trained on)
+    /// or appended from the template and the environment (no loss). Empty: all sampled.
+    pub trainable: Vec<bool>,
+    /// Model turns in it.
+    pub turns: usize,
+    /// For an episode: the messages after the prompt (each model turn, the environment's
+    /// answers), as the template rendered them. Empty for a single turn.
+    pub conversation: Vec<Message>,
 }
 
 impl From<Completion> for Trajectory {
@@ -26,7 +34,17 @@ impl From<Completion> for Trajectory {
             text: c.text,
             finish: c.finish,
             weights_version: c.weights_version,
+            trainable: Vec::new(),
+            turns: 1,
+            conversation: Vec::new(),
         }
+    }
+}
+
+impl Trajectory {
+    /// Tokens the model sampled (for a multi-turn ledger, not the environment's).
+    pub fn model_tokens(&self) -> usize {
+        if self.trainable.is_empty() { self.tokens.len() } else { self.trainable.iter().filter(|&&t| t).count() }
     }
 }
 

@@ -6,6 +6,7 @@
 //! It must not know tensors, the loss, run directories or HTTP routes: `wirl-trainer` turns
 //! its `RolloutGroup`s into the learner's batches, and a server can drive the same pieces.
 
+pub mod episode;
 pub mod group;
 pub mod mixture;
 pub mod prompt;
@@ -13,6 +14,9 @@ pub mod scorer;
 pub mod source;
 pub mod spec;
 
+pub use episode::{
+    EpisodeGroup, EpisodeOutcome, EpisodeRun, EpisodeTimes, TemplateDrift, check_template, run_episodes,
+};
 pub use group::{RolloutGroup, SamplingSpec, Trajectory, sample_groups, seed_for};
 pub use mixture::{Allocation, MixtureError, allocate};
 pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, prompt_ids, step_tasks};

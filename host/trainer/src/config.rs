@@ -69,7 +69,22 @@ pub struct TaskSection {
     /// What a trajectory whose scoring fails becomes (default: `grpo.on_failure`).
     #[serde(default)]
     pub on_failure: Option<OnFailure>,
+    /// Above 1: the environment's episodes, up to this many model turns each, scored by the
+    /// environment (its rewards are not used). 1: single-turn tasks scored by its rewards.
+    #[serde(default = "one_usize")]
+    pub max_turns: usize,
+    /// A trajectory of this task passes when its reward is at least this (default:
+    /// `grpo.pass_reward`).
+    #[serde(default)]
+    pub pass_reward: Option<f32>,
 }
+
+fn one_usize() -> usize {
+    1
+}
+
+/// The most model turns an episode may be given.
+pub const MAX_TURNS: usize = 64;
 
 /// `[sampling]` keys that a task sets for itself.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -281,8 +296,12 @@ pub struct TaskSpec {
     pub source: SourceSpec,
     pub rewards: Vec<RewardSpec>,
     pub sampling: SamplingSpec,
-    /// How its reward plugins' failures are handled.
+    /// How its reward plugins' (or episodes') failures are handled.
     pub failures: FailurePolicy,
+    /// Model turns per episode; 1: single-turn, scored by `rewards`.
+    pub max_turns: usize,
+    /// A trajectory passes when its reward is at least this.
+    pub pass_reward: f32,
 }
 
 impl RunConfig {
@@ -313,6 +332,10 @@ struct TaskView<'a> {
     rewards_key: String,
     sampling: &'a SamplingOverrides,
     on_failure: Option<OnFailure>,
+    max_turns: usize,
+    pass_reward: Option<f32>,
+    /// Whether the task named rewards of its own (not the shared ones).
+    own_rewards: bool,
 }
 
 static NO_OVERRIDES: SamplingOverrides =
@@ -361,6 +384,9 @@ impl TrainConfig {
                 rewards_key: "rewards".into(),
                 sampling: &NO_OVERRIDES,
                 on_failure: None,
+                max_turns: 1,
+                pass_reward: None,
+                own_rewards: true,
             }];
         }
         self.tasks
@@ -383,6 +409,9 @@ impl TrainConfig {
                     rewards_key,
                     sampling: &task.sampling,
                     on_failure: task.on_failure,
+                    max_turns: task.max_turns,
+                    pass_reward: task.pass_reward,
+                    own_rewards: !task.rewards.is_empty(),
                 }
             })
             .collect()
@@ -420,7 +449,10 @@ impl TrainConfig {
                     }),
                 })
                 .collect();
+            let rewards = if view.max_turns > 1 { Vec::new() } else { rewards };
             tasks.push(TaskSpec {
+                max_turns: view.max_turns,
+                pass_reward: view.pass_reward.unwrap_or(self.grpo.pass_reward),
                 failures: FailurePolicy {
                     on_failure: view.on_failure.unwrap_or(self.grpo.on_failure),
                     failure_reward: self.grpo.failure_reward,
@@ -571,6 +603,23 @@ impl TrainConfig {
                     )
                 }
             }
+            if view.max_turns > 1 {
+                if view.environment.is_none() {
+                    bail!(
+                        "{origin}: `{key}max_turns` = {}: episodes come from an environment plugin; a dataset task is \
+                         single-turn (max_turns = 1)",
+                        view.max_turns
+                    );
+                }
+                if view.own_rewards && !key.is_empty() {
+                    bail!(
+                        "{origin}: `{key}rewards`: a multi-turn task (max_turns = {}) is scored by its environment's \
+                         episodes; remove its [[{key}rewards]] or set max_turns = 1",
+                        view.max_turns
+                    );
+                }
+                continue;
+            }
             if view.rewards.is_empty() {
                 bail!(
                     "{origin}: `{}`: at least one reward plugin is needed{where_} (a [[rewards]] table{})",
@@ -639,6 +688,14 @@ impl TrainConfig {
         let views = self.task_views();
         for view in &views {
             let key = &view.key;
+            if let Some(pass) = view.pass_reward
+                && !pass.is_finite()
+            {
+                bail!("{origin}: `{key}pass_reward` = {pass}: it must be a finite number");
+            }
+            if !(1..=MAX_TURNS).contains(&view.max_turns) {
+                bail!("{origin}: `{key}max_turns` = {}: it must be between 1 and {MAX_TURNS}", view.max_turns);
+            }
             if !key.is_empty() {
                 check_sampling(origin, &format!("{key}sampling."), view.sampling)?;
                 if !(view.weight.is_finite() && view.weight >= 0.0) {

@@ -10,9 +10,19 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
-use wirl_rollout::{Scored, Scorers, TaskSource, fitting_prompt, prompt_ids, seed_for};
+use wirl_rollout::{
+    EpisodeGroup, SamplingSpec, Scored, Scorers, TaskSource, fitting_prompt, prompt_ids, run_episodes, seed_for,
+};
 use wirl_sandbox::{Sandbox, SandboxSettings};
 use wirl_sandbox::{Task, printable};
+
+/// A held-out trajectory judged: its score, its (last) completion, and for an episode the
+/// messages after the prompt.
+type Judged = (Scored, String, Vec<wirl_sandbox::Message>);
+
+fn conversation_json(messages: &[wirl_sandbox::Message]) -> serde_json::Value {
+    messages.iter().map(|m| json!({ "role": m.role, "content": m.content })).collect()
+}
 
 /// The unbiased estimator of pass@k from n samples of which c passed (Chen et al. 2021):
 /// 1 - C(n-c, k) / C(n, k), as a product so that large n does not overflow.
@@ -37,11 +47,15 @@ pub fn evaluate(
     }
     observer.event(Event::Loading { path: model });
     let loaded = wirl_engine::load(model, &LoadOptions::default())?;
+    let (model, tokenizer) = (std::sync::Arc::new(loaded.model), std::sync::Arc::new(loaded.tokenizer));
+    // Episodes (multi-turn tasks) generate their later turns through the batching actor.
+    let (engine, _thread) = wirl_engine::EngineHandle::spawn(model.clone(), tokenizer.clone())?;
     let sandbox = Sandbox::new(SandboxSettings::default())?;
     // Every task's held-out problems, in task order; one whose prompt does not fit the
     // context is left out, as in training.
     let context = loaded.config.max_position_embeddings;
     let mut scorers = Vec::new();
+    let mut sources = Vec::new();
     let mut tasks: Vec<(usize, Task)> = Vec::new();
     for (t, spec) in config.tasks.iter().enumerate() {
         let name = &spec.name;
@@ -51,7 +65,7 @@ pub fn evaluate(
             tracing::warn!("task `{name}`: no held-out problems (a dataset needs an `eval` file)");
         }
         for problem in held_out {
-            match fitting_prompt(&loaded.tokenizer, &problem, spec.sampling.max_tokens, context) {
+            match fitting_prompt(&tokenizer, &problem, spec.sampling.max_tokens, context) {
                 Ok(_) => tasks.push((t, problem)),
                 Err(failure) => {
                     tracing::warn!("held-out task `{}` left out: {}", problem.id, printable(&failure.reason))
@@ -59,6 +73,10 @@ pub fn evaluate(
             }
         }
         scorers.push(Scorers::load(&sandbox, &spec.rewards).with_context(|| format!("task `{name}`"))?);
+        if spec.max_turns > 1 {
+            wirl_rollout::check_template(&tokenizer).with_context(|| format!("task `{name}`"))?;
+        }
+        sources.push(source);
     }
     anyhow::ensure!(
         !tasks.is_empty(),
@@ -73,8 +91,6 @@ pub fn evaluate(
     );
 
     let eval = &config.eval;
-    // A masked verdict (a plugin failed) is not a pass.
-    let pass = |score: &Scored| score.status.usable() && score.reward >= config.grpo.pass_reward;
     // Per task: problems, greedy passes, pass@k estimates summed.
     let mut tallies: Vec<(usize, usize, Vec<f64>)> =
         config.tasks.iter().map(|_| (0, 0, vec![0.0; eval.k.len()])).collect();
@@ -83,7 +99,7 @@ pub fn evaluate(
         let mut requests = Vec::new();
         for (i, (t, task)) in chunk.iter().enumerate() {
             let sampling_spec = &config.tasks[*t].sampling;
-            let prompt = prompt_ids(&loaded.tokenizer, task)?;
+            let prompt = prompt_ids(&tokenizer, task)?;
             requests.push(GenerateRequest {
                 prompt: prompt.clone(),
                 n: 1,
@@ -96,41 +112,92 @@ pub fn evaluate(
                 requests.push(GenerateRequest { prompt, n: eval.samples, sampling });
             }
         }
-        let mut outputs = wirl_engine::generate(&loaded.model, &loaded.tokenizer, &requests, |_, _, _| {})?.into_iter();
-        for (t, task) in chunk {
-            let (rewards, tally) = (&mut scorers[*t], &mut tallies[*t]);
+        let prompts: Vec<Vec<u32>> =
+            requests.iter().step_by(1 + usize::from(eval.samples > 0)).map(|r| r.prompt.clone()).collect();
+        let mut outputs = wirl_engine::generate(&model, &tokenizer, &requests, |_, _, _| {})?.into_iter();
+        for (i, ((t, task), prompt)) in chunk.iter().zip(&prompts).enumerate() {
+            let spec = &config.tasks[*t];
+            // A masked verdict (a plugin failed) is not a pass.
+            let pass = |score: &Scored| score.status.usable() && score.reward >= spec.pass_reward;
             let greedy = outputs.next().context("one greedy completion per task")?;
-            let greedy_text = greedy[0].text.clone();
-            let greedy_score =
-                &rewards.score_group(task, std::slice::from_ref(&greedy_text), config.tasks[*t].failures)[0];
+            let sampled = if eval.samples > 0 { Some(outputs.next().context("samples per task")?) } else { None };
+            // Scored, with each trajectory's conversation after the prompt (episodes only).
+            let (greedy, sampled): (Judged, Option<Vec<Judged>>) = if spec.max_turns > 1 {
+                let TaskSource::Environment { plugin, .. } = &sources[*t] else {
+                    anyhow::bail!("task `{}`: max_turns needs an environment plugin", spec.name);
+                };
+                let group = |first: Vec<wirl_engine::Completion>, sampling, seed| EpisodeGroup {
+                    environment: plugin,
+                    task,
+                    prompt,
+                    first: first.into_iter().map(Into::into).collect(),
+                    sampling,
+                    seed,
+                    max_turns: spec.max_turns,
+                    failures: spec.failures,
+                };
+                let greedy_spec = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..spec.sampling };
+                let mut groups = vec![group(greedy, greedy_spec, 0)];
+                if let Some(sampled) = sampled {
+                    let seed = seed_for(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64);
+                    groups.push(group(sampled, spec.sampling, seed));
+                }
+                let never = || false;
+                let ran = run_episodes(&engine, &tokenizer, context, groups, &never).expect("never stopped")?;
+                let mut ran = ran.groups.into_iter().map(|outcomes| {
+                    outcomes
+                        .into_iter()
+                        .map(|o| (o.score, o.trajectory.text, o.trajectory.conversation))
+                        .collect::<Vec<_>>()
+                });
+                let greedy = ran.next().context("the greedy episode")?.remove(0);
+                (greedy, ran.next())
+            } else {
+                let rewards = &mut scorers[*t];
+                let text = greedy[0].text.clone();
+                let score = rewards.score_group(task, std::slice::from_ref(&text), spec.failures).remove(0);
+                let sampled = sampled.map(|sampled| {
+                    let texts: Vec<String> = sampled.into_iter().map(|c| c.text).collect();
+                    let scores = rewards.score_group(task, &texts, spec.failures);
+                    scores.into_iter().zip(texts).map(|(s, text)| (s, text, Vec::new())).collect()
+                });
+                ((score, text, Vec::new()), sampled)
+            };
+            let tally = &mut tallies[*t];
+            let (greedy_score, greedy_text, greedy_conversation) = &greedy;
             tally.0 += 1;
             tally.1 += usize::from(pass(greedy_score));
             let mut line = json!({
-                "task_name": config.tasks[*t].name,
+                "task_name": spec.name,
                 "task_id": task.id,
                 "greedy": { "passed": pass(greedy_score), "reward": greedy_score.reward,
                             "notes": greedy_score.notes, "completion": greedy_text },
             });
+            if !greedy_conversation.is_empty() {
+                line["greedy"]["conversation"] = conversation_json(greedy_conversation);
+            }
             let mut passed_samples = None;
-            if eval.samples > 0 {
-                let texts: Vec<String> =
-                    outputs.next().context("samples per task")?.into_iter().map(|c| c.text).collect();
-                let scores = rewards.score_group(task, &texts, config.tasks[*t].failures);
-                let c = scores.iter().filter(|s| pass(s)).count();
+            if let Some(sampled) = &sampled {
+                let c = sampled.iter().filter(|(s, _, _)| pass(s)).count();
                 passed_samples = Some(c);
                 let mut per_k = serde_json::Map::new();
                 for (k, estimate) in eval.k.iter().zip(&mut tally.2) {
-                    let p = pass_at_k(texts.len(), c, *k);
+                    let p = pass_at_k(sampled.len(), c, *k);
                     *estimate += p;
                     per_k.insert(format!("pass@{k}"), p.into());
                 }
-                line["samples"] = texts.len().into();
+                line["samples"] = sampled.len().into();
                 line["passed"] = c.into();
                 line["pass_at_k"] = per_k.into();
-                line["completions"] = texts
+                line["completions"] = sampled
                     .iter()
-                    .zip(&scores)
-                    .map(|(text, s)| json!({ "passed": pass(s), "notes": s.notes, "completion": text }))
+                    .map(|(s, text, conversation)| {
+                        let mut one = json!({ "passed": pass(s), "notes": s.notes, "completion": text });
+                        if !conversation.is_empty() {
+                            one["conversation"] = conversation_json(conversation);
+                        }
+                        one
+                    })
                     .collect();
             }
             serde_json::to_writer(&mut lines, &line)?;
@@ -140,7 +207,7 @@ pub fn evaluate(
                 done,
                 total: tasks.len(),
                 task: &task.id,
-                greedy_passed: pass(greedy_score),
+                greedy_passed: pass(&greedy.0),
                 samples: passed_samples.map(|c| (c, eval.samples)),
             });
         }

@@ -42,6 +42,8 @@ pub struct StepMetrics {
     /// Failed plugin calls by kind.
     pub failures: BTreeMap<String, usize>,
     pub generate_tokens_per_s: f64,
+    /// Model turns after the first, over the step's episodes.
+    pub episode_turns: usize,
     pub time_s: StepTimes,
     /// The same figures per task of the mixture, by task name.
     pub tasks: BTreeMap<String, TaskMetrics>,
@@ -76,7 +78,12 @@ pub struct SkippedTaskEntry {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StepTimes {
+    /// The first (or only) turn of every group.
     pub generate: f64,
+    /// Episodes' later turns: generation, the environment's calls, template and ledger.
+    pub episodes: f64,
+    /// Of `episodes`, the host's own part (all but waiting for the engine).
+    pub episodes_host: f64,
     pub score: f64,
     pub train: f64,
     pub total: f64,
@@ -96,6 +103,11 @@ pub struct RolloutRecord {
     pub task_name: String,
     /// The problem's id.
     pub task: String,
+    /// Model turns (1 for a single-turn task).
+    pub turns: usize,
+    /// An episode's messages after the prompt (model turns, the environment's answers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conversation: Vec<ConversationMessage>,
     pub sample: usize,
     pub completion: String,
     pub tokens: usize,
@@ -105,6 +117,13 @@ pub struct RolloutRecord {
     pub notes: BTreeMap<String, String>,
     /// The plugins that produced it (environment, rewards), by sha256.
     pub plugins: Vec<PluginHash>,
+}
+
+/// A message of an episode's conversation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConversationMessage {
+    pub role: String,
+    pub content: String,
 }
 
 /// A task skipped in a step, as written to `rollouts.jsonl`.

@@ -32,6 +32,10 @@ pub enum Phase {
         prompts: usize,
         group_size: usize,
     },
+    /// Running multi-turn episodes of `groups` groups past their first turn.
+    Episodes {
+        groups: usize,
+    },
     Scoring,
     /// Training on group `group` (0-based) of `groups`.
     Training {

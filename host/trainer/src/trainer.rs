@@ -11,7 +11,8 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::config::{RunConfig, TaskSpec};
 use crate::control::Control;
 use crate::metrics::{
-    PluginHash, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes, TaskMetrics,
+    ConversationMessage, PluginHash, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes,
+    TaskMetrics,
 };
 use crate::observer::{Event, Observer, Phase};
 use anyhow::{Context, bail};
@@ -137,11 +138,27 @@ impl Trainer {
         let mut tasks = Vec::new();
         for (spec, &groups) in config.tasks.iter().zip(&allocation.groups) {
             let name = &spec.name;
-            let source = TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
+            let mut source = TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
             if groups > 0 && !source.can_train() {
                 bail!(
                     "task `{name}`: its dataset has no `train` file: name one to train (evaluation needs only `eval`)"
                 );
+            }
+            if spec.max_turns > 1 {
+                let TaskSource::Environment { plugin, .. } = &mut source else {
+                    bail!("task `{name}`: max_turns = {} needs an environment plugin", spec.max_turns);
+                };
+                let description = plugin.describe().map_err(|f| anyhow::anyhow!("task `{name}`: describe: {f}"))?;
+                if !description.episodes {
+                    bail!(
+                        "task `{name}`: max_turns = {}, but its environment `{}` has no episodes (describe says so): \
+                         set max_turns = 1 and give it reward plugins",
+                        spec.max_turns,
+                        plugin.plugin().name()
+                    );
+                }
+                wirl_rollout::check_template(&tokenizer)
+                    .with_context(|| format!("task `{name}` (max_turns = {})", spec.max_turns))?;
             }
             let scorers = Scorers::load(&sandbox, &spec.rewards).with_context(|| format!("task `{name}`"))?;
             let hashes = source
@@ -190,7 +207,7 @@ impl Trainer {
     }
 
     /// Greedy pass rates on every task's held-out problems (`eval.tasks` each), all
-    /// generated together.
+    /// generated together; a multi-turn task's as greedy episodes.
     fn evaluate(&mut self) -> anyhow::Result<HeldOut> {
         let count = self.config.eval.tasks;
         if count == 0 {
@@ -209,8 +226,12 @@ impl Trainer {
             for problem in held_out {
                 match wirl_rollout::fitting_prompt(&self.tokenizer, &problem, max_tokens, context) {
                     Ok(prompt) => {
-                        requests.push(GenerateRequest { prompt, n: 1, sampling: Sampling::greedy(max_tokens) });
-                        problems.push((t, problem));
+                        requests.push(GenerateRequest {
+                            prompt: prompt.clone(),
+                            n: 1,
+                            sampling: Sampling::greedy(max_tokens),
+                        });
+                        problems.push((t, problem, prompt));
                     }
                     Err(failure) => {
                         tracing::warn!("held-out task `{}` skipped: {}", problem.id, printable(&failure.reason))
@@ -223,12 +244,50 @@ impl Trainer {
             return Ok(HeldOut::default());
         }
         let outputs = wirl_engine::generate(&self.inference, &self.tokenizer, &requests, |_, _, _| {})?;
-        let mut passed = vec![(0usize, 0usize); self.tasks.len()];
-        for ((t, problem), out) in problems.iter().zip(outputs) {
+        let mut scored: Vec<Option<wirl_rollout::Scored>> = Vec::new();
+        let mut firsts = Vec::new();
+        for ((t, problem, _), mut out) in problems.iter().zip(outputs) {
             let task = &mut self.tasks[*t];
-            let scored = task.scorers.score_group(problem, &[out[0].text.clone()], task.spec.failures);
+            let first = out.remove(0);
+            if task.spec.max_turns > 1 {
+                scored.push(None);
+                firsts.push(Some(first));
+            } else {
+                scored.push(Some(task.scorers.score_group(problem, &[first.text], task.spec.failures).remove(0)));
+                firsts.push(None);
+            }
+        }
+        let mut episodes = Vec::new();
+        let mut episodic = Vec::new();
+        for (i, ((t, problem, prompt), first)) in problems.iter().zip(firsts).enumerate() {
+            let Some(first) = first else { continue };
+            let task = &self.tasks[*t];
+            let TaskSource::Environment { plugin, .. } = &task.source else { unreachable!("checked on load") };
+            episodes.push(wirl_rollout::EpisodeGroup {
+                environment: plugin,
+                task: problem,
+                prompt,
+                first: vec![first.into()],
+                sampling: wirl_rollout::SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..task.spec.sampling },
+                seed: 0,
+                max_turns: task.spec.max_turns,
+                failures: task.spec.failures,
+            });
+            episodic.push(i);
+        }
+        if !episodes.is_empty() {
+            let never = || false;
+            let ran = wirl_rollout::run_episodes(&self.engine, &self.tokenizer, context, episodes, &never)
+                .expect("not stoppable")?;
+            for (i, mut outcomes) in episodic.into_iter().zip(ran.groups) {
+                scored[i] = Some(outcomes.remove(0).score);
+            }
+        }
+        let mut passed = vec![(0usize, 0usize); self.tasks.len()];
+        for ((t, _, _), score) in problems.iter().zip(scored) {
+            let score = score.expect("every problem scored");
             // A masked verdict (a plugin failed) is not a pass.
-            passed[*t].0 += usize::from(scored[0].status.usable() && scored[0].reward >= self.config.grpo.pass_reward);
+            passed[*t].0 += usize::from(score.status.usable() && score.reward >= self.tasks[*t].spec.pass_reward);
             passed[*t].1 += 1;
         }
         let (all_passed, all) = passed.iter().fold((0, 0), |(p, n), (tp, tn)| (p + tp, n + tn));
@@ -417,15 +476,56 @@ impl Trainer {
         let generated = generated?;
         let generate_s = generate_started.elapsed().as_secs_f64();
 
-        // Scores, each group by its task's reward plugins.
+        // Episodes (multi-turn tasks) go on from their first replies, every live episode's
+        // next turn admitted together; the environment scores them.
+        let episodes_started = Instant::now();
+        let mut episode_outcomes: BTreeMap<usize, Vec<wirl_rollout::EpisodeOutcome>> = BTreeMap::new();
+        let mut episode_times = wirl_rollout::EpisodeTimes::default();
+        let mut generated: Vec<Option<Vec<wirl_rollout::Trajectory>>> = generated.into_iter().map(Some).collect();
+        let episodic: Vec<usize> = (0..picked.len()).filter(|&i| self.tasks[picked[i].0].spec.max_turns > 1).collect();
+        if !episodic.is_empty() {
+            observer.event(phase(Phase::Episodes { groups: episodic.len() }));
+            let mut runs = Vec::new();
+            for &i in &episodic {
+                let (t, task, prompt) = &picked[i];
+                let owner = &self.tasks[*t];
+                let TaskSource::Environment { plugin, .. } = &owner.source else { unreachable!("checked on load") };
+                runs.push(wirl_rollout::EpisodeGroup {
+                    environment: plugin,
+                    task,
+                    prompt,
+                    first: generated[i].take().unwrap_or_default(),
+                    sampling: owner.spec.sampling,
+                    seed: seed_for(g.seed, (step * g.prompts_per_step + i) as u64),
+                    max_turns: owner.spec.max_turns,
+                    failures: owner.spec.failures,
+                });
+            }
+            let Some(ran) = wirl_rollout::run_episodes(&self.engine, &self.tokenizer, context, runs, &stopped) else {
+                return Ok(None);
+            };
+            let ran = ran?;
+            episode_times = ran.times;
+            episode_outcomes = episodic.iter().copied().zip(ran.groups).collect();
+        }
+        let episodes_s = episodes_started.elapsed().as_secs_f64();
+
+        // Scores: single-turn groups by their task's reward plugins.
         observer.event(phase(Phase::Scoring));
         let score_started = Instant::now();
         let mut groups = Vec::with_capacity(generated.len());
         let mut owners = Vec::with_capacity(generated.len());
-        for ((t, task, prompt), trajectories) in picked.into_iter().zip(generated) {
-            let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
+        for (i, ((t, task, prompt), trajectories)) in picked.into_iter().zip(generated).enumerate() {
             let owner = &mut self.tasks[t];
-            let scores = owner.scorers.score_group(&task, &texts, owner.spec.failures);
+            let (trajectories, scores) = match (episode_outcomes.remove(&i), trajectories) {
+                (Some(outcomes), _) => outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip(),
+                (None, Some(trajectories)) => {
+                    let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
+                    let scores = owner.scorers.score_group(&task, &texts, owner.spec.failures);
+                    (trajectories, scores)
+                }
+                (None, None) => unreachable!("every group is either an episode group or sampled"),
+            };
             groups.push(RolloutGroup { task_name: owner.spec.name.clone(), task, prompt, trajectories, scores });
             owners.push(t);
         }
@@ -453,10 +553,22 @@ impl Trainer {
                 let rewards: Vec<f32> = usable.iter().map(|&i| group.scores[i].reward).collect();
                 let advantages = wirl_grpo::group_advantages(&rewards, g.advantage)?;
                 kept_of_task[t] += 1;
+                let multi_turn = usable.iter().any(|&i| !group.trajectories[i].trainable.is_empty());
                 Some(GroupBatch {
                     prompt: group.prompt.clone(),
                     completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
                     advantages,
+                    trainable: if multi_turn {
+                        usable
+                            .iter()
+                            .map(|&i| {
+                                let t = &group.trajectories[i];
+                                if t.trainable.is_empty() { vec![true; t.tokens.len()] } else { t.trainable.clone() }
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                 })
             })
             .collect();
@@ -502,9 +614,16 @@ impl Trainer {
                     status: score.status,
                     task_name: group.task_name.clone(),
                     task: group.task.id.clone(),
+                    turns: trajectory.turns,
+                    conversation: trajectory
+                        .conversation
+                        .iter()
+                        .map(|m| ConversationMessage { role: m.role.clone(), content: m.content.clone() })
+                        .collect(),
                     sample,
                     completion: trajectory.text.clone(),
-                    tokens: trajectory.tokens.len(),
+                    // The model's tokens (a multi-turn ledger's environment tokens left out).
+                    tokens: trajectory.model_tokens(),
                     reward: score.reward,
                     parts: score.parts.clone(),
                     failures: score.failures.clone(),
@@ -515,13 +634,16 @@ impl Trainer {
                 writeln!(rollouts)?;
             }
         }
-        let figures = Figures::of(groups.iter(), g.pass_reward);
+        let pass_of: Vec<f32> = owners.iter().map(|&t| self.tasks[t].spec.pass_reward).collect();
+        let figures = Figures::of(groups.iter().zip(&pass_of).map(|(g, p)| (g, *p)));
         let mut per_task = BTreeMap::new();
         for (t, task) in self.tasks.iter().enumerate() {
             if self.allocation[t] == 0 {
                 continue;
             }
-            let own = Figures::of(groups.iter().zip(&owners).filter(|(_, o)| **o == t).map(|(g, _)| g), g.pass_reward);
+            let own = Figures::of(
+                groups.iter().zip(&owners).filter(|(_, o)| **o == t).map(|(g, _)| (g, task.spec.pass_reward)),
+            );
             per_task.insert(
                 task.spec.name.clone(),
                 TaskMetrics {
@@ -567,9 +689,12 @@ impl Trainer {
             completion_tokens_mean: figures.tokens_mean,
             completion_tokens_max: figures.tokens_max,
             failures: figures.failures,
-            generate_tokens_per_s: figures.tokens as f64 / generate_s.max(1e-9),
+            generate_tokens_per_s: figures.tokens as f64 / (generate_s + episode_times.generate_s).max(1e-9),
+            episode_turns: episode_times.turns,
             time_s: StepTimes {
                 generate: generate_s,
+                episodes: episodes_s,
+                episodes_host: episode_times.host_s,
                 score: score_s,
                 train: train_s,
                 total: step_started.elapsed().as_secs_f64(),
@@ -597,8 +722,14 @@ struct Figures {
 }
 
 impl Figures {
-    fn of<'a>(groups: impl Iterator<Item = &'a RolloutGroup>, pass_reward: f32) -> Figures {
-        let groups: Vec<&RolloutGroup> = groups.collect();
+    /// Over `groups`, each with the reward at which its trajectories pass.
+    fn of<'a>(groups: impl Iterator<Item = (&'a RolloutGroup, f32)>) -> Figures {
+        let groups: Vec<(&RolloutGroup, f32)> = groups.collect();
+        let passed = groups
+            .iter()
+            .flat_map(|(g, pass)| g.scores.iter().filter(move |s| s.status.usable() && s.reward >= *pass))
+            .count();
+        let groups: Vec<&RolloutGroup> = groups.into_iter().map(|(g, _)| g).collect();
         let all: Vec<&wirl_rollout::Scored> = groups.iter().flat_map(|g| &g.scores).collect();
         let masked = all.iter().filter(|s| !s.status.usable()).count();
         let rewards: Vec<f32> = all.iter().filter(|s| s.status.usable()).map(|s| s.reward).collect();
@@ -617,13 +748,13 @@ impl Figures {
                 *failures.entry(kind.clone()).or_default() += 1;
             }
         }
-        let lengths: Vec<usize> = groups.iter().flat_map(|g| g.trajectories.iter().map(|t| t.tokens.len())).collect();
+        let lengths: Vec<usize> = groups.iter().flat_map(|g| g.trajectories.iter().map(|t| t.model_tokens())).collect();
         let tokens: usize = lengths.iter().sum();
         Figures {
             masked,
             reward_mean: mean,
             reward_std: std,
-            pass_rate: rewards.iter().filter(|&&r| r >= pass_reward).count() as f32 / n,
+            pass_rate: passed as f32 / n,
             parts,
             failures,
             tokens,

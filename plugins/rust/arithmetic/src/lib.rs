@@ -9,10 +9,16 @@
 //! `min_digits` / `max_digits` (1 / 1), `allow_negative` (true: chain sums may go below 0),
 //! `shots` (true: two worked examples before the question, which the small default model
 //! needs to use the answer tags at all).
+//!
+//! Episodes (multi-turn, `max_turns` > 1 in a wirl config): the model answers; a wrong answer
+//! is told whether it is too high or too low (a missing one, how to give it) and the model
+//! tries again, up to `attempts` (3) answers. The episode's reward is 1 / the attempt that
+//! got it right (1, 0.5, 0.33, …), 0 if none did; parts `correct` and `attempts`.
 
-use wirl_sdk::environment::{Description, Environment, Message, Task, config};
+use wirl_sdk::environment::{Description, Environment, Episode, Message, Score, StepResult, Task, config};
 
 mod generate;
+mod retry;
 
 pub use generate::{Kind, Problem, Settings};
 
@@ -25,7 +31,18 @@ struct Arithmetic;
 impl Environment for Arithmetic {
     fn describe() -> Description {
         let kind = load_settings().map(|s| s.kind.name()).unwrap_or("misconfigured");
-        Description { name: format!("arithmetic/{kind}"), size: None, episodes: false }
+        Description { name: format!("arithmetic/{kind}"), size: None, episodes: true }
+    }
+
+    fn start_episode(task: Task) -> Result<Box<dyn Episode>, String> {
+        let answer = task.answer.as_deref().ok_or_else(|| format!("task {} has no answer", task.id))?;
+        let expected: i64 =
+            answer.parse().map_err(|_| format!("task {}: answer {answer:?} is not an integer", task.id))?;
+        let attempts: u32 = config::get_or("attempts", 3)?;
+        if attempts == 0 {
+            return Err("config `attempts` must be at least 1".into());
+        }
+        Ok(Box::new(Retry { state: retry::Attempts::new(expected, attempts) }))
     }
 
     fn task(seed: u64, index: u64) -> Result<Task, String> {
@@ -65,6 +82,31 @@ fn load_settings() -> Result<Settings, String> {
     };
     settings.validate()?;
     Ok(settings)
+}
+
+/// An episode: the answer checked, feedback given, until right or out of attempts.
+struct Retry {
+    state: retry::Attempts,
+}
+
+impl Episode for Retry {
+    fn step(&mut self, reply: String) -> Result<StepResult, String> {
+        Ok(match self.state.answer(&reply) {
+            retry::Verdict::Solved { attempt } => StepResult::Done(
+                Score::new(1.0 / attempt as f32)
+                    .part("correct", 1.0)
+                    .part("attempts", attempt as f32)
+                    .note(format!("solved at attempt {attempt}")),
+            ),
+            retry::Verdict::Failed { attempts } => StepResult::Done(
+                Score::new(0.0)
+                    .part("correct", 0.0)
+                    .part("attempts", attempts as f32)
+                    .note(format!("not solved in {attempts} attempts")),
+            ),
+            retry::Verdict::TryAgain { feedback } => StepResult::Continue(vec![Message::user(feedback)]),
+        })
+    }
 }
 
 wirl_sdk::register_environment!(Arithmetic);

@@ -1,0 +1,325 @@
+//! Multi-turn episodes and the token ledger.
+//!
+//! The host owns the ledger of every episode: the token ids and log-probs of each model turn
+//! exactly as sampled, and the environment's messages rendered by the chat template and
+//! appended as new tokens that carry no loss (`trainable` false). The next turn is sampled
+//! from the ledger itself, so the trainer's tokens are the sampler's: nothing is ever
+//! re-tokenized. What the template adds is checked each turn: its rendering of the longer
+//! conversation must extend the previous one (append-only) and contain the model's reply as
+//! sampled; otherwise the run stops with [`TemplateDrift`] rather than pad over it.
+//!
+//! All live episodes' turn k are admitted to the engine together, seeded by (group, sample,
+//! turn), so runs are reproducible.
+
+use crate::group::{SamplingSpec, Trajectory};
+use crate::scorer::{FailurePolicy, OnFailure, Scored, Status};
+use std::collections::BTreeMap;
+use wirl_engine::{ChatMessage, EngineHandle, GenerateRequest, Tokenizer};
+use wirl_sandbox::{EnvironmentPlugin, Message, StepResult, Task, printable};
+
+/// The chat template does not render the conversation as the ledger holds it.
+#[derive(Debug)]
+pub struct TemplateDrift(pub String);
+
+impl std::fmt::Display for TemplateDrift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the chat template cannot be used for multi-turn training: {} (the token ledger appends each turn to \
+             the last; a template that rewrites earlier turns, or the model's reply, would make the trained \
+             tokens differ from what the model saw)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for TemplateDrift {}
+
+fn chat(messages: &[Message]) -> Vec<ChatMessage> {
+    messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect()
+}
+
+/// The text the template appends after `before` (rendered with its generation prompt) once
+/// the model replied `reply` (its last token `eos`, if it ended on one) and `messages`
+/// followed: the end of the model's turn, the messages, the next generation prompt.
+pub fn appended_text(
+    tokenizer: &Tokenizer,
+    before: &[Message],
+    reply: &str,
+    ended_on_eos: Option<u32>,
+    messages: &[Message],
+) -> Result<String, TemplateDrift> {
+    let render = |conversation: &[Message]| {
+        tokenizer.render_chat(&chat(conversation), true).map_err(|e| TemplateDrift(format!("{e}")))
+    };
+    let prompt = render(before)?;
+    let mut after = before.to_vec();
+    after.push(Message { role: "assistant".into(), content: reply.to_string() });
+    after.extend(messages.iter().cloned());
+    let next = render(&after)?;
+    let Some(added) = next.strip_prefix(&prompt) else {
+        let at = prompt.chars().zip(next.chars()).take_while(|(a, b)| a == b).count();
+        return Err(TemplateDrift(format!(
+            "it is not append-only: rendering the conversation one turn longer changes its text at character {at} \
+             (before: {:?}, after: {:?})",
+            excerpt(&prompt, at),
+            excerpt(&next, at)
+        )));
+    };
+    // The model's reply as sampled, after whatever the template puts between the generation
+    // prompt and the content (only whitespace is allowed there).
+    let (added, reply) = (added.trim_start(), reply.trim_start());
+    let Some(mut rest) = added.strip_prefix(reply) else {
+        return Err(TemplateDrift(format!(
+            "it renders the model's reply {:?} as {:?}",
+            printable(&excerpt(reply, 0)),
+            printable(&excerpt(added, 0))
+        )));
+    };
+    // An end-of-turn token the model sampled is in the ledger already.
+    if let Some(eos) = ended_on_eos
+        && let Ok(text) = tokenizer.decode(&[eos], false)
+        && !text.is_empty()
+    {
+        rest = rest.strip_prefix(text.as_str()).unwrap_or(rest);
+    }
+    Ok(rest.to_string())
+}
+
+fn excerpt(text: &str, at: usize) -> String {
+    text.chars().skip(at.saturating_sub(20)).take(60).collect()
+}
+
+/// Check, before training, that the template can hold a multi-turn ledger: a probe
+/// conversation rendered a turn longer extends the shorter rendering.
+pub fn check_template(tokenizer: &Tokenizer) -> Result<(), TemplateDrift> {
+    let before = [
+        Message { role: "system".into(), content: "Answer briefly.".into() },
+        Message { role: "user".into(), content: "What is 2 + 2?".into() },
+    ];
+    let followed = [Message { role: "user".into(), content: "And 3 + 3?".into() }];
+    appended_text(tokenizer, &before, "It is 4.", None, &followed).map(|_| ())
+}
+
+/// One group's episodes to run from their first reply on.
+pub struct EpisodeGroup<'a> {
+    pub environment: &'a EnvironmentPlugin,
+    pub task: &'a Task,
+    pub prompt: &'a [u32],
+    /// The first replies (turn 0), sampled with the rest of the step.
+    pub first: Vec<Trajectory>,
+    pub sampling: SamplingSpec,
+    /// Seeds the later turns: sample j's turn k gets `seed_for(seed, k << 20 | j)`.
+    pub seed: u64,
+    pub max_turns: usize,
+    pub failures: FailurePolicy,
+}
+
+/// Where an episode run's time went.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EpisodeTimes {
+    /// Model turns after the first, summed over episodes.
+    pub turns: usize,
+    /// Waiting for the engine.
+    pub generate_s: f64,
+    /// The host's own part: the environment's calls (start, step), rendering the template,
+    /// tokenizing what it appends, extending the ledgers.
+    pub host_s: f64,
+}
+
+/// Every group's finished episodes, in order, and where the time went.
+pub struct EpisodeRun {
+    pub groups: Vec<Vec<EpisodeOutcome>>,
+    pub times: EpisodeTimes,
+}
+
+/// A finished episode: its ledger as a trajectory and its score.
+pub struct EpisodeOutcome {
+    pub trajectory: Trajectory,
+    pub score: Scored,
+}
+
+/// One episode in flight.
+struct Live {
+    episode: Option<wirl_sandbox::Episode>,
+    /// The conversation as the template renders it, the prompt's messages first.
+    conversation: Vec<Message>,
+    /// How many of `conversation`'s messages are the task's prompt.
+    prompt_messages: usize,
+    trajectory: Trajectory,
+    outcome: Option<Result<wirl_sandbox::Score, (String, String)>>,
+}
+
+/// Run the groups' episodes to their end (the environment's `done`, a failure, or
+/// `max_turns` model turns), every live episode's next turn admitted to the engine together.
+/// `None` when `stop()` said so. `context` is the model's; an episode that would outgrow it
+/// ends as a failure (`context`).
+pub fn run_episodes(
+    engine: &EngineHandle,
+    tokenizer: &Tokenizer,
+    context: usize,
+    groups: Vec<EpisodeGroup<'_>>,
+    stop: &dyn Fn() -> bool,
+) -> Option<Result<EpisodeRun, TemplateDrift>> {
+    let started = std::time::Instant::now();
+    let mut times = EpisodeTimes::default();
+    let name_of = |g: &EpisodeGroup<'_>| g.environment.plugin().name().to_string();
+    let mut lives: Vec<Vec<Live>> = Vec::new();
+    for group in &groups {
+        let mut live = Vec::new();
+        for first in &group.first {
+            let mut trajectory = first.clone();
+            trajectory.trainable = vec![true; trajectory.tokens.len()];
+            trajectory.turns = 1;
+            let (episode, outcome) = match group.environment.start_episode(group.task) {
+                Ok(episode) => (Some(episode), None),
+                Err(failure) => (None, Some(Err((failure.kind.name().to_string(), failure.to_string())))),
+            };
+            let conversation = group.task.messages.clone();
+            live.push(Live { episode, prompt_messages: conversation.len(), conversation, trajectory, outcome });
+        }
+        lives.push(live);
+    }
+    // The reply of the latest turn of each live episode: (group, sample, text, eos).
+    let mut replies: Vec<(usize, usize, String, Option<u32>)> = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        for (j, first) in group.first.iter().enumerate() {
+            replies.push((g, j, first.text.clone(), ended_on_eos(tokenizer, &first.tokens)));
+        }
+    }
+    for turn in 1..=groups.iter().map(|g| g.max_turns).max().unwrap_or(1) {
+        // The environment's answer to each reply; episodes that go on get their next prompt.
+        let mut requests = Vec::new();
+        let mut asking = Vec::new();
+        for (g, j, reply, eos) in replies.drain(..) {
+            let group = &groups[g];
+            let live = &mut lives[g][j];
+            let Some(episode) = live.episode.as_mut() else { continue };
+            if live.outcome.is_some() {
+                continue;
+            }
+            let messages = match episode.step(&reply) {
+                Ok(StepResult::Done(score)) => {
+                    live.outcome = Some(Ok(score));
+                    continue;
+                }
+                Ok(StepResult::Continue(messages)) => messages,
+                Err(failure) => {
+                    live.outcome = Some(Err((failure.kind.name().to_string(), failure.to_string())));
+                    continue;
+                }
+            };
+            if turn >= group.max_turns {
+                live.outcome = Some(Err((
+                    "max_turns".into(),
+                    format!("the episode was not over after max_turns = {} model turns", group.max_turns),
+                )));
+                continue;
+            }
+            let text = match appended_text(tokenizer, &live.conversation, &reply, eos, &messages) {
+                Ok(text) => text,
+                Err(drift) => return Some(Err(drift)),
+            };
+            let added = match tokenizer.encode(&text) {
+                Ok(ids) => ids,
+                Err(error) => return Some(Err(TemplateDrift(format!("the appended text does not tokenize: {error}")))),
+            };
+            live.conversation.push(Message { role: "assistant".into(), content: reply });
+            live.conversation.extend(messages);
+            let t = &mut live.trajectory;
+            t.logprobs.extend(std::iter::repeat_n(0.0, added.len()));
+            t.trainable.extend(std::iter::repeat_n(false, added.len()));
+            t.tokens.extend(added);
+            let ledger = group.prompt.len() + t.tokens.len();
+            if ledger + group.sampling.max_tokens > context {
+                live.outcome = Some(Err((
+                    "context".into(),
+                    format!(
+                        "after {} turns the conversation is {ledger} tokens; with max_tokens = {} it does not fit \
+                         the model's context of {context}",
+                        t.turns, group.sampling.max_tokens
+                    ),
+                )));
+                continue;
+            }
+            let mut prompt = group.prompt.to_vec();
+            prompt.extend_from_slice(&t.tokens);
+            let seed = crate::group::seed_for(group.seed, ((turn as u64) << 20) | j as u64);
+            requests.push(GenerateRequest { prompt, n: 1, sampling: group.sampling.seeded(seed) });
+            asking.push((g, j));
+        }
+        if requests.is_empty() {
+            break;
+        }
+        let generating = std::time::Instant::now();
+        let generated = engine.generate_all_until(requests, stop)?;
+        times.generate_s += generating.elapsed().as_secs_f64();
+        for ((g, j), result) in asking.into_iter().zip(generated) {
+            let live = &mut lives[g][j];
+            let completion = match result {
+                Ok(mut completions) if !completions.is_empty() => completions.remove(0),
+                Ok(_) => {
+                    live.outcome = Some(Err(("generation".into(), "the engine returned no completion".into())));
+                    continue;
+                }
+                Err(error) => {
+                    live.outcome = Some(Err(("generation".into(), error.to_string())));
+                    continue;
+                }
+            };
+            let t = &mut live.trajectory;
+            times.turns += 1;
+            t.turns += 1;
+            t.trainable.extend(std::iter::repeat_n(true, completion.tokens.len()));
+            t.logprobs.extend_from_slice(&completion.logprobs);
+            t.tokens.extend_from_slice(&completion.tokens);
+            t.finish = completion.finish;
+            replies.push((g, j, completion.text.clone(), ended_on_eos(tokenizer, &completion.tokens)));
+            t.text = completion.text;
+        }
+    }
+    let mut out = Vec::new();
+    for (group, lives) in groups.iter().zip(lives) {
+        let name = name_of(group);
+        out.push(lives.into_iter().map(|live| finish(live, &name, group.failures)).collect());
+    }
+    times.host_s = started.elapsed().as_secs_f64() - times.generate_s;
+    Some(Ok(EpisodeRun { groups: out, times }))
+}
+
+fn ended_on_eos(tokenizer: &Tokenizer, tokens: &[u32]) -> Option<u32> {
+    tokens.last().copied().filter(|id| tokenizer.eos_ids().contains(id))
+}
+
+/// The episode's score: the environment's, or its failure handled by `policy`.
+fn finish(live: Live, environment: &str, policy: FailurePolicy) -> EpisodeOutcome {
+    let mut trajectory = live.trajectory;
+    // What followed the prompt: each model turn and the environment's answers.
+    let mut conversation = live.conversation;
+    trajectory.conversation = conversation.split_off(live.prompt_messages.min(conversation.len()));
+    trajectory.conversation.push(Message { role: "assistant".into(), content: trajectory.text.clone() });
+    let mut score = Scored::default();
+    let failure = match live.outcome {
+        Some(Ok(s)) if s.reward.is_finite() && s.parts.iter().all(|(_, v)| v.is_finite()) => {
+            score.reward = s.reward;
+            score.parts = s.parts.into_iter().collect::<BTreeMap<_, _>>();
+            if let Some(note) = s.note {
+                score.notes.insert(environment.to_string(), note);
+            }
+            None
+        }
+        Some(Ok(s)) => Some(("non_finite".to_string(), format!("the episode's score is not finite ({})", s.reward))),
+        Some(Err(failure)) => Some(failure),
+        None => Some(("max_turns".to_string(), "the episode never ended".to_string())),
+    };
+    if let Some((kind, message)) = failure {
+        tracing::warn!("environment {environment}: {}", printable(&message));
+        score.failures.push(kind.clone());
+        score.notes.insert(environment.to_string(), format!("{kind}: {message}"));
+        (score.status, score.reward) = match policy.on_failure {
+            OnFailure::Reward => (Status::Failed, policy.failure_reward),
+            OnFailure::Mask => (Status::Masked, 0.0),
+        };
+    }
+    EpisodeOutcome { trajectory, score }
+}

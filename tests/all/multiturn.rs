@@ -1,0 +1,137 @@
+//! Multi-turn episodes and the token ledger: the trainer's log-probs over a ledger equal the
+//! sampler's on every model token, the environment's tokens carry no loss, and a chat
+//! template that is not append-only is refused.
+
+use crate::engine::write_tiny_model;
+use std::path::Path;
+use std::sync::Arc;
+use wirl_engine::{LoadOptions, Tokenizer};
+use wirl_rollout::{EpisodeGroup, FailurePolicy, SamplingSpec, TaskSource, run_episodes, sample_groups};
+use wirl_sandbox::{PluginSpec, SandboxSettings};
+use wirl_test_artifacts::ARITHMETIC;
+
+/// The tiny model with room for a few turns.
+pub fn write_tiny_model_with_context(dir: &Path, context: usize) {
+    write_tiny_model(dir, false);
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = config.replace("\"max_position_embeddings\":64", &format!("\"max_position_embeddings\":{context}"));
+    std::fs::write(dir.join("config.json"), config).unwrap();
+}
+
+/// Three-turn episodes of the arithmetic environment (the tiny model never gets the answer,
+/// so every episode takes all its attempts): the ledger holds the model's turns as sampled
+/// and the feedback in between; the policy's log-probs of the whole ledger equal the
+/// sampler's on every model token (within 1e-4), and the loss weights of the environment's
+/// tokens are 0.
+#[test]
+fn the_ledger_of_a_three_turn_episode_trains_on_exactly_the_sampled_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model_with_context(dir.path(), 1024);
+    let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+    let device = wirl_engine::Device::Cpu;
+    let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
+    let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
+    let model = Arc::new(wirl_engine::Model::load(&config, &mut source, &device).unwrap());
+    let tokenizer = Arc::new(tokenizer);
+    let (engine, _thread) = wirl_engine::EngineHandle::spawn(model, tokenizer.clone()).unwrap();
+
+    let (sandbox, _cache) = crate::sandbox_with(SandboxSettings::default());
+    let mut spec = PluginSpec::new(ARITHMETIC);
+    spec.config.insert("shots".into(), false.into());
+    spec.config.insert("attempts".into(), 3.into());
+    let mut tasks = TaskSource::Environment {
+        plugin: wirl_sandbox::EnvironmentPlugin::new(sandbox.load(spec).unwrap()).unwrap(),
+        seed: 0,
+    };
+    let task = tasks.training(0).unwrap();
+    let prompt = wirl_rollout::fitting_prompt(&tokenizer, &task, 8, 1024).unwrap();
+    let sampling = SamplingSpec { max_tokens: 8, temperature: 1.0, top_p: 1.0, top_k: 0 };
+    let request = wirl_engine::GenerateRequest { prompt: prompt.clone(), n: 3, sampling: sampling.seeded(7) };
+    let first = sample_groups(&engine, vec![request], || false).unwrap().unwrap().remove(0);
+    let TaskSource::Environment { plugin, .. } = &tasks else { unreachable!() };
+    let group = EpisodeGroup {
+        environment: plugin,
+        task: &task,
+        prompt: &prompt,
+        first,
+        sampling,
+        seed: 5,
+        max_turns: 3,
+        failures: FailurePolicy::default(),
+    };
+    let run = run_episodes(&engine, &tokenizer, 1024, vec![group], &|| false).unwrap().unwrap();
+    assert_eq!(run.times.turns, 3 * 2, "two turns after the first, for each of 3 episodes");
+    for outcome in &run.groups[0] {
+        let t = &outcome.trajectory;
+        assert_eq!(t.turns, 3);
+        assert_eq!(
+            (t.tokens.len(), t.logprobs.len(), t.trainable.len()),
+            (t.tokens.len(), t.tokens.len(), t.tokens.len())
+        );
+        // Model, environment, model, environment, model: five runs of one kind.
+        let runs = 1 + t.trainable.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(runs, 5, "{:?}", t.trainable);
+        assert!(t.trainable[0] && *t.trainable.last().unwrap());
+        // The environment's answers are in the conversation: the model's turns and its feedback.
+        let roles: Vec<&str> = t.conversation.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["assistant", "user", "assistant", "user", "assistant"]);
+        assert!(t.conversation[1].content.contains("<answer>"), "{:?}", t.conversation[1]);
+        assert_eq!(outcome.score.reward, 0.0, "the tiny model cannot solve it");
+        assert_eq!(outcome.score.parts["attempts"], 3.0);
+    }
+    let ledgers: Vec<Vec<u32>> = run.groups[0].iter().map(|o| o.trajectory.tokens.clone()).collect();
+    let stats = policy.net().completion_stats(&prompt, &ledgers).unwrap();
+    let logp: Vec<Vec<f32>> = stats.logp.to_vec2().unwrap();
+    let mut worst = 0f32;
+    let mut model_tokens = 0;
+    for (row, outcome) in run.groups[0].iter().enumerate() {
+        let t = &outcome.trajectory;
+        for i in (0..t.tokens.len()).filter(|&i| t.trainable[i]) {
+            worst = worst.max((logp[row][i] - t.logprobs[i]).abs());
+            model_tokens += 1;
+        }
+    }
+    assert!(model_tokens > 3 * 3, "every turn sampled something");
+    assert!(worst < 1e-4, "max |trainer − sampler| log-prob over the ledger's model tokens = {worst}");
+
+    // The loss weights: the model's tokens each weigh 1/(model tokens of the step) under
+    // token-mean, the environment's and the padding's 0.
+    let trainable: Vec<Vec<bool>> = run.groups[0].iter().map(|o| o.trajectory.trainable.clone()).collect();
+    let width = ledgers.iter().map(Vec::len).max().unwrap();
+    let weights =
+        wirl_grpo::masked_token_weights(&trainable, width, wirl_grpo::Aggregation::TokenMean, model_tokens, 3, 8);
+    for (row, mask) in trainable.iter().enumerate() {
+        for i in 0..width {
+            let w = weights[row * width + i];
+            match mask.get(i) {
+                Some(true) => assert_eq!(w, 1.0 / model_tokens as f32),
+                _ => assert_eq!(w, 0.0, "row {row} token {i}: an environment or padding token carries loss"),
+            }
+        }
+    }
+}
+
+/// A tokenizer of the tiny model's vocabulary with `template` as its chat template.
+fn tokenizer_with_template(template: &str) -> Tokenizer {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), false);
+    let json = std::fs::read_to_string(dir.path().join("tokenizer.json")).unwrap();
+    let config = serde_json::json!({ "chat_template": template, "eos_token": "</s>" });
+    Tokenizer::from_json(json, Some(&config), "test").unwrap()
+}
+
+/// The drift check: a template that drops earlier turns, or one that rewrites the model's
+/// reply, is refused with a message saying so; an append-only one passes.
+#[test]
+fn a_template_that_is_not_append_only_is_refused() {
+    let append_only = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    wirl_rollout::check_template(&tokenizer_with_template(append_only)).unwrap();
+    // Only the last two messages: rendering a longer conversation changes the beginning.
+    let windowed = "{% for m in messages[-2:] %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    let error = wirl_rollout::check_template(&tokenizer_with_template(windowed)).unwrap_err().to_string();
+    assert!(error.contains("not append-only"), "{error}");
+    // The model's replies upper-cased: the ledger would not be what the template shows.
+    let rewriting = "{% for m in messages %}{{ m.role }}: {% if m.role == 'assistant' %}{{ m.content | upper }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    let error = wirl_rollout::check_template(&tokenizer_with_template(rewriting)).unwrap_err().to_string();
+    assert!(error.contains("renders the model's reply"), "{error}");
+}
