@@ -1,6 +1,7 @@
 //! wirl's integration tests: the real host, real guest components (built by
 //! `wirl-test-artifacts`), and the real `wirl` binary.
 
+mod agents;
 mod cli;
 mod code;
 mod engine;

@@ -18,6 +18,39 @@ pub fn write_tiny_model_with_context(dir: &Path, context: usize) {
     std::fs::write(dir.join("config.json"), config).unwrap();
 }
 
+/// The trainable policy of the model in `dir` and an engine sampling from its weights.
+pub fn policy_and_engine(dir: &Path) -> (wirl_grpo::Policy, wirl_engine::EngineHandle, Arc<Tokenizer>) {
+    let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir, &LoadOptions::default()).unwrap();
+    let device = wirl_engine::Device::Cpu;
+    let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
+    let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
+    let model = Arc::new(wirl_engine::Model::load(&config, &mut source, &device).unwrap());
+    let tokenizer = Arc::new(tokenizer);
+    let (engine, _thread) = wirl_engine::EngineHandle::spawn(model, tokenizer.clone()).unwrap();
+    (policy, engine, tokenizer)
+}
+
+/// Log-probs of `ledgers` after `prompt` under `policy` equal each trajectory's sampled ones
+/// on every token it marks trainable, within 1e-4; how many such tokens there were.
+pub fn assert_sampled_log_probs(
+    policy: &wirl_grpo::Policy,
+    prompt: &[u32],
+    trajectories: &[&wirl_rollout::Trajectory],
+) -> usize {
+    let ledgers: Vec<Vec<u32>> = trajectories.iter().map(|t| t.tokens.clone()).collect();
+    let stats = policy.net().completion_stats(prompt, &ledgers).unwrap();
+    let logp: Vec<Vec<f32>> = stats.logp.to_vec2().unwrap();
+    let mut checked = 0;
+    for (row, t) in trajectories.iter().enumerate() {
+        for i in (0..t.tokens.len()).filter(|&i| t.trainable[i]) {
+            let gap = (logp[row][i] - t.logprobs[i]).abs();
+            assert!(gap < 1e-4, "row {row} token {i}: |trainer − sampler| log-prob = {gap}");
+            checked += 1;
+        }
+    }
+    checked
+}
+
 /// Three-turn episodes of the arithmetic environment (the tiny model never gets the answer,
 /// so every episode takes all its attempts): the ledger holds the model's turns as sampled
 /// and the feedback in between; the policy's log-probs of the whole ledger equal the
@@ -27,13 +60,7 @@ pub fn write_tiny_model_with_context(dir: &Path, context: usize) {
 fn the_ledger_of_a_three_turn_episode_trains_on_exactly_the_sampled_tokens() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_model_with_context(dir.path(), 1024);
-    let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
-    let device = wirl_engine::Device::Cpu;
-    let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
-    let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
-    let model = Arc::new(wirl_engine::Model::load(&config, &mut source, &device).unwrap());
-    let tokenizer = Arc::new(tokenizer);
-    let (engine, _thread) = wirl_engine::EngineHandle::spawn(model, tokenizer.clone()).unwrap();
+    let (policy, engine, tokenizer) = policy_and_engine(dir.path());
 
     let (sandbox, _cache) = crate::sandbox_with(SandboxSettings::default());
     let mut spec = PluginSpec::new(ARITHMETIC);
@@ -79,20 +106,10 @@ fn the_ledger_of_a_three_turn_episode_trains_on_exactly_the_sampled_tokens() {
         assert_eq!(outcome.score.reward, 0.0, "the tiny model cannot solve it");
         assert_eq!(outcome.score.parts["attempts"], 3.0);
     }
-    let ledgers: Vec<Vec<u32>> = run.groups[0].iter().map(|o| o.trajectory.tokens.clone()).collect();
-    let stats = policy.net().completion_stats(&prompt, &ledgers).unwrap();
-    let logp: Vec<Vec<f32>> = stats.logp.to_vec2().unwrap();
-    let mut worst = 0f32;
-    let mut model_tokens = 0;
-    for (row, outcome) in run.groups[0].iter().enumerate() {
-        let t = &outcome.trajectory;
-        for i in (0..t.tokens.len()).filter(|&i| t.trainable[i]) {
-            worst = worst.max((logp[row][i] - t.logprobs[i]).abs());
-            model_tokens += 1;
-        }
-    }
+    let trajectories: Vec<&wirl_rollout::Trajectory> = run.groups[0].iter().map(|o| &o.trajectory).collect();
+    let model_tokens = assert_sampled_log_probs(&policy, &prompt, &trajectories);
     assert!(model_tokens > 3 * 3, "every turn sampled something");
-    assert!(worst < 1e-4, "max |trainer − sampler| log-prob over the ledger's model tokens = {worst}");
+    let ledgers: Vec<Vec<u32>> = trajectories.iter().map(|t| t.tokens.clone()).collect();
 
     // The loss weights: the model's tokens each weigh 1/(model tokens of the step) under
     // token-mean, the environment's and the padding's 0.

@@ -208,6 +208,7 @@ impl Observer for Terminal {
                 Phase::Generating { prompts, group_size } => {
                     format!("step {step}/{steps}: generating {prompts} x {group_size}")
                 }
+                Phase::Agent { task } => format!("step {step}/{steps}: agent of task {}", task + 1),
                 Phase::Episodes { groups } => format!("step {step}/{steps}: episodes of {groups} groups"),
                 Phase::Scoring => format!("step {step}/{steps}: scoring"),
                 Phase::Training { group, groups } => {

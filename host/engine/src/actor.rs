@@ -95,6 +95,21 @@ impl EngineHandle {
         }
     }
 
+    /// Several requests admitted into the batch in one go, in order, awaited together (the
+    /// async form of [`generate_all_blocking`](Self::generate_all_blocking)).
+    pub async fn generate_all(&self, requests: Vec<GenerateRequest>) -> Vec<Result<Vec<Completion>>> {
+        match self.submit_all(requests) {
+            Ok(receivers) => {
+                let mut results = Vec::with_capacity(receivers.len());
+                for receiver in receivers {
+                    results.push(receiver.await.map_err(|_| Error::Stopped).and_then(|r| r));
+                }
+                results
+            }
+            Err(count) => (0..count).map(|_| Err(Error::Stopped)).collect(),
+        }
+    }
+
     /// [`generate_all_blocking`](Self::generate_all_blocking), given up as soon as `stop()`
     /// says so (checked every 10 ms): `None` then, and the engine drops the requests' rows at
     /// its next step, since no one waits for them.

@@ -6,6 +6,7 @@
 //! It must not know tensors, the loss, run directories or HTTP routes: `wirl-trainer` turns
 //! its `RolloutGroup`s into the learner's batches, and a server can drive the same pieces.
 
+pub mod agent;
 pub mod episode;
 pub mod group;
 pub mod mixture;
@@ -14,6 +15,7 @@ pub mod scorer;
 pub mod source;
 pub mod spec;
 
+pub use agent::{AgentCall, AgentLimits, EngineInference, agent_groups};
 pub use episode::{
     EpisodeGroup, EpisodeOutcome, EpisodeRun, EpisodeTimes, TemplateDrift, check_template, run_episodes,
 };

@@ -13,6 +13,8 @@ pub enum TaskSource {
     Environment { plugin: EnvironmentPlugin, seed: u64 },
     /// JSONL files: training tasks cycled in order, held-out tasks from their own file.
     Dataset { train: Vec<Task>, eval: Vec<Task> },
+    /// An agent plugin, which makes its own tasks and rollouts (`crate::agent`).
+    Agent { agent: wirl_sandbox::AgentPlugin, limits: crate::agent::AgentLimits },
 }
 
 impl TaskSource {
@@ -27,6 +29,10 @@ impl TaskSource {
                 TaskSource::Environment { plugin: EnvironmentPlugin::new(sandbox.load(plugin.spec())?)?, seed: *seed }
             }
             SourceSpec::Dataset { train, eval } => TaskSource::Dataset { train: read(train)?, eval: read(eval)? },
+            SourceSpec::Agent { plugin, limits } => TaskSource::Agent {
+                agent: wirl_sandbox::AgentPlugin::new(sandbox.load(plugin.spec())?)?,
+                limits: *limits,
+            },
         })
     }
 
@@ -39,6 +45,7 @@ impl TaskSource {
     pub fn plugin(&self) -> Option<&Arc<Plugin>> {
         match self {
             TaskSource::Environment { plugin, .. } => Some(plugin.plugin()),
+            TaskSource::Agent { agent, .. } => Some(agent.plugin()),
             TaskSource::Dataset { .. } => None,
         }
     }
@@ -54,6 +61,9 @@ impl TaskSource {
                 bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)")
             }
             TaskSource::Dataset { train, .. } => Ok(train[(index % train.len() as u64) as usize].clone()),
+            TaskSource::Agent { agent, .. } => {
+                bail!("agent {} makes its own tasks: it is asked for rollouts, not tasks", agent.plugin().name())
+            }
         }
     }
 
@@ -72,6 +82,8 @@ impl TaskSource {
                 })
                 .collect(),
             TaskSource::Dataset { eval, .. } => eval.iter().take(count).cloned().collect(),
+            // Evaluated through its own rollouts instead.
+            TaskSource::Agent { .. } => Vec::new(),
         }
     }
 }

@@ -65,4 +65,6 @@ pub enum SourceSpec {
     Environment { plugin: PluginRef, seed: u64 },
     /// JSONL files: training tasks (cycled in order) and held-out tasks; at least one.
     Dataset { train: Option<PathBuf>, eval: Option<PathBuf> },
+    /// An agent plugin: it produces scored rollout groups itself, calling the model.
+    Agent { plugin: PluginRef, limits: crate::agent::AgentLimits },
 }

@@ -39,6 +39,21 @@ pub(crate) mod grader_world {
     });
 }
 
+pub(crate) mod agent_world {
+    wasmtime::component::bindgen!({
+        world: "agent-plugin",
+        path: "../../wit",
+        exports: { default: async },
+        // Generation is awaited: the agent's deadline pauses while the engine works.
+        imports: { "wirl:rl/inference.generate": async },
+        additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+        with: {
+            "wirl:rl/types": super::reward_world::wirl::rl::types,
+            "wirl:rl/config": super::reward_world::wirl::rl::config,
+        },
+    });
+}
+
 pub(crate) mod code_runner_world {
     wasmtime::component::bindgen!({
         world: "code-runner-plugin",
@@ -47,9 +62,10 @@ pub(crate) mod code_runner_world {
     });
 }
 
+pub use agent_world::exports::wirl::rl::agent::{Rollout, RolloutGroup as AgentRolloutGroup, RolloutRequest};
 pub use environment_world::exports::wirl::rl::environment::{Description, StepResult};
 pub use grader_world::wirl::rl::code_runner::{Limits as RunLimits, Outcome, Program, Termination};
-pub use reward_world::wirl::rl::types::{Message, Score, Task};
+pub use reward_world::wirl::rl::types::{Completion, FinishReason, Message, Sampling, Score, Task};
 
 impl Message {
     pub fn new(role: &str, content: impl Into<String>) -> Self {

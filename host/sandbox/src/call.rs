@@ -105,9 +105,48 @@ pub(crate) struct HostState {
     pub(crate) stderr: BoundedOutput,
     /// Where a grader's `code-runner` import sends programs; none for other worlds.
     pub(crate) runner: Option<Arc<crate::CodeRunnerPlugin>>,
-    /// When the current call must end (set by `arm`).
+    /// When the current call must end (set by `arm`), not counting time paused.
     pub(crate) deadline_at: Instant,
+    /// Time the deadline does not count: an agent's waits for the engine.
+    pub(crate) paused: Arc<PausedClock>,
+    /// Where an agent's `inference` import generates; none for other worlds.
+    pub(crate) inference: Option<Arc<dyn crate::agent::InferenceHost>>,
     pub(crate) interrupt: Interrupter,
+}
+
+/// Time a call spends waiting for the host on the guest's behalf (an agent's generation),
+/// which its deadline does not count: the deadline limits the plugin's own work.
+#[derive(Debug, Default)]
+pub(crate) struct PausedClock(Mutex<(Duration, Option<Instant>)>);
+
+impl PausedClock {
+    /// Stop counting until the returned guard is dropped.
+    pub(crate) fn pause(self: &Arc<Self>) -> PauseGuard {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(Instant::now());
+        PauseGuard(self.clone())
+    }
+
+    /// Time paused so far, a pause in progress included.
+    pub(crate) fn paused(&self, now: Instant) -> Duration {
+        let (total, since) = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        total + since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    }
+
+    fn reset(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = (Duration::ZERO, None);
+    }
+}
+
+/// Ends a pause of a [`PausedClock`].
+pub(crate) struct PauseGuard(Arc<PausedClock>);
+
+impl Drop for PauseGuard {
+    fn drop(&mut self) {
+        let mut clock = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(since) = clock.1.take() {
+            clock.0 += since.elapsed();
+        }
+    }
 }
 
 impl HostState {
@@ -122,6 +161,8 @@ impl HostState {
     ) -> Self {
         HostState {
             deadline_at: Instant::now() + limits.deadline(),
+            paused: Arc::default(),
+            inference: None,
             interrupt,
             wasi,
             table: ResourceTable::new(),
@@ -296,10 +337,11 @@ pub(crate) fn install_deadline_check(store: &mut Store<HostState>, epoch_tick_ms
             return Err(Cut::Interrupted.into());
         }
         let now = Instant::now();
-        if now >= state.deadline_at {
+        let deadline_at = state.deadline_at.checked_add(state.paused.paused(now)).unwrap_or_else(far_future);
+        if now >= deadline_at {
             return Ok(UpdateDeadline::Interrupt);
         }
-        let left_ms = u64::try_from((state.deadline_at - now).as_millis()).unwrap_or(u64::MAX);
+        let left_ms = u64::try_from((deadline_at - now).as_millis()).unwrap_or(u64::MAX);
         Ok(UpdateDeadline::Continue(left_ms.div_ceil(tick).clamp(1, CHECK_TICKS)))
     });
 }
@@ -310,6 +352,7 @@ pub(crate) fn arm(store: &mut Store<HostState>, limits: &Limits, epoch_tick_ms: 
     store.set_epoch_deadline(ticks.min(CHECK_TICKS));
     // A deadline too far to represent is no deadline: it stays at the far future.
     store.data_mut().deadline_at = Instant::now().checked_add(limits.deadline()).unwrap_or_else(far_future);
+    store.data().paused.reset();
     if fuel_enabled {
         // Without a fuel limit the budget is effectively unlimited; the deadline still holds.
         let _ = store.set_fuel(limits.fuel.unwrap_or(u64::MAX));
@@ -384,14 +427,26 @@ pub(crate) async fn bounded<R>(
     call: impl AsyncFnOnce(&mut Store<HostState>) -> wasmtime::Result<R>,
 ) -> wasmtime::Result<R> {
     let deadline_at = store.data().deadline_at;
+    let paused = store.data().paused.clone();
     let interrupt = store.data().interrupt.clone();
     if interrupt.is_interrupted() {
         return Err(Cut::Interrupted.into());
     }
+    // The deadline moves on by the time paused (an agent waiting for the engine).
+    let deadline = async move {
+        loop {
+            let now = Instant::now();
+            let at = deadline_at.checked_add(paused.paused(now)).unwrap_or_else(far_future);
+            if now >= at {
+                break;
+            }
+            tokio::time::sleep_until(at.into()).await;
+        }
+    };
     tokio::select! {
         biased;
         result = call(store) => result,
-        () = tokio::time::sleep_until(deadline_at.into()) => Err(Cut::Deadline.into()),
+        () = deadline => Err(Cut::Deadline.into()),
         () = interrupt.interrupted() => Err(Cut::Interrupted.into()),
     }
 }

@@ -14,6 +14,7 @@
 //!   one world. A grader is a reward plugin whose `code-runner` import the host wires to a
 //!   code-runner plugin of its own, a separate store per program.
 
+mod agent;
 mod bindings;
 mod cache;
 mod call;
@@ -25,7 +26,11 @@ mod reward;
 mod sandbox;
 mod world;
 
-pub use bindings::{Description, Message, Outcome, Program, RunLimits, Score, StepResult, Task, Termination};
+pub use agent::{AgentPlugin, InferenceHost};
+pub use bindings::{
+    AgentRolloutGroup, Completion, Description, FinishReason, Message, Outcome, Program, Rollout, RolloutRequest,
+    RunLimits, Sampling, Score, StepResult, Task, Termination,
+};
 pub use call::{CallStats, Failure, FailureKind, Interrupter};
 pub use code_runner::CodeRunnerPlugin;
 pub use environment::{EnvironmentPlugin, Episode};

@@ -1,5 +1,6 @@
 //! The engine that loads and runs plugins: wasmtime configured for isolation and speed.
 
+use crate::bindings::agent_world::wirl::rl::inference;
 use crate::bindings::grader_world::wirl::rl::code_runner;
 use crate::bindings::reward_world::wirl::rl::config;
 use crate::call::{HostState, Interrupter};
@@ -50,6 +51,8 @@ impl Sandbox {
         config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(format!("{e:#}")))?;
         code_runner::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(|e| Error::Engine(format!("{e:#}")))?;
+        inference::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(format!("{e:#}")))?;
 
         start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
@@ -207,8 +210,9 @@ fn missing_imports(
 ) -> Option<String> {
     let provided = |name: &str| {
         name.starts_with("wasi:")
-            || world::parse_interface_name(name)
-                .is_some_and(|p| p.package == WIT_PACKAGE && matches!(p.interface, "config" | "types" | "code-runner"))
+            || world::parse_interface_name(name).is_some_and(|p| {
+                p.package == WIT_PACKAGE && matches!(p.interface, "config" | "types" | "code-runner" | "inference")
+            })
     };
     let missing: Vec<&String> = imports.iter().filter(|name| !provided(name)).collect();
     if missing.is_empty() {
@@ -221,15 +225,9 @@ fn missing_imports(
             _ => format!("`{name}`"),
         })
         .collect();
-    let hint = match world {
-        World::AgentPlugin => {
-            format!(" (the host for {world} components, which provides their imports, is not in this version yet)")
-        }
-        _ => String::new(),
-    };
     Some(format!(
-        "it imports {}, which this host does not provide{hint}; a {world} may import only WASI 0.2 \
-         and {WIT_PACKAGE}/config (a grader also {WIT_PACKAGE}/code-runner)",
+        "it imports {}, which this host does not provide; a {world} may import only WASI 0.2 \
+         and {WIT_PACKAGE}/config (a grader also {WIT_PACKAGE}/code-runner, an agent {WIT_PACKAGE}/inference)",
         shown.join(", ")
     ))
 }

@@ -7,7 +7,9 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
-use wirl_rollout::{CodeRunnerRef, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec, SourceSpec};
+use wirl_rollout::{
+    AgentLimits, CodeRunnerRef, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec, SourceSpec,
+};
 
 /// The default run, embedded so that `wirl train` needs no file.
 pub const DEFAULT_TOML: &str = include_str!("../../../examples/train/default.toml");
@@ -60,6 +62,9 @@ pub struct TaskSection {
     pub environment: Option<PluginSection>,
     #[serde(default)]
     pub dataset: Option<DatasetSection>,
+    /// An agent plugin that produces the task's scored rollouts itself, calling the model.
+    #[serde(default)]
+    pub agent: Option<AgentSection>,
     /// Its reward plugins (default: the top-level `[[rewards]]`).
     #[serde(default)]
     pub rewards: Vec<RewardSection>,
@@ -85,6 +90,34 @@ fn one_usize() -> usize {
 
 /// The most model turns an episode may be given.
 pub const MAX_TURNS: usize = 64;
+
+/// An agent plugin and what it may use.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    pub plugin: PathBuf,
+    #[serde(default)]
+    pub config: toml::Table,
+    /// The agent's own compute per `rollouts` call (time waiting for the engine not counted).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// `generate` calls per rollout asked for (default 8).
+    #[serde(default = "default_generate_calls")]
+    pub max_generate_calls: u64,
+    /// Tokens generated per rollout asked for (default 2048).
+    #[serde(default = "default_agent_tokens")]
+    pub max_tokens: u64,
+}
+
+fn default_generate_calls() -> u64 {
+    8
+}
+
+fn default_agent_tokens() -> u64 {
+    2048
+}
 
 /// `[sampling]` keys that a task sets for itself.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -327,6 +360,7 @@ struct TaskView<'a> {
     eval_only: bool,
     environment: Option<&'a PluginSection>,
     dataset: Option<&'a DatasetSection>,
+    agent: Option<&'a AgentSection>,
     rewards: &'a [RewardSection],
     /// `tasks[1].rewards` or `rewards`.
     rewards_key: String,
@@ -380,6 +414,7 @@ impl TrainConfig {
                 eval_only: false,
                 environment: self.environment.as_ref(),
                 dataset: self.dataset.as_ref(),
+                agent: None,
                 rewards: &self.rewards,
                 rewards_key: "rewards".into(),
                 sampling: &NO_OVERRIDES,
@@ -405,6 +440,7 @@ impl TrainConfig {
                     eval_only: task.eval_only,
                     environment: task.environment.as_ref(),
                     dataset: task.dataset.as_ref(),
+                    agent: task.agent.as_ref(),
                     rewards,
                     rewards_key,
                     sampling: &task.sampling,
@@ -422,14 +458,23 @@ impl TrainConfig {
     pub fn run_config(&self) -> anyhow::Result<RunConfig> {
         let mut tasks = Vec::new();
         for view in self.task_views() {
-            let source = match (view.environment, view.dataset) {
-                (Some(environment), None) => {
+            let source = match (view.environment, view.dataset, view.agent) {
+                (Some(environment), None, None) => {
                     SourceSpec::Environment { plugin: plugin_ref(environment), seed: environment.seed }
                 }
-                (None, Some(dataset)) => {
+                (None, Some(dataset), None) => {
                     SourceSpec::Dataset { train: dataset.train.clone(), eval: dataset.eval.clone() }
                 }
-                _ => bail!("task `{}` needs exactly one task source: an environment or a dataset", view.name),
+                (None, None, Some(agent)) => SourceSpec::Agent {
+                    plugin: PluginRef {
+                        path: agent.plugin.clone(),
+                        config: json_config(&agent.config),
+                        deadline_ms: agent.deadline_ms,
+                        memory_mib: agent.memory_mib,
+                    },
+                    limits: AgentLimits { generate_calls: agent.max_generate_calls, tokens: agent.max_tokens },
+                },
+                _ => bail!("task `{}` needs exactly one source: an environment, a dataset or an agent", view.name),
             };
             let rewards = view
                 .rewards
@@ -449,7 +494,7 @@ impl TrainConfig {
                     }),
                 })
                 .collect();
-            let rewards = if view.max_turns > 1 { Vec::new() } else { rewards };
+            let rewards = if view.max_turns > 1 || view.agent.is_some() { Vec::new() } else { rewards };
             tasks.push(TaskSpec {
                 max_turns: view.max_turns,
                 pass_reward: view.pass_reward.unwrap_or(self.grpo.pass_reward),
@@ -518,6 +563,7 @@ impl TrainConfig {
         of(&mut paths, self.environment.as_mut(), self.dataset.as_mut(), &mut self.rewards);
         for task in &mut self.tasks {
             of(&mut paths, task.environment.as_mut(), task.dataset.as_mut(), &mut task.rewards);
+            paths.extend(task.agent.as_mut().map(|a| &mut a.plugin));
         }
         paths
     }
@@ -557,6 +603,28 @@ impl TrainConfig {
                 if !names.insert(view.name.clone()) {
                     bail!("{origin}: `{key}name`: two tasks are named {:?}; names must be unique", view.name);
                 }
+            }
+            if view.agent.is_some() && (view.environment.is_some() || view.dataset.is_some()) {
+                bail!("{origin}: give one of [{key}environment], [{key}dataset] or [{key}agent]{where_}, not several");
+            }
+            if let Some(agent) = view.agent {
+                if !agent.plugin.is_file() {
+                    return Err(plugin_missing(&format!("{key}agent.plugin"), &agent.plugin));
+                }
+                if view.own_rewards {
+                    bail!("{origin}: `{key}rewards`: an agent scores its own rollouts; remove its [[{key}rewards]]");
+                }
+                if view.max_turns > 1 {
+                    bail!("{origin}: `{key}max_turns`: an agent decides its turns itself; leave max_turns out");
+                }
+                for (name, value) in
+                    [("max_generate_calls", agent.max_generate_calls), ("max_tokens", agent.max_tokens)]
+                {
+                    if value == 0 {
+                        bail!("{origin}: `{key}agent.{name}` must be at least 1");
+                    }
+                }
+                continue;
             }
             match (view.environment, view.dataset) {
                 (Some(environment), None) => {
@@ -598,7 +666,8 @@ impl TrainConfig {
                 ),
                 (None, None) => {
                     bail!(
-                        "{origin}: `{key}`: the task {:?} has no source: add [{key}environment] or [{key}dataset]",
+                        "{origin}: `{key}`: the task {:?} has no source: add [{key}environment], [{key}dataset] or \
+                         [{key}agent]",
                         view.name
                     )
                 }
@@ -715,6 +784,9 @@ impl TrainConfig {
             let mut memories: Vec<(String, Option<u64>)> = Vec::new();
             if let Some(environment) = view.environment {
                 memories.push((format!("{key}environment.memory_mib"), environment.memory_mib));
+            }
+            if let Some(agent) = view.agent {
+                memories.push((format!("{key}agent.memory_mib"), agent.memory_mib));
             }
             for (i, reward) in view.rewards.iter().enumerate() {
                 let rkey = &view.rewards_key;

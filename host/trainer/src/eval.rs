@@ -16,6 +16,37 @@ use wirl_rollout::{
 use wirl_sandbox::{Sandbox, SandboxSettings};
 use wirl_sandbox::{Task, printable};
 
+/// An agent task's held-out score: it is asked greedily for one group of one rollout per
+/// index of `indices`; `(passed, rollouts)`.
+pub(crate) fn agent_held_out(
+    spec: &crate::config::TaskSpec,
+    agent: &wirl_sandbox::AgentPlugin,
+    limits: wirl_rollout::AgentLimits,
+    engine: &wirl_engine::EngineHandle,
+    tokenizer: &std::sync::Arc<wirl_engine::Tokenizer>,
+    context: usize,
+    indices: std::ops::Range<u64>,
+) -> (usize, usize) {
+    let call = wirl_rollout::AgentCall {
+        agent,
+        engine,
+        tokenizer,
+        context,
+        groups: (indices.end - indices.start) as usize,
+        group_size: 1,
+        sampling: SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..spec.sampling },
+        seed: 0,
+        cursor: indices.start,
+        limits,
+        failures: spec.failures,
+        task_name: &spec.name,
+    };
+    let groups = wirl_rollout::agent_groups(&call);
+    let scores: Vec<&Scored> = groups.iter().flat_map(|g| &g.scores).collect();
+    let passed = scores.iter().filter(|s| s.status.usable() && s.reward >= spec.pass_reward).count();
+    (passed, scores.len())
+}
+
 /// A held-out trajectory judged: its score, its (last) completion, and for an episode the
 /// messages after the prompt.
 type Judged = (Scored, String, Vec<wirl_sandbox::Message>);
@@ -61,7 +92,7 @@ pub fn evaluate(
         let name = &spec.name;
         let mut source = TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
         let held_out = source.held_out(config.eval.first_index, config.eval.tasks);
-        if held_out.is_empty() {
+        if held_out.is_empty() && !matches!(source, TaskSource::Agent { .. }) {
             tracing::warn!("task `{name}`: no held-out problems (a dataset needs an `eval` file)");
         }
         for problem in held_out {
@@ -78,8 +109,24 @@ pub fn evaluate(
         }
         sources.push(source);
     }
+    // Agent tasks make their own held-out rollouts.
+    let mut agent_tallies = Vec::new();
+    for (t, (spec, source)) in config.tasks.iter().zip(&sources).enumerate() {
+        if let TaskSource::Agent { agent, limits } = source {
+            let (passed, count) = agent_held_out(
+                spec,
+                agent,
+                *limits,
+                &engine,
+                &tokenizer,
+                context,
+                config.eval.first_index..config.eval.first_index.saturating_add(config.eval.tasks as u64),
+            );
+            agent_tallies.push((t, passed, count));
+        }
+    }
     anyhow::ensure!(
-        !tasks.is_empty(),
+        !tasks.is_empty() || !agent_tallies.is_empty(),
         "no held-out task to evaluate (a dataset needs an `eval` file; prompts must fit the model's context of \
          {context} tokens)"
     );
@@ -94,6 +141,10 @@ pub fn evaluate(
     // Per task: problems, greedy passes, pass@k estimates summed.
     let mut tallies: Vec<(usize, usize, Vec<f64>)> =
         config.tasks.iter().map(|_| (0, 0, vec![0.0; eval.k.len()])).collect();
+    for &(t, passed, count) in &agent_tallies {
+        tallies[t].0 += count;
+        tallies[t].1 += passed;
+    }
     let mut done = 0usize;
     for (chunk_index, chunk) in tasks.chunks(eval.batch_tasks).enumerate() {
         let mut requests = Vec::new();

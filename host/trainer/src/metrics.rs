@@ -84,6 +84,8 @@ pub struct StepTimes {
     pub episodes: f64,
     /// Of `episodes`, the host's own part (all but waiting for the engine).
     pub episodes_host: f64,
+    /// Agent plugins producing their groups (their generation included).
+    pub agents: f64,
     pub score: f64,
     pub train: f64,
     pub total: f64,

@@ -32,6 +32,10 @@ pub enum Phase {
         prompts: usize,
         group_size: usize,
     },
+    /// An agent task (its index in the config) producing its groups.
+    Agent {
+        task: usize,
+    },
     /// Running multi-turn episodes of `groups` groups past their first turn.
     Episodes {
         groups: usize,

@@ -218,7 +218,7 @@ impl Trainer {
         let mut requests = Vec::new();
         for (t, task) in self.tasks.iter_mut().enumerate() {
             let held_out = task.source.held_out(self.config.eval.first_index, count);
-            if held_out.is_empty() {
+            if held_out.is_empty() && !matches!(task.source, TaskSource::Agent { .. }) {
                 tracing::warn!("task `{}`: no held-out problems (a dataset without `eval`)", task.spec.name);
             }
             let max_tokens = task.spec.sampling.max_tokens;
@@ -239,7 +239,8 @@ impl Trainer {
                 }
             }
         }
-        if problems.is_empty() {
+        let agents = self.tasks.iter().any(|t| matches!(t.source, TaskSource::Agent { .. }));
+        if problems.is_empty() && !agents {
             tracing::warn!("no held-out task could be used: evaluation skipped");
             return Ok(HeldOut::default());
         }
@@ -284,6 +285,21 @@ impl Trainer {
             }
         }
         let mut passed = vec![(0usize, 0usize); self.tasks.len()];
+        for (t, task) in self.tasks.iter().enumerate() {
+            if let TaskSource::Agent { agent, limits } = &task.source {
+                let first = self.config.eval.first_index;
+                let (p, n) = crate::eval::agent_held_out(
+                    &task.spec,
+                    agent,
+                    *limits,
+                    &self.engine,
+                    &self.tokenizer,
+                    context,
+                    first..first.saturating_add(count as u64),
+                );
+                passed[t] = (p, n);
+            }
+        }
         for ((t, _, _), score) in problems.iter().zip(scored) {
             let score = score.expect("every problem scored");
             // A masked verdict (a plugin failed) is not a pass.
@@ -298,7 +314,8 @@ impl Trainer {
             .filter(|(_, (_, n))| *n > 0)
             .map(|(task, (p, n))| (task.spec.name.clone(), *p as f32 / *n as f32))
             .collect();
-        Ok(HeldOut { overall: Some(all_passed as f32 / all as f32), problems: all, by_task })
+        let overall = (all > 0).then(|| all_passed as f32 / all as f32);
+        Ok(HeldOut { overall, problems: all, by_task })
     }
 
     fn checkpoint(&self, step: usize, before: &HeldOut, observer: &mut dyn Observer) -> anyhow::Result<()> {
@@ -441,7 +458,8 @@ impl Trainer {
         let mut skipped: Vec<(usize, SkippedTask)> = Vec::new();
         for (t, task) in self.tasks.iter_mut().enumerate() {
             let groups = self.allocation[t] as u64;
-            if groups == 0 {
+            // An agent makes its own tasks (after the others' generation, below).
+            if groups == 0 || matches!(task.source, TaskSource::Agent { .. }) {
                 continue;
             }
             let first = step as u64 * groups;
@@ -530,6 +548,36 @@ impl Trainer {
             owners.push(t);
         }
         let score_s = score_started.elapsed().as_secs_f64();
+
+        // Agents: each produces its groups itself, calling the engine; one after another,
+        // after the rest of the step's generation, so that every batch is reproducible.
+        let agents_started = Instant::now();
+        for (t, task) in self.tasks.iter().enumerate() {
+            let TaskSource::Agent { agent, limits } = &task.source else { continue };
+            if self.allocation[t] == 0 || stopped() {
+                continue;
+            }
+            observer.event(phase(Phase::Agent { task: t }));
+            let call = wirl_rollout::AgentCall {
+                agent,
+                engine: &self.engine,
+                tokenizer: &self.tokenizer,
+                context,
+                groups: self.allocation[t],
+                group_size: g.group_size,
+                sampling: task.spec.sampling,
+                seed: seed_for(g.seed, (step * g.prompts_per_step + t) as u64 ^ (1 << 62)),
+                cursor: (step * self.allocation[t]) as u64,
+                limits: *limits,
+                failures: task.spec.failures,
+                task_name: &task.spec.name,
+            };
+            for group in wirl_rollout::agent_groups(&call) {
+                groups.push(group);
+                owners.push(t);
+            }
+        }
+        let agents_s = agents_started.elapsed().as_secs_f64();
         if stopped() {
             // The calls were cut short: their verdicts are not the plugins', so nothing of
             // this step is learned from or recorded.
@@ -546,7 +594,7 @@ impl Trainer {
             .zip(&owners)
             .filter_map(|(group, &t)| {
                 let usable: Vec<usize> = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).collect();
-                if usable.len() < 2 {
+                if usable.len() < 2 || group.prompt.is_empty() {
                     unusable_of_task[t] += 1;
                     return None;
                 }
@@ -695,6 +743,7 @@ impl Trainer {
                 generate: generate_s,
                 episodes: episodes_s,
                 episodes_host: episode_times.host_s,
+                agents: agents_s,
                 score: score_s,
                 train: train_s,
                 total: step_started.elapsed().as_secs_f64(),

@@ -99,3 +99,6 @@ pub mod grader;
 
 #[cfg(feature = "environment")]
 pub mod environment;
+
+#[cfg(feature = "agent")]
+pub mod agent;

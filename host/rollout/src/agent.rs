@@ -1,0 +1,442 @@
+//! Agent plugins in training: the host side of their `inference` import, and turning the
+//! rollouts they return into [`RolloutGroup`]s with exact tokens.
+//!
+//! An agent sees messages, not tokens. Each `generate` call's completion gets a `generation`
+//! handle, under which the host keeps the token ledger it was sampled from: a conversation
+//! that continues an earlier generation's (its messages, its reply, then new messages) is
+//! extended from that generation's ledger — the reply's sampled ids kept, only the new
+//! messages rendered by the chat template and tokenized (no loss) — never re-tokenized. A
+//! rollout names its handles in order; the host resolves the last to its ledger, checking
+//! that each continues the one before.
+
+use crate::episode::appended_text;
+use crate::group::{RolloutGroup, SamplingSpec, Trajectory, seed_for};
+use crate::prompt::prompt_ids;
+use crate::scorer::{FailurePolicy, OnFailure, Scored, Status};
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use wirl_engine::{EngineHandle, FinishReason, GenerateRequest, Sampling, Tokenizer};
+use wirl_sandbox::{
+    AgentPlugin, AgentRolloutGroup, Completion, InferenceHost, Message, RolloutRequest, Task, printable,
+};
+
+/// Limits on an agent's use of the engine, per rollout it is asked for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AgentLimits {
+    /// `generate` calls (each may hold several conversations).
+    pub generate_calls: u64,
+    /// Tokens generated.
+    pub tokens: u64,
+}
+
+/// One completion the host generated for the agent, with the ledger it came from.
+struct Generation {
+    conversation: Vec<Message>,
+    reply: String,
+    /// The whole sequence: the first prompt, then every turn (model and appended).
+    tokens: Vec<u32>,
+    trainable: Vec<bool>,
+    logprobs: Vec<f32>,
+    /// Where the first prompt ends in `tokens`.
+    prompt_len: usize,
+    parent: Option<u64>,
+    turns: usize,
+    eos: Option<u32>,
+    weights_version: u64,
+}
+
+#[derive(Default)]
+struct Ledgers {
+    generations: HashMap<u64, Generation>,
+    calls: u64,
+    tokens: u64,
+    next: u64,
+}
+
+/// The engine behind an agent's `inference.generate`, for one `rollouts` call.
+pub struct EngineInference {
+    engine: EngineHandle,
+    tokenizer: Arc<Tokenizer>,
+    context: usize,
+    /// The task's sampling: `max_tokens` caps what an agent may ask for.
+    sampling: SamplingSpec,
+    seed: u64,
+    limits: AgentLimits,
+    ledgers: Mutex<Ledgers>,
+}
+
+impl EngineInference {
+    /// `limits` are for the whole call (the per-rollout limits times the rollouts asked).
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Arc<Tokenizer>,
+        context: usize,
+        sampling: SamplingSpec,
+        seed: u64,
+        limits: AgentLimits,
+    ) -> Self {
+        EngineInference { engine, tokenizer, context, sampling, seed, limits, ledgers: Mutex::default() }
+    }
+
+    fn ledgers(&self) -> std::sync::MutexGuard<'_, Ledgers> {
+        self.ledgers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The prompt of `conversation` (its ledger tokens, trainable flags, log-probs, where
+    /// the first prompt ends, parent, turns so far), continuing an earlier generation where
+    /// the conversation does.
+    #[allow(clippy::type_complexity)]
+    fn prompt_of(
+        &self,
+        conversation: &[Message],
+    ) -> Result<(Vec<u32>, Vec<bool>, Vec<f32>, usize, Option<u64>, usize), String> {
+        let ledgers = self.ledgers();
+        // The latest generation whose conversation and reply this one starts with.
+        let parent = ledgers
+            .generations
+            .iter()
+            .filter(|(_, g)| {
+                conversation.len() > g.conversation.len()
+                    && conversation[..g.conversation.len()] == g.conversation[..]
+                    && conversation[g.conversation.len()].role == "assistant"
+                    && conversation[g.conversation.len()].content == g.reply
+            })
+            .max_by_key(|(id, g)| (g.conversation.len(), **id));
+        if let Some((&id, g)) = parent {
+            let rest = &conversation[g.conversation.len() + 1..];
+            let text =
+                appended_text(&self.tokenizer, &g.conversation, &g.reply, g.eos, rest).map_err(|e| e.to_string())?;
+            let added = self.tokenizer.encode(&text).map_err(|e| format!("tokenizing the conversation: {e}"))?;
+            let mut tokens = g.tokens.clone();
+            let mut trainable = g.trainable.clone();
+            let mut logprobs = g.logprobs.clone();
+            trainable.extend(std::iter::repeat_n(false, added.len()));
+            logprobs.extend(std::iter::repeat_n(0.0, added.len()));
+            tokens.extend(added);
+            return Ok((tokens, trainable, logprobs, g.prompt_len, Some(id), g.turns));
+        }
+        let task = Task { id: String::new(), messages: conversation.to_vec(), answer: None, metadata: None };
+        let tokens = prompt_ids(&self.tokenizer, &task).map_err(|e| format!("{e:#}"))?;
+        let n = tokens.len();
+        Ok((tokens, vec![false; n], vec![0.0; n], n, None, 0))
+    }
+
+    /// The trajectory that the rollout's named generations form: the last one's ledger,
+    /// each continuing the one before. `Err((kind, message))` otherwise.
+    pub fn resolve(&self, handles: &[u64]) -> Result<(Vec<u32>, Trajectory), (String, String)> {
+        let ledgers = self.ledgers();
+        let Some(&last) = handles.last() else {
+            return Err(("no_generation".into(), "the rollout names no generation".into()));
+        };
+        for (k, handle) in handles.iter().enumerate() {
+            let Some(g) = ledgers.generations.get(handle) else {
+                return Err((
+                    "unknown_generation".into(),
+                    format!("the rollout names generation {handle}, which the engine never gave this agent"),
+                ));
+            };
+            let expected = if k == 0 { None } else { Some(handles[k - 1]) };
+            if g.parent != expected {
+                return Err((
+                    "broken_generations".into(),
+                    format!(
+                        "generation {handle} does not continue {} (a rollout's generations must each continue the \
+                         conversation of the one before, with its reply)",
+                        expected.map_or("a fresh conversation".to_string(), |e| format!("generation {e}"))
+                    ),
+                ));
+            }
+        }
+        let g = &ledgers.generations[&last];
+        let p = g.prompt_len;
+        let trajectory = Trajectory {
+            tokens: g.tokens[p..].to_vec(),
+            logprobs: g.logprobs[p..].to_vec(),
+            trainable: g.trainable[p..].to_vec(),
+            text: g.reply.clone(),
+            finish: FinishReason::Stop,
+            weights_version: g.weights_version,
+            turns: g.turns,
+            conversation: Vec::new(),
+        };
+        Ok((g.tokens[..p].to_vec(), trajectory))
+    }
+}
+
+impl InferenceHost for EngineInference {
+    fn generate(
+        &self,
+        conversations: Vec<Vec<Message>>,
+        sampling: wirl_sandbox::Sampling,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<Completion>, String>> + Send + '_>> {
+        Box::pin(async move {
+            let call = {
+                let mut ledgers = self.ledgers();
+                ledgers.calls += 1;
+                if ledgers.calls > self.limits.generate_calls {
+                    return Err(format!(
+                        "this agent made more than {} generate calls for its rollouts (agent.max_generate_calls per \
+                         rollout)",
+                        self.limits.generate_calls
+                    ));
+                }
+                if ledgers.tokens >= self.limits.tokens {
+                    return Err(format!(
+                        "this agent generated its {} tokens (agent.max_tokens per rollout)",
+                        self.limits.tokens
+                    ));
+                }
+                ledgers.calls
+            };
+            if conversations.is_empty() {
+                return Ok(Vec::new());
+            }
+            let max_tokens = (sampling.max_tokens as usize).min(self.sampling.max_tokens);
+            let mut requests = Vec::new();
+            let mut prompts = Vec::new();
+            for (i, conversation) in conversations.iter().enumerate() {
+                let prompt = self.prompt_of(conversation)?;
+                if prompt.0.len() + max_tokens > self.context {
+                    return Err(format!(
+                        "conversation {i} is {} tokens; with max_tokens = {max_tokens} it does not fit the model's \
+                         context of {}",
+                        prompt.0.len(),
+                        self.context
+                    ));
+                }
+                // Seeded by the agent's seed if it gave one, else by the call, so runs repeat.
+                let seed = seed_for(self.seed, sampling.seed.unwrap_or(call << 16) ^ i as u64);
+                let engine_sampling = Sampling {
+                    max_tokens,
+                    temperature: sampling.temperature,
+                    top_p: sampling.top_p,
+                    top_k: sampling.top_k as usize,
+                    min_p: sampling.min_p,
+                    stop: sampling.stop.clone(),
+                    seed: Some(seed),
+                    ..Default::default()
+                };
+                engine_sampling.validate().map_err(|e| format!("sampling: {e}"))?;
+                requests.push(GenerateRequest { prompt: prompt.0.clone(), n: 1, sampling: engine_sampling });
+                prompts.push(prompt);
+            }
+            let results = self.engine.generate_all(requests).await;
+            let mut ledgers = self.ledgers();
+            let mut out = Vec::new();
+            for ((conversation, prompt), result) in conversations.into_iter().zip(prompts).zip(results) {
+                let completion = result.map_err(|e| e.to_string())?.into_iter().next().ok_or("no completion")?;
+                let (mut tokens, mut trainable, mut logprobs, prompt_len, parent, turns) = prompt;
+                ledgers.tokens += completion.tokens.len() as u64;
+                trainable.extend(std::iter::repeat_n(true, completion.tokens.len()));
+                logprobs.extend_from_slice(&completion.logprobs);
+                tokens.extend_from_slice(&completion.tokens);
+                let eos = completion.tokens.last().copied().filter(|id| self.tokenizer.eos_ids().contains(id));
+                let id = ledgers.next;
+                ledgers.next += 1;
+                ledgers.generations.insert(
+                    id,
+                    Generation {
+                        conversation,
+                        reply: completion.text.clone(),
+                        tokens,
+                        trainable,
+                        logprobs,
+                        prompt_len,
+                        parent,
+                        turns: turns + 1,
+                        eos,
+                        weights_version: completion.weights_version,
+                    },
+                );
+                out.push(Completion {
+                    text: completion.text,
+                    finish_reason: match completion.finish {
+                        FinishReason::Stop => wirl_sandbox::FinishReason::Stop,
+                        FinishReason::Length => wirl_sandbox::FinishReason::Length,
+                    },
+                    generation: id,
+                });
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// What an agent task's step needs.
+pub struct AgentCall<'a> {
+    pub agent: &'a AgentPlugin,
+    pub engine: &'a EngineHandle,
+    pub tokenizer: &'a Arc<Tokenizer>,
+    pub context: usize,
+    pub groups: usize,
+    pub group_size: usize,
+    pub sampling: SamplingSpec,
+    pub seed: u64,
+    pub cursor: u64,
+    pub limits: AgentLimits,
+    pub failures: FailurePolicy,
+    /// The task's name, for the records.
+    pub task_name: &'a str,
+}
+
+/// Ask the agent for its groups and resolve them. A rollout whose generations cannot be
+/// resolved, or whose outcome is an error, is a failed trajectory with its reason (handled by
+/// `failures`); if the whole call fails, each group asked for is one of `group_size`
+/// masked trajectories naming the failure. Groups beyond those asked are dropped.
+pub fn agent_groups(call: &AgentCall<'_>) -> Vec<RolloutGroup> {
+    let rollouts = (call.groups * call.group_size).max(1) as u64;
+    let host = Arc::new(EngineInference::new(
+        call.engine.clone(),
+        call.tokenizer.clone(),
+        call.context,
+        call.sampling,
+        call.seed,
+        AgentLimits {
+            generate_calls: call.limits.generate_calls.saturating_mul(rollouts),
+            tokens: call.limits.tokens.saturating_mul(rollouts),
+        },
+    ));
+    let request = RolloutRequest {
+        groups: call.groups as u32,
+        group_size: call.group_size as u32,
+        sampling: wirl_sandbox::Sampling {
+            max_tokens: call.sampling.max_tokens as u32,
+            temperature: call.sampling.temperature,
+            top_p: call.sampling.top_p,
+            top_k: call.sampling.top_k as u32,
+            min_p: 0.0,
+            stop: Vec::new(),
+            seed: None,
+        },
+        seed: call.seed,
+        cursor: call.cursor,
+    };
+    let name = call.agent.plugin().name().to_string();
+    let produced = call.agent.rollouts(&request, host.clone());
+    let groups: Vec<AgentRolloutGroup> = match produced {
+        Ok(groups) => groups,
+        Err(failure) => {
+            tracing::warn!("agent {name}: {}", printable(&failure.to_string()));
+            return (0..call.groups)
+                .map(|i| {
+                    let index = call.cursor + i as u64;
+                    let failed = || {
+                        let mut score = Scored { status: Status::Masked, ..Default::default() };
+                        score.failures.push(failure.kind.name().to_string());
+                        score.notes.insert(name.clone(), format!("the agent failed, nothing to train on: {failure}"));
+                        score
+                    };
+                    RolloutGroup {
+                        task_name: call.task_name.to_string(),
+                        task: Task {
+                            id: format!("{}/{index}", call.task_name),
+                            messages: Vec::new(),
+                            answer: None,
+                            metadata: None,
+                        },
+                        prompt: Vec::new(),
+                        trajectories: (0..call.group_size).map(|_| empty_trajectory()).collect(),
+                        scores: (0..call.group_size).map(|_| failed()).collect(),
+                    }
+                })
+                .collect();
+        }
+    };
+    if groups.len() != call.groups {
+        tracing::warn!("agent {name} returned {} groups where {} were asked for", groups.len(), call.groups);
+    }
+    groups.into_iter().take(call.groups).map(|group| resolve_group(&host, group, &name, call)).collect()
+}
+
+fn empty_trajectory() -> Trajectory {
+    Trajectory {
+        tokens: Vec::new(),
+        logprobs: Vec::new(),
+        text: String::new(),
+        finish: FinishReason::Stop,
+        weights_version: 0,
+        trainable: Vec::new(),
+        turns: 0,
+        conversation: Vec::new(),
+    }
+}
+
+/// One agent group as a `RolloutGroup`: the rollouts' ledgers under their longest common
+/// prompt (what differs after it is context, no loss), each scored by its outcome. A rollout
+/// whose generations do not resolve has no tokens to train on: it is masked whatever the
+/// policy; one that resolves but failed is handled by the task's `on_failure`.
+fn resolve_group(host: &EngineInference, group: AgentRolloutGroup, agent: &str, call: &AgentCall<'_>) -> RolloutGroup {
+    type Verdict = Result<wirl_sandbox::Score, (String, String)>;
+    type Resolved = Result<(Vec<u32>, Trajectory, Verdict), (String, String)>;
+    let mut resolved: Vec<Resolved> = Vec::new();
+    for rollout in group.rollouts {
+        resolved.push(host.resolve(&rollout.generations).map(|(prompt, mut trajectory)| {
+            let verdict = match rollout.outcome {
+                Ok(score) if score.reward.is_finite() && score.parts.iter().all(|(_, v)| v.is_finite()) => Ok(score),
+                Ok(score) => {
+                    Err(("non_finite".into(), format!("the rollout's score is not finite ({})", score.reward)))
+                }
+                Err(reason) => Err(("agent_error".into(), reason)),
+            };
+            trajectory.conversation = rollout.messages;
+            (prompt, trajectory, verdict)
+        }));
+    }
+    // The group's prompt: the longest prefix of the shortest prompt that every resolved
+    // rollout's ledger starts with.
+    let resolved_ok: Vec<&(Vec<u32>, Trajectory, Verdict)> = resolved.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let shortest = resolved_ok.iter().map(|(p, _, _)| p.len()).min().unwrap_or(0);
+    let common = match resolved_ok.first() {
+        Some((first, _, _)) => {
+            (0..shortest).take_while(|&i| resolved_ok.iter().all(|(p, _, _)| p[i] == first[i])).count()
+        }
+        None => 0,
+    };
+    let prompt = resolved_ok.first().map_or_else(Vec::new, |(p, _, _)| p[..common].to_vec());
+    let failed = |kind: String, message: String, policy: Option<FailurePolicy>| {
+        tracing::warn!("agent {agent}: {}", printable(&message));
+        let mut scored = Scored::default();
+        scored.failures.push(kind.clone());
+        scored.notes.insert(agent.to_string(), format!("{kind}: {message}"));
+        (scored.status, scored.reward) = match policy {
+            Some(FailurePolicy { on_failure: OnFailure::Reward, failure_reward }) => (Status::Failed, failure_reward),
+            _ => (Status::Masked, 0.0),
+        };
+        scored
+    };
+    let mut trajectories = Vec::new();
+    let mut scores = Vec::new();
+    for outcome in resolved {
+        match outcome {
+            Ok((own_prompt, t, verdict)) => {
+                // What of its own prompt lies past the group's becomes context (no loss).
+                let extra = own_prompt.len() - common;
+                let mut tokens = own_prompt[common..].to_vec();
+                tokens.extend(&t.tokens);
+                let mut trainable = vec![false; extra];
+                trainable.extend(&t.trainable);
+                let mut logprobs = vec![0.0; extra];
+                logprobs.extend(&t.logprobs);
+                trajectories.push(Trajectory { tokens, trainable, logprobs, ..t });
+                scores.push(match verdict {
+                    Ok(score) => {
+                        let mut scored = Scored { reward: score.reward, ..Default::default() };
+                        scored.parts = score.parts.into_iter().collect::<BTreeMap<_, _>>();
+                        if let Some(note) = score.note {
+                            scored.notes.insert(agent.to_string(), note);
+                        }
+                        scored
+                    }
+                    Err((kind, message)) => failed(kind, message, Some(call.failures)),
+                });
+            }
+            Err((kind, message)) => {
+                trajectories.push(empty_trajectory());
+                scores.push(failed(kind, message, None));
+            }
+        }
+    }
+    RolloutGroup { task_name: call.task_name.to_string(), task: group.task, prompt, trajectories, scores }
+}

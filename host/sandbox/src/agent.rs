@@ -1,0 +1,105 @@
+//! Agent plugins (`agent-plugin` world): the agent turns tasks into scored rollout groups,
+//! calling the model through its `inference` import, which the host provides through an
+//! [`InferenceHost`]. The agent's deadline counts its own work only: time waiting for the
+//! engine is paused.
+
+use crate::bindings::agent_world::wirl::rl::inference;
+use crate::bindings::agent_world::{AgentPlugin as Bindings, AgentPluginPre};
+use crate::call::{self, Failure, HostState};
+use crate::plugin::Plugin;
+use crate::{AgentRolloutGroup, Completion, Error, Message, Result, RolloutRequest, Sampling, World};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// What an agent's `inference.generate` reaches: the engine being trained, in the host.
+/// A refusal (`Err`) is returned to the agent as the call's error.
+pub trait InferenceHost: Send + Sync {
+    /// One completion per conversation (each ends where the model writes the next assistant
+    /// turn), all admitted to the engine together.
+    fn generate(
+        &self,
+        conversations: Vec<Vec<Message>>,
+        sampling: Sampling,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<Completion>, String>> + Send + '_>>;
+}
+
+impl inference::Host for HostState {
+    async fn generate(
+        &mut self,
+        conversations: Vec<Vec<Message>>,
+        sampling: Sampling,
+    ) -> Result<Vec<Completion>, String> {
+        let Some(host) = self.inference.clone() else {
+            return Err("this agent was loaded without an inference host".into());
+        };
+        // The engine's time is not the agent's: its deadline waits.
+        let _paused = self.paused.pause();
+        host.generate(conversations, sampling).await
+    }
+}
+
+/// An agent plugin ready to produce rollouts.
+pub struct AgentPlugin {
+    plugin: Arc<Plugin>,
+    pre: AgentPluginPre<HostState>,
+}
+
+impl AgentPlugin {
+    pub fn new(plugin: Arc<Plugin>) -> Result<Self> {
+        if plugin.world() != World::AgentPlugin {
+            return Err(Error::WrongWorld {
+                name: plugin.name().to_string(),
+                path: plugin.path().to_path_buf(),
+                found: plugin.world(),
+                wanted: World::AgentPlugin.to_string(),
+            });
+        }
+        let pre = AgentPluginPre::new(plugin.pre.clone()).map_err(|e| Error::Refused {
+            path: plugin.path().to_path_buf(),
+            reason: format!("not an agent-plugin: {e:#}"),
+        })?;
+        Ok(AgentPlugin { plugin, pre })
+    }
+
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// Ask for `request.groups` groups, in a fresh instance whose `inference.generate`
+    /// reaches `host`. The plugin's deadline, fuel and memory hold for its own work.
+    pub fn rollouts(
+        &self,
+        request: &RolloutRequest,
+        host: Arc<dyn InferenceHost>,
+    ) -> Result<Vec<AgentRolloutGroup>, Failure> {
+        let plugin = &self.plugin;
+        let mut store = plugin.new_store()?;
+        store.data_mut().inference = Some(host);
+        plugin.arm(&mut store);
+        let pre = &self.pre;
+        let produced = call::block_on(call::bounded(&mut store, async |store| {
+            let bindings: Bindings = pre.instantiate_async(&mut *store).await?;
+            bindings.wirl_rl_agent().call_rollouts(store, request).await
+        }))
+        .map_err(|e| plugin.failure(&store, &e))?;
+        plugin.drain_prints(&store);
+        let groups = produced.map_err(Failure::guest)?;
+        let bytes: usize = groups
+            .iter()
+            .map(|g| {
+                g.task.text_bytes()
+                    + g.rollouts
+                        .iter()
+                        .map(|r| {
+                            r.messages.iter().map(|m| m.role.len() + m.content.len()).sum::<usize>()
+                                + r.generations.len() * 8
+                                + r.outcome.as_ref().map_or_else(String::len, |s| s.text_bytes())
+                        })
+                        .sum::<usize>()
+            })
+            .sum();
+        plugin.check_return_size(bytes)?;
+        Ok(groups)
+    }
+}
