@@ -4,6 +4,7 @@
 mod agents;
 mod cli;
 mod code;
+mod datasets;
 mod engine;
 mod grpo;
 mod hardening;

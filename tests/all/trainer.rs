@@ -317,8 +317,9 @@ fn multitask_config_errors_name_the_key() {
     );
 }
 
-/// `examples/train/multitask.toml` as shipped (its real plugins, few-shot prompts), on the
-/// tiny model given a context that holds them: one step, each task evaluated, plotted.
+/// `examples/train/multitask.toml` as shipped (its real plugins, few-shot prompts, the
+/// word problems' Parquet file, the retry episodes), on the tiny model given a context that
+/// holds them: one step, each task evaluated, plotted.
 #[test]
 fn the_multitask_example_runs() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,11 +343,15 @@ fn the_multitask_example_runs() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let metrics = crate::grpo::metrics(&run);
-    assert_eq!(metrics[0]["tasks"]["sums"]["groups"], 3);
-    assert_eq!(metrics[0]["tasks"]["mixed"]["groups"], 1);
+    let tasks = &metrics[0]["tasks"];
+    assert_eq!((tasks["sums"]["groups"].as_u64(), tasks["word-problems"]["groups"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(tasks["retry"]["groups"], 1);
+    assert!(metrics[0]["episode_turns"].as_u64().unwrap() > 0, "the retry episodes went on: {}", metrics[0]);
+    let rollouts = std::fs::read_to_string(run.join("rollouts.jsonl")).unwrap();
+    assert!(rollouts.contains("\"task\":\"word-problems/train/"), "rows of the Parquet dataset");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["held_out_by_task"].as_object().unwrap().len(), 3, "{summary}");
+    assert_eq!(summary["held_out_by_task"].as_object().unwrap().len(), 4, "{summary}");
     let plot = std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).arg("plot").arg(&run).output().unwrap();
     assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
     assert!(std::fs::read(run.join("tasks.png")).unwrap().starts_with(b"\x89PNG"));

@@ -7,6 +7,7 @@
 //! its `RolloutGroup`s into the learner's batches, and a server can drive the same pieces.
 
 pub mod agent;
+pub mod dataset;
 pub mod episode;
 pub mod group;
 pub mod mixture;
@@ -16,6 +17,7 @@ pub mod source;
 pub mod spec;
 
 pub use agent::{AgentCall, AgentLimits, EngineInference, agent_groups};
+pub use dataset::{Columns, Dataset, DatasetSpec};
 pub use episode::{
     EpisodeGroup, EpisodeOutcome, EpisodeRun, EpisodeTimes, TemplateDrift, check_template, run_episodes,
 };

@@ -1,9 +1,10 @@
 //! Task sources: an environment plugin's deterministic `task-at(seed, index)`, or tasks read
 //! from JSONL files.
 
+use crate::dataset::Dataset;
 use crate::spec::SourceSpec;
 use anyhow::{Context, bail};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use wirl_sandbox::{EnvironmentPlugin, Plugin, Sandbox, Task, printable};
 
@@ -11,8 +12,9 @@ use wirl_sandbox::{EnvironmentPlugin, Plugin, Sandbox, Task, printable};
 pub enum TaskSource {
     /// `task_at(seed, index)` of an environment plugin; held-out tasks from `eval.first_index`.
     Environment { plugin: EnvironmentPlugin, seed: u64 },
-    /// JSONL files: training tasks cycled in order, held-out tasks from their own file.
-    Dataset { train: Vec<Task>, eval: Vec<Task> },
+    /// Datasets: training tasks by index (cycled over epochs, shuffled if asked), held-out
+    /// tasks the first of their own file.
+    Dataset { train: Option<Box<Dataset>>, eval: Option<Box<Dataset>> },
     /// An agent plugin, which makes its own tasks and rollouts (`crate::agent`).
     Agent { agent: wirl_sandbox::AgentPlugin, limits: crate::agent::AgentLimits },
 }
@@ -20,15 +22,14 @@ pub enum TaskSource {
 impl TaskSource {
     /// Load the plugin or read the files of `spec`.
     pub fn load(sandbox: &Sandbox, spec: &SourceSpec) -> anyhow::Result<Self> {
-        let read = |path: &Option<PathBuf>| match path {
-            Some(path) => read_tasks(path),
-            None => Ok(Vec::new()),
+        let open = |spec: &Option<Box<crate::dataset::DatasetSpec>>| {
+            spec.as_ref().map(|s| Dataset::open(s).map(Box::new)).transpose()
         };
         Ok(match spec {
             SourceSpec::Environment { plugin, seed } => {
                 TaskSource::Environment { plugin: EnvironmentPlugin::new(sandbox.load(plugin.spec())?)?, seed: *seed }
             }
-            SourceSpec::Dataset { train, eval } => TaskSource::Dataset { train: read(train)?, eval: read(eval)? },
+            SourceSpec::Dataset { train, eval } => TaskSource::Dataset { train: open(train)?, eval: open(eval)? },
             SourceSpec::Agent { plugin, limits } => TaskSource::Agent {
                 agent: wirl_sandbox::AgentPlugin::new(sandbox.load(plugin.spec())?)?,
                 limits: *limits,
@@ -38,7 +39,7 @@ impl TaskSource {
 
     /// Whether training tasks can be drawn (a dataset may hold only held-out tasks).
     pub fn can_train(&self) -> bool {
-        !matches!(self, TaskSource::Dataset { train, .. } if train.is_empty())
+        !matches!(self, TaskSource::Dataset { train: None, .. })
     }
 
     /// The environment plugin, if the tasks come from one (its sha256 goes into records).
@@ -57,10 +58,10 @@ impl TaskSource {
                 let seed = *seed;
                 plugin.task_at(seed, index).map_err(|f| anyhow::anyhow!("environment task {index} (seed {seed}): {f}"))
             }
-            TaskSource::Dataset { train, .. } if train.is_empty() => {
+            TaskSource::Dataset { train: None, .. } => {
                 bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)")
             }
-            TaskSource::Dataset { train, .. } => Ok(train[(index % train.len() as u64) as usize].clone()),
+            TaskSource::Dataset { train: Some(train), .. } => train.training(index),
             TaskSource::Agent { agent, .. } => {
                 bail!("agent {} makes its own tasks: it is asked for rollouts, not tasks", agent.plugin().name())
             }
@@ -81,7 +82,11 @@ impl TaskSource {
                         .ok()
                 })
                 .collect(),
-            TaskSource::Dataset { eval, .. } => eval.iter().take(count).cloned().collect(),
+            TaskSource::Dataset { eval: Some(eval), .. } => eval.first(count).unwrap_or_else(|error| {
+                tracing::warn!("held-out tasks: {}", printable(&format!("{error:#}")));
+                Vec::new()
+            }),
+            TaskSource::Dataset { eval: None, .. } => Vec::new(),
             // Evaluated through its own rollouts instead.
             TaskSource::Agent { .. } => Vec::new(),
         }

@@ -63,8 +63,9 @@ impl RewardSpec {
 pub enum SourceSpec {
     /// `task-at(seed, index)` of an environment plugin.
     Environment { plugin: PluginRef, seed: u64 },
-    /// JSONL files: training tasks (cycled in order) and held-out tasks; at least one.
-    Dataset { train: Option<PathBuf>, eval: Option<PathBuf> },
+    /// Dataset files (JSONL, Parquet, Arrow IPC, a `save_to_disk` directory): training tasks
+    /// and held-out tasks; at least one.
+    Dataset { train: Option<Box<crate::dataset::DatasetSpec>>, eval: Option<Box<crate::dataset::DatasetSpec>> },
     /// An agent plugin: it produces scored rollout groups itself, calling the model.
     Agent { plugin: PluginRef, limits: crate::agent::AgentLimits },
 }

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
 use wirl_rollout::{
-    AgentLimits, CodeRunnerRef, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec, SourceSpec,
+    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec,
+    SourceSpec,
 };
 
 /// The default run, embedded so that `wirl train` needs no file.
@@ -154,17 +155,44 @@ pub struct PluginSection {
     pub memory_mib: Option<u64>,
 }
 
-/// Tasks from JSONL files: one task per line, as `{"task": {...}}` (what `wirl tasks`
-/// writes) or the task object itself.
+/// Tasks from dataset files: JSONL (one task per line, as `{"task": {...}}` — what `wirl
+/// tasks` writes — or the task object itself; or rows, with `columns`), Parquet, Arrow IPC,
+/// or a Hugging Face `save_to_disk` directory.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetSection {
-    /// Training tasks, taken in order and cycled (needed to train, not to evaluate).
+    /// Training tasks, by index, cycled over epochs (needed to train, not to evaluate).
     #[serde(default)]
     pub train: Option<PathBuf>,
     /// Held-out tasks for the evaluation (the first `eval.tasks` of them).
     #[serde(default)]
     pub eval: Option<PathBuf>,
+    /// Which columns make a task (default: `prompt` / `question` / `problem`, `answer`, `id`;
+    /// JSONL lines without it are task objects).
+    #[serde(default)]
+    pub columns: Option<ColumnsSection>,
+    /// Visit the training rows in a seeded order, another each epoch.
+    #[serde(default)]
+    pub shuffle: bool,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// A dataset's column mapping.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnsSection {
+    /// A text column: the user's message.
+    pub prompt: Option<String>,
+    /// A list of `{role, content}` column: the conversation (instead of `prompt`).
+    pub messages: Option<String>,
+    /// A system message before the prompt (the text itself).
+    pub system: Option<String>,
+    pub answer: Option<String>,
+    pub id: Option<String>,
+    /// Columns kept in the task's metadata.
+    #[serde(default)]
+    pub metadata: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -463,7 +491,24 @@ impl TrainConfig {
                     SourceSpec::Environment { plugin: plugin_ref(environment), seed: environment.seed }
                 }
                 (None, Some(dataset), None) => {
-                    SourceSpec::Dataset { train: dataset.train.clone(), eval: dataset.eval.clone() }
+                    let spec = |path: &Option<PathBuf>| {
+                        path.as_ref().map(|path| {
+                            Box::new(DatasetSpec {
+                                path: path.clone(),
+                                columns: dataset.columns.as_ref().map(|c| Columns {
+                                    prompt: c.prompt.clone(),
+                                    messages: c.messages.clone(),
+                                    system: c.system.clone(),
+                                    answer: c.answer.clone(),
+                                    id: c.id.clone(),
+                                    metadata: c.metadata.clone(),
+                                }),
+                                shuffle: dataset.shuffle,
+                                seed: dataset.seed,
+                            })
+                        })
+                    };
+                    SourceSpec::Dataset { train: spec(&dataset.train), eval: spec(&dataset.eval) }
                 }
                 (None, None, Some(agent)) => SourceSpec::Agent {
                     plugin: PluginRef {
@@ -648,7 +693,7 @@ impl TrainConfig {
                     for (name, path) in
                         dataset.train.iter().map(|p| ("train", p)).chain(dataset.eval.iter().map(|p| ("eval", p)))
                     {
-                        if !path.is_file() {
+                        if !path.exists() {
                             bail!(
                                 "{origin}: `{key}dataset.{name}`: {} does not exist (relative paths are from the \
                                  config's directory)",

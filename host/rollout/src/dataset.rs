@@ -1,0 +1,520 @@
+//! Datasets of tasks: JSONL, Parquet and Arrow IPC files and Hugging Face `save_to_disk`
+//! directories, read in chunks (a Parquet row group, an Arrow record batch, 1,024 JSONL
+//! lines) so that no file is loaded whole; rows become tasks through a column mapping.
+//!
+//! Training draws row `order(index)`: in file order, cycling over epochs, or — shuffled —
+//! each epoch visits the chunks in a seeded order and each chunk's rows in a seeded order
+//! (a block shuffle: one chunk decoded at a time, and the same index always gives the same
+//! row, so a resumed run draws what an uninterrupted one would).
+
+use anyhow::{Context, bail};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use std::io::{BufRead, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use wirl_sandbox::{Message, Task};
+
+/// Which columns of a row make a task.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Columns {
+    /// A text column: the user's message.
+    pub prompt: Option<String>,
+    /// A list of `{role, content}` column: the whole conversation (instead of `prompt`).
+    pub messages: Option<String>,
+    /// A system message put before the prompt (text, not a column).
+    pub system: Option<String>,
+    pub answer: Option<String>,
+    pub id: Option<String>,
+    /// Columns kept in the task's metadata (a JSON object by column name).
+    pub metadata: Vec<String>,
+}
+
+/// A dataset file or directory and how to read it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DatasetSpec {
+    pub path: PathBuf,
+    /// `None`: JSONL lines are tasks (`{"task": {...}}` or the task itself), and other
+    /// formats take the columns named `prompt` / `question` / `problem`, `answer`, `id`.
+    pub columns: Option<Columns>,
+    pub shuffle: bool,
+    pub seed: u64,
+}
+
+/// Where a dataset's chunks come from.
+enum Chunks {
+    /// Byte offsets of the non-empty lines.
+    Jsonl {
+        path: PathBuf,
+        lines: Vec<u64>,
+    },
+    Parquet {
+        path: PathBuf,
+    },
+    /// Arrow IPC file format (random access to record batches).
+    IpcFile {
+        path: PathBuf,
+    },
+    /// Arrow IPC stream files (Hugging Face `save_to_disk`): per chunk, its file and the
+    /// byte range of its record batch message; the file's schema message.
+    IpcStream {
+        chunks: Vec<(PathBuf, u64, u64)>,
+        schemas: Vec<(PathBuf, Vec<u8>)>,
+    },
+}
+
+const JSONL_CHUNK: usize = 1024;
+
+/// An opened dataset: its chunk sizes, and one decoded chunk kept.
+pub struct Dataset {
+    spec: DatasetSpec,
+    name: String,
+    chunks: Chunks,
+    sizes: Vec<usize>,
+    total: u64,
+    cached: Option<(usize, Vec<Task>)>,
+}
+
+impl Dataset {
+    /// Open `spec.path`, reading only what locates its rows (footers, line offsets).
+    pub fn open(spec: &DatasetSpec) -> anyhow::Result<Self> {
+        let path = &spec.path;
+        let name = path.file_stem().map_or_else(|| "dataset".into(), |s| s.to_string_lossy().into_owned());
+        let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+        let (chunks, sizes) = if path.is_dir() {
+            hf_directory(path)?
+        } else {
+            match extension.as_str() {
+                "jsonl" | "json" | "ndjson" => jsonl(path)?,
+                "parquet" => parquet(path)?,
+                "arrow" | "feather" | "ipc" => ipc(path)?,
+                other => bail!(
+                    "{}: unknown dataset format `.{other}` (JSONL, Parquet, Arrow IPC, or a Hugging Face \
+                     save_to_disk directory)",
+                    path.display()
+                ),
+            }
+        };
+        let total: u64 = sizes.iter().map(|&s| s as u64).sum();
+        if total == 0 {
+            bail!("{}: no rows", path.display());
+        }
+        Ok(Dataset { spec: spec.clone(), name, chunks, sizes, total, cached: None })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// The task of training index `index` (epochs cycle; shuffled if asked).
+    pub fn training(&mut self, index: u64) -> anyhow::Result<Task> {
+        let (epoch, position) = (index / self.total, index % self.total);
+        let (chunk, row) = if self.spec.shuffle { self.shuffled(epoch, position) } else { self.locate(position) };
+        self.task(chunk, row)
+    }
+
+    /// The first `count` rows, in file order.
+    pub fn first(&mut self, count: usize) -> anyhow::Result<Vec<Task>> {
+        (0..(count as u64).min(self.total))
+            .map(|i| {
+                let (chunk, row) = self.locate(i);
+                self.task(chunk, row)
+            })
+            .collect()
+    }
+
+    fn locate(&self, mut position: u64) -> (usize, usize) {
+        for (chunk, &size) in self.sizes.iter().enumerate() {
+            if position < size as u64 {
+                return (chunk, position as usize);
+            }
+            position -= size as u64;
+        }
+        unreachable!("position below the total")
+    }
+
+    fn shuffled(&self, epoch: u64, mut position: u64) -> (usize, usize) {
+        let seed = crate::group::seed_for(self.spec.seed, epoch);
+        for chunk in permutation(self.sizes.len(), seed) {
+            let size = self.sizes[chunk];
+            if position < size as u64 {
+                let rows = permutation(size, crate::group::seed_for(seed, chunk as u64 + 1));
+                return (chunk, rows[position as usize]);
+            }
+            position -= size as u64;
+        }
+        unreachable!("position below the total")
+    }
+
+    fn task(&mut self, chunk: usize, row: usize) -> anyhow::Result<Task> {
+        if self.cached.as_ref().is_none_or(|(c, _)| *c != chunk) {
+            let tasks = self.read_chunk(chunk).with_context(|| format!("{}", self.spec.path.display()))?;
+            self.cached = Some((chunk, tasks));
+        }
+        let (_, tasks) = self.cached.as_ref().expect("just cached");
+        tasks.get(row).cloned().context("a row past its chunk's end")
+    }
+
+    /// The tasks of one chunk; `first_row` is its first row's number in the file.
+    fn read_chunk(&self, chunk: usize) -> anyhow::Result<Vec<Task>> {
+        let first_row: usize = self.sizes[..chunk].iter().sum();
+        let columns = self.spec.columns.as_ref();
+        let batch = match &self.chunks {
+            Chunks::Jsonl { path, lines } => {
+                let mut file = std::io::BufReader::new(std::fs::File::open(path)?);
+                let mut tasks = Vec::new();
+                for (i, &offset) in lines.iter().enumerate().skip(chunk * JSONL_CHUNK).take(JSONL_CHUNK) {
+                    file.seek(SeekFrom::Start(offset))?;
+                    let mut line = String::new();
+                    file.read_line(&mut line)?;
+                    let value: serde_json::Value = serde_json::from_str(&line)
+                        .with_context(|| format!("line {}: not JSON", line_number(path, offset)))?;
+                    let task = match columns {
+                        None => {
+                            let task = value.get("task").cloned().unwrap_or(value);
+                            serde_json::from_value(task).with_context(|| {
+                                format!(
+                                    "line {}: not a task (fields id, messages, answer?, metadata?); name its \
+                                     columns to read other rows",
+                                    line_number(path, offset)
+                                )
+                            })?
+                        }
+                        Some(columns) => json_row_task(&value, columns, &self.name, i)
+                            .with_context(|| format!("line {}", line_number(path, offset)))?,
+                    };
+                    tasks.push(task);
+                }
+                return Ok(tasks);
+            }
+            Chunks::Parquet { path } => {
+                let file = std::fs::File::open(path)?;
+                let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
+                    .with_row_groups(vec![chunk])
+                    .build()?;
+                let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>()?;
+                concat(batches)?
+            }
+            Chunks::IpcFile { path } => {
+                let mut reader = arrow_ipc::reader::FileReader::try_new(std::fs::File::open(path)?, None)?;
+                reader.set_index(chunk)?;
+                reader.next().context("a record batch")??
+            }
+            Chunks::IpcStream { chunks, schemas } => {
+                let (path, start, end) = &chunks[chunk];
+                let schema = &schemas.iter().find(|(p, _)| p == path).context("the file's schema")?.1;
+                let mut bytes = schema.clone();
+                let mut file = std::fs::File::open(path)?;
+                file.seek(SeekFrom::Start(*start))?;
+                let mut message = vec![0u8; (end - start) as usize];
+                file.read_exact(&mut message)?;
+                bytes.extend(message);
+                bytes.extend([0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]);
+                let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+                reader.next().context("a record batch")??
+            }
+        };
+        batch_tasks(&batch, columns, &self.name, first_row)
+    }
+}
+
+fn line_number(path: &Path, offset: u64) -> usize {
+    // Only for messages: count the lines before `offset`.
+    std::fs::File::open(path).map(|f| std::io::BufReader::new(f.take(offset)).lines().count() + 1).unwrap_or(0)
+}
+
+/// A seeded permutation of `0..n` (Fisher–Yates over SplitMix64).
+fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut state = seed;
+    for i in (1..n).rev() {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let r = crate::group::seed_for(state, 0);
+        order.swap(i, (r % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+fn jsonl(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+    let mut file =
+        std::io::BufReader::new(std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?);
+    let mut lines = Vec::new();
+    let mut offset = 0u64;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = file.read_until(b'\n', &mut line)?;
+        if read == 0 {
+            break;
+        }
+        if line.iter().any(|b| !b.is_ascii_whitespace()) {
+            lines.push(offset);
+        }
+        offset += read as u64;
+    }
+    let sizes = lines.chunks(JSONL_CHUNK).map(<[u64]>::len).collect();
+    Ok((Chunks::Jsonl { path: path.to_path_buf(), lines }, sizes))
+}
+
+fn parquet(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .with_context(|| format!("{}: not a Parquet file", path.display()))?;
+    let sizes = builder.metadata().row_groups().iter().map(|rg| rg.num_rows() as usize).collect();
+    Ok((Chunks::Parquet { path: path.to_path_buf() }, sizes))
+}
+
+fn ipc(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+    let mut magic = [0u8; 6];
+    std::fs::File::open(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .read_exact(&mut magic)
+        .with_context(|| format!("{}: too short for Arrow IPC", path.display()))?;
+    if &magic == b"ARROW1" {
+        let mut reader = arrow_ipc::reader::FileReader::try_new(std::fs::File::open(path)?, None)
+            .with_context(|| format!("{}: not an Arrow IPC file", path.display()))?;
+        let mut sizes = Vec::new();
+        for i in 0..reader.num_batches() {
+            reader.set_index(i)?;
+            sizes.push(reader.next().context("a record batch")??.num_rows());
+        }
+        return Ok((Chunks::IpcFile { path: path.to_path_buf() }, sizes));
+    }
+    let (chunks, schema, sizes) = ipc_stream(path)?;
+    Ok((Chunks::IpcStream { chunks, schemas: vec![(path.to_path_buf(), schema)] }, sizes))
+}
+
+/// The messages of an Arrow IPC stream: its schema message's bytes, and per record batch
+/// the byte range of its message and its row count.
+#[allow(clippy::type_complexity)]
+fn ipc_stream(path: &Path) -> anyhow::Result<(Vec<(PathBuf, u64, u64)>, Vec<u8>, Vec<usize>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bad = |what: &str| anyhow::anyhow!("{}: not an Arrow IPC stream ({what})", path.display());
+    let mut at = 0usize;
+    let (mut schema, mut chunks, mut sizes) = (None, Vec::new(), Vec::new());
+    while at + 8 <= bytes.len() {
+        let start = at;
+        let mut word = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        at += 4;
+        if word == 0xFFFF_FFFF {
+            word = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+            at += 4;
+        }
+        if word == 0 {
+            break; // end of stream
+        }
+        let meta_end = at.checked_add(word as usize).filter(|&e| e <= bytes.len()).ok_or_else(|| bad("truncated"))?;
+        let message = arrow_ipc::root_as_message(&bytes[at..meta_end]).map_err(|_| bad("a damaged message"))?;
+        let body = usize::try_from(message.bodyLength()).map_err(|_| bad("a negative body"))?;
+        let end = meta_end.checked_add(body).filter(|&e| e <= bytes.len()).ok_or_else(|| bad("truncated"))?;
+        match message.header_type() {
+            arrow_ipc::MessageHeader::Schema => schema = Some(bytes[start..end].to_vec()),
+            arrow_ipc::MessageHeader::RecordBatch => {
+                let rows = message.header_as_record_batch().map_or(0, |b| b.length());
+                sizes.push(usize::try_from(rows).map_err(|_| bad("a negative row count"))?);
+                chunks.push((path.to_path_buf(), start as u64, end as u64));
+            }
+            arrow_ipc::MessageHeader::DictionaryBatch => {
+                bail!("{}: dictionary-encoded columns are not supported; write plain columns", path.display())
+            }
+            _ => {}
+        }
+        at = end;
+    }
+    Ok((chunks, schema.ok_or_else(|| bad("no schema"))?, sizes))
+}
+
+/// A Hugging Face `save_to_disk` directory: `state.json` names its Arrow stream files.
+fn hf_directory(dir: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+    let state_path = dir.join("state.json");
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&state_path)
+            .with_context(|| format!("{}: no state.json (not a save_to_disk directory)", dir.display()))?,
+    )
+    .with_context(|| format!("{}: not JSON", state_path.display()))?;
+    let files: Vec<PathBuf> = state["_data_files"]
+        .as_array()
+        .with_context(|| format!("{}: no `_data_files`", state_path.display()))?
+        .iter()
+        .filter_map(|f| f["filename"].as_str())
+        .map(|name| dir.join(name))
+        .collect();
+    let (mut chunks, mut schemas, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+    for file in files {
+        let (c, schema, s) = ipc_stream(&file)?;
+        chunks.extend(c);
+        sizes.extend(s);
+        schemas.push((file, schema));
+    }
+    Ok((Chunks::IpcStream { chunks, schemas }, sizes))
+}
+
+fn concat(batches: Vec<RecordBatch>) -> anyhow::Result<RecordBatch> {
+    let schema = batches.first().context("no rows in the chunk")?.schema();
+    Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
+}
+
+/// The task of each row of `batch` (`first_row`: the batch's first row's number).
+fn batch_tasks(
+    batch: &RecordBatch,
+    columns: Option<&Columns>,
+    name: &str,
+    first_row: usize,
+) -> anyhow::Result<Vec<Task>> {
+    let schema = batch.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let find = |wanted: &Option<String>, defaults: &[&str], what: &str| -> anyhow::Result<Option<usize>> {
+        match wanted {
+            Some(column) => names.iter().position(|n| n == column).map(Some).with_context(|| {
+                format!("no column `{column}` for the {what} (the columns are: {})", names.join(", "))
+            }),
+            None => Ok(defaults.iter().find_map(|d| names.iter().position(|n| n == d))),
+        }
+    };
+    let default = Columns::default();
+    let columns = columns.unwrap_or(&default);
+    let messages = find(&columns.messages, &["messages"], "messages")?;
+    let prompt =
+        if messages.is_none() { find(&columns.prompt, &["prompt", "question", "problem"], "prompt")? } else { None };
+    if messages.is_none() && prompt.is_none() {
+        bail!(
+            "no prompt column: name one as `columns.prompt` (or a list of messages as `columns.messages`); the \
+             columns are: {}",
+            names.join(", ")
+        );
+    }
+    let answer = find(&columns.answer, &["answer"], "answer")?;
+    let id = find(&columns.id, &["id"], "id")?;
+    let metadata: Vec<usize> = columns
+        .metadata
+        .iter()
+        .map(|c| find(&Some(c.clone()), &[], "metadata").map(|i| i.expect("named")))
+        .collect::<anyhow::Result<_>>()?;
+    let mut tasks = Vec::with_capacity(batch.num_rows());
+    for row in 0..batch.num_rows() {
+        let cell = |column: usize| value(batch.column(column).as_ref(), row, names[column]);
+        let mut conversation = Vec::new();
+        if let Some(system) = &columns.system {
+            conversation.push(Message { role: "system".into(), content: system.clone() });
+        }
+        if let Some(column) = messages {
+            conversation.extend(message_list(batch.column(column).as_ref(), row, names[column])?);
+        } else if let Some(column) = prompt {
+            let text = cell(column)?
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| cell(column).map(|v| v.to_string()).unwrap_or_default());
+            conversation.push(Message { role: "user".into(), content: text });
+        }
+        let text_of = |v: serde_json::Value| match v {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) => Some(s),
+            other => Some(other.to_string()),
+        };
+        let meta: serde_json::Map<String, serde_json::Value> =
+            metadata.iter().map(|&c| Ok((names[c].to_string(), cell(c)?))).collect::<anyhow::Result<_>>()?;
+        tasks.push(Task {
+            id: match id {
+                Some(c) => text_of(cell(c)?).unwrap_or_else(|| format!("{name}/{}", first_row + row)),
+                None => format!("{name}/{}", first_row + row),
+            },
+            messages: conversation,
+            answer: match answer {
+                Some(c) => text_of(cell(c)?),
+                None => None,
+            },
+            metadata: (!meta.is_empty()).then(|| serde_json::Value::Object(meta).to_string()),
+        });
+    }
+    Ok(tasks)
+}
+
+/// One cell as JSON: text, numbers and booleans; other types name the column.
+fn value(array: &dyn Array, row: usize, column: &str) -> anyhow::Result<serde_json::Value> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::*;
+    if array.is_null(row) {
+        return Ok(serde_json::Value::Null);
+    }
+    Ok(match array.data_type() {
+        DataType::Utf8 => array.as_string::<i32>().value(row).into(),
+        DataType::LargeUtf8 => array.as_string::<i64>().value(row).into(),
+        DataType::Utf8View => array.as_string_view().value(row).into(),
+        DataType::Boolean => array.as_boolean().value(row).into(),
+        DataType::Int8 => array.as_primitive::<Int8Type>().value(row).into(),
+        DataType::Int16 => array.as_primitive::<Int16Type>().value(row).into(),
+        DataType::Int32 => array.as_primitive::<Int32Type>().value(row).into(),
+        DataType::Int64 => array.as_primitive::<Int64Type>().value(row).into(),
+        DataType::UInt8 => array.as_primitive::<UInt8Type>().value(row).into(),
+        DataType::UInt16 => array.as_primitive::<UInt16Type>().value(row).into(),
+        DataType::UInt32 => array.as_primitive::<UInt32Type>().value(row).into(),
+        DataType::UInt64 => array.as_primitive::<UInt64Type>().value(row).into(),
+        DataType::Float32 => serde_json::Number::from_f64(f64::from(array.as_primitive::<Float32Type>().value(row)))
+            .map_or(serde_json::Value::Null, Into::into),
+        DataType::Float64 => serde_json::Number::from_f64(array.as_primitive::<Float64Type>().value(row))
+            .map_or(serde_json::Value::Null, Into::into),
+        other => bail!("column `{column}` is of type {other}, which a task cannot hold (text, numbers, booleans)"),
+    })
+}
+
+/// A list of `{role, content}` structs as messages.
+fn message_list(array: &dyn Array, row: usize, column: &str) -> anyhow::Result<Vec<Message>> {
+    use arrow_array::cast::AsArray;
+    let list = match array.data_type() {
+        DataType::List(_) => array.as_list::<i32>().value(row),
+        DataType::LargeList(_) => array.as_list::<i64>().value(row),
+        other => bail!("column `{column}` is of type {other}; messages are a list of {{role, content}}"),
+    };
+    let Some(structs) = list.as_struct_opt() else {
+        bail!("column `{column}`: messages are a list of {{role, content}} structs");
+    };
+    let field = |name: &str| {
+        structs.column_by_name(name).with_context(|| format!("column `{column}`: its messages have no `{name}`"))
+    };
+    let (roles, contents) = (field("role")?, field("content")?);
+    (0..structs.len())
+        .map(|i| {
+            let text = |a: &dyn Array, what: &str| match value(a, i, column)? {
+                serde_json::Value::String(s) => Ok(s),
+                other => bail!("column `{column}`: a message's {what} is {other}, not text"),
+            };
+            Ok(Message { role: text(roles.as_ref(), "role")?, content: text(contents.as_ref(), "content")? })
+        })
+        .collect()
+}
+
+/// A JSONL row (an object) as a task through `columns`.
+fn json_row_task(row: &serde_json::Value, columns: &Columns, name: &str, index: usize) -> anyhow::Result<Task> {
+    let object = row.as_object().context("not a JSON object")?;
+    let get = |column: &Option<String>, defaults: &[&str]| -> Option<&serde_json::Value> {
+        match column {
+            Some(c) => object.get(c),
+            None => defaults.iter().find_map(|d| object.get(*d)),
+        }
+    };
+    let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    let mut messages = Vec::new();
+    if let Some(system) = &columns.system {
+        messages.push(Message { role: "system".into(), content: system.clone() });
+    }
+    if let Some(list) = get(&columns.messages, &["messages"]) {
+        let list: Vec<Message> =
+            serde_json::from_value(list.clone()).context("`messages` is not a list of {role, content}")?;
+        messages.extend(list);
+    } else if let Some(prompt) = get(&columns.prompt, &["prompt", "question", "problem"]) {
+        messages.push(Message { role: "user".into(), content: text(prompt) });
+    } else {
+        bail!("no prompt: name its column as `columns.prompt` (or `columns.messages`)");
+    }
+    let metadata: serde_json::Map<String, serde_json::Value> =
+        columns.metadata.iter().filter_map(|c| Some((c.clone(), object.get(c)?.clone()))).collect();
+    Ok(Task {
+        id: get(&columns.id, &["id"]).map_or_else(|| format!("{name}/{index}"), text),
+        messages,
+        answer: get(&columns.answer, &["answer"]).filter(|v| !v.is_null()).map(text),
+        metadata: (!metadata.is_empty()).then(|| serde_json::Value::Object(metadata).to_string()),
+    })
+}
