@@ -355,4 +355,14 @@ fn the_multitask_example_runs() {
     let plot = std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).arg("plot").arg(&run).output().unwrap();
     assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
     assert!(std::fs::read(run.join("tasks.png")).unwrap().starts_with(b"\x89PNG"));
+    // TensorBoard's event file: the version record, then the step with per-task scalars.
+    let events: Vec<_> = std::fs::read_dir(run.join("tensorboard")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let scalars = wirl_trainer::tensorboard::read_scalars(&events[0]).unwrap();
+    assert_eq!(scalars.len(), 2);
+    assert_eq!(scalars[1].0, 1);
+    let tags: Vec<&str> = scalars[1].1.iter().map(|(t, _)| t.as_str()).collect();
+    for tag in ["reward/mean", "loss/loss", "tasks/sums/reward_mean", "tasks/retry/pass_rate"] {
+        assert!(tags.contains(&tag), "{tag} in {tags:?}");
+    }
 }

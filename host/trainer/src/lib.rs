@@ -12,6 +12,7 @@ pub mod eval;
 pub mod metrics;
 pub mod observer;
 pub mod run_dir;
+pub mod tensorboard;
 pub mod trainer;
 
 pub use config::{RunConfig, TrainConfig};

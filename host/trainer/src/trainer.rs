@@ -365,6 +365,7 @@ impl Trainer {
             Ok(std::io::BufWriter::new(file))
         };
         let (mut metrics, mut rollouts) = (append("metrics.jsonl")?, append("rollouts.jsonl")?);
+        let mut tensorboard = crate::tensorboard::EventWriter::create(&self.run_dir)?;
         let steps = self.config.grpo.steps;
         let every = self.config.grpo.checkpoint_every;
         let mut step_times = Vec::new();
@@ -381,6 +382,7 @@ impl Trainer {
             serde_json::to_writer(&mut metrics, &line)?;
             writeln!(metrics)?;
             metrics.flush()?;
+            tensorboard.step(&line)?;
             rollouts.flush()?;
             let mean_step = step_times.iter().sum::<f64>() / step_times.len() as f64;
             let eta_s = mean_step * (steps - step - 1) as f64;
