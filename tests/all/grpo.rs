@@ -287,7 +287,7 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
 }
 
 /// Tasks from a JSONL dataset instead of an environment plugin (what `wirl tasks` writes);
-/// a bad line is an error naming the file and the line.
+/// a bad line is a skipped task whose reason names the file and the line.
 #[test]
 fn training_on_a_jsonl_dataset() {
     let dir = tempfile::tempdir().unwrap();
@@ -316,10 +316,20 @@ fn training_on_a_jsonl_dataset() {
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert!(summary["held_out_pass_rate_before"].is_number(), "{summary}");
 
-    std::fs::write(dir.path().join("train.jsonl"), "{\"task\": {\"id\": \"a\", \"messages\": []}}\nnot json\n")
-        .unwrap();
-    let out = train(&config, &dir.path().join("run2"));
-    assert!(!out.status.success());
-    let error = String::from_utf8_lossy(&out.stderr);
-    assert!(error.contains("train.jsonl line 2"), "{error}");
+    // A line that is not a task is that task's failure: skipped, recorded with the file and
+    // the line, replaced; the other lines train.
+    let good = String::from_utf8_lossy(&tasks.stdout).lines().next().unwrap().to_string();
+    std::fs::write(dir.path().join("train.jsonl"), format!("{good}\nnot json\n")).unwrap();
+    let run2 = dir.path().join("run2");
+    let out = train(&config, &run2);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rollouts = std::fs::read_to_string(run2.join("rollouts.jsonl")).unwrap();
+    let skipped: Vec<serde_json::Value> = rollouts
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r.get("skipped_task").is_some())
+        .collect();
+    assert!(!skipped.is_empty(), "{rollouts}");
+    let reason = skipped[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("train.jsonl") && reason.contains("line 2") && reason.contains("not JSON"), "{reason}");
 }

@@ -73,7 +73,7 @@ fn arithmetic_tasks_are_deterministic_few_shot_and_graded_right() {
     let description = environment.describe().unwrap();
     assert_eq!(
         (description.name.as_str(), description.size, description.episodes),
-        ("arithmetic/chain_sum", None, false)
+        ("arithmetic/chain_sum", None, true)
     );
     for index in 0..50 {
         let task = environment.task_at(3, index).unwrap();
@@ -90,11 +90,21 @@ fn arithmetic_tasks_are_deterministic_few_shot_and_graded_right() {
         assert_eq!(wrong.reward, 0.0);
     }
     assert_ne!(environment.task_at(3, 0).unwrap().messages, environment.task_at(4, 0).unwrap().messages);
-    // Episodes are not offered by a single-turn environment; asking says so.
+    // Its retry episodes: a wrong answer is told which way it is off, the right one ends it
+    // with 1 / the attempt.
     let task = environment.task_at(3, 0).unwrap();
+    let answer: i64 = task.answer.clone().unwrap().parse().unwrap();
     let mut episode = environment.start_episode(&task).unwrap();
-    let failure = episode.step("<answer>1</answer>").unwrap_err();
-    assert!(failure.message.contains("reward plugin"), "{failure}");
+    match episode.step(&format!("<answer>{}</answer>", answer + 5)).unwrap() {
+        wirl_sandbox::StepResult::Continue(messages) => {
+            assert!(messages[0].content.contains("too high"), "{messages:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    match episode.step(&format!("<answer>{answer}</answer>")).unwrap() {
+        wirl_sandbox::StepResult::Done(score) => assert_eq!(score.reward, 0.5),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

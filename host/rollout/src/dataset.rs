@@ -71,7 +71,8 @@ pub struct Dataset {
     chunks: Chunks,
     sizes: Vec<usize>,
     total: u64,
-    cached: Option<(usize, Vec<Task>)>,
+    /// The chunk last read: each row's task, or why the row is not one.
+    cached: Option<(usize, Vec<Result<Task, String>>)>,
 }
 
 impl Dataset {
@@ -155,11 +156,15 @@ impl Dataset {
             self.cached = Some((chunk, tasks));
         }
         let (_, tasks) = self.cached.as_ref().expect("just cached");
-        tasks.get(row).cloned().context("a row past its chunk's end")
+        match tasks.get(row).context("a row past its chunk's end")? {
+            Ok(task) => Ok(task.clone()),
+            Err(reason) => bail!("{}: {reason}", self.spec.path.display()),
+        }
     }
 
-    /// The tasks of one chunk; `first_row` is its first row's number in the file.
-    fn read_chunk(&self, chunk: usize) -> anyhow::Result<Vec<Task>> {
+    /// The tasks of one chunk: a row that is not a task is its own failure (it is skipped
+    /// and recorded), a chunk that cannot be read fails whole.
+    fn read_chunk(&self, chunk: usize) -> anyhow::Result<Vec<Result<Task, String>>> {
         let first_row: usize = self.sizes[..chunk].iter().sum();
         let columns = self.spec.columns.as_ref();
         let batch = match &self.chunks {
@@ -168,25 +173,22 @@ impl Dataset {
                 let mut tasks = Vec::new();
                 for (i, &offset) in lines.iter().enumerate().skip(chunk * JSONL_CHUNK).take(JSONL_CHUNK) {
                     file.seek(SeekFrom::Start(offset))?;
-                    let mut line = String::new();
-                    file.read_line(&mut line)?;
-                    let value: serde_json::Value = serde_json::from_str(&line)
-                        .with_context(|| format!("line {}: not JSON", line_number(path, offset)))?;
-                    let task = match columns {
-                        None => {
-                            let task = value.get("task").cloned().unwrap_or(value);
-                            serde_json::from_value(task).with_context(|| {
-                                format!(
-                                    "line {}: not a task (fields id, messages, answer?, metadata?); name its \
-                                     columns to read other rows",
-                                    line_number(path, offset)
+                    let mut line = Vec::new();
+                    file.read_until(b'\n', &mut line)?;
+                    let task = || -> anyhow::Result<Task> {
+                        let value: serde_json::Value = serde_json::from_slice(&line).context("not JSON")?;
+                        match columns {
+                            None => {
+                                let task = value.get("task").cloned().unwrap_or(value);
+                                serde_json::from_value(task).context(
+                                    "not a task (fields id, messages, answer?, metadata?); name its columns to read \
+                                     other rows",
                                 )
-                            })?
+                            }
+                            Some(columns) => json_row_task(&value, columns, &self.name, i),
                         }
-                        Some(columns) => json_row_task(&value, columns, &self.name, i)
-                            .with_context(|| format!("line {}", line_number(path, offset)))?,
                     };
-                    tasks.push(task);
+                    tasks.push(task().map_err(|e| format!("line {}: {e:#}", line_number(path, offset))));
                 }
                 return Ok(tasks);
             }
@@ -217,7 +219,10 @@ impl Dataset {
                 reader.next().context("a record batch")??
             }
         };
-        batch_tasks(&batch, columns, &self.name, first_row)
+        Ok(batch_tasks(&batch, columns, &self.name, first_row)?
+            .into_iter()
+            .map(|r| r.map_err(|e| format!("{e:#}")))
+            .collect())
     }
 }
 
@@ -363,7 +368,7 @@ fn batch_tasks(
     columns: Option<&Columns>,
     name: &str,
     first_row: usize,
-) -> anyhow::Result<Vec<Task>> {
+) -> anyhow::Result<Vec<anyhow::Result<Task>>> {
     let schema = batch.schema();
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     let find = |wanted: &Option<String>, defaults: &[&str], what: &str| -> anyhow::Result<Option<usize>> {
@@ -393,8 +398,7 @@ fn batch_tasks(
         .iter()
         .map(|c| find(&Some(c.clone()), &[], "metadata").map(|i| i.expect("named")))
         .collect::<anyhow::Result<_>>()?;
-    let mut tasks = Vec::with_capacity(batch.num_rows());
-    for row in 0..batch.num_rows() {
+    let task_of = |row: usize| -> anyhow::Result<Task> {
         let cell = |column: usize| value(batch.column(column).as_ref(), row, names[column]);
         let mut conversation = Vec::new();
         if let Some(system) = &columns.system {
@@ -416,7 +420,7 @@ fn batch_tasks(
         };
         let meta: serde_json::Map<String, serde_json::Value> =
             metadata.iter().map(|&c| Ok((names[c].to_string(), cell(c)?))).collect::<anyhow::Result<_>>()?;
-        tasks.push(Task {
+        Ok(Task {
             id: match id {
                 Some(c) => text_of(cell(c)?).unwrap_or_else(|| format!("{name}/{}", first_row + row)),
                 None => format!("{name}/{}", first_row + row),
@@ -427,9 +431,9 @@ fn batch_tasks(
                 None => None,
             },
             metadata: (!meta.is_empty()).then(|| serde_json::Value::Object(meta).to_string()),
-        });
-    }
-    Ok(tasks)
+        })
+    };
+    Ok((0..batch.num_rows()).map(|row| task_of(row).with_context(|| format!("row {}", first_row + row))).collect())
 }
 
 /// One cell as JSON: text, numbers and booleans; other types name the column.
