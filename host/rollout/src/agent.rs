@@ -10,9 +10,11 @@
 //! that each continues the one before.
 
 use crate::episode::appended_text;
-use crate::group::{RolloutGroup, SamplingSpec, Trajectory, seed_for};
+use crate::group::{RolloutGroup, SamplingSpec, Trajectory};
 use crate::prompt::prompt_ids;
 use crate::scorer::{FailurePolicy, OnFailure, Scored, Status};
+use crate::seed::seed_for;
+pub use crate::spec::AgentLimits;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
@@ -21,15 +23,6 @@ use wirl_engine::{EngineHandle, FinishReason, GenerateRequest, Sampling, Tokeniz
 use wirl_sandbox::{
     AgentPlugin, AgentRolloutGroup, Completion, InferenceHost, Message, RolloutRequest, Task, printable,
 };
-
-/// Limits on an agent's use of the engine, per rollout it is asked for.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AgentLimits {
-    /// `generate` calls (each may hold several conversations).
-    pub generate_calls: u64,
-    /// Tokens generated.
-    pub tokens: u64,
-}
 
 /// One completion the host generated for the agent, with the ledger it came from.
 struct Generation {

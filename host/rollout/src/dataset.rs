@@ -138,11 +138,11 @@ impl Dataset {
     }
 
     fn shuffled(&self, epoch: u64, mut position: u64) -> (usize, usize) {
-        let seed = crate::group::seed_for(self.spec.seed, epoch);
+        let seed = crate::seed::seed_for(self.spec.seed, epoch);
         for chunk in permutation(self.sizes.len(), seed) {
             let size = self.sizes[chunk];
             if position < size as u64 {
-                let rows = permutation(size, crate::group::seed_for(seed, chunk as u64 + 1));
+                let rows = permutation(size, crate::seed::seed_for(seed, chunk as u64 + 1));
                 return (chunk, rows[position as usize]);
             }
             position -= size as u64;
@@ -237,7 +237,7 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
     let mut state = seed;
     for i in (1..n).rev() {
         state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let r = crate::group::seed_for(state, 0);
+        let r = crate::seed::seed_for(state, 0);
         order.swap(i, (r % (i as u64 + 1)) as usize);
     }
     order

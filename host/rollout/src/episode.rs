@@ -244,7 +244,7 @@ pub fn run_episodes(
             }
             let mut prompt = group.prompt.to_vec();
             prompt.extend_from_slice(&t.tokens);
-            let seed = crate::group::seed_for(group.seed, ((turn as u64) << 20) | j as u64);
+            let seed = crate::seed::seed_for(group.seed, ((turn as u64) << 20) | j as u64);
             requests.push(GenerateRequest { prompt, n: 1, sampling: group.sampling.seeded(seed) });
             asking.push((g, j));
         }

@@ -5,6 +5,8 @@ use crate::scorer::Scored;
 use wirl_engine::{Completion, EngineHandle, FinishReason, GenerateRequest, Sampling};
 use wirl_sandbox::{Message, Task};
 
+pub use crate::seed::seed_for;
+
 /// One sampled completion of a group, exactly as the sampler produced it: the trainer learns
 /// from these ids, never from a re-tokenization of the text.
 #[derive(Clone, Debug)]
@@ -104,12 +106,4 @@ pub fn sample_groups(
             .map(|group| Ok(group?.into_iter().map(Trajectory::from).collect()))
             .collect::<anyhow::Result<Vec<_>>>(),
     )
-}
-
-/// A seed for the `index`-th request of a run seeded `seed` (SplitMix64 finaliser).
-pub fn seed_for(seed: u64, index: u64) -> u64 {
-    let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }

@@ -13,6 +13,7 @@ pub mod group;
 pub mod mixture;
 pub mod prompt;
 pub mod scorer;
+pub mod seed;
 pub mod source;
 pub mod spec;
 

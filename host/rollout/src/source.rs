@@ -16,7 +16,7 @@ pub enum TaskSource {
     /// tasks the first of their own file.
     Dataset { train: Option<Box<Dataset>>, eval: Option<Box<Dataset>> },
     /// An agent plugin, which makes its own tasks and rollouts (`crate::agent`).
-    Agent { agent: wirl_sandbox::AgentPlugin, limits: crate::agent::AgentLimits },
+    Agent { agent: wirl_sandbox::AgentPlugin, limits: crate::spec::AgentLimits },
 }
 
 impl TaskSource {

@@ -67,5 +67,14 @@ pub enum SourceSpec {
     /// and held-out tasks; at least one.
     Dataset { train: Option<Box<crate::dataset::DatasetSpec>>, eval: Option<Box<crate::dataset::DatasetSpec>> },
     /// An agent plugin: it produces scored rollout groups itself, calling the model.
-    Agent { plugin: PluginRef, limits: crate::agent::AgentLimits },
+    Agent { plugin: PluginRef, limits: AgentLimits },
+}
+
+/// Limits on an agent's use of the engine, per rollout it is asked for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AgentLimits {
+    /// `generate` calls (each may hold several conversations).
+    pub generate_calls: u64,
+    /// Tokens generated.
+    pub tokens: u64,
 }

@@ -6,23 +6,10 @@
 use crate::bindings::agent_world::wirl::rl::inference;
 use crate::bindings::agent_world::{AgentPlugin as Bindings, AgentPluginPre};
 use crate::call::{self, Failure, HostState};
+pub use crate::inference::InferenceHost;
 use crate::plugin::Plugin;
 use crate::{AgentRolloutGroup, Completion, Error, Message, Result, RolloutRequest, Sampling, World};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-
-/// What an agent's `inference.generate` reaches: the engine being trained, in the host.
-/// A refusal (`Err`) is returned to the agent as the call's error.
-pub trait InferenceHost: Send + Sync {
-    /// One completion per conversation (each ends where the model writes the next assistant
-    /// turn), all admitted to the engine together.
-    fn generate(
-        &self,
-        conversations: Vec<Vec<Message>>,
-        sampling: Sampling,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<Completion>, String>> + Send + '_>>;
-}
 
 impl inference::Host for HostState {
     async fn generate(

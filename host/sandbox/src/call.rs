@@ -110,7 +110,7 @@ pub(crate) struct HostState {
     /// Time the deadline does not count: an agent's waits for the engine.
     pub(crate) paused: Arc<PausedClock>,
     /// Where an agent's `inference` import generates; none for other worlds.
-    pub(crate) inference: Option<Arc<dyn crate::agent::InferenceHost>>,
+    pub(crate) inference: Option<Arc<dyn crate::inference::InferenceHost>>,
     pub(crate) interrupt: Interrupter,
 }
 

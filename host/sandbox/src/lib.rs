@@ -20,13 +20,14 @@ mod cache;
 mod call;
 mod code_runner;
 mod environment;
+mod inference;
 mod limits;
 mod plugin;
 mod reward;
 mod sandbox;
 mod world;
 
-pub use agent::{AgentPlugin, InferenceHost};
+pub use agent::AgentPlugin;
 pub use bindings::{
     AgentRolloutGroup, Completion, Description, FinishReason, Message, Outcome, Program, Rollout, RolloutRequest,
     RunLimits, Sampling, Score, StepResult, Task, Termination,
@@ -34,6 +35,7 @@ pub use bindings::{
 pub use call::{CallStats, Failure, FailureKind, Interrupter};
 pub use code_runner::CodeRunnerPlugin;
 pub use environment::{EnvironmentPlugin, Episode};
+pub use inference::InferenceHost;
 pub use limits::{Grants, Limits, SandboxSettings};
 pub use plugin::{Plugin, PluginSpec};
 pub use reward::RewardPlugin;
