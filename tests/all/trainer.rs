@@ -366,3 +366,26 @@ fn the_multitask_example_runs() {
         assert!(tags.contains(&tag), "{tag} in {tags:?}");
     }
 }
+
+/// `examples/train/multiturn.toml` as shipped, on the tiny model: one step of retry
+/// episodes, their later turns run, evaluated as greedy episodes.
+#[test]
+fn the_multiturn_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::multiturn::write_tiny_model_with_context(dir.path(), 4096);
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/train/multiturn.toml");
+    let run = dir.path().join("run");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", example, "--steps", "1", "--eval-tasks", "2", "--model"])
+        .arg(dir.path())
+        .arg("--run-dir")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metrics = crate::grpo::metrics(&run);
+    assert!(metrics[0]["episode_turns"].as_u64().unwrap() > 0, "{}", metrics[0]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
+}
