@@ -296,37 +296,60 @@ fn ipc(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
 /// the byte range of its message and its row count.
 #[allow(clippy::type_complexity)]
 fn ipc_stream(path: &Path) -> anyhow::Result<(Vec<(PathBuf, u64, u64)>, Vec<u8>, Vec<usize>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let bad = |what: &str| anyhow::anyhow!("{}: not an Arrow IPC stream ({what})", path.display());
-    let mut at = 0usize;
+    let mut file =
+        std::io::BufReader::new(std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?);
+    let size = file.get_ref().metadata()?.len();
+    // Each message: [0xFFFFFFFF] length, metadata, body. Only the metadata is read; bodies
+    // are skipped, so opening a stream reads a few bytes per record batch.
+    let read_u32 = |file: &mut std::io::BufReader<std::fs::File>| -> anyhow::Result<Option<u32>> {
+        let mut word = [0u8; 4];
+        match file.read_exact(&mut word) {
+            Ok(()) => Ok(Some(u32::from_le_bytes(word))),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    };
     let (mut schema, mut chunks, mut sizes) = (None, Vec::new(), Vec::new());
-    while at + 8 <= bytes.len() {
+    let mut at = 0u64;
+    loop {
         let start = at;
-        let mut word = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let Some(mut word) = read_u32(&mut file)? else { break };
         at += 4;
         if word == 0xFFFF_FFFF {
-            word = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+            word = read_u32(&mut file)?.ok_or_else(|| bad("truncated"))?;
             at += 4;
         }
         if word == 0 {
             break; // end of stream
         }
-        let meta_end = at.checked_add(word as usize).filter(|&e| e <= bytes.len()).ok_or_else(|| bad("truncated"))?;
-        let message = arrow_ipc::root_as_message(&bytes[at..meta_end]).map_err(|_| bad("a damaged message"))?;
-        let body = usize::try_from(message.bodyLength()).map_err(|_| bad("a negative body"))?;
-        let end = meta_end.checked_add(body).filter(|&e| e <= bytes.len()).ok_or_else(|| bad("truncated"))?;
+        let mut metadata = vec![0u8; word as usize];
+        if at + u64::from(word) > size {
+            return Err(bad("truncated"));
+        }
+        file.read_exact(&mut metadata)?;
+        at += u64::from(word);
+        let message = arrow_ipc::root_as_message(&metadata).map_err(|_| bad("a damaged message"))?;
+        let body = u64::try_from(message.bodyLength()).map_err(|_| bad("a negative body"))?;
+        let end = at.checked_add(body).filter(|&e| e <= size).ok_or_else(|| bad("truncated"))?;
         match message.header_type() {
-            arrow_ipc::MessageHeader::Schema => schema = Some(bytes[start..end].to_vec()),
+            arrow_ipc::MessageHeader::Schema => {
+                let mut bytes = vec![0u8; (end - start) as usize];
+                file.seek(SeekFrom::Start(start))?;
+                file.read_exact(&mut bytes)?;
+                schema = Some(bytes);
+            }
             arrow_ipc::MessageHeader::RecordBatch => {
                 let rows = message.header_as_record_batch().map_or(0, |b| b.length());
                 sizes.push(usize::try_from(rows).map_err(|_| bad("a negative row count"))?);
-                chunks.push((path.to_path_buf(), start as u64, end as u64));
+                chunks.push((path.to_path_buf(), start, end));
             }
             arrow_ipc::MessageHeader::DictionaryBatch => {
                 bail!("{}: dictionary-encoded columns are not supported; write plain columns", path.display())
             }
             _ => {}
         }
+        file.seek(SeekFrom::Start(end))?;
         at = end;
     }
     Ok((chunks, schema.ok_or_else(|| bad("no schema"))?, sizes))

@@ -26,5 +26,5 @@ pub use group::{RolloutGroup, SamplingSpec, Trajectory, sample_groups, seed_for}
 pub use mixture::{Allocation, MixtureError, allocate};
 pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, prompt_ids, step_tasks};
 pub use scorer::{FailurePolicy, OnFailure, Scored, Scorers, Status};
-pub use source::{TaskSource, read_tasks};
+pub use source::TaskSource;
 pub use spec::{CodeRunnerRef, PluginRef, RewardSpec, SourceSpec};

@@ -3,8 +3,7 @@
 
 use crate::dataset::Dataset;
 use crate::spec::SourceSpec;
-use anyhow::{Context, bail};
-use std::path::Path;
+use anyhow::bail;
 use std::sync::Arc;
 use wirl_sandbox::{EnvironmentPlugin, Plugin, Sandbox, Task, printable};
 
@@ -91,24 +90,4 @@ impl TaskSource {
             TaskSource::Agent { .. } => Vec::new(),
         }
     }
-}
-
-/// Tasks of a JSONL file: `{"task": {...}}` or the task itself per line. An error names the
-/// file, the line and what is wrong.
-pub fn read_tasks(path: &Path) -> anyhow::Result<Vec<Task>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut tasks = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let value: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
-        let task = value.get("task").cloned().unwrap_or(value);
-        let task: Task = serde_json::from_value(task).with_context(|| {
-            format!("{} line {}: not a task (fields id, messages, answer?, metadata?)", path.display(), i + 1)
-        })?;
-        tasks.push(task);
-    }
-    if tasks.is_empty() {
-        bail!("{}: no tasks", path.display());
-    }
-    Ok(tasks)
 }

@@ -415,13 +415,9 @@ impl TaskView<'_> {
     }
 }
 
-fn plugin_ref(section: &PluginSection) -> PluginRef {
-    PluginRef {
-        path: section.plugin.clone(),
-        config: json_config(&section.config),
-        deadline_ms: section.deadline_ms,
-        memory_mib: section.memory_mib,
-    }
+/// A plugin entry of any section (environment, reward, agent) as the rollout layer's spec.
+fn plugin_ref(path: &Path, config: &toml::Table, deadline_ms: Option<u64>, memory_mib: Option<u64>) -> PluginRef {
+    PluginRef { path: path.to_path_buf(), config: json_config(config), deadline_ms, memory_mib }
 }
 
 impl TrainConfig {
@@ -488,7 +484,9 @@ impl TrainConfig {
         for view in self.task_views() {
             let source = match (view.environment, view.dataset, view.agent) {
                 (Some(environment), None, None) => {
-                    SourceSpec::Environment { plugin: plugin_ref(environment), seed: environment.seed }
+                    let e = environment;
+                    let plugin = plugin_ref(&e.plugin, &e.config, e.deadline_ms, e.memory_mib);
+                    SourceSpec::Environment { plugin, seed: e.seed }
                 }
                 (None, Some(dataset), None) => {
                     let spec = |path: &Option<PathBuf>| {
@@ -511,12 +509,7 @@ impl TrainConfig {
                     SourceSpec::Dataset { train: spec(&dataset.train), eval: spec(&dataset.eval) }
                 }
                 (None, None, Some(agent)) => SourceSpec::Agent {
-                    plugin: PluginRef {
-                        path: agent.plugin.clone(),
-                        config: json_config(&agent.config),
-                        deadline_ms: agent.deadline_ms,
-                        memory_mib: agent.memory_mib,
-                    },
+                    plugin: plugin_ref(&agent.plugin, &agent.config, agent.deadline_ms, agent.memory_mib),
                     limits: AgentLimits { generate_calls: agent.max_generate_calls, tokens: agent.max_tokens },
                 },
                 _ => bail!("task `{}` needs exactly one source: an environment, a dataset or an agent", view.name),
@@ -525,12 +518,7 @@ impl TrainConfig {
                 .rewards
                 .iter()
                 .map(|reward| RewardSpec {
-                    plugin: PluginRef {
-                        path: reward.plugin.clone(),
-                        config: json_config(&reward.config),
-                        deadline_ms: reward.deadline_ms,
-                        memory_mib: reward.memory_mib,
-                    },
+                    plugin: plugin_ref(&reward.plugin, &reward.config, reward.deadline_ms, reward.memory_mib),
                     weight: reward.weight,
                     code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
                         path: runner.plugin.clone(),
