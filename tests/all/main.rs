@@ -8,6 +8,7 @@ mod datasets;
 mod engine;
 mod grpo;
 mod hardening;
+mod install;
 mod languages;
 mod multiturn;
 mod plugins;

@@ -296,6 +296,7 @@ fn multitask_config_errors_name_the_key() {
         (text.replace("eval_only = true", "eval_only = false"), "`tasks[3].dataset` has no `train` file"),
         (text.replace("[tasks.dataset]\neval = \"held.jsonl\"", ""), "has no source"),
         (text.replace(HOSTILE, "/nonexistent/reward.wasm"), "`rewards[0].plugin`"),
+        (text.replace(HOSTILE, "builtin:nope"), "builtin:nope is not a built-in plugin; the built-ins are"),
     ];
     for (bad, expected) in cases {
         std::fs::write(&config, &bad).unwrap();

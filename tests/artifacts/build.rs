@@ -27,10 +27,13 @@ fn main() {
 
     let mut build = Command::new("bash");
     build.arg(root.join("scripts/build-plugins"));
-    // The outer build's settings are for the host; the guest workspace has its own.
+    // The outer build's settings are for the host (and under clippy, its driver, which would
+    // compile the guests with `cfg(clippy)` into other bytes than the built-ins'); the guest
+    // workspace has its own. The same list as host/builtins/build.rs.
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy().into_owned();
-        if key.starts_with("CARGO_") && key != "CARGO_HOME" || key == "RUSTFLAGS" || key == "RUSTC_WRAPPER" {
+        let host_only = key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_MAKEFLAGS";
+        if host_only || ["RUSTFLAGS", "RUSTC", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "RUSTDOC"].contains(&&*key) {
             build.env_remove(&key);
         }
     }

@@ -13,7 +13,12 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "wirl", version, about = "Reinforcement-learning post-training with sandboxed WebAssembly plugins")]
+#[command(
+    name = "wirl",
+    version,
+    long_version = LONG_VERSION,
+    about = "Reinforcement-learning post-training with sandboxed WebAssembly plugins"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,7 +45,35 @@ enum Command {
     /// Work with models.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Print a shell's completion script for wirl (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
 }
+
+/// `wirl --version`: the version, the WIT package wirl hosts (plugins built against another
+/// major are refused) and the engine's devices in this build.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\nwit: wirl:rl@",
+    // wirl_sandbox::WIT_VERSION, spelled out because `concat!` takes literals; a test checks
+    // the two agree.
+    "0.1.0",
+    "\nfeatures: cpu",
+    cuda_feature!(),
+);
+
+#[cfg(feature = "cuda")]
+macro_rules! cuda_feature {
+    () => {
+        ", cuda"
+    };
+}
+#[cfg(not(feature = "cuda"))]
+macro_rules! cuda_feature {
+    () => {
+        ""
+    };
+}
+use cuda_feature;
 
 #[derive(Subcommand)]
 enum ModelCommand {
@@ -57,6 +90,9 @@ enum PluginCommand {
     Inspect(inspect::Args),
     /// Start a reward plugin in Rust, Python, JavaScript or C that builds and scores as is.
     New(scaffold::Args),
+    /// The plugins built into wirl (`builtin:NAME` in a config or after --plugin): world,
+    /// WIT version, sha256.
+    List(inspect::ListArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,9 +124,19 @@ fn main() -> ExitCode {
         Command::Tasks(args) => tasks::run(args),
         Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args),
         Command::Plugin(PluginCommand::New(args)) => scaffold::run(args),
+        Command::Plugin(PluginCommand::List(args)) => inspect::list(args),
         Command::Generate(args) => generate::run(args),
         Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
         Command::Model(ModelCommand::Export(args)) => model::export(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "wirl",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
@@ -104,7 +150,7 @@ fn main() -> ExitCode {
 /// Plugin options shared by the commands that load one plugin from the command line.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PluginArgs {
-    /// The plugin component (`.wasm`).
+    /// The plugin component (`.wasm`), or a built-in: `builtin:NAME` (`wirl plugin list`).
     #[arg(long)]
     plugin: std::path::PathBuf,
     /// A plugin config value, `KEY=VALUE`, where VALUE is JSON (a bare word is a string).
@@ -134,7 +180,7 @@ pub struct PluginArgs {
 impl PluginArgs {
     /// The sandbox and the loaded plugin these options describe.
     pub fn load(&self) -> anyhow::Result<(wirl_sandbox::Sandbox, std::sync::Arc<wirl_sandbox::Plugin>)> {
-        let mut spec = wirl_sandbox::PluginSpec::new(&self.plugin);
+        let mut spec = plugin_spec(&self.plugin)?;
         for pair in &self.config {
             let (key, value) = pair
                 .split_once('=')
@@ -153,15 +199,20 @@ impl PluginArgs {
         spec.limits.fuel = self.fuel;
         spec.limits.reuse_instance = self.reuse_instance;
         spec.grants.read_only_dir = self.read_only_dir.clone();
-        spec.code_runner = self.code_runner.as_ref().map(|path| {
-            Box::new(wirl_sandbox::PluginSpec {
+        if let Some(path) = &self.code_runner {
+            spec.code_runner = Some(Box::new(wirl_sandbox::PluginSpec {
                 limits: wirl_sandbox::Limits::code_runner(),
-                ..wirl_sandbox::PluginSpec::new(path)
-            })
-        });
+                ..plugin_spec(path)?
+            }));
+        }
         let settings = wirl_sandbox::SandboxSettings { fuel: self.fuel.is_some(), ..Default::default() };
         let sandbox = wirl_sandbox::Sandbox::new(settings)?;
         let plugin = sandbox.load(spec)?;
         Ok((sandbox, plugin))
     }
+}
+
+/// A plugin named on the command line: a `.wasm` file or `builtin:NAME`.
+pub fn plugin_spec(reference: &std::path::Path) -> anyhow::Result<wirl_sandbox::PluginSpec> {
+    wirl_builtins::spec(reference).map_err(|message| anyhow::anyhow!("--plugin: {message}"))
 }

@@ -2,11 +2,10 @@
 //! the status line and a line per step, exit codes. The loop itself is `wirl-trainer`'s.
 
 use crate::model;
-use anyhow::bail;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use wirl_trainer::config::{DEFAULT_DIR, DEFAULT_TOML};
+use wirl_trainer::config::DEFAULT_TOML;
 use wirl_trainer::{Control, Event, Observer, Outcome, Phase, TrainConfig, Trainer, run_dir};
 
 #[derive(clap::Args)]
@@ -29,6 +28,10 @@ pub struct Args {
     /// Override `model.path`: a GGUF file, an HF directory or the default model's name.
     #[arg(long, conflicts_with = "resume")]
     model: Option<String>,
+    /// Set any key of the config: `--set grpo.group_size=4 --set sampling.max_tokens=16`
+    /// (`tasks.1.weight=0` for a task; VALUE is TOML, a bare word a string).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
 }
 
 const DEFAULT_ORIGIN: &str = "the embedded default config (examples/train/default.toml)";
@@ -55,10 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => {
             let (mut config, text) = match &args.config {
                 Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
-                None => {
-                    build_default_plugins()?;
-                    (TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new(DEFAULT_DIR))?, DEFAULT_TOML.into())
-                }
+                None => (default_config()?, DEFAULT_TOML.into()),
             };
             apply_overrides(&mut config, &args)?;
             let run_dir = match &args.run_dir {
@@ -114,10 +114,7 @@ pub struct EvalArgs {
 pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let mut config = match &args.config {
         Some(path) => TrainConfig::load(path)?,
-        None => {
-            build_default_plugins()?;
-            TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new(DEFAULT_DIR))?
-        }
+        None => default_config()?,
     };
     if let Some(model) = &args.model {
         config.model.path = model.clone();
@@ -145,6 +142,9 @@ fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> 
     }
     if let Some(tasks) = args.eval_tasks {
         config.eval.tasks = tasks;
+    }
+    for assignment in &args.set {
+        config.set(assignment)?;
     }
     config.check_numbers("the command line (--steps, --eval-tasks)")
 }
@@ -175,24 +175,9 @@ fn forward_interrupts(control: Control) {
     }
 }
 
-/// The embedded default names the plugins built in this repository: build them on first use
-/// (from the repository's root, where the default's relative paths point).
-fn build_default_plugins() -> anyhow::Result<()> {
-    let built = ["arithmetic", "math_answer"]
-        .iter()
-        .all(|name| Path::new(&format!("plugins/target/wasm32-wasip2/release/{name}.wasm")).is_file());
-    if built {
-        return Ok(());
-    }
-    if !Path::new("scripts/build-plugins").is_file() {
-        bail!("the default run needs wirl's repository: run `wirl train` from its root, or pass a config file");
-    }
-    eprintln!("building the default plugins (scripts/build-plugins)");
-    let status = std::process::Command::new("bash").arg("scripts/build-plugins").status()?;
-    if !status.success() {
-        bail!("scripts/build-plugins failed ({status})");
-    }
-    Ok(())
+/// The embedded default: its plugins are built in, so it runs from any folder.
+fn default_config() -> anyhow::Result<TrainConfig> {
+    TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new("."))
 }
 
 /// `wirl train` on stderr: a line per step and, on a terminal, a status line saying what

@@ -1,8 +1,8 @@
 // wirl-world: reward-plugin
 /* `{name}`: reward 1 when the completion holds the task's answer, else 0.
  *
- * Build: `bash scripts/build-plugins`; try it:
- * `wirl score --plugin plugins/target/c/{module}.wasm --input plugins/c/{name}/example.jsonl` */
+ * Build: `{build}`; try it:
+ * `{try}` */
 #include "wirl.h"
 
 bool wirl_reward(const wirl_task *task, wirl_str completion, wirl_score *score, char **error) {

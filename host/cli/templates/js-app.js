@@ -1,8 +1,8 @@
 // wirl-world: reward-plugin
 // `{name}`: reward 1 when the completion holds the task's answer, else 0.
 //
-// Build: `bash scripts/build-plugins`; try it:
-// `wirl score --plugin plugins/target/js/{module}.wasm --input plugins/js/{name}/example.jsonl`
+// Build: `{build}`; try it:
+// `{try}`
 
 import { Unscorable, config, defineReward, score } from "./wirl.js";
 

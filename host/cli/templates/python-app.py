@@ -1,8 +1,8 @@
 # wirl-world: reward-plugin
 """`{name}`: reward 1 when the completion holds the task's answer, else 0.
 
-Build: `bash scripts/build-plugins`; try it:
-`wirl score --plugin plugins/target/python/{module}.wasm --input plugins/python/{name}/example.jsonl`
+Build: `{build}`; try it:
+`{try}`
 """
 
 from wirl import Reward, Score, Task, Unscorable, config, reward  # noqa: F401 (Reward is the export)

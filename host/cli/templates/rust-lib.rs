@@ -1,7 +1,7 @@
 //! `{name}`: reward 1 when the completion holds the task's answer, else 0.
 //!
-//! Build: `bash scripts/build-plugins`; try it:
-//! `wirl score --plugin plugins/target/wasm32-wasip2/release/{module}.wasm --input plugins/rust/{name}/example.jsonl`
+//! Build: `{build}`; try it:
+//! `{try}`
 
 use wirl_sdk::reward::{Reward, Score, Task, config};
 

@@ -17,7 +17,7 @@ pub struct PluginRef {
 impl PluginRef {
     /// The sandbox's spec: default limits, overridden where this names them.
     pub fn spec(&self) -> PluginSpec {
-        let mut spec = PluginSpec::new(&self.path);
+        let mut spec = plugin_spec(&self.path);
         spec.config = self.config.clone();
         if let Some(ms) = self.deadline_ms {
             spec.limits.deadline_ms = ms;
@@ -27,6 +27,12 @@ impl PluginRef {
         }
         spec
     }
+}
+
+/// A plugin file, or a built-in (`builtin:NAME`). Configs check their built-in names when
+/// they are read; an unknown one left here fails to load, with its name in the error.
+fn plugin_spec(path: &std::path::Path) -> PluginSpec {
+    wirl_builtins::spec(path).unwrap_or_else(|_| PluginSpec::new(path))
 }
 
 /// The interpreter a grader's programs run in, with the most one program may use.
@@ -52,7 +58,7 @@ impl RewardSpec {
             let mut limits = Limits::code_runner();
             limits.deadline_ms = runner.deadline_ms.unwrap_or(limits.deadline_ms);
             limits.memory_bytes = runner.memory_mib.map_or(limits.memory_bytes, |mib| mib << 20);
-            spec.code_runner = Some(Box::new(PluginSpec { limits, ..PluginSpec::new(&runner.path) }));
+            spec.code_runner = Some(Box::new(PluginSpec { limits, ..plugin_spec(&runner.path) }));
         }
         spec
     }

@@ -14,8 +14,12 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 pub struct PluginSpec {
     /// The name in logs, metrics and errors.
     pub name: String,
-    /// The `.wasm` component.
+    /// The `.wasm` component; for a spec with [`PluginSpec::bytes`], only its name in
+    /// messages (`builtin:math-answer`).
     pub path: PathBuf,
+    /// The component itself, when it is not read from `path` (a plugin built into the
+    /// binary).
+    pub bytes: Option<Arc<[u8]>>,
     pub limits: Limits,
     pub grants: Grants,
     /// The plugin's own settings, readable through `wirl:rl/config`.
@@ -33,11 +37,17 @@ impl PluginSpec {
         PluginSpec {
             name,
             path,
+            bytes: None,
             limits: Limits::default(),
             grants: Grants::default(),
             config: Default::default(),
             code_runner: None,
         }
+    }
+
+    /// A spec for a component held in memory, called `name` and shown as `label`.
+    pub fn from_bytes(name: &str, label: &str, bytes: Arc<[u8]>) -> Self {
+        PluginSpec { name: name.to_string(), bytes: Some(bytes), ..PluginSpec::new(label) }
     }
 }
 

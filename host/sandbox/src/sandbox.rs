@@ -72,7 +72,13 @@ impl Sandbox {
     pub fn load(&self, spec: PluginSpec) -> Result<Arc<Plugin>> {
         let path = spec.path.clone();
         let refused = |reason: String| Error::Refused { path: path.clone(), reason };
-        let bytes = read_plugin_file(&path)?;
+        let bytes: Arc<[u8]> = match &spec.bytes {
+            Some(bytes) => {
+                sniff(bytes).map_err(refused)?;
+                bytes.clone()
+            }
+            None => read_plugin_file(&path)?.into(),
+        };
         if spec.limits.memory_bytes > self.settings.max_memory_bytes {
             return Err(Error::Config {
                 name: spec.name.clone(),

@@ -14,8 +14,6 @@ use wirl_rollout::{
 
 /// The default run, embedded so that `wirl train` needs no file.
 pub const DEFAULT_TOML: &str = include_str!("../../../examples/train/default.toml");
-/// Where the embedded default's relative paths are resolved from (it lives there in the repo).
-pub const DEFAULT_DIR: &str = "examples/train";
 
 /// A float setting: its key, value, what it must be, and the test of that.
 type FloatRule = (&'static str, f64, &'static str, fn(f64) -> bool);
@@ -563,6 +561,7 @@ impl TrainConfig {
             anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
                 .context("the training config is not valid; see examples/train/default.toml for every key")
         })?;
+        // Files only: a built-in (`builtin:NAME`) is no path.
         for path in config.paths() {
             *path = base.join(&*path);
         }
@@ -574,7 +573,7 @@ impl TrainConfig {
         Ok(config)
     }
 
-    /// Every file the config names.
+    /// Every file the config names (not the built-in plugins it names).
     fn paths(&mut self) -> Vec<&mut PathBuf> {
         fn of<'a>(
             paths: &mut Vec<&'a mut PathBuf>,
@@ -598,7 +597,61 @@ impl TrainConfig {
             of(&mut paths, task.environment.as_mut(), task.dataset.as_mut(), &mut task.rewards);
             paths.extend(task.agent.as_mut().map(|a| &mut a.plugin));
         }
+        paths.retain(|path| !wirl_builtins::is_builtin(path));
         paths
+    }
+
+    /// Set one key from the command line: `grpo.group_size=4`, `sampling.max_tokens=16`,
+    /// `tasks.1.weight=0` (an array's element by index). VALUE is a TOML value; a bare word
+    /// is a string. The whole config is checked again, so a wrong key or value is refused
+    /// with its name.
+    pub fn set(&mut self, assignment: &str) -> anyhow::Result<()> {
+        let origin = format!("--set {assignment}");
+        let Some((key, text)) = assignment.split_once('=') else {
+            bail!("{origin}: expected KEY=VALUE, for example grpo.group_size=4");
+        };
+        let value = match toml::from_str::<toml::Table>(&format!("value = {text}")) {
+            Ok(mut table) => table.remove("value").expect("the key just parsed"),
+            Err(_) => toml::Value::String(text.to_string()),
+        };
+        let mut tree = toml::Value::try_from(&*self)?;
+        let segments: Vec<&str> = key.split('.').collect();
+        let (last, parents) = segments.split_last().expect("split yields one segment at least");
+        let mut node = &mut tree;
+        for (depth, segment) in parents.iter().enumerate() {
+            let here = segments[..=depth].join(".");
+            node = match node {
+                toml::Value::Table(table) => {
+                    table.get_mut(*segment).with_context(|| format!("{origin}: the config has no table `{here}`"))?
+                }
+                toml::Value::Array(items) => {
+                    let len = items.len();
+                    segment
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|i| items.get_mut(i))
+                        .with_context(|| format!("{origin}: `{here}`: give an index below {len}"))?
+                }
+                _ => bail!("{origin}: `{}` is a value, not a table", segments[..depth].join(".")),
+            };
+        }
+        match node {
+            toml::Value::Table(table) => {
+                table.insert(last.to_string(), value);
+            }
+            toml::Value::Array(items) => {
+                let len = items.len();
+                let item = last
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| items.get_mut(i))
+                    .with_context(|| format!("{origin}: `{key}`: give an index below {len}"))?;
+                *item = value;
+            }
+            _ => bail!("{origin}: `{}` is a value, not a table", parents.join(".")),
+        }
+        *self = tree.try_into().map_err(|e: toml::de::Error| anyhow::anyhow!("{origin}: {}", e.message()))?;
+        self.check(&origin)
     }
 
     /// Load from a TOML file.
@@ -609,11 +662,19 @@ impl TrainConfig {
     }
 
     fn check(&self, origin: &str) -> anyhow::Result<()> {
-        let plugin_missing = |key: &str, path: &Path| {
-            anyhow::anyhow!(
-                "{origin}: `{key}`: plugin file {} does not exist (build the plugins with scripts/build-plugins, or fix the path; relative paths are from the config's directory)",
-                path.display()
-            )
+        // A plugin is a file, or a built-in named `builtin:NAME`.
+        let check_plugin = |key: &str, path: &Path| -> anyhow::Result<()> {
+            match wirl_builtins::lookup(path) {
+                Err(message) => bail!("{origin}: `{key}`: {message}"),
+                Ok(Some(_)) => Ok(()),
+                Ok(None) if path.is_file() => Ok(()),
+                Ok(None) => bail!(
+                    "{origin}: `{key}`: plugin file {} does not exist (build the plugins with scripts/build-plugins, \
+                     name a built-in such as builtin:math-answer, or fix the path; relative paths are from the \
+                     config's directory)",
+                    path.display()
+                ),
+            }
         };
         if !self.tasks.is_empty() && (self.environment.is_some() || self.dataset.is_some()) {
             bail!(
@@ -641,9 +702,7 @@ impl TrainConfig {
                 bail!("{origin}: give one of [{key}environment], [{key}dataset] or [{key}agent]{where_}, not several");
             }
             if let Some(agent) = view.agent {
-                if !agent.plugin.is_file() {
-                    return Err(plugin_missing(&format!("{key}agent.plugin"), &agent.plugin));
-                }
+                check_plugin(&format!("{key}agent.plugin"), &agent.plugin)?;
                 if view.own_rewards {
                     bail!("{origin}: `{key}rewards`: an agent scores its own rollouts; remove its [[{key}rewards]]");
                 }
@@ -661,9 +720,7 @@ impl TrainConfig {
             }
             match (view.environment, view.dataset) {
                 (Some(environment), None) => {
-                    if !environment.plugin.is_file() {
-                        return Err(plugin_missing(&format!("{key}environment.plugin"), &environment.plugin));
-                    }
+                    check_plugin(&format!("{key}environment.plugin"), &environment.plugin)?;
                 }
                 (None, Some(dataset)) => {
                     if dataset.train.is_none() && dataset.eval.is_none() {
@@ -731,13 +788,9 @@ impl TrainConfig {
             }
             for (i, reward) in view.rewards.iter().enumerate() {
                 let rkey = &view.rewards_key;
-                if !reward.plugin.is_file() {
-                    return Err(plugin_missing(&format!("{rkey}[{i}].plugin"), &reward.plugin));
-                }
-                if let Some(runner) = &reward.code_runner
-                    && !runner.plugin.is_file()
-                {
-                    return Err(plugin_missing(&format!("{rkey}[{i}].code_runner.plugin"), &runner.plugin));
+                check_plugin(&format!("{rkey}[{i}].plugin"), &reward.plugin)?;
+                if let Some(runner) = &reward.code_runner {
+                    check_plugin(&format!("{rkey}[{i}].code_runner.plugin"), &runner.plugin)?;
                 }
             }
         }
