@@ -1,5 +1,6 @@
 //! The `wirl` command.
 
+mod ctl;
 mod generate;
 mod inspect;
 mod model;
@@ -45,6 +46,9 @@ enum Command {
     /// Work with models.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Control a running training: status, apply a new task set (hot swap), rollback,
+    /// pause, resume, stop.
+    Ctl(ctl::Args),
     /// Print a shell's completion script for wirl (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
 }
@@ -128,6 +132,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
         Command::Model(ModelCommand::Export(args)) => model::export(args),
+        Command::Ctl(args) => ctl::run(args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -68,6 +68,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let points = |value: &dyn Fn(&StepMetrics) -> Option<f64>| -> Vec<(f64, f64)> {
         lines.iter().filter_map(|m| Some((m.step as f64, value(m)?))).filter(|(_, y)| y.is_finite()).collect()
     };
+    // Task set changes (hot swap): a vertical line between the steps they came between.
+    let marks: Vec<(f64, bool)> = wirl_trainer::swap::read_events(&args.run_dir)?
+        .iter()
+        .filter(|e| e.kind == "applied" || e.kind == "rolled-back")
+        .map(|e| (e.step as f64 + 0.5, e.kind == "rolled-back"))
+        .collect();
     for (file, title, series) in CHARTS {
         let data: Vec<(String, Vec<(f64, f64)>)> =
             series.iter().map(|(label, key)| (label.to_string(), points(&|m| Some(key(m))))).collect();
@@ -75,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let data: Vec<_> =
             data.into_iter().filter(|(_, p)| p.iter().any(|(_, y)| *y != 0.0) || series.len() < 5).collect();
         let out = args.run_dir.join(file);
-        write_chart(&out, title, &data)?;
+        write_chart(&out, title, &data, &marks)?;
         println!("{}", out.display());
     }
     // One line per task of the mixture (runs from before `[[tasks]]` have none).
@@ -86,14 +92,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map(|name| ((*name).clone(), points(&|m| Some(f64::from(m.tasks.get(*name)?.reward_mean)))))
             .collect();
         let out = args.run_dir.join("tasks.png");
-        write_chart(&out, "reward mean per task", &data)?;
+        write_chart(&out, "reward mean per task", &data, &marks)?;
         println!("{}", out.display());
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// A line chart of `series` against the step, with a legend.
-fn write_chart(path: &Path, title: &str, series: &[(String, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+/// A line chart of `series` against the step, with a legend; `marks` are task set changes
+/// (x, whether a rollback), drawn as vertical lines.
+fn write_chart(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    marks: &[(f64, bool)],
+) -> anyhow::Result<()> {
     let all = series.iter().flat_map(|(_, p)| p.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in all {
@@ -134,6 +146,24 @@ fn write_chart(path: &Path, title: &str, series: &[(String, Vec<(f64, f64)>)]) -
                 .label(label.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 2, color.filled()))).map_err(|e| draw(&e))?;
+        }
+        for (kind, rollback, color) in
+            [("task set applied", false, RGBColor(120, 120, 120)), ("rolled back", true, RGBColor(214, 39, 40))]
+        {
+            let xs: Vec<f64> = marks.iter().filter(|(_, r)| *r == rollback).map(|(x, _)| *x).collect();
+            if xs.is_empty() {
+                continue;
+            }
+            for (i, x) in xs.iter().enumerate() {
+                let drawn = chart
+                    .draw_series(LineSeries::new([(*x, y0), (*x, y1)], color.stroke_width(1)))
+                    .map_err(|e| draw(&e))?;
+                if i == 0 {
+                    drawn
+                        .label(kind)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(1)));
+                }
+            }
         }
         chart
             .configure_series_labels()

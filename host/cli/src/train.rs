@@ -28,6 +28,10 @@ pub struct Args {
     /// Override `model.path`: a GGUF file, an HF directory or the default model's name.
     #[arg(long, conflicts_with = "resume")]
     model: Option<String>,
+    /// Watch the plugin files of the run's tasks: when one changes on disk (rebuilt), apply
+    /// the task set again with its new bytes (checked, then switched in between steps).
+    #[arg(long)]
+    watch: bool,
     /// Set any key of the config: `--set grpo.group_size=4 --set sampling.max_tokens=16`
     /// (`tasks.1.weight=0` for a task; VALUE is TOML, a bare word a string).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -47,8 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let checkpoint = run_dir::prepare_resume(run_dir)?;
             terminal.event(Event::Resuming { run_dir, step: checkpoint.state.step });
             let model = model::resolve(Some(&config.model.path))?;
-            let trainer =
-                Trainer::new(config.run_config()?, &model, run_dir, Some(&checkpoint), control, &mut terminal)?;
+            let trainer = Trainer::new(config, &model, run_dir, Some(&checkpoint), control.clone(), &mut terminal)?;
             let current = trainer.plugin_hashes();
             if current != checkpoint.state.plugins {
                 tracing::warn!("the plugins changed since the checkpoint (by sha256): {current:?}");
@@ -67,10 +70,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             run_dir::create(&run_dir, &text, &config)?;
             let model = model::resolve(Some(&config.model.path))?;
-            let trainer = Trainer::new(config.run_config()?, &model, &run_dir, None, control, &mut terminal)?;
+            let trainer = Trainer::new(config, &model, &run_dir, None, control.clone(), &mut terminal)?;
             (trainer, None, run_dir)
         }
     };
+    let _served = crate::ctl::serve(&run_dir, control.clone())?;
+    if args.watch {
+        watch_plugins(control.clone());
+    }
     let start = checkpoint.as_ref().map_or(0, |c| c.state.step);
     match trainer.train(start, checkpoint.as_ref(), &mut terminal)? {
         Outcome::Finished(summary) => {
@@ -180,6 +187,64 @@ fn default_config() -> anyhow::Result<TrainConfig> {
     TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new("."))
 }
 
+/// `--watch`: every second, compare each plugin file of the manifest in force with the
+/// bytes the run keeps; a file that changed (and has not changed again for a second) makes
+/// an apply of the same task set, which reads the new bytes. Each new content is tried once.
+fn watch_plugins(control: Control) {
+    let spawned = std::thread::Builder::new().name("wirl-watch".into()).spawn(move || {
+        let mut tried: std::collections::BTreeMap<String, String> = Default::default();
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            if control.is_stopped() {
+                return;
+            }
+            let Ok(status) = control.status() else { continue };
+            let Some(manifest) = status.manifest else { continue };
+            let mut changed = Vec::new();
+            for (reference, sha256) in &manifest.plugins {
+                let path = Path::new(reference);
+                if wirl_builtins::is_builtin(path) {
+                    continue;
+                }
+                let settled = std::fs::metadata(path)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs_f64() >= 1.0));
+                let Ok(bytes) = std::fs::read(path) else { continue };
+                let now = sha256_hex(&bytes);
+                if settled && &now != sha256 && tried.get(reference) != Some(&now) {
+                    tried.insert(reference.clone(), now);
+                    changed.push(reference.clone());
+                }
+            }
+            if changed.is_empty() {
+                continue;
+            }
+            let options = wirl_trainer::ApplyOptions {
+                origin: format!("--watch ({} changed)", changed.join(", ")),
+                reason: "watch".into(),
+                ..Default::default()
+            };
+            match control.apply(manifest.tasks.clone(), &options) {
+                Ok(report) => eprintln!(
+                    "watch: {} changed: staged as generation {} (checks failed {:.1}%), switched in at the next step",
+                    changed.join(", "),
+                    report.generation,
+                    report.failure_rate * 100.0
+                ),
+                Err(refusal) => eprintln!("watch: refused: {}", refusal.message),
+            }
+        }
+    });
+    if let Err(error) = spawned {
+        tracing::warn!("--watch: cannot start its thread ({error})");
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
 /// `wirl train` on stderr: a line per step and, on a terminal, a status line saying what
 /// the step is doing now.
 struct Terminal;
@@ -222,6 +287,16 @@ impl Observer for Terminal {
             Event::Checkpoint { dir } => {
                 status("");
                 eprintln!("checkpoint {}", dir.display())
+            }
+            Event::Swap { step, kind, generation, changes, reason, switch_ms } => {
+                status("");
+                let reason = reason.map_or(String::new(), |r| format!(" ({r})"));
+                eprintln!(
+                    "after step {step}: task set {kind}: generation {generation}{reason}, switch {switch_ms:.2} ms"
+                );
+                for change in changes {
+                    eprintln!("  {change}");
+                }
             }
             Event::EvalTask { .. } => {}
         }

@@ -67,6 +67,8 @@ pub struct UpdateStats {
     pub updates_skipped: usize,
     /// Group passes that took the layer-recomputing backward.
     pub groups_recomputed: usize,
+    /// Times the engine's weights were held for writing (each bumps its weights version).
+    pub weight_writes: u64,
     pub time: UpdateTimes,
 }
 
@@ -197,6 +199,7 @@ impl Learner {
             if let Some(grads) = grads {
                 // No row samples while the weights change (they are the engine's too).
                 let hold = engine.map(EngineHandle::hold_weights).transpose()?;
+                stats.weight_writes += u64::from(hold.is_some());
                 let update = self.optimizer.step(&grads, settings.learning_rate, settings.max_grad_norm)?;
                 drop(hold);
                 stats.grad_norm = update.grad_norm;

@@ -7,7 +7,11 @@ use wirl_sandbox::{Limits, PluginSpec};
 /// A plugin file with its settings and, where given, its own limits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PluginRef {
+    /// The file (or `builtin:NAME`) as the config names it.
     pub path: PathBuf,
+    /// Where its bytes in force are kept, when a run pinned them (the run directory's
+    /// `plugins/SHA256.wasm`): loaded from there, so that rebuilding the file changes nothing.
+    pub stored: Option<PathBuf>,
     /// The plugin's own settings, readable through `wirl:rl/config`.
     pub config: serde_json::Map<String, serde_json::Value>,
     pub deadline_ms: Option<u64>,
@@ -17,7 +21,7 @@ pub struct PluginRef {
 impl PluginRef {
     /// The sandbox's spec: default limits, overridden where this names them.
     pub fn spec(&self) -> PluginSpec {
-        let mut spec = plugin_spec(&self.path);
+        let mut spec = plugin_spec(&self.path, self.stored.as_deref());
         spec.config = self.config.clone();
         if let Some(ms) = self.deadline_ms {
             spec.limits.deadline_ms = ms;
@@ -29,16 +33,26 @@ impl PluginRef {
     }
 }
 
-/// A plugin file, or a built-in (`builtin:NAME`). Configs check their built-in names when
-/// they are read; an unknown one left here fails to load, with its name in the error.
-fn plugin_spec(path: &std::path::Path) -> PluginSpec {
-    wirl_builtins::spec(path).unwrap_or_else(|_| PluginSpec::new(path))
+/// A plugin file, or a built-in (`builtin:NAME`); with the bytes of its pinned copy where
+/// there is one, still named and shown as the reference (so that errors name the user's
+/// file). Configs check their built-in names when they are read; an unknown one left here
+/// fails to load, with its name in the error.
+fn plugin_spec(path: &std::path::Path, stored: Option<&std::path::Path>) -> PluginSpec {
+    let named = wirl_builtins::spec(path).unwrap_or_else(|_| PluginSpec::new(path));
+    match stored.map(|stored| (stored, std::fs::read(stored))) {
+        Some((_, Ok(bytes))) => PluginSpec { bytes: Some(bytes.into()), ..named },
+        // The sandbox says what is wrong with the kept copy.
+        Some((stored, Err(_))) => PluginSpec { name: named.name, ..PluginSpec::new(stored) },
+        None => named,
+    }
 }
 
 /// The interpreter a grader's programs run in, with the most one program may use.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CodeRunnerRef {
     pub path: PathBuf,
+    /// Its pinned copy, as [`PluginRef::stored`].
+    pub stored: Option<PathBuf>,
     pub deadline_ms: Option<u64>,
     pub memory_mib: Option<u64>,
 }
@@ -58,7 +72,8 @@ impl RewardSpec {
             let mut limits = Limits::code_runner();
             limits.deadline_ms = runner.deadline_ms.unwrap_or(limits.deadline_ms);
             limits.memory_bytes = runner.memory_mib.map_or(limits.memory_bytes, |mib| mib << 20);
-            spec.code_runner = Some(Box::new(PluginSpec { limits, ..plugin_spec(&runner.path) }));
+            spec.code_runner =
+                Some(Box::new(PluginSpec { limits, ..plugin_spec(&runner.path, runner.stored.as_deref()) }));
         }
         spec
     }

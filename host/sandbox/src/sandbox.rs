@@ -16,7 +16,9 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 const KEEP_RESIDENT: usize = 256 << 10;
 
-/// Loads plugins and runs them. One per process is enough; plugins share its engine.
+/// Loads plugins and runs them. One per process is enough; plugins share its engine. A
+/// clone shares everything (engine, epoch ticker, interrupt).
+#[derive(Clone)]
 pub struct Sandbox {
     engine: Engine,
     linker: Linker<HostState>,

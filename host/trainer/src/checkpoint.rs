@@ -22,6 +22,14 @@ pub struct State {
     pub held_out_before_by_task: std::collections::BTreeMap<String, f32>,
     /// `(name, sha256)` of the environment and reward plugins the run was trained with.
     pub plugins: Vec<(String, String)>,
+    /// The run manifest's generation in force (`manifests/GENERATION.json`); absent in runs
+    /// from before manifests.
+    #[serde(default)]
+    pub manifest_generation: Option<u64>,
+    /// The weights version after this step (the engine's count of weight writes over the
+    /// whole run), so that a resumed run's records go on counting; absent in older runs.
+    #[serde(default)]
+    pub weights_version: Option<u64>,
 }
 
 pub struct Checkpoint {

@@ -43,10 +43,58 @@ pub struct TrainConfig {
     pub grpo: GrpoSection,
     #[serde(default)]
     pub eval: EvalSection,
+    /// Hot swap: how a new task set is validated and when it is rolled back.
+    #[serde(default)]
+    pub swap: SwapSection,
+}
+
+/// A running training's tasks, as `wirl ctl RUN_DIR apply TASKS.toml` gives them: `[[tasks]]`
+/// and the `[[rewards]]` that tasks naming none share. Also the task set of a run manifest.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSet {
+    #[serde(default)]
+    pub tasks: Vec<TaskSection>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rewards: Vec<RewardSection>,
+}
+
+/// `[swap]`: the checks a task set passes before it replaces the running one, and the
+/// automatic rollback after.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwapSection {
+    /// Validation refuses a swap when more than this share of its checks fail (plugin calls
+    /// re-scoring recent rollouts, tasks asked of an environment).
+    pub max_failure_rate: f64,
+    /// A swapped-in plugin's first `rollback_window` trajectories: when more than this share
+    /// of them fail, the previous task set comes back.
+    pub rollback_failure_rate: f64,
+    pub rollback_window: usize,
+    /// Seconds a rolled-back version must wait before it may be applied again; doubled on
+    /// each further rollback of the same bytes.
+    pub backoff_s: f64,
+    /// Recent steps whose rollouts a new reward re-scores.
+    pub rescore_steps: usize,
+    /// Let a replaced plugin import interfaces its previous version did not.
+    pub allow_new_capabilities: bool,
+}
+
+impl Default for SwapSection {
+    fn default() -> Self {
+        SwapSection {
+            max_failure_rate: 0.25,
+            rollback_failure_rate: 0.5,
+            rollback_window: 16,
+            backoff_s: 60.0,
+            rescore_steps: 2,
+            allow_new_capabilities: false,
+        }
+    }
 }
 
 /// One task of a weighted mixture.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSection {
     /// Unique; names the task in metrics, rollouts and plots (letters, digits, `-`, `_`, `.`).
@@ -91,7 +139,7 @@ fn one_usize() -> usize {
 pub const MAX_TURNS: usize = 64;
 
 /// An agent plugin and what it may use.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
     pub plugin: PathBuf,
@@ -119,7 +167,7 @@ fn default_agent_tokens() -> u64 {
 }
 
 /// `[sampling]` keys that a task sets for itself.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SamplingOverrides {
     pub max_tokens: Option<usize>,
@@ -138,7 +186,7 @@ pub struct ModelSection {
     pub path: String,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSection {
     pub plugin: PathBuf,
@@ -156,7 +204,7 @@ pub struct PluginSection {
 /// Tasks from dataset files: JSONL (one task per line, as `{"task": {...}}` — what `wirl
 /// tasks` writes — or the task object itself; or rows, with `columns`), Parquet, Arrow IPC,
 /// or a Hugging Face `save_to_disk` directory.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetSection {
     /// Training tasks, by index, cycled over epochs (needed to train, not to evaluate).
@@ -177,7 +225,7 @@ pub struct DatasetSection {
 }
 
 /// A dataset's column mapping.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnsSection {
     /// A text column: the user's message.
@@ -193,7 +241,7 @@ pub struct ColumnsSection {
     pub metadata: Vec<String>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RewardSection {
     pub plugin: PathBuf,
@@ -211,7 +259,7 @@ pub struct RewardSection {
 }
 
 /// The code-runner component of a grader, with the most one program may use.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CodeRunnerSection {
     pub plugin: PathBuf,
@@ -413,9 +461,18 @@ impl TaskView<'_> {
     }
 }
 
+/// A plugin's name as its file would give it: `arithmetic` for `.../arithmetic.wasm` and for
+/// `builtin:arithmetic`.
+fn plugin_stem(reference: &Path) -> String {
+    match wirl_builtins::lookup(reference) {
+        Ok(Some(builtin)) => builtin.spec().name,
+        _ => reference.file_stem().map_or("plugin".into(), |s| s.to_string_lossy().into_owned()),
+    }
+}
+
 /// A plugin entry of any section (environment, reward, agent) as the rollout layer's spec.
 fn plugin_ref(path: &Path, config: &toml::Table, deadline_ms: Option<u64>, memory_mib: Option<u64>) -> PluginRef {
-    PluginRef { path: path.to_path_buf(), config: json_config(config), deadline_ms, memory_mib }
+    PluginRef { path: path.to_path_buf(), stored: None, config: json_config(config), deadline_ms, memory_mib }
 }
 
 impl TrainConfig {
@@ -424,9 +481,7 @@ impl TrainConfig {
     fn task_views(&self) -> Vec<TaskView<'_>> {
         if self.tasks.is_empty() {
             let name = match &self.environment {
-                Some(environment) => {
-                    environment.plugin.file_stem().map_or("environment".into(), |s| s.to_string_lossy().into_owned())
-                }
+                Some(environment) => plugin_stem(&environment.plugin),
                 None => "dataset".to_string(),
             };
             return vec![TaskView {
@@ -520,6 +575,7 @@ impl TrainConfig {
                     weight: reward.weight,
                     code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
                         path: runner.plugin.clone(),
+                        stored: None,
                         deadline_ms: runner.deadline_ms,
                         memory_mib: runner.memory_mib,
                     }),
@@ -557,20 +613,117 @@ impl TrainConfig {
 
     /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
     pub fn parse(text: &str, origin: &str, base: &Path) -> anyhow::Result<Self> {
-        let mut config: TrainConfig = toml::from_str(text).map_err(|e| {
+        let config: TrainConfig = toml::from_str(text).map_err(|e| {
             anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
                 .context("the training config is not valid; see examples/train/default.toml for every key")
         })?;
-        // Files only: a built-in (`builtin:NAME`) is no path.
-        for path in config.paths() {
+        config.resolved(origin, base)
+    }
+
+    /// Files (not built-ins) joined to `base`, checked, then absolute: the run directory
+    /// keeps the config for `--resume`.
+    fn resolved(mut self, origin: &str, base: &Path) -> anyhow::Result<Self> {
+        for path in self.paths() {
             *path = base.join(&*path);
         }
-        config.check(origin)?;
-        // Absolute from here on: the run directory keeps this config for `--resume`.
-        for path in config.paths() {
-            *path = std::fs::canonicalize(&*path)?;
+        self.check(origin)?;
+        for path in self.paths() {
+            *path = std::fs::canonicalize(&*path).with_context(|| format!("{origin}: {}", path.display()))?;
         }
+        Ok(self)
+    }
+
+    /// The run's tasks as a task set: `[[tasks]]` as given, or the one task of the
+    /// single-source keys as a `[[tasks]]` entry (same name, same specs).
+    pub fn task_set(&self) -> TaskSet {
+        if !self.tasks.is_empty() {
+            return TaskSet { tasks: self.tasks.clone(), rewards: self.rewards.clone() };
+        }
+        let view = &self.task_views()[0];
+        let task = TaskSection {
+            name: view.name.clone(),
+            weight: 1.0,
+            eval_only: false,
+            environment: self.environment.clone(),
+            dataset: self.dataset.clone(),
+            agent: None,
+            rewards: Vec::new(),
+            sampling: SamplingOverrides::default(),
+            on_failure: None,
+            max_turns: 1,
+            pass_reward: None,
+        };
+        TaskSet { tasks: vec![task], rewards: self.rewards.clone() }
+    }
+
+    /// This config with its tasks replaced by `set` (read from `origin`; its relative paths
+    /// from `base`), checked as a whole.
+    pub fn with_task_set(&self, set: TaskSet, origin: &str, base: &Path) -> anyhow::Result<Self> {
+        if set.tasks.is_empty() {
+            bail!("{origin}: no [[tasks]]: a task set names every task of the run as a [[tasks]] table");
+        }
+        let config =
+            TrainConfig { tasks: set.tasks, rewards: set.rewards, environment: None, dataset: None, ..self.clone() };
+        config.resolved(origin, base)
+    }
+
+    /// A run directory's resolved config (absolute paths): its plugin files need not exist
+    /// any more, the run keeps their bytes.
+    pub fn parse_resolved(text: &str, origin: &str) -> anyhow::Result<Self> {
+        let config: TrainConfig =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()))?;
+        config.check_with(origin, false)?;
         Ok(config)
+    }
+
+    /// This config with the task set of a run manifest (absolute paths; its plugins are the
+    /// bytes the run keeps, so their files need not exist any more).
+    pub fn with_manifest_tasks(&self, set: &TaskSet) -> anyhow::Result<Self> {
+        let config = TrainConfig {
+            tasks: set.tasks.clone(),
+            rewards: set.rewards.clone(),
+            environment: None,
+            dataset: None,
+            ..self.clone()
+        };
+        config.check_with("the run manifest", false)?;
+        Ok(config)
+    }
+
+    /// Read a task set file (`[[tasks]]`, shared `[[rewards]]`; paths relative to it).
+    pub fn read_task_set(path: &Path) -> anyhow::Result<TaskSet> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let mut set: TaskSet = toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end())
+                .context("not a task set: [[tasks]] tables (and shared [[rewards]]), as in a training config")
+        })?;
+        // Relative paths from the file's directory, as in a config; built-ins stay names.
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let base = std::fs::canonicalize(parent).with_context(|| format!("{}", parent.display()))?;
+        let mut probe = TrainConfig {
+            tasks: std::mem::take(&mut set.tasks),
+            rewards: std::mem::take(&mut set.rewards),
+            ..Self::minimal()
+        };
+        for path in probe.paths() {
+            *path = base.join(&*path);
+        }
+        Ok(TaskSet { tasks: probe.tasks, rewards: probe.rewards })
+    }
+
+    /// A config with no task, for path handling.
+    fn minimal() -> Self {
+        TrainConfig {
+            model: ModelSection { path: String::new() },
+            tasks: Vec::new(),
+            environment: None,
+            dataset: None,
+            rewards: Vec::new(),
+            sampling: SamplingSection::default(),
+            grpo: GrpoSection::default(),
+            eval: EvalSection::default(),
+            swap: SwapSection::default(),
+        }
     }
 
     /// Every file the config names (not the built-in plugins it names).
@@ -651,7 +804,8 @@ impl TrainConfig {
             _ => bail!("{origin}: `{}` is a value, not a table", parents.join(".")),
         }
         *self = tree.try_into().map_err(|e: toml::de::Error| anyhow::anyhow!("{origin}: {}", e.message()))?;
-        self.check(&origin)
+        // Plugin files are not required: a resumed run loads the bytes it keeps.
+        self.check_with(&origin, false)
     }
 
     /// Load from a TOML file.
@@ -662,12 +816,18 @@ impl TrainConfig {
     }
 
     fn check(&self, origin: &str) -> anyhow::Result<()> {
+        self.check_with(origin, true)
+    }
+
+    /// [`TrainConfig::check`]; without `plugins_on_disk`, plugin files need not exist (a
+    /// manifest's plugins are loaded from the bytes the run keeps).
+    fn check_with(&self, origin: &str, plugins_on_disk: bool) -> anyhow::Result<()> {
         // A plugin is a file, or a built-in named `builtin:NAME`.
         let check_plugin = |key: &str, path: &Path| -> anyhow::Result<()> {
             match wirl_builtins::lookup(path) {
                 Err(message) => bail!("{origin}: `{key}`: {message}"),
                 Ok(Some(_)) => Ok(()),
-                Ok(None) if path.is_file() => Ok(()),
+                Ok(None) if path.is_file() || !plugins_on_disk => Ok(()),
                 Ok(None) => bail!(
                     "{origin}: `{key}`: plugin file {} does not exist (build the plugins with scripts/build-plugins, \
                      name a built-in such as builtin:math-answer, or fix the path; relative paths are from the \
@@ -815,6 +975,20 @@ impl TrainConfig {
         }
         if g.group_size < 2 {
             bail!("{origin}: `grpo.group_size` must be at least 2 (advantages compare samples of a group)");
+        }
+        let w = &self.swap;
+        if w.rollback_window == 0 {
+            bail!("{origin}: `swap.rollback_window` must be at least 1");
+        }
+        let swap_floats: [FloatRule; 3] = [
+            ("swap.max_failure_rate", w.max_failure_rate, "in [0, 1]", |x| (0.0..=1.0).contains(&x)),
+            ("swap.rollback_failure_rate", w.rollback_failure_rate, "in [0, 1]", |x| (0.0..=1.0).contains(&x)),
+            ("swap.backoff_s", w.backoff_s, "a number of seconds >= 0", |x| (0.0..=1e7).contains(&x)),
+        ];
+        for (key, value, wanted, ok) in swap_floats {
+            if !(value.is_finite() && ok(value)) {
+                bail!("{origin}: `{key}` = {value}: it must be {wanted}");
+            }
         }
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
         let floats: [FloatRule; 8] = [

@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 pub struct StepMetrics {
     /// 1-based.
     pub step: usize,
+    /// The run manifest's generation the step ran with (0 until a task set is swapped in).
+    #[serde(default)]
+    pub manifest_generation: u64,
     pub learning_rate: f64,
     pub reward_mean: f32,
     pub reward_std: f32,
@@ -119,6 +122,12 @@ pub struct RolloutRecord {
     pub notes: BTreeMap<String, String>,
     /// The plugins that produced it (environment, rewards), by sha256.
     pub plugins: Vec<PluginHash>,
+    /// The version of the weights that sampled it (the engine's count of weight updates).
+    #[serde(default)]
+    pub weights_version: u64,
+    /// The run manifest's generation that produced it.
+    #[serde(default)]
+    pub manifest_generation: u64,
 }
 
 /// A message of an episode's conversation.

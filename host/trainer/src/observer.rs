@@ -21,6 +21,8 @@ pub enum Event<'a> {
     HeldOut { after: bool, pass_rate: f32, problems: usize },
     /// A checkpoint was written.
     Checkpoint { dir: &'a Path },
+    /// The task set changed at a step boundary: `kind` is `applied` or `rolled-back`.
+    Swap { step: usize, kind: &'a str, generation: u64, changes: &'a [String], reason: Option<&'a str>, switch_ms: f64 },
     /// `wirl eval`: one held-out task judged.
     EvalTask { done: usize, total: usize, task: &'a str, greedy_passed: bool, samples: Option<(usize, usize)> },
 }

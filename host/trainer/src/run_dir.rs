@@ -36,7 +36,7 @@ pub fn config(run_dir: &Path) -> anyhow::Result<TrainConfig> {
     let path = run_dir.join(RESOLVED);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("{} is not a wirl run directory (no {RESOLVED})", run_dir.display()))?;
-    TrainConfig::parse(&text, &path.display().to_string(), Path::new(""))
+    TrainConfig::parse_resolved(&text, &path.display().to_string())
 }
 
 /// The newest complete checkpoint of the run in `run_dir`, its records cut back to it (the

@@ -61,6 +61,8 @@ impl EventWriter {
             ("time/score_s".into(), metrics.time_s.score),
             ("time/train_s".into(), metrics.time_s.train),
             ("time/total_s".into(), metrics.time_s.total),
+            // A step in this line marks a hot swap or rollback of the task set.
+            ("manifest/generation".into(), metrics.manifest_generation as f64),
         ];
         for (name, parts) in &metrics.parts {
             scalars.push((format!("parts/{name}"), f64::from(*parts)));

@@ -8,13 +8,15 @@
 //! one line of `metrics.jsonl`, the step's completions in `rollouts.jsonl`, and checkpoints.
 
 use crate::checkpoint::{self, Checkpoint};
-use crate::config::{RunConfig, TaskSpec};
+use crate::config::{RunConfig, TaskSpec, TrainConfig};
 use crate::control::Control;
+use crate::manifest::{self, Manifest, PluginStore};
 use crate::metrics::{
-    ConversationMessage, PluginHash, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes,
-    TaskMetrics,
+    ConversationMessage, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes, TaskMetrics,
 };
 use crate::observer::{Event, Observer, Phase};
+use crate::swap::{RecentGroup, Staged, SwapEvent, Swapper};
+use crate::tasks::{LoadedTask, load_tasks};
 use anyhow::{Context, bail};
 use candle_core::{DType, Device};
 use std::collections::BTreeMap;
@@ -24,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use wirl_engine::{EngineHandle, GenerateRequest, LoadOptions, Sampling, Tokenizer};
 use wirl_grpo::{GroupBatch, Learner, LossSettings, Net, Optimizer, Policy, UpdateSettings};
-use wirl_rollout::{RolloutGroup, Scorers, SkippedTask, StepTasks, TaskSource, sample_groups, seed_for};
+use wirl_rollout::{RolloutGroup, SkippedTask, StepTasks, TaskSource, sample_groups, seed_for};
 use wirl_sandbox::{Sandbox, SandboxSettings, printable};
 
 /// How a run ended, when it did not fail.
@@ -61,15 +63,6 @@ struct HeldOut {
     by_task: BTreeMap<String, f32>,
 }
 
-/// A task of the run, loaded: its source and scorers.
-struct LoadedTask {
-    spec: TaskSpec,
-    source: TaskSource,
-    scorers: Scorers,
-    /// Its plugins (environment, rewards), as its rollouts record them.
-    hashes: Vec<PluginHash>,
-}
-
 pub struct Trainer {
     config: RunConfig,
     run_dir: PathBuf,
@@ -82,21 +75,69 @@ pub struct Trainer {
     allocation: Vec<usize>,
     model_config: wirl_engine::Config,
     control: Control,
+    /// The task set in force, its plugins by sha256.
+    manifest: Manifest,
+    /// The task set before the last switch, loaded (warm), for a rollback.
+    previous: Option<Previous>,
+    /// A resumed run's later generations, switched in again at their steps.
+    scheduled: std::collections::VecDeque<Manifest>,
+    swapper: Arc<Swapper>,
+    /// The weights version this session started from (a resumed run's at its checkpoint):
+    /// the engine counts from 0, records add this.
+    weights_base: u64,
+    /// Weight writes this session.
+    weights_written: u64,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
-    _sandbox: Sandbox,
+    sandbox: Sandbox,
+}
+
+/// A task set switched away from, still loaded.
+struct Previous {
+    manifest: Manifest,
+    specs: Vec<TaskSpec>,
+    tasks: Vec<LoadedTask>,
+    allocation: Vec<usize>,
 }
 
 impl Trainer {
     /// Load the policy (the base model at `model`, or `resume`'s weights and optimizer
-    /// moments), the engine sharing its storage, the task source and the reward plugins.
+    /// moments), the engine sharing its storage, and the tasks of the run manifest: a new
+    /// run's from `config` (its plugins' bytes kept in the run directory), a resumed run's
+    /// as in force at its checkpoint (the later generations are switched in again at their
+    /// steps). `config` is the run's resolved config.
     pub fn new(
-        config: RunConfig,
+        base: TrainConfig,
         model: &Path,
         run_dir: &Path,
         resume: Option<&Checkpoint>,
         control: Control,
         observer: &mut dyn Observer,
     ) -> anyhow::Result<Self> {
+        let store = PluginStore::new(run_dir);
+        let history = manifest::history(run_dir)?;
+        let next_generation = history.last().map_or(0, |m| m.generation + 1);
+        let in_force = resume.and_then(|c| c.state.manifest_generation);
+        let (manifest, scheduled) = match in_force {
+            Some(generation) => {
+                let Some(manifest) = history.iter().find(|m| m.generation == generation).cloned() else {
+                    bail!(
+                        "{}: the checkpoint names manifest generation {generation}, which is not in {}",
+                        run_dir.display(),
+                        run_dir.join("manifests").display()
+                    );
+                };
+                let later = history.into_iter().filter(|m| m.generation > generation).collect();
+                (manifest, later)
+            }
+            None => {
+                let manifest = Manifest::keep(next_generation, 0, "start", base.task_set(), &store)?;
+                manifest.write(run_dir)?;
+                (manifest, Default::default())
+            }
+        };
+        let mut config = base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
+        manifest.pin(&mut config, &store)?;
+
         let device = Device::Cpu;
         let options = LoadOptions { dtype: Some(DType::F32), ..Default::default() };
         let policy_path = resume.map_or(model.to_path_buf(), Checkpoint::model_dir);
@@ -135,40 +176,17 @@ impl Trainer {
                 shares.join(", ")
             );
         }
-        let mut tasks = Vec::new();
-        for (spec, &groups) in config.tasks.iter().zip(&allocation.groups) {
-            let name = &spec.name;
-            let mut source = TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
-            if groups > 0 && !source.can_train() {
-                bail!(
-                    "task `{name}`: its dataset has no `train` file: name one to train (evaluation needs only `eval`)"
-                );
-            }
-            if spec.max_turns > 1 {
-                let TaskSource::Environment { plugin, .. } = &mut source else {
-                    bail!("task `{name}`: max_turns = {} needs an environment plugin", spec.max_turns);
-                };
-                let description = plugin.describe().map_err(|f| anyhow::anyhow!("task `{name}`: describe: {f}"))?;
-                if !description.episodes {
-                    bail!(
-                        "task `{name}`: max_turns = {}, but its environment `{}` has no episodes (describe says so): \
-                         set max_turns = 1 and give it reward plugins",
-                        spec.max_turns,
-                        plugin.plugin().name()
-                    );
-                }
-                wirl_rollout::check_template(&tokenizer)
-                    .with_context(|| format!("task `{name}` (max_turns = {})", spec.max_turns))?;
-            }
-            let scorers = Scorers::load(&sandbox, &spec.rewards).with_context(|| format!("task `{name}`"))?;
-            let hashes = source
-                .plugin()
-                .into_iter()
-                .chain(scorers.plugins())
-                .map(|p| PluginHash { name: p.name().to_string(), sha256: p.sha256().to_string() })
-                .collect();
-            tasks.push(LoadedTask { spec: spec.clone(), source, scorers, hashes });
-        }
+        let tasks = load_tasks(&sandbox, &config, &allocation.groups, &tokenizer)?;
+        let swapper = Arc::new(Swapper::new(
+            base,
+            run_dir,
+            sandbox.clone(),
+            tokenizer.clone(),
+            manifest.clone(),
+            next_generation.max(manifest.generation + 1),
+            &tasks,
+        ));
+        control.attach(swapper.clone());
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
         if let Some(checkpoint) = resume {
@@ -185,7 +203,13 @@ impl Trainer {
             tasks,
             allocation: allocation.groups,
             control,
-            _sandbox: sandbox,
+            manifest,
+            previous: None,
+            scheduled,
+            swapper,
+            weights_base: resume.map_or(0, |c| c.state.weights_version.unwrap_or(c.state.optimizer_steps as u64)),
+            weights_written: 0,
+            sandbox,
         })
     }
 
@@ -204,6 +228,141 @@ impl Trainer {
             }
         }
         hashes
+    }
+
+    /// Between steps: switch in a resumed run's later generations at their steps, a staged
+    /// task set or a rollback; wait while paused. Whether the run was stopped meanwhile.
+    fn boundary(&mut self, step: usize, observer: &mut dyn Observer) -> anyhow::Result<bool> {
+        loop {
+            while self.scheduled.front().is_some_and(|m| m.from_step <= step) {
+                let manifest = self.scheduled.pop_front().expect("just looked");
+                let staged = self.stage(manifest)?;
+                self.switch(step, staged, false, observer)?;
+            }
+            // A rollback first; a set staged meanwhile waits for the next boundary.
+            let rollback = self.swapper.state().rollback.take();
+            if let Some(reason) = rollback {
+                self.roll_back(step, &reason, observer)?;
+            } else {
+                let staged = self.swapper.state().staged.take();
+                if let Some(staged) = staged {
+                    self.switch(step, staged, true, observer)?;
+                }
+            }
+            self.swapper.state().replaying_until = self.scheduled.back().map(|m| m.from_step);
+            let (stopped, paused) = (self.control.is_stopped(), self.control.is_paused());
+            self.swapper.state().status.held = paused && !stopped;
+            if stopped {
+                return Ok(true);
+            }
+            if !paused {
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// A manifest of this run, loaded from its kept bytes.
+    fn stage(&self, manifest: Manifest) -> anyhow::Result<Staged> {
+        let mut run = self.swapper.base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
+        manifest.pin(&mut run, &self.swapper.store)?;
+        let allocation = run.allocation()?.groups;
+        let tasks = load_tasks(&self.sandbox, &run, &allocation, &self.tokenizer)
+            .with_context(|| format!("manifest generation {}", manifest.generation))?;
+        Ok(Staged {
+            manifest,
+            run,
+            tasks,
+            allocation,
+            changes: Vec::new(),
+            changed_tasks: Default::default(),
+            report: None,
+        })
+    }
+
+    /// Put `staged` in force from step `step + 1`; the set it replaces stays loaded. A new
+    /// version goes on probation (`on_probation`; not for a resumed run's replays, whose
+    /// rollbacks are generations of their own).
+    fn switch(
+        &mut self,
+        step: usize,
+        staged: Staged,
+        on_probation: bool,
+        observer: &mut dyn Observer,
+    ) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let Staged { mut manifest, run, tasks, allocation, changes, changed_tasks: changed, report } = staged;
+        manifest.from_step = step;
+        let old_tasks = std::mem::replace(&mut self.tasks, tasks);
+        let old_allocation = std::mem::replace(&mut self.allocation, allocation);
+        let old_specs = std::mem::replace(&mut self.config.tasks, run.tasks);
+        let old_manifest = std::mem::replace(&mut self.manifest, manifest.clone());
+        let switch_ms = started.elapsed().as_secs_f64() * 1e3;
+        manifest.write(&self.run_dir)?;
+        // On probation: the changed tasks, and the new bytes, which a rollback puts on back-off.
+        let old_shas: std::collections::BTreeSet<&String> = old_manifest.plugins.values().collect();
+        let new_plugins: Vec<String> =
+            manifest.plugins.values().filter(|sha| !old_shas.contains(sha)).cloned().collect();
+        let probation = (on_probation && !changed.is_empty()).then_some((changed, new_plugins));
+        self.swapper.switched(&manifest, Some(old_manifest.clone()), probation);
+        self.previous =
+            Some(Previous { manifest: old_manifest, specs: old_specs, tasks: old_tasks, allocation: old_allocation });
+        let mut event = SwapEvent::new(step, "applied");
+        event.generation = Some(manifest.generation);
+        event.reason = Some(if on_probation {
+            manifest.reason.clone()
+        } else {
+            format!("{} (replayed on resume)", manifest.reason)
+        });
+        event.changes = changes;
+        event.report = report;
+        event.switch_ms = Some(switch_ms);
+        self.announce(&event, observer);
+        Ok(())
+    }
+
+    /// Record a switch in `events.jsonl` and tell the observer.
+    fn announce(&self, event: &SwapEvent, observer: &mut dyn Observer) {
+        self.swapper.record(event);
+        observer.event(Event::Swap {
+            step: event.step,
+            kind: &event.kind,
+            generation: event.generation.unwrap_or_default(),
+            changes: &event.changes,
+            reason: event.reason.as_deref(),
+            switch_ms: event.switch_ms.unwrap_or_default(),
+        });
+    }
+
+    /// Put the task set before the last switch back in force (a new generation), from its
+    /// loaded plugins.
+    fn roll_back(&mut self, step: usize, reason: &str, observer: &mut dyn Observer) -> anyhow::Result<()> {
+        let Some(previous) = self.previous.take() else {
+            tracing::warn!("a rollback was asked for, but no earlier task set is kept; nothing changed");
+            return Ok(());
+        };
+        let started = Instant::now();
+        let generation = self.swapper.take_generation();
+        let kind = if reason.starts_with("auto-rollback") { "auto-rollback" } else { "rollback" };
+        let manifest = Manifest { generation, from_step: step, reason: kind.to_string(), ..previous.manifest.clone() };
+        let left = std::mem::replace(&mut self.manifest, manifest.clone());
+        self.tasks = previous.tasks;
+        self.allocation = previous.allocation;
+        self.config.tasks = previous.specs;
+        let switch_ms = started.elapsed().as_secs_f64() * 1e3;
+        manifest.write(&self.run_dir)?;
+        self.swapper.switched(&manifest, None, None);
+        let changes = vec![format!(
+            "generation {} (as generation {}) replaces generation {}",
+            generation, previous.manifest.generation, left.generation
+        )];
+        let mut event = SwapEvent::new(step, "rolled-back");
+        event.generation = Some(generation);
+        event.reason = Some(reason.to_string());
+        event.changes = changes;
+        event.switch_ms = Some(switch_ms);
+        self.announce(&event, observer);
+        Ok(())
     }
 
     /// Greedy pass rates on every task's held-out problems (`eval.tasks` each), all
@@ -325,6 +484,8 @@ impl Trainer {
             held_out_before: before.overall,
             held_out_before_by_task: before.by_task.clone(),
             plugins: self.plugin_hashes(),
+            manifest_generation: Some(self.manifest.generation),
+            weights_version: Some(self.weights_base + self.weights_written),
         };
         let dir = checkpoint::write(
             &self.run_dir,
@@ -371,6 +532,12 @@ impl Trainer {
         let mut step_times = Vec::new();
         let mut skipped_in_a_row = 0;
         for step in start..steps {
+            if self.boundary(step, observer)? {
+                // Stopped while paused between steps: nothing of the next step began.
+                rollouts.flush()?;
+                self.checkpoint(step, &before, observer)?;
+                return Ok(Outcome::Stopped { steps_done: step, abandoned: false });
+            }
             let Some(line) = self.step(step, &mut rollouts, observer)? else {
                 // Stopped before the step's first update: the step is abandoned, the weights
                 // are those of the last completed step.
@@ -379,6 +546,13 @@ impl Trainer {
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: true });
             };
             step_times.push(line.time_s.total);
+            {
+                let mut state = self.swapper.state();
+                state.status.step = step + 1;
+                state.status.tasks = line.tasks.clone();
+                state.status.reward_mean = line.reward_mean;
+                state.status.pass_rate = line.pass_rate;
+            }
             serde_json::to_writer(&mut metrics, &line)?;
             writeln!(metrics)?;
             metrics.flush()?;
@@ -467,11 +641,15 @@ impl Trainer {
             let first = step as u64 * groups;
             let max_tokens = task.spec.sampling.max_tokens;
             let tokenizer = &self.tokenizer;
+            let drawn = wirl_rollout::step_tasks(&mut task.source, first..first + groups, |problem| {
+                wirl_rollout::fitting_prompt(tokenizer, problem, max_tokens, context)
+            });
+            if stopped() {
+                // A stop cuts the environment's calls short: their failures are not its own.
+                return Ok(None);
+            }
             let StepTasks { tasks, prompts, skipped: skips } =
-                wirl_rollout::step_tasks(&mut task.source, first..first + groups, |problem| {
-                    wirl_rollout::fitting_prompt(tokenizer, problem, max_tokens, context)
-                })
-                .with_context(|| format!("task `{}`", task.spec.name))?;
+                drawn.with_context(|| format!("task `{}`", task.spec.name))?;
             picked.extend(tasks.into_iter().zip(prompts).map(|(problem, prompt)| (t, problem, prompt)));
             skipped.extend(skips.into_iter().map(|skip| (t, skip)));
         }
@@ -644,6 +822,7 @@ impl Trainer {
             return Ok(None);
         };
         let train_s = train_started.elapsed().as_secs_f64();
+        self.weights_written += update.weight_writes;
 
         // Records.
         for (t, skip) in &skipped {
@@ -679,6 +858,8 @@ impl Trainer {
                     failures: score.failures.clone(),
                     notes: score.notes.clone(),
                     plugins: self.tasks[t].hashes.clone(),
+                    weights_version: self.weights_base + trajectory.weights_version,
+                    manifest_generation: self.manifest.generation,
                 };
                 serde_json::to_writer(&mut *rollouts, &record)?;
                 writeln!(rollouts)?;
@@ -709,8 +890,38 @@ impl Trainer {
             );
         }
         let step_tokens: usize = batches.iter().flat_map(|b| b.completions.iter().map(Vec::len)).sum();
+
+        // A version on probation is judged by its first trajectories; the groups are kept for
+        // a later swap's rewards to re-score.
+        let outcomes: Vec<(String, bool, Vec<String>)> = groups
+            .iter()
+            .flat_map(|g| {
+                g.scores.iter().map(move |s| (g.task_name.clone(), !s.failures.is_empty(), s.failures.clone()))
+            })
+            .collect();
+        if self.scheduled.is_empty()
+            && let Some(reason) = self.swapper.watch_probation(&outcomes)
+        {
+            self.swapper.state().rollback = Some(reason);
+        }
+        let recent = groups
+            .iter()
+            .filter(|g| g.trajectories.iter().all(|t| t.turns <= 1))
+            .map(|g| {
+                let group = RecentGroup {
+                    step: step + 1,
+                    task: g.task.clone(),
+                    completions: g.trajectories.iter().map(|t| t.text.clone()).collect(),
+                    rewards: g.scores.iter().map(|s| s.failures.is_empty().then_some(s.reward)).collect(),
+                };
+                (g.task_name.clone(), group)
+            })
+            .collect();
+        self.swapper.remember(step + 1, recent);
+
         Ok(Some(StepMetrics {
             step: step + 1,
+            manifest_generation: self.manifest.generation,
             learning_rate,
             reward_mean: figures.reward_mean,
             reward_std: figures.reward_std,

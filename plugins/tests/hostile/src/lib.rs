@@ -4,8 +4,9 @@
 //!
 //! With config `trap_odd_tasks = true` it traps whenever the task id ends in an odd number
 //! (the trainer's test: a reward plugin that fails every other call); with
-//! `nan_odd_tasks = true` it scores those NaN instead; with `sleep_ms = N` every call first
-//! sleeps N ms (blocked in the host, on a clock pollable).
+//! `nan_odd_tasks = true` it scores those NaN instead; with `trap_always = true` it traps on
+//! every call (the hot-swap tests' plugin that must be rolled back); with `sleep_ms = N`
+//! every call first sleeps N ms (blocked in the host, on a clock pollable).
 
 use std::hint::black_box;
 use wirl_sdk::reward::{Reward, Score, Task};
@@ -27,7 +28,8 @@ fn trap_for(task: &Task) -> bool {
     if sleep_ms > 0 {
         std::thread::sleep(std::time::Duration::from_millis(sleep_ms));
     }
-    odd_task_with("trap_odd_tasks", task)
+    let always: bool = wirl_sdk::reward::config::get_or("trap_always", false).unwrap_or(false);
+    always || odd_task_with("trap_odd_tasks", task)
 }
 
 impl Reward for Hostile {

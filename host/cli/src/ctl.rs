@@ -1,0 +1,343 @@
+//! `wirl ctl RUN_DIR …`: a running training's control, over a Unix socket in its run
+//! directory (`control.sock`, owner-only; a peer of another user is refused). One JSON
+//! request per connection, one JSON reply: the operations of `wirl_trainer::Control`.
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use wirl_trainer::config::TaskSet;
+use wirl_trainer::{ApplyOptions, Control, Report, RunStatus, TrainConfig};
+
+/// The socket's name in the run directory.
+pub const SOCKET: &str = "control.sock";
+/// The largest request read (a task set is a few KiB).
+const MAX_REQUEST_BYTES: u64 = 4 << 20;
+/// Connections served at once; more wait in the listen queue.
+const MAX_CONNECTIONS: usize = 8;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+enum Request {
+    Status,
+    Apply { tasks: TaskSet, options: ApplyOptions },
+    Rollback,
+    Pause,
+    Resume,
+    Stop,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Reply {
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status: Option<RunStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    report: Option<Report>,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The run directory of a running `wirl train`.
+    run_dir: PathBuf,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum CtlCommand {
+    /// The step, the manifest in force (tasks, weights, plugins by sha256), staged changes,
+    /// the last step's figures per task.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace the run's tasks with those of a file (`[[tasks]]` and shared `[[rewards]]`,
+    /// paths relative to it): checked beside training, switched in at the next step boundary.
+    Apply {
+        tasks: PathBuf,
+        /// Print what would change and how the checks went; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Let a replaced plugin import interfaces its version in force did not.
+        #[arg(long)]
+        allow_capabilities: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Go back to the task set before the last switch (kept loaded), at the next step boundary.
+    Rollback,
+    /// Hold the run after its current step.
+    Pause,
+    /// Let a paused run go on.
+    Resume,
+    /// Stop the run as Ctrl-C does (checkpointed; `wirl train --resume` continues it).
+    Stop,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let (request, json) = match args.command {
+        CtlCommand::Status { json } => (Request::Status, json),
+        CtlCommand::Apply { tasks, dry_run, allow_capabilities, json } => {
+            let set = TrainConfig::read_task_set(&tasks)?;
+            let options = ApplyOptions {
+                dry_run,
+                allow_new_capabilities: allow_capabilities,
+                origin: tasks.display().to_string(),
+                reason: "apply".into(),
+            };
+            (Request::Apply { tasks: set, options }, json)
+        }
+        CtlCommand::Rollback => (Request::Rollback, false),
+        CtlCommand::Pause => (Request::Pause, false),
+        CtlCommand::Resume => (Request::Resume, false),
+        CtlCommand::Stop => (Request::Stop, false),
+    };
+    let dry_run = matches!(&request, Request::Apply { options, .. } if options.dry_run);
+    let reply = call(&args.run_dir, &request)?;
+    if json {
+        println!("{}", serde_json::to_string(&reply)?);
+    } else {
+        if let Some(status) = &reply.status {
+            print_status(status);
+        }
+        if let Some(report) = &reply.report {
+            print_report(report);
+        }
+        if let Some(message) = &reply.message {
+            if reply.ok { println!("{message}") } else { eprintln!("error: {message}") }
+        }
+        if reply.ok && dry_run {
+            println!("dry run: nothing changed");
+        }
+    }
+    Ok(if reply.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Send one request to the run in `run_dir`, read its reply.
+fn call(run_dir: &Path, request: &Request) -> anyhow::Result<Reply> {
+    let path = run_dir.join(SOCKET);
+    let mut stream = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "no training answers in {} (no {SOCKET}, or its process is gone): start one with `wirl train`, or \
+             continue it with `wirl train --resume {0}`",
+            run_dir.display()
+        )
+    })?;
+    // A swap's checks re-score recent rollouts: allow them time.
+    stream.set_read_timeout(Some(Duration::from_secs(600)))?;
+    stream.write_all(serde_json::to_string(request)?.as_bytes())?;
+    stream.write_all(b"\n")?;
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut text = String::new();
+    stream.take(MAX_REQUEST_BYTES * 4).read_to_string(&mut text).context("reading the run's reply")?;
+    serde_json::from_str(&text).with_context(|| format!("the run's reply is not understood: {:.200}", text))
+}
+
+/// Removes the socket when the run ends.
+pub struct Served {
+    path: PathBuf,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serve `control` on `RUN_DIR/control.sock` from a thread, until the returned guard drops.
+/// A live run already answering there is an error; a socket that cannot be made (a path
+/// too long for one) is a warning: the run goes on without `wirl ctl`.
+pub fn serve(run_dir: &Path, control: Control) -> anyhow::Result<Option<Served>> {
+    let path = run_dir.join(SOCKET);
+    if path.exists() {
+        if UnixStream::connect(&path).is_ok() {
+            bail!(
+                "another wirl is training in {} (its {SOCKET} answers): stop it (`wirl ctl {0} stop`) first",
+                run_dir.display()
+            );
+        }
+        // Left by a run that was killed.
+        std::fs::remove_file(&path).with_context(|| format!("removing the stale {}", path.display()))?;
+    }
+    let listener = match UnixListener::bind(&path) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::warn!("no control socket at {} ({error}): `wirl ctl` cannot reach this run", path.display());
+            return Ok(None);
+        }
+    };
+    let served = Served { path: path.clone() };
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    std::thread::Builder::new().name("wirl-control".into()).spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            if !same_user(&stream) {
+                tracing::warn!("control socket: a connection from another user was refused");
+                continue;
+            }
+            if busy.load(std::sync::atomic::Ordering::SeqCst) >= MAX_CONNECTIONS {
+                let _ = reply(
+                    &stream,
+                    &Reply { message: Some("busy: too many control requests at once".into()), ..Default::default() },
+                );
+                continue;
+            }
+            let (control, busy) = (control.clone(), busy.clone());
+            busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let spawned = std::thread::Builder::new().name("wirl-control-request".into()).spawn(move || {
+                answer(stream, &control);
+                busy.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            });
+            if spawned.is_err() {
+                tracing::warn!("control socket: cannot start a thread for a request");
+            }
+        }
+    })?;
+    Ok(Some(served))
+}
+
+/// Read one request, act on it, reply.
+fn answer(stream: UnixStream, control: &Control) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut line = String::new();
+    let read = BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line);
+    let request = match read {
+        Err(error) => Err(format!("cannot read the request: {error}")),
+        Ok(_) if !line.ends_with('\n') => {
+            Err(format!("the request is not one line of at most {MAX_REQUEST_BYTES} bytes"))
+        }
+        Ok(_) => serde_json::from_str::<Request>(&line).map_err(|e| format!("not a control request: {e}")),
+    };
+    let answer = match request {
+        Err(message) => Reply { message: Some(message), ..Default::default() },
+        Ok(request) => act(request, control),
+    };
+    let _ = reply(&stream, &answer);
+}
+
+fn act(request: Request, control: &Control) -> Reply {
+    let status = |result: anyhow::Result<RunStatus>| match result {
+        Ok(status) => Reply { ok: true, status: Some(status), ..Default::default() },
+        Err(error) => Reply { message: Some(format!("{error:#}")), ..Default::default() },
+    };
+    match request {
+        Request::Status => status(control.status()),
+        Request::Pause => status(control.pause()),
+        Request::Resume => status(control.resume()),
+        Request::Stop => {
+            control.stop();
+            Reply { ok: true, message: Some("stopping: the run checkpoints and ends".into()), ..Default::default() }
+        }
+        Request::Rollback => match control.rollback() {
+            Ok(message) => Reply { ok: true, message: Some(message), ..Default::default() },
+            Err(error) => Reply { message: Some(format!("{error:#}")), ..Default::default() },
+        },
+        Request::Apply { tasks, options } => {
+            let dry_run = options.dry_run;
+            match control.apply(tasks, &options) {
+                Ok(report) => Reply {
+                    ok: true,
+                    message: (!dry_run).then(|| {
+                        format!("staged as generation {}: switched in at the next step boundary", report.generation)
+                    }),
+                    report: Some(report),
+                    ..Default::default()
+                },
+                Err(refusal) => Reply { message: Some(refusal.message), report: refusal.report, ..Default::default() },
+            }
+        }
+    }
+}
+
+fn reply(mut stream: &UnixStream, reply: &Reply) -> std::io::Result<()> {
+    stream.write_all(serde_json::to_string(reply).unwrap_or_default().as_bytes())?;
+    stream.write_all(b"\n")
+}
+
+/// Whether the peer runs as this process's user.
+fn same_user(stream: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut credentials = libc::ucred { pid: 0, uid: u32::MAX, gid: u32::MAX };
+    let mut length = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `length` bytes into `credentials`, a valid ucred.
+    let done = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut credentials as *mut libc::ucred).cast(),
+            &mut length,
+        )
+    };
+    // SAFETY: getuid has no preconditions.
+    done == 0 && credentials.uid == unsafe { libc::getuid() }
+}
+
+fn print_status(status: &RunStatus) {
+    let mut state = String::new();
+    if status.paused {
+        state.push_str(" (paused)");
+    }
+    if status.stopping {
+        state.push_str(" (stopping)");
+    }
+    println!("run {}: step {}/{}{state}", status.run_dir.display(), status.step, status.steps);
+    if let Some(manifest) = &status.manifest {
+        println!(
+            "manifest generation {} ({}, from step {}){}",
+            manifest.generation,
+            manifest.reason,
+            manifest.from_step,
+            if status.can_roll_back { "; the previous one is kept for a rollback" } else { "" }
+        );
+        for task in &manifest.tasks.tasks {
+            let figures = status.tasks.get(&task.name).map_or(String::new(), |m| {
+                format!("  groups {}  reward {:.3}  pass {:.3}", m.groups, m.reward_mean, m.pass_rate)
+            });
+            let only = if task.eval_only { " (eval only)" } else { "" };
+            println!("  task {}  weight {}{only}{figures}", task.name, task.weight);
+        }
+        for (reference, sha256) in &manifest.plugins {
+            println!("  plugin {reference}  sha256 {sha256}");
+        }
+    }
+    for change in &status.staged {
+        println!("staged: {change}");
+    }
+    for (sha256, seconds) in &status.backoff_s {
+        println!("back-off: sha256 {} may be applied again in {seconds:.0} s", &sha256[..12.min(sha256.len())]);
+    }
+}
+
+fn print_report(report: &Report) {
+    for change in &report.changes {
+        println!("change: {change}");
+    }
+    for check in &report.checks {
+        let kinds: Vec<String> = check.failures.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let mut line =
+            format!("check: task {} {}: {} calls, {} failed", check.task, check.kind, check.calls, check.failed);
+        if !kinds.is_empty() {
+            line.push_str(&format!(" ({})", kinds.join(", ")));
+        }
+        if let (Some(old), Some(new)) = (check.reward_mean_old, check.reward_mean_new) {
+            line.push_str(&format!(
+                "; reward mean {old:.3} -> {new:.3}; {} flip to pass, {} to fail",
+                check.flips_to_pass, check.flips_to_fail
+            ));
+        }
+        if let Some(note) = &check.note {
+            line.push_str(&format!("; {note}"));
+        }
+        println!("{line}");
+    }
+    println!("failure rate of the checks: {:.1}%", report.failure_rate * 100.0);
+}

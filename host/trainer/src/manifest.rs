@@ -1,0 +1,196 @@
+//! The run manifest: the task set in force (tasks, weights, sources, rewards, plugin configs
+//! and limits) and every plugin it names by the sha256 of its bytes, which are kept in the
+//! run directory (`plugins/SHA256.wasm`), so that a run never depends on files the user
+//! rebuilds later. Each change of the task set is a new generation, written to
+//! `manifests/GENERATION.json` with the step it took effect at; checkpoints record the
+//! generation in force, and `--resume` replays the later ones at their steps.
+
+use crate::config::{RunConfig, TaskSet, TaskSpec};
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use wirl_rollout::SourceSpec;
+
+/// The largest plugin file kept (the sandbox loads none larger).
+const MAX_PLUGIN_BYTES: u64 = 256 << 20;
+
+/// One generation of a run's task set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// 0 at the start of the run, one more for each applied change or rollback.
+    pub generation: u64,
+    /// Steps done when it took effect: it produced steps `from_step + 1` on.
+    pub from_step: usize,
+    /// Why it came: `start`, `apply`, `watch`, `rollback`, `auto-rollback`.
+    pub reason: String,
+    pub tasks: TaskSet,
+    /// Every plugin the task set names (its path as written, or `builtin:NAME`) → the sha256
+    /// of the bytes in force, kept in the run directory.
+    pub plugins: BTreeMap<String, String>,
+}
+
+impl Manifest {
+    /// A generation of `tasks` whose plugins are read now (files or built-ins) and kept in
+    /// `store`.
+    pub fn keep(
+        generation: u64,
+        from_step: usize,
+        reason: &str,
+        tasks: TaskSet,
+        store: &PluginStore,
+    ) -> anyhow::Result<Self> {
+        let mut plugins = BTreeMap::new();
+        for reference in references(&tasks) {
+            let sha256 = store.keep(&reference)?;
+            plugins.insert(reference.display().to_string(), sha256);
+        }
+        Ok(Manifest { generation, from_step, reason: reason.to_string(), tasks, plugins })
+    }
+
+    /// The sha256 in force for the plugin named `reference`.
+    pub fn sha256_of(&self, reference: &Path) -> Option<&str> {
+        self.plugins.get(&reference.display().to_string()).map(String::as_str)
+    }
+
+    /// Point every plugin of `run`'s tasks at its kept bytes.
+    pub fn pin(&self, run: &mut RunConfig, store: &PluginStore) -> anyhow::Result<()> {
+        for task in &mut run.tasks {
+            for (reference, stored) in plugin_slots(task) {
+                let sha256 = self.sha256_of(reference).with_context(|| {
+                    format!("the manifest (generation {}) has no sha256 for {}", self.generation, reference.display())
+                })?;
+                let path = store.path(sha256);
+                if !path.is_file() {
+                    bail!(
+                        "{}: the bytes of {} (sha256 {sha256}) are missing from the run directory",
+                        path.display(),
+                        reference.display()
+                    );
+                }
+                *stored = Some(path);
+            }
+        }
+        Ok(())
+    }
+
+    /// Write `manifests/GENERATION.json` (atomically).
+    pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
+        let dir = run_dir.join("manifests");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("{:06}.json", self.generation));
+        write_atomically(&path, (serde_json::to_string_pretty(self)? + "\n").as_bytes())
+    }
+}
+
+/// Every generation written in `run_dir`, oldest first.
+pub fn history(run_dir: &Path) -> anyhow::Result<Vec<Manifest>> {
+    let dir = run_dir.join("manifests");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(Vec::new());
+    };
+    let mut manifests = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let manifest: Manifest =
+            serde_json::from_str(&text).with_context(|| format!("{}: not a run manifest", path.display()))?;
+        manifests.push(manifest);
+    }
+    manifests.sort_by_key(|m| m.generation);
+    Ok(manifests)
+}
+
+/// Plugin files and built-ins named by a task set, each once, in order.
+pub fn references(tasks: &TaskSet) -> Vec<PathBuf> {
+    let mut all: Vec<PathBuf> = Vec::new();
+    let rewards = |rewards: &[crate::config::RewardSection], all: &mut Vec<PathBuf>| {
+        for reward in rewards {
+            all.push(reward.plugin.clone());
+            all.extend(reward.code_runner.as_ref().map(|r| r.plugin.clone()));
+        }
+    };
+    for task in &tasks.tasks {
+        all.extend(task.environment.as_ref().map(|e| e.plugin.clone()));
+        all.extend(task.agent.as_ref().map(|a| a.plugin.clone()));
+        rewards(&task.rewards, &mut all);
+    }
+    rewards(&tasks.rewards, &mut all);
+    let mut seen = std::collections::BTreeSet::new();
+    all.retain(|path| seen.insert(path.clone()));
+    all
+}
+
+/// Each plugin of a task: its reference and where its kept bytes are.
+fn plugin_slots(task: &mut TaskSpec) -> Vec<(&Path, &mut Option<PathBuf>)> {
+    let mut slots = Vec::new();
+    match &mut task.source {
+        SourceSpec::Environment { plugin, .. } | SourceSpec::Agent { plugin, .. } => {
+            slots.push((plugin.path.as_path(), &mut plugin.stored));
+        }
+        SourceSpec::Dataset { .. } => {}
+    }
+    for reward in &mut task.rewards {
+        slots.push((reward.plugin.path.as_path(), &mut reward.plugin.stored));
+        if let Some(runner) = &mut reward.code_runner {
+            slots.push((runner.path.as_path(), &mut runner.stored));
+        }
+    }
+    slots
+}
+
+/// `RUN_DIR/plugins`: plugin bytes by sha256.
+#[derive(Clone, Debug)]
+pub struct PluginStore {
+    dir: PathBuf,
+}
+
+impl PluginStore {
+    pub fn new(run_dir: &Path) -> Self {
+        PluginStore { dir: run_dir.join("plugins") }
+    }
+
+    /// Where the bytes of `sha256` are kept.
+    pub fn path(&self, sha256: &str) -> PathBuf {
+        self.dir.join(format!("{sha256}.wasm"))
+    }
+
+    /// The bytes of a plugin reference (a file, or a built-in) as they are now.
+    pub fn read(reference: &Path) -> anyhow::Result<Vec<u8>> {
+        if let Some(builtin) = wirl_builtins::lookup(reference).map_err(|message| anyhow::anyhow!(message))? {
+            return Ok(builtin.bytes.to_vec());
+        }
+        let metadata =
+            std::fs::metadata(reference).with_context(|| format!("cannot read plugin {}", reference.display()))?;
+        if !metadata.is_file() {
+            bail!("{}: not a regular file; a plugin is a .wasm component file", reference.display());
+        }
+        if metadata.len() > MAX_PLUGIN_BYTES {
+            bail!("{}: {} MiB, more than the largest plugin wirl loads", reference.display(), metadata.len() >> 20);
+        }
+        std::fs::read(reference).with_context(|| format!("cannot read plugin {}", reference.display()))
+    }
+
+    /// Keep the bytes of `reference` as they are now; their sha256.
+    pub fn keep(&self, reference: &Path) -> anyhow::Result<String> {
+        let bytes = Self::read(reference)?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let path = self.path(&sha256);
+        if !path.is_file() {
+            std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
+            write_atomically(&path, &bytes)?;
+        }
+        Ok(sha256)
+    }
+}
+
+/// Write through a temporary file and a rename, so a reader (or a kill) never sees half a file.
+fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&temporary, bytes).with_context(|| format!("writing {}", temporary.display()))?;
+    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+}

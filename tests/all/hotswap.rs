@@ -1,0 +1,409 @@
+//! Hot swap on a live `wirl train` (the tiny model, real plugins), driven as a user drives
+//! it: `wirl ctl RUN_DIR pause | apply | resume | rollback | stop` over the run's socket.
+
+use crate::engine::write_tiny_model;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use wirl_test_artifacts::{ARITHMETIC, EXACT_MATCH, HOSTILE, MATH_ANSWER};
+
+/// A `wirl train` running in the background on the tiny model.
+struct Live {
+    dir: tempfile::TempDir,
+    run_dir: PathBuf,
+    child: Child,
+}
+
+/// Two tasks of the arithmetic environment sharing `reward.wasm` (a copy of math-answer).
+fn tasks_toml(weights: (u32, u32), extra: &str) -> String {
+    format!(
+        r#"
+[[tasks]]
+name = "sums"
+weight = {}
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+config = {{ shots = false }}
+
+[[tasks]]
+name = "more"
+weight = {}
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+seed = 1
+config = {{ shots = false }}
+{extra}
+[[rewards]]
+plugin = "reward.wasm"
+"#,
+        weights.0, weights.1
+    )
+}
+
+impl Live {
+    fn start() -> Live {
+        Self::start_with(&[])
+    }
+
+    fn start_with(flags: &[&str]) -> Live {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        std::fs::create_dir_all(&model).unwrap();
+        write_tiny_model(&model, false);
+        std::fs::copy(MATH_ANSWER, dir.path().join("reward.wasm")).unwrap();
+        let config = format!(
+            r#"
+[model]
+path = {model:?}
+{}
+[sampling]
+max_tokens = 4
+
+[grpo]
+steps = 400
+prompts_per_step = 4
+group_size = 2
+learning_rate = 1e-3
+beta = 0.0
+seed = 1
+checkpoint_every = 1
+
+[swap]
+rollback_window = 4
+
+[eval]
+tasks = 0
+"#,
+            tasks_toml((1, 1), "")
+        );
+        std::fs::write(dir.path().join("train.toml"), config).unwrap();
+        let run_dir = dir.path().join("run");
+        let log = std::fs::File::create(dir.path().join("train.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("train")
+            .arg(dir.path().join("train.toml"))
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let live = Live { dir, run_dir, child };
+        live.wait_for("the control socket", || live.ctl(&["status", "--json"]).0);
+        live
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("train.log")).unwrap_or_default()
+    }
+
+    /// `wirl ctl RUN_DIR ARGS…`: success, and what it said.
+    fn ctl(&self, args: &[&str]) -> (bool, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("ctl")
+            .arg(&self.run_dir)
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+        (output.status.success(), said)
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let (ok, said) = self.ctl(&["status", "--json"]);
+        assert!(ok, "{said}");
+        serde_json::from_str::<serde_json::Value>(&said).unwrap()["status"].clone()
+    }
+
+    fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !done() {
+            assert!(started.elapsed() < Duration::from_secs(120), "waited 2 min for {what}; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// Pause after at least `steps` steps and wait until the run is held between steps; the
+    /// steps done.
+    fn hold_after(&self, steps: u64) -> usize {
+        self.wait_for("steps", || self.status()["step"].as_u64().unwrap() >= steps);
+        let (ok, said) = self.ctl(&["pause"]);
+        assert!(ok, "{said}");
+        self.wait_for("the pause", || self.status()["held"] == true);
+        self.status()["step"].as_u64().unwrap() as usize
+    }
+
+    /// Apply a task set file written next to the config.
+    fn apply(&self, name: &str, text: &str, flags: &[&str]) -> (bool, String) {
+        std::fs::write(self.path(name), text).unwrap();
+        let mut args = vec!["apply", name];
+        args.extend(flags);
+        self.ctl(&args)
+    }
+
+    /// Resume, let `more` steps run, stop; the exit code.
+    fn run_on_and_stop(mut self, more: usize) -> (Self, i32) {
+        let from = self.status()["step"].as_u64().unwrap() as usize;
+        assert!(self.ctl(&["resume"]).0);
+        self.wait_for("more steps", || metrics(&self.run_dir).len() >= from + more);
+        assert!(self.ctl(&["stop"]).0);
+        let code = self.child.wait().unwrap().code().unwrap_or(-1);
+        (self, code)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sha256_of(path: &str) -> String {
+    hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
+    lines(&run_dir.join("metrics.jsonl"))
+}
+
+/// The reward plugins' sha256 named by the rollouts of `step`.
+fn shas_at(run_dir: &Path, step: u64) -> Vec<String> {
+    let mut shas: Vec<String> = lines(&run_dir.join("rollouts.jsonl"))
+        .iter()
+        .filter(|r| r["step"] == step && r.get("plugins").is_some())
+        .flat_map(|r| r["plugins"].as_array().unwrap().iter().map(|p| p["sha256"].as_str().unwrap().to_string()))
+        .collect();
+    shas.sort();
+    shas.dedup();
+    shas
+}
+
+/// A reward replaced and the weights changed at step k: rollouts before name the old
+/// plugin's sha256, after it the new one's; group counts follow the weights from step k + 1;
+/// the switch is an event with its duration.
+#[test]
+fn a_swapped_reward_and_new_weights_take_effect_at_the_next_step() {
+    let live = Live::start();
+    let k = live.hold_after(1);
+    std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
+    let (ok, said) = live.apply("swap.toml", &tasks_toml((3, 1), ""), &["--dry-run"]);
+    assert!(ok && said.contains("dry run: nothing changed") && said.contains("reward.wasm: replaced"), "{said}");
+    assert_eq!(live.status()["manifest"]["generation"], 0, "a dry run changes nothing");
+    let (ok, said) = live.apply("swap.toml", &tasks_toml((3, 1), ""), &[]);
+    assert!(ok && said.contains("staged as generation 1"), "{said}");
+    assert!(said.contains("task `sums`: weight 1 -> 3") && said.contains("rescore"), "{said}");
+    let (live, code) = live.run_on_and_stop(3);
+    assert_eq!(code, 130, "stopped as by Ctrl-C:\n{}", live.log());
+
+    let (old, new) = (sha256_of(MATH_ANSWER), sha256_of(EXACT_MATCH));
+    let steps = metrics(&live.run_dir);
+    for line in &steps {
+        let step = line["step"].as_u64().unwrap();
+        let shas = shas_at(&live.run_dir, step);
+        let groups =
+            (line["tasks"]["sums"]["groups"].as_u64().unwrap(), line["tasks"]["more"]["groups"].as_u64().unwrap());
+        if step as usize <= k {
+            assert!(shas.contains(&old) && !shas.contains(&new), "step {step}: {shas:?}");
+            assert_eq!((groups, line["manifest_generation"].as_u64().unwrap()), ((2, 2), 0), "step {step}");
+        } else {
+            assert!(shas.contains(&new) && !shas.contains(&old), "step {step}: {shas:?}");
+            assert_eq!((groups, line["manifest_generation"].as_u64().unwrap()), ((3, 1), 1), "step {step}");
+        }
+    }
+    let events = lines(&live.run_dir.join("events.jsonl"));
+    let applied = events.iter().find(|e| e["kind"] == "applied").expect("an applied event");
+    assert_eq!((applied["step"].as_u64().unwrap() as usize, applied["generation"].as_u64()), (k, Some(1)));
+    assert!(applied["switch_ms"].as_f64().unwrap() < 50.0, "{applied}");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(live.run_dir.join("manifests/000001.json")).unwrap()).unwrap();
+    assert_eq!(manifest["from_step"].as_u64().unwrap() as usize, k);
+    assert!(live.run_dir.join(format!("plugins/{new}.wasm")).is_file(), "the new bytes are kept in the run");
+}
+
+/// Refused swaps name the file and the reason, are events, and leave the run going with the
+/// plugins in force (whose bytes the run keeps, whatever happens to the file).
+#[test]
+fn refused_swaps_leave_training_running_with_the_old_plugins() {
+    let live = Live::start();
+    let k = live.hold_after(2);
+    let cases = [
+        ("not a component", "not-wasm.wasm", "is not a WebAssembly file"),
+        ("the wrong world", "env-as-reward.wasm", "implements the environment-plugin world"),
+        ("a new capability", "reward.wasm", "--allow-capabilities"),
+    ];
+    std::fs::write(live.path("not-wasm.wasm"), "plain text").unwrap();
+    std::fs::copy(ARITHMETIC, live.path("env-as-reward.wasm")).unwrap();
+    std::fs::copy(HOSTILE, live.path("reward.wasm")).unwrap();
+    for (what, file, reason) in cases {
+        let text = tasks_toml((1, 1), "").replace("plugin = \"reward.wasm\"", &format!("plugin = {file:?}"));
+        let (ok, said) = live.apply("bad.toml", &text, &[]);
+        assert!(!ok && said.contains(file) && said.contains(reason), "{what}: {said}");
+    }
+    // Allowed its imports, a reward that traps on every call fails re-scoring the last
+    // steps' rollouts: refused with the report.
+    let trapping = tasks_toml((1, 1), "")
+        .replace("plugin = \"reward.wasm\"", "plugin = \"reward.wasm\"\nconfig = { trap_always = true }");
+    let (ok, said) = live.apply("bad.toml", &trapping, &["--allow-capabilities"]);
+    assert!(!ok && said.contains("validation failed") && said.contains("trap"), "{said}");
+    assert!(said.contains("rescore") && said.contains("failure rate of the checks: 100.0%"), "{said}");
+    assert_eq!(live.status()["manifest"]["generation"], 0);
+
+    let (live, code) = live.run_on_and_stop(1);
+    assert_eq!(code, 130, "{}", live.log());
+    let old = sha256_of(MATH_ANSWER);
+    assert_eq!(shas_at(&live.run_dir, k as u64 + 1).iter().filter(|s| **s == old).count(), 1);
+    let refused: Vec<serde_json::Value> =
+        lines(&live.run_dir.join("events.jsonl")).into_iter().filter(|e| e["kind"] == "refused").collect();
+    assert_eq!(refused.len(), 4, "{refused:?}");
+    assert!(refused[3]["report"]["failure_rate"].as_f64().unwrap() > 0.99);
+}
+
+/// A new task whose reward traps on every call passes validation (it has no rollouts to
+/// re-score) and is rolled back after its first trajectories; applying it again waits for
+/// the back-off.
+#[test]
+fn a_plugin_that_traps_on_every_call_is_rolled_back_and_backs_off() {
+    let live = Live::start();
+    live.hold_after(1);
+    std::fs::copy(HOSTILE, live.path("trap.wasm")).unwrap();
+    let trap_task = format!(
+        r#"
+[[tasks]]
+name = "trap"
+weight = 1
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+seed = 2
+config = {{ shots = false }}
+[[tasks.rewards]]
+plugin = "trap.wasm"
+config = {{ trap_always = true }}
+"#
+    );
+    let with_trap = tasks_toml((1, 1), &trap_task);
+    let (ok, said) = live.apply("trap.toml", &with_trap, &[]);
+    assert!(ok && said.contains("no recent rollouts of this task"), "{said}");
+    assert!(live.ctl(&["resume"]).0);
+    live.wait_for("the rollback", || {
+        lines(&live.run_dir.join("events.jsonl")).iter().any(|e| e["kind"] == "rolled-back")
+    });
+    let rolled = lines(&live.run_dir.join("events.jsonl")).into_iter().find(|e| e["kind"] == "rolled-back").unwrap();
+    let reason = rolled["reason"].as_str().unwrap();
+    assert!(reason.starts_with("auto-rollback") && reason.contains("trap"), "{rolled}");
+    live.hold_after(0);
+    let status = live.status();
+    assert_eq!(status["manifest"]["generation"], 2, "{status}");
+    assert_eq!(status["manifest"]["tasks"]["tasks"].as_array().unwrap().len(), 2, "the trap task is gone");
+    let trap_sha = sha256_of(HOSTILE);
+    assert!(status["backoff_s"][&trap_sha].as_f64().unwrap() > 30.0, "{status}");
+    let (ok, said) = live.apply("trap.toml", &with_trap, &[]);
+    assert!(!ok && said.contains("was rolled back 1 time(s); it may be applied again in"), "{said}");
+    let (live, code) = live.run_on_and_stop(1);
+    assert_eq!(code, 130, "{}", live.log());
+}
+
+/// A run killed with SIGKILL after a swap, resumed, goes on with the swapped bytes — kept in
+/// its directory — although the file on disk changed again.
+#[test]
+fn a_run_killed_after_a_swap_resumes_with_the_swapped_bytes() {
+    let mut live = Live::start();
+    let k = live.hold_after(1);
+    std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
+    let (ok, said) = live.apply("swap.toml", &tasks_toml((1, 1), ""), &[]);
+    assert!(ok, "{said}");
+    assert!(live.ctl(&["resume"]).0);
+    let checkpoint = live.run_dir.join(format!("checkpoints/step-{:06}", k + 2));
+    live.wait_for("two steps after the swap", || checkpoint.join("state.json").is_file());
+    live.child.kill().unwrap(); // SIGKILL
+    live.child.wait().unwrap();
+    std::fs::copy(HOSTILE, live.path("reward.wasm")).unwrap();
+
+    // The newest checkpoint the kill left, and two steps past it.
+    let newest = (k + 2..)
+        .take_while(|step| live.run_dir.join(format!("checkpoints/step-{step:06}/state.json")).is_file())
+        .last()
+        .unwrap();
+    let resumed = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--resume"])
+        .arg(&live.run_dir)
+        .args(["--steps", &(newest + 2).to_string()])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let (swapped, rebuilt) = (sha256_of(EXACT_MATCH), sha256_of(HOSTILE));
+    for step in k as u64 + 1..=newest as u64 + 2 {
+        let shas = shas_at(&live.run_dir, step);
+        assert!(shas.contains(&swapped) && !shas.contains(&rebuilt), "step {step}: {shas:?}");
+    }
+    assert_eq!(metrics(&live.run_dir).len(), newest + 2);
+}
+
+/// `wirl train --watch`: a rebuilt plugin file is checked and switched in by itself.
+#[test]
+fn watch_mode_swaps_in_a_rebuilt_plugin() {
+    let live = Live::start_with(&["--watch"]);
+    let k = live.hold_after(1);
+    std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
+    live.wait_for("the watcher's swap", || {
+        lines(&live.run_dir.join("events.jsonl")).iter().any(|e| e["kind"] == "applied" && e["reason"] == "watch")
+    });
+    assert_eq!(live.status()["manifest"]["generation"], 1);
+    let (live, code) = live.run_on_and_stop(1);
+    assert_eq!(code, 130, "{}", live.log());
+    assert!(live.log().contains("watch:") && live.log().contains("reward.wasm"), "{}", live.log());
+    assert!(shas_at(&live.run_dir, k as u64 + 1).contains(&sha256_of(EXACT_MATCH)));
+}
+
+/// The control socket is the owner's only, and bad requests get an answer naming what is
+/// wrong while the run goes on: garbage, an unknown operation, a request that never ends,
+/// one over the size limit, a client that goes away.
+#[test]
+fn the_control_socket_survives_bad_requests() {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixStream;
+    let live = Live::start();
+    let socket = live.run_dir.join("control.sock");
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
+    let ask = |bytes: &[u8]| {
+        let mut stream = UnixStream::connect(&socket).unwrap();
+        let _ = stream.write_all(bytes);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        serde_json::from_str::<serde_json::Value>(&reply).unwrap()
+    };
+    let cases: [(&[u8], &str); 4] = [
+        (b"{not json\n", "not a control request"),
+        (b"{\"op\": \"format-disk\"}\n", "unknown variant"),
+        (b"{\"op\": \"status\"}", "not one line"),
+        (&[b' '; 5 << 20], "not one line"),
+    ];
+    for (request, expected) in cases {
+        let reply = ask(request);
+        assert!(reply["ok"] == false && reply["message"].as_str().unwrap().contains(expected), "{reply}");
+    }
+    drop(UnixStream::connect(&socket).unwrap());
+    let (ok, said) = live.ctl(&["apply", "missing.toml"]);
+    assert!(!ok && said.contains("missing.toml"), "{said}");
+    assert!(live.ctl(&["status"]).0, "the run still answers");
+    let (live, code) = live.run_on_and_stop(1);
+    assert_eq!(code, 130, "{}", live.log());
+}
