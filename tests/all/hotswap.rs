@@ -307,6 +307,9 @@ config = {{ trap_always = true }}
     let rolled = lines(&live.run_dir.join("events.jsonl")).into_iter().find(|e| e["kind"] == "rolled-back").unwrap();
     let reason = rolled["reason"].as_str().unwrap();
     assert!(reason.starts_with("auto-rollback") && reason.contains("trap"), "{rolled}");
+    let switch_ms = rolled["switch_ms"].as_f64().unwrap();
+    eprintln!("rollback switch: {switch_ms:.3} ms");
+    assert!(switch_ms < 50.0, "{rolled}");
     live.hold_after(0);
     let status = live.status();
     assert_eq!(status["manifest"]["generation"], 2, "{status}");

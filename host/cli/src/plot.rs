@@ -114,6 +114,10 @@ fn write_chart(
     if x0 > x1 {
         (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
     }
+    // A change after the last recorded step still shows.
+    for &(x, _) in marks {
+        x1 = x1.max(x);
+    }
     if x1 - x0 < 1.0 {
         x1 = x0 + 1.0;
     }
@@ -148,7 +152,7 @@ fn write_chart(
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 2, color.filled()))).map_err(|e| draw(&e))?;
         }
         for (kind, rollback, color) in
-            [("task set applied", false, RGBColor(120, 120, 120)), ("rolled back", true, RGBColor(214, 39, 40))]
+            [("task set applied", false, RGBColor(44, 160, 44)), ("rolled back", true, RGBColor(214, 39, 40))]
         {
             let xs: Vec<f64> = marks.iter().filter(|(_, r)| *r == rollback).map(|(x, _)| *x).collect();
             if xs.is_empty() {
@@ -156,7 +160,7 @@ fn write_chart(
             }
             for (i, x) in xs.iter().enumerate() {
                 let drawn = chart
-                    .draw_series(LineSeries::new([(*x, y0), (*x, y1)], color.stroke_width(1)))
+                    .draw_series(LineSeries::new([(*x, y0), (*x, y1)], color.stroke_width(2)))
                     .map_err(|e| draw(&e))?;
                 if i == 0 {
                     drawn

@@ -346,10 +346,12 @@ impl Trainer {
         let kind = if reason.starts_with("auto-rollback") { "auto-rollback" } else { "rollback" };
         let manifest = Manifest { generation, from_step: step, reason: kind.to_string(), ..previous.manifest.clone() };
         let left = std::mem::replace(&mut self.manifest, manifest.clone());
-        self.tasks = previous.tasks;
+        let failed = std::mem::replace(&mut self.tasks, previous.tasks);
         self.allocation = previous.allocation;
         self.config.tasks = previous.specs;
         let switch_ms = started.elapsed().as_secs_f64() * 1e3;
+        // Unloading the failed set's plugins is not part of the switch.
+        drop(failed);
         manifest.write(&self.run_dir)?;
         self.swapper.switched(&manifest, None, None);
         let changes = vec![format!(
