@@ -15,6 +15,7 @@ mod multiturn;
 mod plugins;
 mod reference;
 mod sandbox;
+mod serve;
 mod trainer;
 
 use std::sync::Arc;

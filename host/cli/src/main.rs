@@ -7,6 +7,7 @@ mod model;
 mod plot;
 mod scaffold;
 mod score;
+mod serve;
 mod tasks;
 mod train;
 
@@ -46,6 +47,8 @@ enum Command {
     /// Work with models.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Serve a model over HTTP: OpenAI-compatible inference with exact token ids.
+    Serve(serve::Args),
     /// Control a running training: status, apply a new task set (hot swap), rollback,
     /// pause, resume, stop.
     Ctl(ctl::Args),
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
         Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
         Command::Model(ModelCommand::Export(args)) => model::export(args),
         Command::Ctl(args) => ctl::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -1,0 +1,454 @@
+//! `wirl serve`: the engine's batching actor over HTTP, OpenAI-compatible — `GET /v1/models`,
+//! `POST /v1/chat/completions`, `POST /v1/completions` (streaming, `n`, sampling, log-probs,
+//! usage) — with the exact token ids RL clients need (`prompt_token_ids`, per choice
+//! `token_ids`, and Megatron's `generation_token_ids` / `generation_log_probs` on the
+//! message). Every request is bounded (body size, `n`, tokens, a deadline); when all slots
+//! are busy a request is answered 503 with `Retry-After`; a client that goes away cancels its
+//! generation (the engine drops rows no one waits for); bad input is a 4xx naming the field.
+//!
+//! It must not know the trainer's loop, plugins or the command line.
+
+mod request;
+
+pub use request::Limits;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc};
+use wirl_engine::{ChatMessage, Completion, EngineHandle, FinishReason, GenerateRequest, Tokenizer};
+
+/// How the server behaves.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The model's name in `/v1/models` and responses.
+    pub model_name: String,
+    /// Required as `Authorization: Bearer KEY` on every route but `/health`.
+    pub api_key: Option<String>,
+    pub limits: Limits,
+    /// The largest request body.
+    pub max_body_bytes: usize,
+    /// Requests generating at once; more are answered 503 with `Retry-After`.
+    pub max_concurrent: usize,
+    /// A request still generating after this is cut (504) and its generation cancelled.
+    pub request_timeout: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            model_name: "wirl".into(),
+            api_key: None,
+            limits: Limits::default(),
+            max_body_bytes: 1 << 20,
+            max_concurrent: 64,
+            request_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+struct AppState {
+    engine: EngineHandle,
+    tokenizer: Arc<Tokenizer>,
+    context: usize,
+    config: ServeConfig,
+    slots: Arc<Semaphore>,
+    next_id: AtomicU64,
+    created: u64,
+}
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    param: Option<String>,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn bad(param: Option<&str>, message: &str) -> Self {
+        let message = match param {
+            Some(field) => format!("`{field}` {message}"),
+            None => message.to_string(),
+        };
+        ApiError { status: StatusCode::BAD_REQUEST, message, param: param.map(str::to_string), retry_after: None }
+    }
+
+    fn with_status(status: StatusCode, message: String) -> Self {
+        ApiError { status, message, param: None, retry_after: None }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            429 | 503 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        };
+        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": null}});
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// The routes, over an engine and its tokenizer.
+pub fn router(engine: EngineHandle, tokenizer: Arc<Tokenizer>, context: usize, config: ServeConfig) -> Router {
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let state = Arc::new(AppState {
+        engine,
+        tokenizer,
+        context,
+        slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+        next_id: AtomicU64::new(1),
+        created,
+        config,
+    });
+    let body_limit = state.config.max_body_bytes;
+    let api = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .merge(api)
+        .fallback(|| async { ApiError::with_status(StatusCode::NOT_FOUND, "no such route".into()) })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Serve `router` on `listener` until `shutdown` resolves; requests in flight then finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            let message = if given.is_some() {
+                "the API key is not valid"
+            } else {
+                "an API key is needed: Authorization: Bearer KEY"
+            };
+            return ApiError::with_status(StatusCode::UNAUTHORIZED, message.into()).into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "wirl",
+                  "max_model_len": state.context}],
+    }))
+}
+
+/// What a generation endpoint answers in: chat or text completions.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let body = request::object(&body)?;
+    let logprobs = request::chat_logprobs(&body)?;
+    let common = request::common(&body, &state.config.limits, logprobs)?;
+    let messages: Vec<ChatMessage> =
+        request::messages(&body)?.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
+    let text = state.tokenizer.render_chat(&messages, true).map_err(|e| {
+        ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the messages cannot be rendered: {e}"))
+    })?;
+    let prompt = encode(&state, &text)?;
+    generate(state, common, prompt, Kind::Chat).await
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let body = request::object(&body)?;
+    let logprobs = request::completion_logprobs(&body)?;
+    if body.get("echo").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::bad(Some("echo"), "is not supported"));
+    }
+    let common = request::common(&body, &state.config.limits, logprobs)?;
+    let prompt = match request::prompt(&body, state.tokenizer.vocab_size())? {
+        request::Prompt::Text(text) => encode(&state, &text)?,
+        request::Prompt::Tokens(ids) => ids,
+    };
+    generate(state, common, prompt, Kind::Text).await
+}
+
+fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    state.tokenizer.encode(text).map_err(|e| {
+        ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the prompt cannot be tokenized: {e}"))
+    })
+}
+
+/// Check the prompt's size, take a slot, generate (or stream), answer.
+async fn generate(
+    state: Arc<AppState>,
+    common: request::Common,
+    prompt: Vec<u32>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    if let Some(model) = &common.model
+        && model != &state.config.model_name
+    {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "the model `{model}` does not exist here; this server serves `{}`",
+                state.config.model_name
+            ),
+            param: Some("model".into()),
+            retry_after: None,
+        });
+    }
+    if prompt.is_empty() || prompt.len() >= state.context {
+        return Err(ApiError::bad(
+            Some(if kind == Kind::Chat { "messages" } else { "prompt" }),
+            &format!("is {} tokens; the model's context is {}", prompt.len(), state.context),
+        ));
+    }
+    let Ok(slot) = state.slots.clone().try_acquire_owned() else {
+        return Err(ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!("all {} generation slots are busy; retry shortly", state.config.max_concurrent),
+            param: None,
+            retry_after: Some(1),
+        });
+    };
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = match kind {
+        Kind::Chat => format!("chatcmpl-{id}"),
+        Kind::Text => format!("cmpl-{id}"),
+    };
+    let request = GenerateRequest { prompt: prompt.clone(), n: common.n, sampling: common.sampling.clone() };
+    if common.stream {
+        return Ok(stream(state, slot, request, common, id, kind));
+    }
+    let timeout = state.config.request_timeout;
+    let generated = tokio::time::timeout(timeout, state.engine.generate(request)).await;
+    drop(slot);
+    let completions = match generated {
+        Err(_) => {
+            return Err(ApiError::with_status(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "the request ran past this server's deadline of {} s; its generation was cancelled",
+                    timeout.as_secs()
+                ),
+            ));
+        }
+        Ok(Err(wirl_engine::Error::Input(message))) => return Err(ApiError::bad(None, &message)),
+        Ok(Err(error)) => {
+            return Err(ApiError::with_status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("generation failed: {error}"),
+            ));
+        }
+        Ok(Ok(completions)) => completions,
+    };
+    let choices: Vec<Value> =
+        completions.iter().enumerate().map(|(i, c)| choice(&state, kind, i, c, common.logprobs)).collect();
+    let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
+    Ok(Json(json!({
+        "id": id,
+        "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+        "created": now(),
+        "model": state.config.model_name,
+        "choices": choices,
+        "usage": usage(prompt.len(), generated),
+        "prompt_token_ids": prompt,
+    }))
+    .into_response())
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn usage(prompt: usize, generated: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated})
+}
+
+fn finish(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// One choice of a finished completion, with its exact tokens.
+fn choice(state: &AppState, kind: Kind, index: usize, completion: &Completion, logprobs: bool) -> Value {
+    let logprobs = logprobs.then(|| token_logprobs(state, kind, completion));
+    match kind {
+        Kind::Chat => json!({
+            "index": index,
+            "message": {
+                "role": "assistant",
+                "content": completion.text,
+                "generation_token_ids": completion.tokens,
+                "generation_log_probs": completion.logprobs,
+            },
+            "logprobs": logprobs,
+            "finish_reason": finish(completion.finish),
+            "token_ids": completion.tokens,
+        }),
+        Kind::Text => json!({
+            "index": index,
+            "text": completion.text,
+            "logprobs": logprobs,
+            "finish_reason": finish(completion.finish),
+            "token_ids": completion.tokens,
+            "generation_log_probs": completion.logprobs,
+        }),
+    }
+}
+
+/// The sampled tokens' log-probs, in the endpoint's shape.
+fn token_logprobs(state: &AppState, kind: Kind, completion: &Completion) -> Value {
+    let tokens: Vec<String> =
+        completion.tokens.iter().map(|&id| state.tokenizer.decode(&[id], false).unwrap_or_default()).collect();
+    match kind {
+        Kind::Chat => json!({
+            "content": tokens.iter().zip(&completion.logprobs).map(|(token, logprob)| json!({
+                "token": token, "logprob": logprob, "bytes": token.as_bytes(), "top_logprobs": [],
+            })).collect::<Vec<_>>(),
+        }),
+        Kind::Text => json!({
+            "tokens": tokens,
+            "token_logprobs": completion.logprobs,
+            "top_logprobs": null,
+            "text_offset": null,
+        }),
+    }
+}
+
+/// Server-sent events: a chunk per text piece, then each choice's last chunk (with its
+/// token ids), usage if asked, `[DONE]`. A client that goes away drops the stream, which
+/// drops the generation's receiver: the engine gives the rows up.
+fn stream(
+    state: Arc<AppState>,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    request: GenerateRequest,
+    common: request::Common,
+    id: String,
+    kind: Kind,
+) -> Response {
+    let (pieces, mut receive_pieces) = mpsc::unbounded_channel();
+    let (events, receive_events) = mpsc::channel::<Event>(64);
+    let prompt_len = request.prompt.len();
+    tokio::spawn(async move {
+        let _slot = slot;
+        let created = now();
+        let chunk = |choices: Value| {
+            let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+            Event::default().data(
+                json!({"id": id, "object": object, "created": created, "model": state.config.model_name, "choices": choices})
+                    .to_string(),
+            )
+        };
+        let delta = |index: usize, text: &str, first: bool| match kind {
+            Kind::Chat if first => {
+                json!([{"index": index, "delta": {"role": "assistant", "content": text}, "finish_reason": null}])
+            }
+            Kind::Chat => json!([{"index": index, "delta": {"content": text}, "finish_reason": null}]),
+            Kind::Text => json!([{"index": index, "text": text, "finish_reason": null}]),
+        };
+        let generation = state.engine.generate_streaming(request, pieces);
+        tokio::pin!(generation);
+        let deadline = tokio::time::sleep(state.config.request_timeout);
+        tokio::pin!(deadline);
+        let mut started = vec![false; common.n];
+        let result = loop {
+            tokio::select! {
+                piece = receive_pieces.recv() => {
+                    if let Some(piece) = piece {
+                        let first = !std::mem::replace(&mut started[piece.sample.min(common.n - 1)], true);
+                        if events.send(chunk(delta(piece.sample, &piece.text, first))).await.is_err() {
+                            return; // the client went away: dropping `generation` cancels it
+                        }
+                    }
+                }
+                result = &mut generation => break Some(result),
+                _ = &mut deadline => break None,
+            }
+        };
+        // Text produced after the last poll.
+        while let Ok(piece) = receive_pieces.try_recv() {
+            let first = !std::mem::replace(&mut started[piece.sample.min(common.n - 1)], true);
+            if events.send(chunk(delta(piece.sample, &piece.text, first))).await.is_err() {
+                return;
+            }
+        }
+        let completions = match result {
+            Some(Ok(completions)) => completions,
+            Some(Err(error)) => {
+                let _ = events
+                    .send(Event::default().data(json!({"error": {"message": error.to_string()}}).to_string()))
+                    .await;
+                return;
+            }
+            None => {
+                let message = "the request ran past this server's deadline; its generation was cancelled";
+                let _ = events.send(Event::default().data(json!({"error": {"message": message}}).to_string())).await;
+                return;
+            }
+        };
+        for (index, completion) in completions.iter().enumerate() {
+            let mut last = choice(&state, kind, index, completion, common.logprobs);
+            if kind == Kind::Chat {
+                let message = last.as_object_mut().and_then(|o| o.remove("message")).unwrap_or_default();
+                last["delta"] = json!({
+                    "generation_token_ids": message["generation_token_ids"],
+                    "generation_log_probs": message["generation_log_probs"],
+                });
+            } else {
+                last["text"] = json!("");
+            }
+            if events.send(chunk(json!([last]))).await.is_err() {
+                return;
+            }
+        }
+        if common.include_usage {
+            let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
+            let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+            let data = json!({"id": id, "object": object, "created": created, "model": state.config.model_name,
+                              "choices": [], "usage": usage(prompt_len, generated)});
+            let _ = events.send(Event::default().data(data.to_string())).await;
+        }
+        let _ = events.send(Event::default().data("[DONE]")).await;
+    });
+    let stream = futures_util::stream::unfold(receive_events, |mut receiver| async move {
+        receiver.recv().await.map(|event| (Ok::<_, std::convert::Infallible>(event), receiver))
+    });
+    let mut response = Sse::new(stream).keep_alive(KeepAlive::default()).into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}

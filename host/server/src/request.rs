@@ -1,0 +1,260 @@
+//! OpenAI-style request bodies, read field by field so that every refusal names its field.
+//! Fields a client commonly sends and wirl does not use (`user`, `presence_penalty` at 0, …)
+//! are ignored; ones whose meaning wirl would silently change are refused.
+
+use crate::ApiError;
+use serde_json::{Map, Value};
+use wirl_engine::Sampling;
+
+/// The limits a request is held to (from `wirl serve`'s options).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Completions per request.
+    pub max_n: usize,
+    /// New tokens per completion.
+    pub max_tokens: usize,
+    /// Stop strings per request.
+    pub max_stop: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_n: 16, max_tokens: 4096, max_stop: 4 }
+    }
+}
+
+/// What both endpoints share: sampling, `n`, streaming, log-probs.
+#[derive(Debug)]
+pub struct Common {
+    pub model: Option<String>,
+    pub n: usize,
+    pub sampling: Sampling,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub logprobs: bool,
+}
+
+/// The body as a JSON object.
+pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::bad(None, "the body must be a JSON object")),
+        Err(error) => Err(ApiError::bad(None, &format!("the body is not valid JSON: {error}"))),
+    }
+}
+
+fn number(body: &Map<String, Value>, field: &str) -> Result<Option<f64>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .map(Some)
+            .ok_or_else(|| ApiError::bad(Some(field), "must be a finite number")),
+        Some(_) => Err(ApiError::bad(Some(field), "must be a number")),
+    }
+}
+
+fn integer(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| ApiError::bad(Some(field), "must be an integer")),
+        Some(_) => Err(ApiError::bad(Some(field), "must be an integer")),
+    }
+}
+
+fn boolean(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::bad(Some(field), "must be true or false")),
+    }
+}
+
+/// `n`, sampling, `stream`, `stop`, `seed`, `max_tokens` / `max_completion_tokens`. `logprobs`
+/// is read by each endpoint (a boolean in chat, a count in completions).
+pub fn common(body: &Map<String, Value>, limits: &Limits, logprobs: bool) -> Result<Common, ApiError> {
+    let model = match body.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => Some(name.clone()),
+        Some(_) => return Err(ApiError::bad(Some("model"), "must be a string")),
+    };
+    let n = integer(body, "n")?.unwrap_or(1);
+    if n < 1 || n as usize > limits.max_n {
+        return Err(ApiError::bad(Some("n"), &format!("must be from 1 to {} (this server's limit)", limits.max_n)));
+    }
+    let mut sampling = Sampling::default();
+    let max_tokens = match (integer(body, "max_completion_tokens")?, integer(body, "max_tokens")?) {
+        (Some(tokens), _) => Some(("max_completion_tokens", tokens)),
+        (None, Some(tokens)) => Some(("max_tokens", tokens)),
+        (None, None) => None,
+    };
+    sampling.max_tokens = match max_tokens {
+        None => limits.max_tokens.min(256),
+        Some((field, tokens)) if tokens < 1 || tokens as usize > limits.max_tokens => {
+            return Err(ApiError::bad(Some(field), &format!("must be from 1 to {}", limits.max_tokens)));
+        }
+        Some((_, tokens)) => tokens as usize,
+    };
+    if let Some(t) = number(body, "temperature")? {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::bad(Some("temperature"), "must be from 0 to 2"));
+        }
+        sampling.temperature = t as f32;
+    }
+    if let Some(p) = number(body, "top_p")? {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::bad(Some("top_p"), "must be in (0, 1]"));
+        }
+        sampling.top_p = p as f32;
+    }
+    if let Some(k) = integer(body, "top_k")? {
+        // vLLM's -1 (and 0) keep every token.
+        if k < -1 {
+            return Err(ApiError::bad(Some("top_k"), "must be -1, 0 (all tokens) or a positive count"));
+        }
+        sampling.top_k = k.max(0) as usize;
+    }
+    if let Some(p) = number(body, "min_p")? {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(ApiError::bad(Some("min_p"), "must be from 0 to 1"));
+        }
+        sampling.min_p = p as f32;
+    }
+    if let Some(seed) = integer(body, "seed")? {
+        sampling.seed = Some(seed as u64);
+    }
+    sampling.stop = match body.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string).ok_or_else(|| ApiError::bad(Some("stop"), "must be strings")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(ApiError::bad(Some("stop"), "must be a string or an array of strings")),
+    };
+    if sampling.stop.len() > limits.max_stop || sampling.stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad(Some("stop"), &format!("at most {} non-empty strings", limits.max_stop)));
+    }
+    for field in ["presence_penalty", "frequency_penalty"] {
+        if number(body, field)?.is_some_and(|x| x != 0.0) {
+            return Err(ApiError::bad(Some(field), "is not supported (only 0)"));
+        }
+    }
+    if body.get("logit_bias").is_some_and(|b| !b.is_null() && b.as_object().is_none_or(|m| !m.is_empty())) {
+        return Err(ApiError::bad(Some("logit_bias"), "is not supported"));
+    }
+    let stream = boolean(body, "stream")?.unwrap_or(false);
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(options)) => boolean(options, "include_usage")
+            .map_err(|_| ApiError::bad(Some("stream_options.include_usage"), "must be true or false"))?
+            .unwrap_or(false),
+        Some(_) => return Err(ApiError::bad(Some("stream_options"), "must be an object")),
+    };
+    Ok(Common { model, n: n as usize, sampling, stream, include_usage, logprobs })
+}
+
+/// Chat: `logprobs` (bool) and `top_logprobs` (only 0: the sampled token's log-prob is what
+/// wirl computes).
+pub fn chat_logprobs(body: &Map<String, Value>) -> Result<bool, ApiError> {
+    let wanted = boolean(body, "logprobs")?.unwrap_or(false);
+    if integer(body, "top_logprobs")?.is_some_and(|k| k != 0) {
+        return Err(ApiError::bad(
+            Some("top_logprobs"),
+            "is not supported yet (only the sampled token's log-prob, with logprobs: true)",
+        ));
+    }
+    Ok(wanted)
+}
+
+/// Completions: `logprobs` is a count of alternatives; 0 or 1 gives the sampled token's.
+pub fn completion_logprobs(body: &Map<String, Value>) -> Result<bool, ApiError> {
+    match integer(body, "logprobs")? {
+        None => Ok(false),
+        Some(0 | 1) => Ok(true),
+        Some(_) => Err(ApiError::bad(Some("logprobs"), "only 0 or 1 (the sampled token's log-prob) is supported yet")),
+    }
+}
+
+/// A chat message: role and text (content as a string or as text parts).
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// `messages`.
+pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+    let Some(Value::Array(items)) = body.get("messages") else {
+        return Err(ApiError::bad(Some("messages"), "must be a non-empty array of {role, content}"));
+    };
+    if items.is_empty() {
+        return Err(ApiError::bad(Some("messages"), "must not be empty"));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let field = format!("messages[{i}]");
+            let Value::Object(message) = item else {
+                return Err(ApiError::bad(Some(&field), "must be an object {role, content}"));
+            };
+            let role = match message.get("role").and_then(Value::as_str) {
+                Some(role @ ("system" | "developer" | "user" | "assistant" | "tool")) => role.to_string(),
+                _ => {
+                    return Err(ApiError::bad(
+                        Some(&format!("{field}.role")),
+                        "must be system, user, assistant or tool",
+                    ));
+                }
+            };
+            let content = match message.get("content") {
+                Some(Value::String(text)) => text.clone(),
+                None | Some(Value::Null) => String::new(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|part| {
+                        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                            (Some("text"), Some(text)) => Ok(text),
+                            _ => Err(ApiError::bad(Some(&format!("{field}.content")), "only text parts are supported")),
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .concat(),
+                Some(_) => {
+                    return Err(ApiError::bad(Some(&format!("{field}.content")), "must be a string or text parts"));
+                }
+            };
+            Ok(Message { role: if role == "developer" { "system".into() } else { role }, content })
+        })
+        .collect()
+}
+
+/// A completion's `prompt`: text, or token ids (exact tokens, no tokenizing).
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+pub fn prompt(body: &Map<String, Value>, vocab: usize) -> Result<Prompt, ApiError> {
+    match body.get("prompt") {
+        Some(Value::String(text)) if !text.is_empty() => Ok(Prompt::Text(text.clone())),
+        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+            Ok(Prompt::Text(items[0].as_str().unwrap_or_default().to_string()))
+        }
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_number) => items
+            .iter()
+            .map(|id| {
+                id.as_u64()
+                    .filter(|&id| (id as usize) < vocab)
+                    .map(|id| id as u32)
+                    .ok_or_else(|| ApiError::bad(Some("prompt"), &format!("token ids must be integers below {vocab}")))
+            })
+            .collect::<Result<_, _>>()
+            .map(Prompt::Tokens),
+        _ => Err(ApiError::bad(
+            Some("prompt"),
+            "must be a non-empty string or an array of token ids (one prompt per request)",
+        )),
+    }
+}

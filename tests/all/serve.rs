@@ -1,0 +1,208 @@
+//! `wirl serve` on the default model, as clients use it: raw HTTP (malformed and oversize
+//! bodies, wrong keys, limits), the official `openai` Python package (installed into a venv
+//! by the test), a busy server and a client that goes away.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `wirl serve` on a free loopback port.
+struct Server {
+    child: Child,
+    address: String,
+}
+
+impl Server {
+    fn start(flags: &[&str]) -> Server {
+        let model = crate::engine::default_model();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["serve", "--port", "0", "--model"])
+            .arg(&model)
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let first = lines.next().expect("wirl serve says where it listens").unwrap();
+        let address = first
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {first:?}"))
+            .to_string();
+        // Keep draining stderr so that the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, address }
+    }
+
+    /// One request over a fresh connection: status, headers and body.
+    fn http(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String, String) {
+        let mut stream = TcpStream::connect(&self.address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.address);
+        for header in headers {
+            head.push_str(header);
+            head.push_str("\r\n");
+        }
+        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
+        let _ = stream.write_all(head.as_bytes());
+        let _ = stream.write_all(body);
+        let mut reply = Vec::new();
+        let _ = stream.read_to_end(&mut reply);
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (status, head.to_string(), body.to_string())
+    }
+
+    fn post(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let (status, _, body) = self.http("POST", path, &[], body.as_bytes());
+        (status, serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The official client, in a venv made (once per machine) next to the test binaries.
+fn openai_python() -> std::path::PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    if !ready {
+        let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
+        assert!(made.success(), "python3 -m venv");
+        let installed = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai==3.54.0"])
+            .status()
+            .unwrap();
+        assert!(installed.success(), "pip install openai");
+    }
+    python
+}
+
+#[test]
+fn the_openai_client_works_and_bad_requests_get_4xx_naming_the_field() {
+    let server = Server::start(&["--max-n", "4", "--max-body-bytes", "65536"]);
+    let (status, _, body) = server.http("GET", "/health", &[], b"");
+    assert_eq!((status, body.contains("ok")), (200, true), "{body}");
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/openai_client.py");
+    let run = Command::new(openai_python()).arg(script).arg(format!("http://{}/v1", server.address)).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let seen: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(seen["models"][0], "SmolLM2-135M-Instruct.Q4_1", "{seen}");
+    assert_eq!(seen["chat_choices"], 2, "{seen}");
+    assert!(seen["chat_logprobs"].as_u64().unwrap() > 0 && seen["chat_logprobs"] == seen["chat_token_ids"], "{seen}");
+    assert!(seen["chat_usage"].as_u64().unwrap() > 0, "{seen}");
+    assert!(seen["prompt_token_ids"].as_u64().unwrap() > 5, "{seen}");
+    assert_eq!(seen["seeded_equal"], true, "the same seed gives the same completions: {seen}");
+    assert!(!seen["stream_text"].as_str().unwrap().is_empty() && seen["stream_finish"].is_string(), "{seen}");
+    assert!(seen["stream_usage"].as_u64().unwrap() > 0, "{seen}");
+    assert!(seen["completion_text"].as_str().unwrap().to_lowercase().contains("paris"), "{seen}");
+    assert!(seen["completion_logprobs"].as_u64().unwrap() > 0, "{seen}");
+    assert_eq!(seen["refused"], serde_json::json!({"status": 400, "param": "n"}), "{seen}");
+
+    // Exact tokens: a completion's ids, given back as the prompt, are used as they are.
+    let (status, body) =
+        server.post("/v1/completions", r#"{"prompt": [504, 3575, 282, 4649, 314], "max_tokens": 3, "temperature": 0}"#);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["prompt_token_ids"], serde_json::json!([504, 3575, 282, 4649, 314]));
+    assert_eq!(
+        body["choices"][0]["token_ids"].as_array().unwrap().len(),
+        body["usage"]["completion_tokens"].as_u64().unwrap() as usize
+    );
+
+    let chat =
+        |extra: &str| format!(r#"{{"messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 2{extra}}}"#);
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("{not json".into(), 400, "not valid JSON"),
+        ("[1, 2]".into(), 400, "JSON object"),
+        (r#"{"messages": []}"#.into(), 400, "`messages`"),
+        (r#"{"messages": [{"role": "wizard", "content": "x"}]}"#.into(), 400, "messages[0].role"),
+        (chat(r#", "temperature": "hot""#), 400, "`temperature`"),
+        (chat(r#", "temperature": 1e999"#), 400, "not valid JSON"),
+        (chat(r#", "temperature": 7"#), 400, "`temperature`"),
+        (chat(r#", "n": 0"#), 400, "`n`"),
+        (chat(r#", "n": 5"#), 400, "`n` must be from 1 to 4"),
+        (chat(r#", "top_p": 0"#), 400, "`top_p`"),
+        (chat(r#", "max_tokens": 99999999"#), 400, "`max_tokens`"),
+        (chat(r#", "max_tokens": -1"#), 400, "`max_tokens`"),
+        (chat(r#", "stop": [1]"#), 400, "`stop`"),
+        (chat(r#", "top_logprobs": 5"#), 400, "`top_logprobs`"),
+        (chat(r#", "frequency_penalty": 1.0"#), 400, "`frequency_penalty`"),
+        (chat(r#", "model": "gpt-9""#), 404, "does not exist here"),
+        (r#"{"prompt": [99999999], "max_tokens": 2}"#.into(), 400, "`prompt`"),
+    ];
+    for (body, expected, says) in cases {
+        let path = if body.contains("prompt") { "/v1/completions" } else { "/v1/chat/completions" };
+        let (status, reply) = server.post(path, &body);
+        assert_eq!(status, expected, "{body}: {reply}");
+        assert!(reply["error"]["message"].as_str().unwrap_or_default().contains(says), "{body}: {reply}");
+    }
+    let oversize = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(100_000));
+    let (status, _, _) = server.http("POST", "/v1/completions", &[], oversize.as_bytes());
+    assert_eq!(status, 413);
+    let (status, _, _) = server.http("GET", "/v2/nothing", &[], b"");
+    assert_eq!(status, 404);
+    let (status, _, body) = server.http("GET", "/health", &[], b"");
+    assert_eq!((status, body.contains("ok")), (200, true), "healthy afterwards");
+}
+
+#[test]
+fn a_key_guards_everything_but_health_and_other_hosts_need_one() {
+    let server = Server::start(&["--api-key", "sesame"]);
+    assert_eq!(server.http("GET", "/health", &[], b"").0, 200);
+    assert_eq!(server.http("GET", "/v1/models", &[], b"").0, 401);
+    assert_eq!(server.http("GET", "/v1/models", &["Authorization: Bearer wrong"], b"").0, 401);
+    assert_eq!(server.http("GET", "/v1/models", &["Authorization: Bearer sesame"], b"").0, 200);
+
+    let open = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["serve", "--host", "0.0.0.0", "--port", "0"])
+        .env_remove("WIRL_API_KEY")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&open.stderr);
+    assert!(!open.status.success() && said.contains("needs an API key"), "{said}");
+}
+
+/// With one slot, a second request is answered 503 with Retry-After while the first
+/// generates; when the first client goes away its generation is cancelled and the slot
+/// frees long before its 3,000 tokens could have been generated.
+#[test]
+fn a_busy_server_says_so_and_a_disconnect_cancels_its_generation() {
+    let server = Server::start(&["--max-concurrent", "1"]);
+    let long = r#"{"prompt": "Count from 1 to 5000, one number per line:\n1\n2\n3\n", "max_tokens": 3000, "temperature": 0, "stream": true}"#;
+    let mut first = TcpStream::connect(&server.address).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}",
+        long.len()
+    );
+    first.write_all(head.as_bytes()).unwrap();
+    let mut buffer = [0u8; 256];
+    first.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    assert!(first.read(&mut buffer).unwrap() > 0, "the stream started");
+
+    let (status, head, body) = server.http("POST", "/v1/completions", &[], br#"{"prompt": "hi", "max_tokens": 2}"#);
+    assert_eq!(status, 503, "{body}");
+    assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
+
+    drop(first);
+    let started = Instant::now();
+    loop {
+        let (status, _, body) = server.http("POST", "/v1/completions", &[], br#"{"prompt": "hi", "max_tokens": 2}"#);
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(started.elapsed() < Duration::from_secs(20), "the slot stayed busy: the generation went on");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
