@@ -86,7 +86,11 @@ fn failures_are_reported_with_their_kind_and_duration() {
     let input = dir.path().join("in.jsonl");
     let line = |c: &str| format!(r#"{{"task": {{"id": "{c}", "messages": []}}, "completion": "{c}"}}"#);
     std::fs::write(&input, [line("ok"), line("loop"), line("memory-bomb"), line("ok")].join("\n")).unwrap();
-    let output = wirl(&["score", "--plugin", HOSTILE, "--deadline-ms", "300", "--input", input.to_str().unwrap()]);
+    // A small memory cap: the bomb reaches it in a few milliseconds even on a loaded machine,
+    // well inside the deadline that ends the loop (with the default cap, a busy CI machine
+    // ran out of time first).
+    let input = input.to_str().unwrap();
+    let output = wirl(&["score", "--plugin", HOSTILE, "--deadline-ms", "300", "--memory-mib", "32", "--input", input]);
     assert_eq!(output.status.code(), Some(1));
     let records = stdout_lines(&output);
     assert_eq!(records[1]["failure"]["kind"], "deadline");

@@ -410,3 +410,58 @@ fn the_control_socket_survives_bad_requests() {
     let (live, code) = live.run_on_and_stop(1);
     assert_eq!(code, 130, "{}", live.log());
 }
+
+/// `wirl train --serve`: the policy's live weights behind the OpenAI routes, the run's
+/// control over HTTP (the same operations as `wirl ctl`) and its figures at `/metrics`.
+#[test]
+fn a_training_serves_its_policy_and_its_control_over_http() {
+    use crate::serve::http;
+    let live = Live::start_with(&["--serve", "127.0.0.1:0"]);
+    let mut address = String::new();
+    live.wait_for("the server", || {
+        let log = live.log();
+        match log.split("serving the policy on http://").nth(1) {
+            Some(rest) => {
+                address = rest.split_whitespace().next().unwrap().to_string();
+                true
+            }
+            None => false,
+        }
+    });
+    let get = |path: &str| http(&address, "GET", path, &[], b"");
+    let post = |path: &str, body: &str| http(&address, "POST", path, &[], body.as_bytes());
+    let (status, _, body) = get("/v1/models");
+    assert!(status == 200 && body.contains("policy"), "{body}");
+    let (status, _, body) = post("/v1/completions", r#"{"prompt": [5, 9, 13], "max_tokens": 3}"#);
+    assert_eq!(status, 200, "{body}");
+
+    let (status, _, body) = post("/control/pause", "");
+    assert_eq!(status, 200, "{body}");
+    live.wait_for("the pause", || live.status()["held"] == true);
+    let k = live.status()["step"].as_u64().unwrap();
+    let tasks = serde_json::json!({"tasks": {
+        "tasks": [
+            {"name": "sums", "weight": 3, "environment": {"plugin": ARITHMETIC, "config": {"shots": false}}},
+            {"name": "more", "weight": 1, "environment": {"plugin": ARITHMETIC, "seed": 1, "config": {"shots": false}}},
+        ],
+        "rewards": [{"plugin": live.path("reward.wasm")}],
+    }});
+    let (status, _, body) = post("/control/apply", &tasks.to_string());
+    assert!(status == 200 && body.contains("task `sums`: weight 1 -> 3"), "{status}: {body}");
+    let (status, _, body) = post("/control/apply", r#"{"tasks": 3}"#);
+    assert!(status == 400 && body.contains("`tasks`"), "{status}: {body}");
+    let (status, _, body) = get("/metrics");
+    assert!(
+        status == 200 && body.contains("wirl_train_paused 1") && body.contains(&format!("wirl_train_step {k}")),
+        "{body}"
+    );
+    let (status, _, body) = get("/control/status");
+    assert!(status == 200 && body.contains("\"staged\""), "{body}");
+
+    assert_eq!(post("/control/resume", "").0, 200);
+    live.wait_for("the switch", || metrics(&live.run_dir).iter().any(|m| m["manifest_generation"] == 1));
+    let (status, _, _) = post("/control/stop", "");
+    assert_eq!(status, 200);
+    let mut live = live;
+    assert_eq!(live.child.wait().unwrap().code(), Some(130), "{}", live.log());
+}

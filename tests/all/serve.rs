@@ -38,24 +38,8 @@ impl Server {
         Server { child, address }
     }
 
-    /// One request over a fresh connection: status, headers and body.
     fn http(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String, String) {
-        let mut stream = TcpStream::connect(&self.address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.address);
-        for header in headers {
-            head.push_str(header);
-            head.push_str("\r\n");
-        }
-        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
-        let _ = stream.write_all(head.as_bytes());
-        let _ = stream.write_all(body);
-        let mut reply = Vec::new();
-        let _ = stream.read_to_end(&mut reply);
-        let reply = String::from_utf8_lossy(&reply).into_owned();
-        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        (status, head.to_string(), body.to_string())
+        http(&self.address, method, path, headers, body)
     }
 
     fn post(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
@@ -69,6 +53,26 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// One request over a fresh connection to `address`: status, headers and body.
+pub fn http(address: &str, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    for header in headers {
+        head.push_str(header);
+        head.push_str("\r\n");
+    }
+    head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
+    let _ = stream.write_all(head.as_bytes());
+    let _ = stream.write_all(body);
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, head.to_string(), body.to_string())
 }
 
 /// The official client, in a venv made (once per machine) next to the test binaries.

@@ -43,16 +43,22 @@ pub struct Args {
     max_body_bytes: usize,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let api_key = args.api_key.clone().or_else(|| std::env::var("WIRL_API_KEY").ok()).filter(|k| !k.is_empty());
-    let loopback = args.host == "localhost" || args.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if !loopback && api_key.is_none() {
+/// The API key (`--api-key`, else WIRL_API_KEY); an error when `host` is not loopback and
+/// there is none.
+pub fn api_key(host: &str, given: Option<&str>, flag: &str) -> anyhow::Result<Option<String>> {
+    let key = given.map(str::to_string).or_else(|| std::env::var("WIRL_API_KEY").ok()).filter(|k| !k.is_empty());
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if !loopback && key.is_none() {
         bail!(
-            "--host {}: serving beyond this machine needs an API key (--api-key KEY or WIRL_API_KEY); \
-             without one, wirl serves on 127.0.0.1 only",
-            args.host
+            "{flag} {host}: serving beyond this machine needs an API key (--api-key KEY or WIRL_API_KEY); \
+             without one, wirl serves on 127.0.0.1 only"
         );
     }
+    Ok(key)
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let api_key = api_key(&args.host, args.api_key.as_deref(), "--host")?;
     for (flag, value) in
         [("--max-n", args.max_n), ("--max-tokens", args.max_tokens), ("--max-concurrent", args.max_concurrent)]
     {
@@ -85,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let address = listener.local_addr()?;
         eprintln!("wirl serve: {name} on http://{address} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions)");
-        let router = wirl_server::router(engine, tokenizer, context, config);
+        let router = wirl_server::router(engine, tokenizer, context, config, None);
         wirl_server::serve(listener, router, shutdown_signal()).await.context("serving")?;
         eprintln!("wirl serve: stopped (requests in flight were finished)");
         anyhow::Ok(())
@@ -106,5 +112,83 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
+    }
+}
+
+/// `wirl train --serve ADDR`: the training's live weights behind the same API, its control at
+/// `/control/*`, its figures at `/metrics`; from a thread, until the returned sender drops.
+pub fn serve_training(
+    address: &str,
+    api_key: Option<String>,
+    trainer: &wirl_trainer::Trainer,
+    control: wirl_trainer::Control,
+) -> anyhow::Result<tokio::sync::oneshot::Sender<()>> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.to_string(), port.parse::<u16>().ok()?)))
+        .with_context(|| format!("--serve {address}: expected HOST:PORT, for example 127.0.0.1:8000"))?;
+    let api_key = self::api_key(&host, api_key.as_deref(), "--serve")?;
+    let config = wirl_server::ServeConfig { model_name: "policy".into(), api_key, ..Default::default() };
+    let router = wirl_server::router(
+        trainer.engine().clone(),
+        trainer.tokenizer().clone(),
+        trainer.context(),
+        config,
+        Some(Arc::new(TrainingControl(control))),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind((host.as_str(), port)))
+        .with_context(|| format!("--serve: cannot listen on {address}"))?;
+    eprintln!("serving the policy on http://{} (/v1/*, /control/*, /metrics)", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new().name("wirl-serve".into()).spawn(move || {
+        let served = runtime.block_on(wirl_server::serve(listener, router, async {
+            let _ = stopped.await;
+        }));
+        if let Err(error) = served {
+            tracing::warn!("--serve: the server stopped: {error}");
+        }
+    })?;
+    Ok(stop)
+}
+
+/// The trainer's `Control` as the server's `RunControl`.
+struct TrainingControl(wirl_trainer::Control);
+
+impl wirl_server::RunControl for TrainingControl {
+    fn status(&self) -> Result<serde_json::Value, String> {
+        self.0.status().map_err(|e| format!("{e:#}")).and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+    }
+    fn pause(&self) -> Result<serde_json::Value, String> {
+        self.0.pause().map_err(|e| format!("{e:#}")).and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+    }
+    fn resume(&self) -> Result<serde_json::Value, String> {
+        self.0.resume().map_err(|e| format!("{e:#}")).and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+    }
+    fn stop(&self) {
+        self.0.stop();
+    }
+    fn rollback(&self) -> Result<String, String> {
+        self.0.rollback().map_err(|e| format!("{e:#}"))
+    }
+    fn apply(
+        &self,
+        tasks: serde_json::Value,
+        dry_run: bool,
+        allow_new_capabilities: bool,
+    ) -> Result<serde_json::Value, (String, Option<serde_json::Value>)> {
+        let tasks: wirl_trainer::config::TaskSet =
+            serde_json::from_value(tasks).map_err(|e| (format!("`tasks` is not a task set: {e}"), None))?;
+        let options = wirl_trainer::ApplyOptions {
+            dry_run,
+            allow_new_capabilities,
+            origin: "POST /control/apply".into(),
+            reason: "apply".into(),
+        };
+        match self.0.apply(tasks, &options) {
+            Ok(report) => Ok(serde_json::to_value(report).unwrap_or_default()),
+            Err(refusal) => Err((refusal.message, refusal.report.and_then(|r| serde_json::to_value(r).ok()))),
+        }
     }
 }

@@ -32,6 +32,14 @@ pub struct Args {
     /// the task set again with its new bytes (checked, then switched in between steps).
     #[arg(long)]
     watch: bool,
+    /// Serve the policy while it trains (OpenAI-compatible, on its live weights), the run's
+    /// control (`/control/status`, `apply`, `pause`, `resume`, `rollback`, `stop`) and
+    /// `/metrics`, at HOST:PORT (loopback; another address needs --api-key or WIRL_API_KEY).
+    #[arg(long, value_name = "HOST:PORT")]
+    serve: Option<String>,
+    /// The key `--serve` requires as `Authorization: Bearer KEY`.
+    #[arg(long, requires = "serve")]
+    api_key: Option<String>,
     /// Set any key of the config: `--set grpo.group_size=4 --set sampling.max_tokens=16`
     /// (`tasks.1.weight=0` for a task; VALUE is TOML, a bare word a string).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -75,6 +83,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     let _served = crate::ctl::serve(&run_dir, control.clone())?;
+    let _serving = match &args.serve {
+        Some(address) => Some(crate::serve::serve_training(address, args.api_key.clone(), &trainer, control.clone())?),
+        None => None,
+    };
     if args.watch {
         watch_plugins(control.clone());
     }

@@ -8,8 +8,10 @@
 //!
 //! It must not know the trainer's loop, plugins or the command line.
 
+mod control;
 mod request;
 
+pub use control::RunControl;
 pub use request::Limits;
 
 use axum::body::Bytes;
@@ -58,6 +60,11 @@ impl Default for ServeConfig {
 
 struct AppState {
     engine: EngineHandle,
+    /// The training this server belongs to (`wirl train --serve`), if any.
+    control: Option<Arc<dyn RunControl>>,
+    requests: AtomicU64,
+    generated_tokens: AtomicU64,
+    refused: AtomicU64,
     tokenizer: Arc<Tokenizer>,
     context: usize,
     config: ServeConfig,
@@ -107,11 +114,22 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The routes, over an engine and its tokenizer.
-pub fn router(engine: EngineHandle, tokenizer: Arc<Tokenizer>, context: usize, config: ServeConfig) -> Router {
+/// The routes, over an engine and its tokenizer; with `control`, also a running training's
+/// `/control/*` and its figures in `/metrics`.
+pub fn router(
+    engine: EngineHandle,
+    tokenizer: Arc<Tokenizer>,
+    context: usize,
+    config: ServeConfig,
+    control: Option<Arc<dyn RunControl>>,
+) -> Router {
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(AppState {
         engine,
+        control,
+        requests: AtomicU64::new(0),
+        generated_tokens: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
         tokenizer,
         context,
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
@@ -124,13 +142,94 @@ pub fn router(engine: EngineHandle, tokenizer: Arc<Tokenizer>, context: usize, c
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/metrics", get(metrics))
+        .route("/control/status", get(control_status))
+        .route("/control/pause", post(control_pause))
+        .route("/control/resume", post(control_resume))
+        .route("/control/rollback", post(control_rollback))
+        .route("/control/stop", post(control_stop))
+        .route("/control/apply", post(control_apply))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .merge(api)
         .fallback(|| async { ApiError::with_status(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
+}
+
+/// Count answers that refuse (for `/metrics`).
+async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    if response.status().is_client_error() || response.status().is_server_error() {
+        state.refused.fetch_add(1, Ordering::Relaxed);
+    }
+    response
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let status = state.control.as_ref().and_then(|c| c.status().ok());
+    let text = control::metrics(
+        status.as_ref(),
+        state.requests.load(Ordering::Relaxed),
+        state.generated_tokens.load(Ordering::Relaxed),
+        state.refused.load(Ordering::Relaxed),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+fn run_control(state: &AppState) -> Result<&Arc<dyn RunControl>, ApiError> {
+    state.control.as_ref().ok_or_else(|| {
+        ApiError::with_status(
+            StatusCode::NOT_FOUND,
+            "this server controls no training (start one with `wirl train --serve ADDR`)".into(),
+        )
+    })
+}
+
+fn answer(result: Result<Value, String>) -> Result<Json<Value>, ApiError> {
+    result.map(Json).map_err(control::failed)
+}
+
+async fn control_status(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    answer(run_control(&state)?.status())
+}
+
+async fn control_pause(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    answer(run_control(&state)?.pause())
+}
+
+async fn control_resume(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    answer(run_control(&state)?.resume())
+}
+
+async fn control_rollback(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    answer(run_control(&state)?.rollback().map(|message| json!({"message": message})))
+}
+
+async fn control_stop(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    run_control(&state)?.stop();
+    Ok(Json(json!({"message": "stopping: the run checkpoints and ends"})))
+}
+
+/// `{"tasks": {"tasks": [...], "rewards": [...]}, "dry_run": false, "allow_capabilities": false}`.
+async fn control_apply(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let control = run_control(&state)?.clone();
+    let mut body = request::object(&body)?;
+    let Some(tasks) = body.remove("tasks").filter(Value::is_object) else {
+        return Err(ApiError::bad(Some("tasks"), "must be a task set: {\"tasks\": [...], \"rewards\": [...]}"));
+    };
+    let flag = |name: &str| body.get(name).and_then(Value::as_bool).unwrap_or(false);
+    let (dry_run, allow) = (flag("dry_run"), flag("allow_capabilities"));
+    // The checks load plugins and re-score rollouts: off the async workers.
+    let applied = tokio::task::spawn_blocking(move || control.apply(tasks, dry_run, allow))
+        .await
+        .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the apply failed: {e}")))?;
+    Ok(match applied {
+        Ok(report) => Json(report).into_response(),
+        Err((message, report)) => control::refused(message, report),
+    })
 }
 
 /// Serve `router` on `listener` until `shutdown` resolves; requests in flight then finish.
@@ -277,6 +376,8 @@ async fn generate(
     let choices: Vec<Value> =
         completions.iter().enumerate().map(|(i, c)| choice(&state, kind, i, c, common.logprobs)).collect();
     let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    state.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
     Ok(Json(json!({
         "id": id,
         "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
@@ -436,8 +537,10 @@ fn stream(
                 return;
             }
         }
+        let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
+        state.requests.fetch_add(1, Ordering::Relaxed);
+        state.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
         if common.include_usage {
-            let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
             let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
             let data = json!({"id": id, "object": object, "created": created, "model": state.config.model_name,
                               "choices": [], "usage": usage(prompt_len, generated)});

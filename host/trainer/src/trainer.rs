@@ -218,6 +218,16 @@ impl Trainer {
         &self.engine
     }
 
+    /// The policy's tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's context length in tokens.
+    pub fn context(&self) -> usize {
+        self.model_config.max_position_embeddings
+    }
+
     /// `(name, sha256)` of every task's environment and reward plugins, each once.
     pub fn plugin_hashes(&self) -> Vec<(String, String)> {
         let mut hashes: Vec<(String, String)> = Vec::new();

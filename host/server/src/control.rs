@@ -1,0 +1,59 @@
+//! A running training's control over HTTP (`wirl train --serve`): the operations of the
+//! trainer's `Control`, behind a trait so that this crate does not depend on the trainer;
+//! and `GET /metrics` in Prometheus' text format.
+
+use crate::ApiError;
+use axum::http::StatusCode;
+use serde_json::Value;
+
+/// What `/control/*` can ask a run. Replies are JSON (the trainer's own types, serialized).
+pub trait RunControl: Send + Sync + 'static {
+    /// Step, manifest in force, staged changes, last step's figures.
+    fn status(&self) -> Result<Value, String>;
+    fn pause(&self) -> Result<Value, String>;
+    fn resume(&self) -> Result<Value, String>;
+    fn stop(&self);
+    fn rollback(&self) -> Result<String, String>;
+    /// Check and stage a task set (`{"tasks": [...], "rewards": [...]}`, absolute paths);
+    /// `Err` carries the message and, when the checks ran, their report.
+    fn apply(
+        &self,
+        tasks: Value,
+        dry_run: bool,
+        allow_new_capabilities: bool,
+    ) -> Result<Value, (String, Option<Value>)>;
+}
+
+pub(crate) fn refused(message: String, report: Option<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null,
+                                            "code": null, "report": report}});
+    (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response()
+}
+
+pub(crate) fn failed(message: String) -> ApiError {
+    ApiError::with_status(StatusCode::CONFLICT, message)
+}
+
+/// Prometheus text: the run's figures from its status, and the server's counters.
+pub(crate) fn metrics(status: Option<&Value>, requests: u64, tokens: u64, refused: u64) -> String {
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, value: f64| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
+    };
+    gauge("wirl_serve_requests_total", "Generation requests answered.", requests as f64);
+    gauge("wirl_serve_generated_tokens_total", "Tokens generated for requests.", tokens as f64);
+    gauge("wirl_serve_refused_total", "Requests answered 4xx or 5xx.", refused as f64);
+    if let Some(status) = status {
+        let number = |key: &str| status.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+        gauge("wirl_train_step", "Steps done.", number("step"));
+        gauge("wirl_train_steps", "Steps of the run.", number("steps"));
+        gauge("wirl_train_reward_mean", "The last step's mean reward.", number("reward_mean"));
+        gauge("wirl_train_pass_rate", "The last step's pass rate.", number("pass_rate"));
+        let paused = status.get("paused").and_then(Value::as_bool).unwrap_or(false);
+        gauge("wirl_train_paused", "1 while the run is paused.", f64::from(u8::from(paused)));
+        let generation = status.pointer("/manifest/generation").and_then(Value::as_f64).unwrap_or(0.0);
+        gauge("wirl_train_manifest_generation", "The task set's generation in force.", generation);
+    }
+    out
+}
