@@ -234,7 +234,7 @@ fn two_hundred_requests_from_32_clients_are_answered_with_flat_memory() {
                         if i >= count {
                             return;
                         }
-                        let (path, body) = if i % 2 == 0 {
+                        let (path, body) = if i.is_multiple_of(2) {
                             ("/v1/completions", format!(r#"{{"prompt": "Count to ten: {i},", "max_tokens": 8, "seed": {i}}}"#))
                         } else {
                             (
