@@ -178,8 +178,8 @@ fn a_key_guards_everything_but_health_and_other_hosts_need_one() {
 }
 
 /// With one slot, a second request is answered 503 with Retry-After while the first
-/// generates; when the first client goes away its generation is cancelled and the slot
-/// frees long before its 3,000 tokens could have been generated.
+/// generates; when the first client goes away its generation is cancelled (counted in
+/// /metrics) and the slot is free again.
 #[test]
 fn a_busy_server_says_so_and_a_disconnect_cancels_its_generation() {
     let server = Server::start(&["--max-concurrent", "1"]);
@@ -199,16 +199,16 @@ fn a_busy_server_says_so_and_a_disconnect_cancels_its_generation() {
     assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
 
     drop(first);
+    // The server notices the client gone at its next piece and drops the generation (the
+    // engine gives its rows up); /metrics counts it, then the one slot is free again.
+    let cancelled = |metrics: &str| metrics.lines().any(|l| l == "wirl_serve_cancelled_total 1");
     let started = Instant::now();
-    loop {
-        let (status, _, body) = server.http("POST", "/v1/completions", &[], br#"{"prompt": "hi", "max_tokens": 2}"#);
-        if status == 200 {
-            break;
-        }
-        assert_eq!(status, 503, "{body}");
-        assert!(started.elapsed() < Duration::from_secs(20), "the slot stayed busy: the generation went on");
-        std::thread::sleep(Duration::from_millis(100));
+    while !cancelled(&server.http("GET", "/metrics", &[], b"").2) {
+        assert!(started.elapsed() < Duration::from_secs(120), "hung: the disconnect was never noticed");
+        std::thread::sleep(Duration::from_millis(50));
     }
+    let (status, _, body) = server.http("POST", "/v1/completions", &[], br#"{"prompt": "hi", "max_tokens": 2}"#);
+    assert_eq!(status, 200, "the slot is free after the cancellation: {body}");
 }
 
 /// Loopback load, bounded in count and time: 200 requests from 32 clients at once, every one
@@ -256,12 +256,10 @@ fn two_hundred_requests_from_32_clients_are_answered_with_flat_memory() {
     // 885 MiB after 32 requests, 1116 after 200 more, then 1126 and 1127 after two more 200s.
     assert_eq!(round(96), 0, "the warm-up round");
     let before = resident_mib();
-    let started = Instant::now();
+    // Bounded in time by each client's read timeout (2 min), not by an assertion on speed.
     assert_eq!(round(200), 0, "every request answered");
-    let elapsed = started.elapsed();
     let after = resident_mib();
-    eprintln!("200 requests from 32 clients in {elapsed:.1?}; resident {before} MiB -> {after} MiB");
-    assert!(elapsed < Duration::from_secs(300), "{elapsed:?}");
+    eprintln!("200 requests from 32 clients; resident {before} MiB -> {after} MiB");
     assert!(after <= before + before / 10 + 32, "resident memory grew from {before} to {after} MiB");
     assert_eq!(server.http("GET", "/health", &[], b"").0, 200);
 }

@@ -57,21 +57,6 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// Every kind.
-    pub const ALL: [FailureKind; 11] = [
-        FailureKind::GuestError,
-        FailureKind::Deadline,
-        FailureKind::Fuel,
-        FailureKind::Memory,
-        FailureKind::StackOverflow,
-        FailureKind::Trap,
-        FailureKind::OutputTooLarge,
-        FailureKind::PrintLimit,
-        FailureKind::Instantiate,
-        FailureKind::NonFinite,
-        FailureKind::Interrupted,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             FailureKind::GuestError => "guest_error",

@@ -36,7 +36,7 @@ pub(crate) fn failed(message: String) -> ApiError {
 }
 
 /// Prometheus text: the run's figures from its status, and the server's counters.
-pub(crate) fn metrics(status: Option<&Value>, requests: u64, tokens: u64, refused: u64) -> String {
+pub(crate) fn metrics(status: Option<&Value>, requests: u64, tokens: u64, refused: u64, cancelled: u64) -> String {
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, value: f64| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
@@ -44,6 +44,7 @@ pub(crate) fn metrics(status: Option<&Value>, requests: u64, tokens: u64, refuse
     gauge("wirl_serve_requests_total", "Generation requests answered.", requests as f64);
     gauge("wirl_serve_generated_tokens_total", "Tokens generated for requests.", tokens as f64);
     gauge("wirl_serve_refused_total", "Requests answered 4xx or 5xx.", refused as f64);
+    gauge("wirl_serve_cancelled_total", "Streamed generations cancelled: their client went away.", cancelled as f64);
     if let Some(status) = status {
         let number = |key: &str| status.get(key).and_then(Value::as_f64).unwrap_or(0.0);
         gauge("wirl_train_step", "Steps done.", number("step"));

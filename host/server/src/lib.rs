@@ -65,6 +65,8 @@ struct AppState {
     requests: AtomicU64,
     generated_tokens: AtomicU64,
     refused: AtomicU64,
+    /// Streamed generations given up because their client went away.
+    cancelled: AtomicU64,
     tokenizer: Arc<Tokenizer>,
     context: usize,
     config: ServeConfig,
@@ -130,6 +132,7 @@ pub fn router(
         requests: AtomicU64::new(0),
         generated_tokens: AtomicU64::new(0),
         refused: AtomicU64::new(0),
+        cancelled: AtomicU64::new(0),
         tokenizer,
         context,
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
@@ -175,6 +178,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.requests.load(Ordering::Relaxed),
         state.generated_tokens.load(Ordering::Relaxed),
         state.refused.load(Ordering::Relaxed),
+        state.cancelled.load(Ordering::Relaxed),
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
@@ -493,7 +497,9 @@ fn stream(
                     if let Some(piece) = piece {
                         let first = !std::mem::replace(&mut started[piece.sample.min(common.n - 1)], true);
                         if events.send(chunk(delta(piece.sample, &piece.text, first))).await.is_err() {
-                            return; // the client went away: dropping `generation` cancels it
+                            // The client went away: dropping `generation` cancels it.
+                            state.cancelled.fetch_add(1, Ordering::Relaxed);
+                            return;
                         }
                     }
                 }

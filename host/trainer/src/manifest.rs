@@ -177,12 +177,16 @@ impl PluginStore {
 
     /// Keep the bytes of `reference` as they are now; their sha256.
     pub fn keep(&self, reference: &Path) -> anyhow::Result<String> {
-        let bytes = Self::read(reference)?;
-        let sha256 = hex::encode(Sha256::digest(&bytes));
+        self.put(&Self::read(reference)?)
+    }
+
+    /// Keep `bytes`; their sha256.
+    pub fn put(&self, bytes: &[u8]) -> anyhow::Result<String> {
+        let sha256 = hex::encode(Sha256::digest(bytes));
         let path = self.path(&sha256);
         if !path.is_file() {
             std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
-            write_atomically(&path, &bytes)?;
+            write_atomically(&path, bytes)?;
         }
         Ok(sha256)
     }

@@ -334,11 +334,17 @@ impl Swapper {
         let origin = if options.origin.is_empty() { "the task set".to_string() } else { options.origin.clone() };
         let config = self.base.with_task_set(set, &origin, Path::new("/")).map_err(|e| refuse(format!("{e:#}")))?;
         let set = config.task_set();
-        // The bytes as they are now, by reference.
+        // The bytes as they are now, by reference, read once: hashed, and (not for a dry run)
+        // kept, so that what is checked and switched in is exactly what was read.
         let mut now: BTreeMap<String, String> = BTreeMap::new();
         for reference in crate::manifest::references(&set) {
             let bytes = PluginStore::read(&reference).map_err(|e| refuse(format!("{origin}: {e:#}")))?;
-            now.insert(reference.display().to_string(), hex::encode(Sha256::digest(&bytes)));
+            let sha256 = if options.dry_run {
+                hex::encode(Sha256::digest(&bytes))
+            } else {
+                self.store.put(&bytes).map_err(|e| refuse(format!("{origin}: {e:#}")))?
+            };
+            now.insert(reference.display().to_string(), sha256);
         }
         let (changes, changed_tasks, current, generation) = {
             let state = self.state();
@@ -381,8 +387,13 @@ impl Swapper {
         let manifest = if options.dry_run {
             None
         } else {
-            let manifest = Manifest::keep(generation, 0, &options.reason, set.clone(), &self.store)
-                .map_err(|e| refuse(format!("{origin}: {e:#}")))?;
+            let manifest = Manifest {
+                generation,
+                from_step: 0,
+                reason: options.reason.clone(),
+                tasks: set.clone(),
+                plugins: now.clone(),
+            };
             manifest.pin(&mut run, &self.store).map_err(|e| refuse(format!("{e:#}")))?;
             Some(manifest)
         };
@@ -394,7 +405,8 @@ impl Swapper {
             let state = self.state();
             for task in &tasks {
                 for plugin in task.plugins() {
-                    let reference = reference_of(plugin);
+                    // A loaded plugin is shown by its reference (the path as written).
+                    let reference = plugin.path().display().to_string();
                     let Some(old_sha) = current.plugins.get(&reference) else { continue };
                     let Some(old_imports) = state.imports.get(old_sha) else { continue };
                     let new: Vec<&String> = plugin.imports().iter().filter(|i| !old_imports.contains(i)).collect();
@@ -478,17 +490,17 @@ impl Swapper {
                 continue;
             }
             let name = task.spec.name.clone();
-            if sources.contains(&name) && matches!(task.source, TaskSource::Environment { .. }) {
+            if let (true, TaskSource::Environment { plugin, seed }) = (sources.contains(&name), &mut task.source) {
                 // The tasks it would give next (at least 4).
                 let groups = allocation[t].max(1) as u64;
                 let first = (step as u64 + 1) * groups;
                 let mut check = Check { task: name.clone(), kind: "tasks".into(), ..Default::default() };
                 for index in first..first + groups.max(4) {
                     check.calls += 1;
-                    if let Err(error) = task.source.training(index) {
+                    if let Err(failure) = plugin.task_at(*seed, index) {
                         check.failed += 1;
-                        *check.failures.entry(failure_kind(&format!("{error:#}"))).or_default() += 1;
-                        check.note.get_or_insert_with(|| format!("{error:#}"));
+                        *check.failures.entry(failure.kind.name().to_string()).or_default() += 1;
+                        check.note.get_or_insert_with(|| format!("task {index}: {failure}"));
                     }
                 }
                 checks.push(check);
@@ -645,21 +657,6 @@ impl Swapper {
         }
         Some(reason)
     }
-}
-
-/// The reference (path as written) of a loaded plugin: the path it is shown by.
-fn reference_of(plugin: &wirl_sandbox::Plugin) -> String {
-    plugin.path().display().to_string()
-}
-
-/// The kind of a failure from its message (`trap: …` → `trap`).
-fn failure_kind(message: &str) -> String {
-    message
-        .split(": ")
-        .find_map(|part| {
-            wirl_sandbox::FailureKind::ALL.iter().find(|k| k.name() == part.trim()).map(|k| k.name().to_string())
-        })
-        .unwrap_or_else(|| "error".into())
 }
 
 /// Tasks whose plugins (by bytes), source or scoring differ from those in force, or that are
