@@ -16,6 +16,7 @@ mod plugins;
 mod reference;
 mod sandbox;
 mod serve;
+mod serve_tasks;
 mod trainer;
 
 use std::sync::Arc;

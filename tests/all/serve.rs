@@ -9,13 +9,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A `wirl serve` on a free loopback port.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    address: String,
+    pub(crate) address: String,
 }
 
 impl Server {
-    fn start(flags: &[&str]) -> Server {
+    pub(crate) fn start(flags: &[&str]) -> Server {
         let model = crate::engine::default_model();
         let mut child = Command::new(env!("CARGO_BIN_EXE_wirl"))
             .args(["serve", "--port", "0", "--model"])
@@ -26,7 +26,11 @@ impl Server {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let first = lines.next().expect("wirl serve says where it listens").unwrap();
+        let first = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|line| line.contains("http://"))
+            .expect("wirl serve says where it listens");
         let address = first
             .split("http://")
             .nth(1)
@@ -38,13 +42,21 @@ impl Server {
         Server { child, address }
     }
 
-    fn http(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String, String) {
+    pub(crate) fn http(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String, String) {
         http(&self.address, method, path, headers, body)
     }
 
-    fn post(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+    pub(crate) fn post(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
         let (status, _, body) = self.http("POST", path, &[], body.as_bytes());
         (status, serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)))
+    }
+}
+
+impl Server {
+    /// kill -9.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -8,9 +8,15 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A GGUF file, an HF model directory, or the default model's name (the default).
+    /// A GGUF file, an HF model directory, or the default model's name (default: the
+    /// config's model, else the default model).
     #[arg(long)]
     model: Option<String>,
+    /// A training config (TOML) whose tasks are served: their rewards (/v1/score,
+    /// /get_reward), tasks and episodes (/v1/tasks, /v1/episodes) and Megatron-RL's
+    /// /rollouts/, /grouped_rollouts/, /evaluation/. `default`: the embedded default job.
+    #[arg(long, value_name = "TRAIN.toml")]
+    config: Option<std::path::PathBuf>,
     /// The address to listen on. Anything but loopback needs --api-key.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -41,6 +47,12 @@ pub struct Args {
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Episodes open at once (/v1/episodes); more are answered 503.
+    #[arg(long, default_value_t = 256)]
+    max_episodes: usize,
+    /// Seconds an episode may sit idle before it is closed.
+    #[arg(long, default_value_t = 600)]
+    episode_idle_s: u64,
 }
 
 /// The API key (`--api-key`, else WIRL_API_KEY); an error when `host` is not loopback and
@@ -66,15 +78,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             bail!("{flag} must be at least 1");
         }
     }
-    let path = crate::model::resolve(args.model.as_deref())?;
+    let run = match &args.config {
+        None => None,
+        Some(path) if path.as_os_str() == "default" => Some(crate::train::default_config()?.run_config()?),
+        Some(path) => Some(served_config(path)?.run_config()?),
+    };
+    let model = args.model.clone().or_else(|| run.as_ref().map(|r| r.model.clone()));
+    let path = crate::model::resolve(model.as_deref())?;
     let options = wirl_engine::LoadOptions { quantized: args.quantized, ..Default::default() };
     let loaded = wirl_engine::load(&path, &options)?;
     let context = loaded.config.max_position_embeddings;
-    let name = args.name.clone().unwrap_or_else(|| match args.model.as_deref() {
+    let name = args.name.clone().unwrap_or_else(|| match model.as_deref() {
         None | Some(crate::model::DEFAULT_MODEL) => crate::model::DEFAULT_MODEL.to_string(),
         Some(_) => path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()),
     });
     let tokenizer = Arc::new(loaded.tokenizer);
+    let served = match &run {
+        Some(run) => served_tasks(run)?,
+        None => Vec::new(),
+    };
     let (engine, _thread) = wirl_engine::EngineHandle::spawn(Arc::new(loaded.model), tokenizer.clone())?;
     let config = wirl_server::ServeConfig {
         model_name: name.clone(),
@@ -83,7 +105,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_body_bytes: args.max_body_bytes,
         max_concurrent: args.max_concurrent,
         request_timeout: Duration::from_secs(args.timeout_s.max(1)),
+        task_limits: wirl_server::TaskLimits {
+            max_sessions: args.max_episodes.max(1),
+            session_idle: Duration::from_secs(args.episode_idle_s.max(1)),
+            ..Default::default()
+        },
     };
+    let names: Vec<String> = served.iter().map(|t| t.name.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -91,12 +119,58 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let address = listener.local_addr()?;
         eprintln!("wirl serve: {name} on http://{address} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions)");
-        let router = wirl_server::router(engine, tokenizer, context, config, None);
+        if !names.is_empty() {
+            eprintln!(
+                "wirl serve: tasks {} (/v1/tasks, /v1/score, /get_reward, /v1/episodes, /rollouts/, /grouped_rollouts/, \
+                 /evaluation/)",
+                names.join(", ")
+            );
+        }
+        let router = wirl_server::router(engine, tokenizer, context, config, None, served);
         wirl_server::serve(listener, router, shutdown_signal()).await.context("serving")?;
         eprintln!("wirl serve: stopped (requests in flight were finished)");
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A training config, or a task set (`[[tasks]]` and `[[rewards]]` alone, as `wirl ctl apply`
+/// takes) in the embedded default's settings.
+fn served_config(path: &std::path::Path) -> anyhow::Result<wirl_trainer::TrainConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let table: toml::Table =
+        text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), e.message()))?;
+    if table.contains_key("model") {
+        return wirl_trainer::TrainConfig::load(path);
+    }
+    let set = wirl_trainer::TrainConfig::read_task_set(path)?;
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    crate::train::default_config()?.with_task_set(set, &path.display().to_string(), base)
+}
+
+/// The config's tasks, loaded as `wirl train` loads them.
+fn served_tasks(run: &wirl_trainer::RunConfig) -> anyhow::Result<Vec<wirl_server::ServedTask>> {
+    let sandbox = wirl_sandbox::Sandbox::new(wirl_sandbox::SandboxSettings::default())?;
+    let mut served = Vec::new();
+    for spec in &run.tasks {
+        let name = &spec.name;
+        let source =
+            wirl_rollout::TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
+        let scorers = wirl_rollout::Scorers::for_source(&sandbox, &source, &spec.rewards)
+            .with_context(|| format!("task `{name}`"))?;
+        served.push(wirl_server::ServedTask {
+            name: name.clone(),
+            source,
+            scorers,
+            sampling: spec.sampling,
+            failures: spec.failures,
+            max_turns: spec.max_turns,
+            pass_reward: spec.pass_reward,
+            eval_first_index: run.eval.first_index,
+            seed: run.grpo.seed,
+        });
+    }
+    Ok(served)
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, let requests in flight finish.
@@ -135,6 +209,7 @@ pub fn serve_training(
         trainer.context(),
         config,
         Some(Arc::new(TrainingControl(control))),
+        Vec::new(),
     );
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = runtime

@@ -195,7 +195,7 @@ fn forward_interrupts(control: Control) {
 }
 
 /// The embedded default: its plugins are built in, so it runs from any folder.
-fn default_config() -> anyhow::Result<TrainConfig> {
+pub(crate) fn default_config() -> anyhow::Result<TrainConfig> {
     TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new("."))
 }
 

@@ -312,27 +312,11 @@ pub fn agent_groups(call: &AgentCall<'_>) -> Vec<RolloutGroup> {
         Ok(groups) => groups,
         Err(failure) => {
             tracing::warn!("agent {name}: {}", printable(&failure.to_string()));
+            let message = format!("the agent failed, nothing to train on: {failure}");
             return (0..call.groups)
                 .map(|i| {
-                    let index = call.cursor + i as u64;
-                    let failed = || {
-                        let mut score = Scored { status: Status::Masked, ..Default::default() };
-                        score.failures.push(failure.kind.name().to_string());
-                        score.notes.insert(name.clone(), format!("the agent failed, nothing to train on: {failure}"));
-                        score
-                    };
-                    RolloutGroup {
-                        task_name: call.task_name.to_string(),
-                        task: Task {
-                            id: format!("{}/{index}", call.task_name),
-                            messages: Vec::new(),
-                            answer: None,
-                            metadata: None,
-                        },
-                        prompt: Vec::new(),
-                        trajectories: (0..call.group_size).map(|_| empty_trajectory()).collect(),
-                        scores: (0..call.group_size).map(|_| failed()).collect(),
-                    }
+                    let id = format!("{}/{}", call.task_name, call.cursor + i as u64);
+                    RolloutGroup::placeholder(call.task_name, id, call.group_size, failure.kind.name(), &name, &message)
                 })
                 .collect();
         }
@@ -341,19 +325,6 @@ pub fn agent_groups(call: &AgentCall<'_>) -> Vec<RolloutGroup> {
         tracing::warn!("agent {name} returned {} groups where {} were asked for", groups.len(), call.groups);
     }
     groups.into_iter().take(call.groups).map(|group| resolve_group(&host, group, &name, call)).collect()
-}
-
-fn empty_trajectory() -> Trajectory {
-    Trajectory {
-        tokens: Vec::new(),
-        logprobs: Vec::new(),
-        text: String::new(),
-        finish: FinishReason::Stop,
-        weights_version: 0,
-        trainable: Vec::new(),
-        turns: 0,
-        conversation: Vec::new(),
-    }
 }
 
 /// One agent group as a `RolloutGroup`: the rollouts' ledgers under their longest common
@@ -426,7 +397,7 @@ fn resolve_group(host: &EngineInference, group: AgentRolloutGroup, agent: &str, 
                 });
             }
             Err((kind, message)) => {
-                trajectories.push(empty_trajectory());
+                trajectories.push(Trajectory::empty());
                 scores.push(failed(kind, message, None));
             }
         }

@@ -44,6 +44,20 @@ impl From<Completion> for Trajectory {
 }
 
 impl Trajectory {
+    /// No tokens: what a placeholder holds.
+    pub fn empty() -> Self {
+        Trajectory {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            text: String::new(),
+            finish: FinishReason::Stop,
+            weights_version: 0,
+            trainable: Vec::new(),
+            turns: 0,
+            conversation: Vec::new(),
+        }
+    }
+
     /// Tokens the model sampled (for a multi-turn ledger, not the environment's).
     pub fn model_tokens(&self) -> usize {
         if self.trainable.is_empty() { self.tokens.len() } else { self.trainable.iter().filter(|&&t| t).count() }
@@ -65,6 +79,25 @@ pub struct RolloutGroup {
 impl RolloutGroup {
     pub fn rewards(&self) -> Vec<f32> {
         self.scores.iter().map(|s| s.reward).collect()
+    }
+
+    /// A group that could not be sampled (its agent or task server failed): no prompt, no
+    /// tokens, `size` masked trajectories each naming the failure's `kind` and, under `by`
+    /// in its notes, `message`. It carries no gradient and is recorded and counted.
+    pub fn placeholder(task_name: &str, task_id: String, size: usize, kind: &str, by: &str, message: &str) -> Self {
+        let failed = || {
+            let mut score = Scored { status: crate::scorer::Status::Masked, ..Default::default() };
+            score.failures.push(kind.to_string());
+            score.notes.insert(by.to_string(), message.to_string());
+            score
+        };
+        RolloutGroup {
+            task_name: task_name.to_string(),
+            task: Task { id: task_id, messages: Vec::new(), answer: None, metadata: None },
+            prompt: Vec::new(),
+            trajectories: (0..size).map(|_| Trajectory::empty()).collect(),
+            scores: (0..size).map(|_| failed()).collect(),
+        }
     }
 }
 

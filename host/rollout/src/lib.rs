@@ -1,9 +1,10 @@
 //! wirl's rollout layer: where a step's data comes from and how it is judged, before any
 //! tensor. Task sources (`source`: environment plugins, JSONL datasets), prompts that fit the
-//! model (`prompt`), sampling a step's groups through the engine's batching actor (`group`),
+//! model (`prompt`), tasks served by another `wirl serve` (`remote`), sampling a step's groups through the engine's batching actor (`group`),
 //! and the reward plugins that score them (`scorer`).
 //!
-//! It must not know tensors, the loss, run directories or HTTP routes: `wirl-trainer` turns
+//! It must not know tensors, the loss, run directories or HTTP routes (it is a client of
+//! `wirl serve`'s, never a server): `wirl-trainer` turns
 //! its `RolloutGroup`s into the learner's batches, and a server can drive the same pieces.
 
 pub mod agent;
@@ -12,6 +13,7 @@ pub mod episode;
 pub mod group;
 pub mod mixture;
 pub mod prompt;
+pub mod remote;
 pub mod scorer;
 pub mod seed;
 pub mod source;
@@ -25,6 +27,7 @@ pub use episode::{
 pub use group::{RolloutGroup, SamplingSpec, Trajectory, sample_groups, seed_for};
 pub use mixture::{Allocation, MixtureError, allocate};
 pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, prompt_ids, step_tasks};
+pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
 pub use scorer::{FailurePolicy, OnFailure, Scored, Scorers, Status};
 pub use source::TaskSource;
 pub use spec::{CodeRunnerRef, PluginRef, RewardSpec, SourceSpec};

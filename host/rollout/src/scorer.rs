@@ -10,6 +10,8 @@ use wirl_sandbox::{Plugin, RewardPlugin, Sandbox, Task, printable};
 /// The reward plugins of a run, with their weights.
 pub struct Scorers {
     plugins: Vec<(RewardPlugin, f32)>,
+    /// A remote task's: its server scores (its reward plugins, not these).
+    remote: Option<crate::remote::RemoteTasks>,
     /// Each plugin's name in notes and namespaced parts: its file's name, with `#2`, `#3`
     /// for further entries of one file, so that no two coincide.
     labels: Vec<String>,
@@ -84,7 +86,18 @@ impl Scorers {
             let taken = labels.iter().filter(|l| *l == name || l.starts_with(&format!("{name}#"))).count();
             labels.push(if taken == 0 { name.to_string() } else { format!("{name}#{}", taken + 1) });
         }
-        Ok(Scorers { plugins, labels })
+        Ok(Scorers { plugins, labels, remote: None })
+    }
+
+    /// The scorers of a task from `source`: a remote task's server, else the plugins of
+    /// `specs`.
+    pub fn for_source(sandbox: &Sandbox, source: &crate::TaskSource, specs: &[RewardSpec]) -> anyhow::Result<Self> {
+        match source {
+            crate::TaskSource::Remote(remote) => {
+                Ok(Scorers { plugins: Vec::new(), labels: Vec::new(), remote: Some((**remote).clone()) })
+            }
+            _ => Self::load(sandbox, specs),
+        }
     }
 
     /// The loaded plugins, in config order.
@@ -95,6 +108,9 @@ impl Scorers {
     /// Score one group: every plugin's weighted reward summed. A failing call is recorded
     /// (its kind, its message in the notes) and handled by `policy`.
     pub fn score_group(&mut self, task: &Task, completions: &[String], policy: FailurePolicy) -> Vec<Scored> {
+        if let Some(remote) = &self.remote {
+            return remote.score_group(task, completions, policy);
+        }
         let failure_reward = match policy.on_failure {
             OnFailure::Reward => policy.failure_reward,
             OnFailure::Mask => 0.0,

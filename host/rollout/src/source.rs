@@ -16,6 +16,8 @@ pub enum TaskSource {
     Dataset { train: Option<Box<Dataset>>, eval: Option<Box<Dataset>> },
     /// An agent plugin, which makes its own tasks and rollouts (`crate::agent`).
     Agent { agent: wirl_sandbox::AgentPlugin, limits: crate::spec::AgentLimits },
+    /// Another `wirl serve`'s task (`crate::remote`).
+    Remote(Box<crate::remote::RemoteTasks>),
 }
 
 impl TaskSource {
@@ -33,6 +35,7 @@ impl TaskSource {
                 agent: wirl_sandbox::AgentPlugin::new(sandbox.load(plugin.spec())?)?,
                 limits: *limits,
             },
+            SourceSpec::Remote(spec) => TaskSource::Remote(Box::new(crate::remote::RemoteTasks::connect(spec)?)),
         })
     }
 
@@ -46,7 +49,7 @@ impl TaskSource {
         match self {
             TaskSource::Environment { plugin, .. } => Some(plugin.plugin()),
             TaskSource::Agent { agent, .. } => Some(agent.plugin()),
-            TaskSource::Dataset { .. } => None,
+            TaskSource::Dataset { .. } | TaskSource::Remote(_) => None,
         }
     }
 
@@ -64,11 +67,13 @@ impl TaskSource {
             TaskSource::Agent { agent, .. } => {
                 bail!("agent {} makes its own tasks: it is asked for rollouts, not tasks", agent.plugin().name())
             }
+            TaskSource::Remote(remote) => remote.training(index),
         }
     }
 
     /// `count` held-out tasks: an environment's from `first_index` on (one it cannot give is
-    /// left out, with a warning), a dataset's first of its `eval` file.
+    /// left out, with a warning), a dataset's first of its `eval` file, a remote task's first
+    /// held-out ones there.
     pub fn held_out(&mut self, first_index: u64, count: usize) -> Vec<Task> {
         match self {
             TaskSource::Environment { .. } => (0..count as u64)
@@ -88,6 +93,8 @@ impl TaskSource {
             TaskSource::Dataset { eval: None, .. } => Vec::new(),
             // Evaluated through its own rollouts instead.
             TaskSource::Agent { .. } => Vec::new(),
+            // The server's own held-out range.
+            TaskSource::Remote(remote) => remote.held_out(count),
         }
     }
 }

@@ -89,6 +89,8 @@ pub enum SourceSpec {
     Dataset { train: Option<Box<crate::dataset::DatasetSpec>>, eval: Option<Box<crate::dataset::DatasetSpec>> },
     /// An agent plugin: it produces scored rollout groups itself, calling the model.
     Agent { plugin: PluginRef, limits: AgentLimits },
+    /// A task served by another `wirl serve`: tasks and scores over HTTP, sampled here.
+    Remote(crate::remote::RemoteSpec),
 }
 
 /// Limits on an agent's use of the engine, per rollout it is asked for.

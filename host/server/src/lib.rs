@@ -6,13 +6,19 @@
 //! are busy a request is answered 503 with `Retry-After`; a client that goes away cancels its
 //! generation (the engine drops rows no one waits for); bad input is a 4xx naming the field.
 //!
-//! It must not know the trainer's loop, plugins or the command line.
+//! With tasks (`wirl serve --config`), it also serves the rollout layer: rewards, tasks,
+//! episodes and Megatron-RL's rollout endpoints (`tasks`), from the same `wirl-rollout`
+//! pieces `wirl train` steps with.
+//!
+//! It must not know the trainer's loop, configs or the command line.
 
 mod control;
 mod request;
+mod tasks;
 
 pub use control::RunControl;
 pub use request::Limits;
+pub use tasks::{ServedTask, TaskLimits};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -43,6 +49,8 @@ pub struct ServeConfig {
     pub max_concurrent: usize,
     /// A request still generating after this is cut (504) and its generation cancelled.
     pub request_timeout: Duration,
+    /// Limits of the task endpoints (rewards, episodes, rollouts).
+    pub task_limits: TaskLimits,
 }
 
 impl Default for ServeConfig {
@@ -54,6 +62,7 @@ impl Default for ServeConfig {
             max_body_bytes: 1 << 20,
             max_concurrent: 64,
             request_timeout: Duration::from_secs(300),
+            task_limits: TaskLimits::default(),
         }
     }
 }
@@ -62,6 +71,8 @@ struct AppState {
     engine: EngineHandle,
     /// The training this server belongs to (`wirl train --serve`), if any.
     control: Option<Arc<dyn RunControl>>,
+    /// The tasks served (`wirl serve --config`), if any.
+    tasks: Option<Arc<tasks::Tasks>>,
     requests: AtomicU64,
     generated_tokens: AtomicU64,
     refused: AtomicU64,
@@ -117,18 +128,21 @@ impl IntoResponse for ApiError {
 }
 
 /// The routes, over an engine and its tokenizer; with `control`, also a running training's
-/// `/control/*` and its figures in `/metrics`.
+/// `/control/*` and its figures in `/metrics`; with `tasks`, their rewards, environments and
+/// rollouts.
 pub fn router(
     engine: EngineHandle,
     tokenizer: Arc<Tokenizer>,
     context: usize,
     config: ServeConfig,
     control: Option<Arc<dyn RunControl>>,
+    served: Vec<ServedTask>,
 ) -> Router {
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(AppState {
         engine,
         control,
+        tasks: (!served.is_empty()).then(|| tasks::Tasks::new(served, config.task_limits.clone())),
         requests: AtomicU64::new(0),
         generated_tokens: AtomicU64::new(0),
         refused: AtomicU64::new(0),
@@ -152,6 +166,16 @@ pub fn router(
         .route("/control/rollback", post(control_rollback))
         .route("/control/stop", post(control_stop))
         .route("/control/apply", post(control_apply))
+        .route("/v1/tasks", get(tasks::list))
+        .route("/v1/tasks/draw", post(tasks::draw))
+        .route("/v1/score", post(tasks::score))
+        .route("/get_reward", post(tasks::get_reward))
+        .route("/v1/episodes", post(tasks::episode_reset))
+        .route("/v1/episodes/{id}/step", post(tasks::episode_step))
+        .route("/v1/episodes/{id}", axum::routing::delete(tasks::episode_close))
+        .route("/rollouts/", post(tasks::rollouts))
+        .route("/grouped_rollouts/", post(tasks::grouped_rollouts))
+        .route("/evaluation/", post(tasks::evaluation))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -338,14 +362,7 @@ async fn generate(
             &format!("is {} tokens; the model's context is {}", prompt.len(), state.context),
         ));
     }
-    let Ok(slot) = state.slots.clone().try_acquire_owned() else {
-        return Err(ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!("all {} generation slots are busy; retry shortly", state.config.max_concurrent),
-            param: None,
-            retry_after: Some(1),
-        });
-    };
+    let slot = take_slot(&state)?;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let id = match kind {
         Kind::Chat => format!("chatcmpl-{id}"),
@@ -392,6 +409,16 @@ async fn generate(
         "prompt_token_ids": prompt,
     }))
     .into_response())
+}
+
+/// A generation slot, or 503 with `Retry-After` when every one is busy.
+pub(crate) fn take_slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    state.slots.clone().try_acquire_owned().map_err(|_| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: format!("all {} generation slots are busy; retry shortly", state.config.max_concurrent),
+        param: None,
+        retry_after: Some(1),
+    })
 }
 
 fn now() -> u64 {

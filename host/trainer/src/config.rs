@@ -112,6 +112,9 @@ pub struct TaskSection {
     /// An agent plugin that produces the task's scored rollouts itself, calling the model.
     #[serde(default)]
     pub agent: Option<AgentSection>,
+    /// A task served by another `wirl serve --config`: its tasks and scores over HTTP.
+    #[serde(default)]
+    pub remote: Option<RemoteSection>,
     /// Its reward plugins (default: the top-level `[[rewards]]`).
     #[serde(default)]
     pub rewards: Vec<RewardSection>,
@@ -156,6 +159,35 @@ pub struct AgentSection {
     /// Tokens generated per rollout asked for (default 2048).
     #[serde(default = "default_agent_tokens")]
     pub max_tokens: u64,
+}
+
+/// A task served by another `wirl serve --config` process: its tasks drawn and its
+/// completions scored there; sampled here, by the policy.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteSection {
+    /// The server, `http://HOST:PORT`.
+    pub url: String,
+    /// The task's name there (default: the only one it serves).
+    #[serde(default)]
+    pub task: Option<String>,
+    /// Seconds per call (default 30).
+    #[serde(default = "default_remote_timeout")]
+    pub timeout_s: f64,
+    /// Further tries after a failed call (default 2).
+    #[serde(default = "default_remote_retries")]
+    pub retries: u32,
+    /// The environment variable that holds the server's API key, if it needs one.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+}
+
+fn default_remote_timeout() -> f64 {
+    30.0
+}
+
+fn default_remote_retries() -> u32 {
+    2
 }
 
 fn default_generate_calls() -> u64 {
@@ -435,6 +467,7 @@ struct TaskView<'a> {
     environment: Option<&'a PluginSection>,
     dataset: Option<&'a DatasetSection>,
     agent: Option<&'a AgentSection>,
+    remote: Option<&'a RemoteSection>,
     rewards: &'a [RewardSection],
     /// `tasks[1].rewards` or `rewards`.
     rewards_key: String,
@@ -492,6 +525,7 @@ impl TrainConfig {
                 environment: self.environment.as_ref(),
                 dataset: self.dataset.as_ref(),
                 agent: None,
+                remote: None,
                 rewards: &self.rewards,
                 rewards_key: "rewards".into(),
                 sampling: &NO_OVERRIDES,
@@ -518,6 +552,7 @@ impl TrainConfig {
                     environment: task.environment.as_ref(),
                     dataset: task.dataset.as_ref(),
                     agent: task.agent.as_ref(),
+                    remote: task.remote.as_ref(),
                     rewards,
                     rewards_key,
                     sampling: &task.sampling,
@@ -536,6 +571,26 @@ impl TrainConfig {
         let mut tasks = Vec::new();
         for view in self.task_views() {
             let source = match (view.environment, view.dataset, view.agent) {
+                _ if view.remote.is_some() => {
+                    let remote = view.remote.expect("checked");
+                    let api_key = match &remote.api_key_env {
+                        None => None,
+                        Some(variable) => Some(std::env::var(variable).map_err(|_| {
+                            anyhow::anyhow!(
+                                "task `{}`: remote.api_key_env names {variable}, which is not set: export it with the \
+                                 server's key",
+                                view.name
+                            )
+                        })?),
+                    };
+                    SourceSpec::Remote(wirl_rollout::RemoteSpec {
+                        url: remote.url.clone(),
+                        task: remote.task.clone(),
+                        timeout: std::time::Duration::from_secs_f64(remote.timeout_s),
+                        retries: remote.retries,
+                        api_key,
+                    })
+                }
                 (Some(environment), None, None) => {
                     let e = environment;
                     let plugin = plugin_ref(&e.plugin, &e.config, e.deadline_ms, e.memory_mib);
@@ -647,6 +702,7 @@ impl TrainConfig {
             environment: self.environment.clone(),
             dataset: self.dataset.clone(),
             agent: None,
+            remote: None,
             rewards: Vec::new(),
             sampling: SamplingOverrides::default(),
             on_failure: None,
@@ -857,6 +913,36 @@ impl TrainConfig {
                 if !names.insert(view.name.clone()) {
                     bail!("{origin}: `{key}name`: two tasks are named {:?}; names must be unique", view.name);
                 }
+            }
+            if let Some(remote) = view.remote {
+                if view.agent.is_some() || view.environment.is_some() || view.dataset.is_some() {
+                    bail!(
+                        "{origin}: give one of [{key}environment], [{key}dataset], [{key}agent] or [{key}remote], not several"
+                    );
+                }
+                if view.own_rewards {
+                    bail!(
+                        "{origin}: `{key}rewards`: a remote task is scored by its server; remove its [[{key}rewards]]"
+                    );
+                }
+                if view.max_turns > 1 {
+                    bail!("{origin}: `{key}max_turns`: remote tasks are single-turn (max_turns = 1)");
+                }
+                let url = remote.url.trim_end_matches('/');
+                let host = url.strip_prefix("http://").unwrap_or_default();
+                if host.is_empty() || host.contains(['/', '?', '#', ' ']) {
+                    bail!(
+                        "{origin}: `{key}remote.url` = {:?}: give the server as http://HOST:PORT (as `wirl serve` prints it)",
+                        remote.url
+                    );
+                }
+                if !(remote.timeout_s.is_finite() && remote.timeout_s > 0.0 && remote.timeout_s <= 3600.0) {
+                    bail!("{origin}: `{key}remote.timeout_s` must be a number of seconds above 0, at most 3600");
+                }
+                if remote.retries > 10 {
+                    bail!("{origin}: `{key}remote.retries` must be at most 10");
+                }
+                continue;
             }
             if view.agent.is_some() && (view.environment.is_some() || view.dataset.is_some()) {
                 bail!("{origin}: give one of [{key}environment], [{key}dataset] or [{key}agent]{where_}, not several");

@@ -103,7 +103,7 @@ pub fn evaluate(
                 }
             }
         }
-        scorers.push(Scorers::load(&sandbox, &spec.rewards).with_context(|| format!("task `{name}`"))?);
+        scorers.push(Scorers::for_source(&sandbox, &source, &spec.rewards).with_context(|| format!("task `{name}`"))?);
         if spec.max_turns > 1 {
             wirl_rollout::check_template(&tokenizer).with_context(|| format!("task `{name}`"))?;
         }

@@ -57,7 +57,7 @@ pub(crate) fn load_tasks(
             wirl_rollout::check_template(tokenizer)
                 .with_context(|| format!("task `{name}` (max_turns = {})", spec.max_turns))?;
         }
-        let scorers = Scorers::load(sandbox, &spec.rewards).with_context(|| format!("task `{name}`"))?;
+        let scorers = Scorers::for_source(sandbox, &source, &spec.rewards).with_context(|| format!("task `{name}`"))?;
         let hashes = source
             .plugin()
             .into_iter()

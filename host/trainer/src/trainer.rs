@@ -644,6 +644,8 @@ impl Trainer {
         let context = self.model_config.max_position_embeddings;
         let mut picked: Vec<(usize, wirl_sandbox::Task, Vec<u32>)> = Vec::new();
         let mut skipped: Vec<(usize, SkippedTask)> = Vec::new();
+        // Groups that could not be sampled: a remote task whose server failed.
+        let mut placeholders: Vec<(usize, RolloutGroup)> = Vec::new();
         for (t, task) in self.tasks.iter_mut().enumerate() {
             let groups = self.allocation[t] as u64;
             // An agent makes its own tasks (after the others' generation, below).
@@ -651,6 +653,20 @@ impl Trainer {
                 continue;
             }
             let first = step as u64 * groups;
+            if let TaskSource::Remote(remote) = &mut task.source
+                && let Err(error) = remote.prefetch(first, groups as usize)
+            {
+                // Its server failed: nothing to sample this step; the groups are recorded as
+                // failed (masked), never scored 0.
+                let name = &task.spec.name;
+                tracing::warn!("step {}, task `{name}`: {}", step + 1, printable(&error.to_string()));
+                let message = format!("the task server failed, nothing to train on: {error}");
+                placeholders.extend((first..first + groups).map(|index| {
+                    let id = format!("{name}/{index}");
+                    (t, RolloutGroup::placeholder(name, id, g.group_size, "remote", "remote", &message))
+                }));
+                continue;
+            }
             let max_tokens = task.spec.sampling.max_tokens;
             let tokenizer = &self.tokenizer;
             let drawn = wirl_rollout::step_tasks(&mut task.source, first..first + groups, |problem| {
@@ -740,6 +756,10 @@ impl Trainer {
             owners.push(t);
         }
         let score_s = score_started.elapsed().as_secs_f64();
+        for (t, group) in placeholders {
+            groups.push(group);
+            owners.push(t);
+        }
 
         // Agents: each produces its groups itself, calling the engine; one after another,
         // after the rest of the step's generation, so that every batch is reproducible.

@@ -1,0 +1,284 @@
+//! A task served by another `wirl serve --config` process: its tasks drawn over HTTP
+//! (`POST /v1/tasks/draw`) and its completions scored there (`POST /v1/score`), while the
+//! completions themselves are sampled here, by the trainer's own policy — so that every
+//! trained token is the sampler's own (on-policy, with its log-probs), whatever machine the
+//! environment and its reward plugins run on.
+//!
+//! Every call has a timeout and is retried; a call that still fails is the server's failure,
+//! never a reward: the step's groups of that task become placeholders (masked, counted,
+//! recorded with the reason), or its completions failed trajectories (`remote`, under the
+//! task's `on_failure`).
+
+use crate::scorer::{FailurePolicy, OnFailure, Scored, Status};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use wirl_sandbox::Task;
+
+/// Where the task is served and how patiently it is asked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteSpec {
+    /// The server's base URL, `http://HOST:PORT`.
+    pub url: String,
+    /// The task's name there (default: the only one it serves).
+    pub task: Option<String>,
+    /// Per call.
+    pub timeout: Duration,
+    /// Further tries after a failed call (a refused connection, a timeout, a 5xx).
+    pub retries: u32,
+    /// Sent as `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+}
+
+/// Why a remote call failed.
+#[derive(Debug)]
+pub enum RemoteError {
+    /// The server could not be reached or did not answer in time, after every retry.
+    Unreachable(String),
+    /// It answered, refusing (a 4xx), or with something that is not the expected JSON.
+    Refused(String),
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoteError::Unreachable(message) | RemoteError::Refused(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for RemoteError {}
+
+/// The largest answer read from a server.
+const MAX_ANSWER_BYTES: u64 = 256 << 20;
+
+/// A client for one remote task (clones share the connection pool).
+#[derive(Clone)]
+pub struct RemoteTasks {
+    spec: RemoteSpec,
+    agent: ureq::Agent,
+    /// Tasks drawn ahead (`prefetch`), by index.
+    drawn: HashMap<u64, Result<Task, String>>,
+}
+
+impl RemoteTasks {
+    /// A client; it checks that the server answers and serves the task.
+    pub fn connect(spec: &RemoteSpec) -> anyhow::Result<Self> {
+        let agent: ureq::Agent =
+            ureq::Agent::config_builder().timeout_global(Some(spec.timeout)).http_status_as_error(false).build().into();
+        let client = RemoteTasks { spec: spec.clone(), agent, drawn: HashMap::new() };
+        let listed = client.call("GET", "/v1/tasks", None).map_err(|e| {
+            anyhow::anyhow!(
+                "remote task server {}: {e} (start it with `wirl serve --config TRAIN.toml --port PORT`)",
+                spec.url
+            )
+        })?;
+        let names: Vec<&str> =
+            listed["data"].as_array().into_iter().flatten().filter_map(|t| t["name"].as_str()).collect();
+        match &spec.task {
+            Some(name) if !names.contains(&name.as_str()) => {
+                anyhow::bail!(
+                    "remote task server {} does not serve `{name}`; it serves: {}",
+                    spec.url,
+                    names.join(", ")
+                )
+            }
+            None if names.len() != 1 => anyhow::bail!(
+                "remote task server {} serves {} tasks ({}): name one with `task`",
+                spec.url,
+                names.len(),
+                names.join(", ")
+            ),
+            _ => {}
+        }
+        Ok(client)
+    }
+
+    pub fn spec(&self) -> &RemoteSpec {
+        &self.spec
+    }
+
+    /// One call, retried on failures that another try may fix.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, RemoteError> {
+        let url = format!("{}{path}", self.spec.url.trim_end_matches('/'));
+        let mut last = String::new();
+        for attempt in 0..=self.spec.retries {
+            if attempt > 0 {
+                // 0.2 s, 0.4 s, 0.8 s, … at most 5 s between tries.
+                std::thread::sleep(Duration::from_millis((200u64 << (attempt - 1).min(5)).min(5000)));
+            }
+            let sent = match (method, body) {
+                ("GET", _) => self.authorized_get(&url).call(),
+                (_, body) => self
+                    .authorized_post(&url)
+                    .header("content-type", "application/json")
+                    .send(body.unwrap_or(&Value::Null).to_string().as_bytes()),
+            };
+            let mut response = match sent {
+                Ok(response) => response,
+                Err(error) => {
+                    last = format!("{method} {url}: {error}");
+                    continue;
+                }
+            };
+            let status = response.status().as_u16();
+            let text = response.body_mut().with_config().limit(MAX_ANSWER_BYTES).read_to_string();
+            let text = match text {
+                Ok(text) => text,
+                Err(error) => {
+                    last = format!("{method} {url}: reading the answer: {error}");
+                    continue;
+                }
+            };
+            let parsed: Result<Value, _> = serde_json::from_str(&text);
+            let message = || {
+                parsed
+                    .as_ref()
+                    .ok()
+                    .and_then(|v| v.pointer("/error/message").and_then(Value::as_str).map(str::to_string))
+                    .unwrap_or_else(|| text.chars().take(300).collect())
+            };
+            match status {
+                200..=299 => {
+                    return parsed.map_err(|e| RemoteError::Refused(format!("{method} {url}: not JSON: {e}")));
+                }
+                // Busy or failing: another try may do.
+                429 | 500..=599 => last = format!("{method} {url}: {status}: {}", message()),
+                _ => return Err(RemoteError::Refused(format!("{method} {url}: {status}: {}", message()))),
+            }
+        }
+        Err(RemoteError::Unreachable(format!("{last} (after {} tries)", self.spec.retries + 1)))
+    }
+
+    fn authorized_get(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+        let request = self.agent.get(url);
+        match &self.spec.api_key {
+            Some(key) => request.header("authorization", format!("Bearer {key}")),
+            None => request,
+        }
+    }
+
+    fn authorized_post(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+        let request = self.agent.post(url);
+        match &self.spec.api_key {
+            Some(key) => request.header("authorization", format!("Bearer {key}")),
+            None => request,
+        }
+    }
+
+    /// Tasks `first..first + count` of the split, each a task or the reason the server's
+    /// source could not give it.
+    pub fn draw(&self, first: u64, count: usize, eval: bool) -> Result<Vec<Result<Task, String>>, RemoteError> {
+        let body = json!({"task": self.spec.task, "index": first, "count": count,
+                          "split": if eval { "eval" } else { "train" }});
+        let answer = self.call("POST", "/v1/tasks/draw", Some(&body))?;
+        let items = answer["tasks"]
+            .as_array()
+            .ok_or_else(|| RemoteError::Refused("POST /v1/tasks/draw: the answer has no `tasks`".into()))?;
+        Ok(items
+            .iter()
+            .map(|item| match (item.get("task"), item.get("error").and_then(Value::as_str)) {
+                (Some(task), _) => serde_json::from_value::<Task>(task.clone())
+                    .map_err(|e| format!("the server's task is not a task: {e}")),
+                (None, Some(error)) => Err(error.to_string()),
+                (None, None) => Err("the server gave neither a task nor an error".into()),
+            })
+            .collect())
+    }
+
+    /// Draw the step's training tasks in one call, for [`RemoteTasks::training`] to hand out.
+    pub fn prefetch(&mut self, first: u64, count: usize) -> Result<(), RemoteError> {
+        let drawn = self.draw(first, count, false)?;
+        self.drawn = (first..).zip(drawn).collect();
+        Ok(())
+    }
+
+    /// The training task at `index` (drawn ahead, or asked for alone).
+    pub fn training(&mut self, index: u64) -> anyhow::Result<Task> {
+        let task = match self.drawn.remove(&index) {
+            Some(task) => task,
+            None => self.draw(index, 1, false)?.pop().unwrap_or_else(|| Err("the server gave no task".into())),
+        };
+        task.map_err(|reason| anyhow::anyhow!("remote task {index}: {reason}"))
+    }
+
+    /// `count` held-out tasks from the server's held-out range; one it cannot give is left
+    /// out, with a warning.
+    pub fn held_out(&self, count: usize) -> Vec<Task> {
+        match self.draw(0, count, true) {
+            Ok(tasks) => tasks
+                .into_iter()
+                .filter_map(|t| t.inspect_err(|e| tracing::warn!("remote held-out task skipped: {e}")).ok())
+                .collect(),
+            Err(error) => {
+                tracing::warn!("remote held-out tasks: {error}");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Score a group on the server. A failed call fails every completion (`remote`), under
+    /// `policy`; a masked verdict there stays masked here.
+    pub fn score_group(&self, task: &Task, completions: &[String], policy: FailurePolicy) -> Vec<Scored> {
+        let body = json!({"task": self.spec.task, "problem": task, "completions": completions});
+        let answer = self.call("POST", "/v1/score", Some(&body)).and_then(|answer| {
+            let scores = answer["scores"].as_array().cloned().unwrap_or_default();
+            if scores.len() != completions.len() {
+                return Err(RemoteError::Refused(format!(
+                    "POST /v1/score: {} scores for {} completions",
+                    scores.len(),
+                    completions.len()
+                )));
+            }
+            Ok(scores)
+        });
+        match answer {
+            Ok(scores) => scores.iter().map(|s| verdict(s, policy)).collect(),
+            Err(error) => {
+                tracing::warn!("remote task {}: {error}", self.spec.url);
+                completions.iter().map(|_| failed("remote", &error.to_string(), policy)).collect()
+            }
+        }
+    }
+}
+
+/// A failed trajectory of `kind`, under `policy`.
+pub(crate) fn failed(kind: &str, message: &str, policy: FailurePolicy) -> Scored {
+    let mut score = Scored::default();
+    score.failures.push(kind.to_string());
+    score.notes.insert(kind.to_string(), message.to_string());
+    (score.status, score.reward) = match policy.on_failure {
+        OnFailure::Reward => (Status::Failed, policy.failure_reward),
+        OnFailure::Mask => (Status::Masked, 0.0),
+    };
+    score
+}
+
+/// The server's verdict on one completion (`{reward, status, parts, failures, notes}`).
+fn verdict(score: &Value, policy: FailurePolicy) -> Scored {
+    let status = match score["status"].as_str() {
+        Some("ok") => Status::Ok,
+        Some("failed") => Status::Failed,
+        Some("masked") => Status::Masked,
+        _ => return failed("remote", &format!("the server's score has no valid status: {score}"), policy),
+    };
+    let reward = score["reward"].as_f64().map(|r| r as f32);
+    let reward = match (status, reward) {
+        (Status::Masked, _) => 0.0,
+        (_, Some(r)) if r.is_finite() => r,
+        _ => return failed("remote", &format!("the server's reward is not a finite number: {score}"), policy),
+    };
+    let parts: BTreeMap<String, f32> = score["parts"]
+        .as_object()
+        .map(|p| p.iter().filter_map(|(k, v)| Some((k.clone(), v.as_f64()? as f32))).collect())
+        .unwrap_or_default();
+    let failures = score["failures"]
+        .as_array()
+        .map(|f| f.iter().filter_map(|k| k.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    let notes = score["notes"]
+        .as_object()
+        .map(|n| n.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+        .unwrap_or_default();
+    Scored { status, reward, parts, failures, notes }
+}

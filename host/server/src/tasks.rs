@@ -1,0 +1,979 @@
+//! Tasks served over HTTP (`wirl serve --config TRAIN.toml`): the config's tasks, loaded as
+//! `wirl train` loads them (sources and reward plugins from `wirl-rollout`), behind
+//!
+//! - `GET /v1/tasks` and `POST /v1/tasks/draw`: what is served; tasks by seed and index;
+//! - `POST /v1/score` (a group, or several) and OpenRLHF's `POST /get_reward`;
+//! - `POST /v1/episodes`, `POST /v1/episodes/{id}/step`, `DELETE /v1/episodes/{id}`: stateful
+//!   episodes (reset / step), each in an instance of its own, reaped when idle;
+//! - Megatron-RL's `POST /rollouts/`, `/grouped_rollouts/`, `/evaluation/`: token rollouts
+//!   sampled by this server's engine and scored here.
+//!
+//! Plugin calls block: they run on tokio's blocking threads, one task's plugins at a time.
+
+use crate::request;
+use crate::{ApiError, AppState};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use wirl_engine::{FinishReason, GenerateRequest};
+use wirl_rollout::{FailurePolicy, RolloutGroup, SamplingSpec, Scored, Scorers, Status, TaskSource, Trajectory};
+use wirl_sandbox::{Message, StepResult, Task, printable};
+
+/// One task of the served config, loaded: its source, its reward plugins, how it samples.
+pub struct ServedTask {
+    /// Its `[[tasks]]` name (Megatron's `env_id`).
+    pub name: String,
+    pub source: TaskSource,
+    pub scorers: Scorers,
+    pub sampling: SamplingSpec,
+    pub failures: FailurePolicy,
+    /// Model turns per episode; 1: single-turn, scored by the reward plugins.
+    pub max_turns: usize,
+    /// A response passes (`/evaluation/`) when its reward is at least this.
+    pub pass_reward: f32,
+    /// Where an environment's held-out tasks start (`eval.first_index`).
+    pub eval_first_index: u64,
+    /// Seeds the samples of rollouts (the config's `grpo.seed`).
+    pub seed: u64,
+}
+
+/// Limits of the task endpoints.
+#[derive(Clone, Debug)]
+pub struct TaskLimits {
+    /// Groups (or rollouts, prompts) per rollout request, tasks per draw, groups per score.
+    pub max_groups: usize,
+    /// Completions per scored group; rollouts per group.
+    pub max_group_size: usize,
+    /// Episodes open at once; more are answered 503.
+    pub max_sessions: usize,
+    /// An episode not stepped for this long is closed.
+    pub session_idle: Duration,
+}
+
+impl Default for TaskLimits {
+    fn default() -> Self {
+        TaskLimits { max_groups: 256, max_group_size: 64, max_sessions: 256, session_idle: Duration::from_secs(600) }
+    }
+}
+
+/// The served tasks and the open episodes.
+pub(crate) struct Tasks {
+    tasks: Vec<Arc<Mutex<ServedTask>>>,
+    names: Vec<String>,
+    /// Each task's next training index for rollout requests that name none.
+    cursors: Vec<AtomicU64>,
+    /// A description of each task, made once (its plugins and their sha256).
+    described: Vec<Value>,
+    sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
+    next_session: AtomicU64,
+    limits: TaskLimits,
+}
+
+/// An open episode.
+struct Session {
+    task: usize,
+    problem: Task,
+    /// The environment's episode, for a multi-turn task; single-turn sessions are scored
+    /// by the task's reward plugins on their one step.
+    episode: Option<wirl_sandbox::Episode>,
+    turns: usize,
+    max_turns: usize,
+    done: bool,
+    last_used: Instant,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Tasks {
+    /// The served tasks; a thread closes idle episodes for as long as they are served.
+    pub(crate) fn new(tasks: Vec<ServedTask>, limits: TaskLimits) -> Arc<Self> {
+        let described = tasks.iter().map(describe).collect();
+        let names = tasks.iter().map(|t| t.name.clone()).collect();
+        let cursors = tasks.iter().map(|_| AtomicU64::new(0)).collect();
+        let tasks = Arc::new(Tasks {
+            tasks: tasks.into_iter().map(|t| Arc::new(Mutex::new(t))).collect(),
+            names,
+            cursors,
+            described,
+            sessions: Mutex::default(),
+            next_session: AtomicU64::new(1),
+            limits,
+        });
+        let weak = Arc::downgrade(&tasks);
+        let period = (tasks.limits.session_idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let _ = std::thread::Builder::new().name("wirl-episode-reaper".into()).spawn(move || reap(weak, period));
+        tasks
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Episodes open now.
+    pub(crate) fn sessions(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// The task a request names in `field` (or the only one).
+    fn find(&self, body: &Map<String, Value>, field: &str) -> Result<usize, ApiError> {
+        match body.get(field) {
+            None | Some(Value::Null) if self.tasks.len() == 1 => Ok(0),
+            None | Some(Value::Null) => Err(ApiError::bad(
+                Some(field),
+                &format!("is needed: this server serves several tasks ({})", self.names.join(", ")),
+            )),
+            Some(Value::String(name)) => self.names.iter().position(|n| n == name).ok_or_else(|| ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("`{field}`: no task `{name}` here; served: {}", self.names.join(", ")),
+                param: Some(field.to_string()),
+                retry_after: None,
+            }),
+            Some(_) => Err(ApiError::bad(Some(field), "must be a task's name (a string)")),
+        }
+    }
+
+    /// Close the episodes idle for longer than the limit; how many.
+    fn sweep(&self) -> usize {
+        let idle = self.limits.session_idle;
+        let mut sessions = lock(&self.sessions);
+        let before = sessions.len();
+        // A session being stepped is locked: it is in use, not idle.
+        sessions.retain(|_, s| s.try_lock().map_or(true, |s| s.last_used.elapsed() < idle));
+        before - sessions.len()
+    }
+}
+
+fn reap(tasks: Weak<Tasks>, period: Duration) {
+    loop {
+        std::thread::sleep(period);
+        let Some(tasks) = tasks.upgrade() else { return };
+        let closed = tasks.sweep();
+        if closed > 0 {
+            tracing::info!("closed {closed} idle episode(s)");
+        }
+    }
+}
+
+fn describe(task: &ServedTask) -> Value {
+    let plugin = |p: &Arc<wirl_sandbox::Plugin>| json!({"name": p.name(), "sha256": p.sha256()});
+    let kind = match &task.source {
+        TaskSource::Environment { .. } => "environment",
+        TaskSource::Dataset { .. } => "dataset",
+        TaskSource::Agent { .. } => "agent",
+        TaskSource::Remote(_) => "remote",
+    };
+    json!({
+        "name": task.name,
+        "source": kind,
+        "source_plugin": task.source.plugin().map(plugin),
+        "rewards": task.scorers.plugins().map(plugin).collect::<Vec<_>>(),
+        "max_turns": task.max_turns,
+        "sampling": {"max_tokens": task.sampling.max_tokens, "temperature": task.sampling.temperature,
+                     "top_p": task.sampling.top_p, "top_k": task.sampling.top_k},
+        "on_failure": task.failures.on_failure,
+    })
+}
+
+fn served(state: &AppState) -> Result<Arc<Tasks>, ApiError> {
+    state.tasks.clone().filter(|t| !t.is_empty()).ok_or_else(|| {
+        ApiError::with_status(
+            StatusCode::NOT_FOUND,
+            "this server serves no tasks (start it with `wirl serve --config TRAIN.toml` to serve that config's \
+             tasks, rewards and environments)"
+                .into(),
+        )
+    })
+}
+
+/// Run blocking plugin work off the async workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the plugin call did not finish: {e}"))
+    })?
+}
+
+fn integer(body: &Map<String, Value>, field: &str, default: u64, max: u64) -> Result<u64, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(value) => value
+            .as_u64()
+            .filter(|&v| v <= max)
+            .ok_or_else(|| ApiError::bad(Some(field), &format!("must be an integer from 0 to {max}"))),
+    }
+}
+
+fn count(body: &Map<String, Value>, field: &str, default: usize, max: usize) -> Result<usize, ApiError> {
+    let value = integer(body, field, default as u64, max as u64)?;
+    if value == 0 {
+        return Err(ApiError::bad(Some(field), &format!("must be from 1 to {max}")));
+    }
+    Ok(value as usize)
+}
+
+/// A task as a client gives it: wirl's `{id, messages, answer, metadata}`, or `prompt`
+/// (text, the user's message) in place of `messages`; `metadata` as JSON text or a value.
+fn problem(value: Option<&Value>, field: &str) -> Result<Task, ApiError> {
+    let Some(Value::Object(task)) = value else {
+        return Err(ApiError::bad(
+            Some(field),
+            "must be a task: {\"messages\" or \"prompt\", \"answer\", \"metadata\"}",
+        ));
+    };
+    let text = |key: &str| -> Result<Option<String>, ApiError> {
+        match task.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Number(n)) if key == "answer" => Ok(Some(n.to_string())),
+            Some(_) => Err(ApiError::bad(Some(&format!("{field}.{key}")), "must be a string")),
+        }
+    };
+    let messages = match (task.get("messages"), text("prompt")?) {
+        (Some(Value::Array(_)), _) => request::messages(task)
+            .map_err(|e| ApiError::bad(Some(&format!("{field}.messages")), &e.message))?
+            .into_iter()
+            .map(|m| Message { role: m.role, content: m.content })
+            .collect(),
+        (None | Some(Value::Null), Some(prompt)) => vec![Message { role: "user".into(), content: prompt }],
+        _ => return Err(ApiError::bad(Some(field), "needs `messages` (an array) or `prompt` (text)")),
+    };
+    let metadata = match task.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => Some(other.to_string()),
+    };
+    Ok(Task { id: text("id")?.unwrap_or_default(), messages, answer: text("answer")?, metadata })
+}
+
+fn completions(value: Option<&Value>, field: &str, max: usize) -> Result<Vec<String>, ApiError> {
+    let Some(Value::Array(items)) = value else {
+        return Err(ApiError::bad(Some(field), "must be an array of completions (strings)"));
+    };
+    if items.is_empty() || items.len() > max {
+        return Err(ApiError::bad(Some(field), &format!("must hold 1 to {max} completions")));
+    }
+    items
+        .iter()
+        .map(|item| match item {
+            Value::String(text) => Ok(text.clone()),
+            // TRL's conversational completions: [{"role": "assistant", "content": ...}].
+            Value::Array(messages) => Ok(messages
+                .iter()
+                .filter_map(|m| m.get("content").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .concat()),
+            _ => Err(ApiError::bad(Some(field), "must hold strings (or assistant messages)")),
+        })
+        .collect()
+}
+
+/// A scored completion as JSON: `reward` is null when the trajectory is masked (a plugin
+/// failed and the task's `on_failure` is `mask`): never a silent 0.
+fn scored(score: &Scored) -> Value {
+    json!({
+        "reward": if score.status.usable() { json!(score.reward) } else { Value::Null },
+        "status": score.status,
+        "parts": score.parts,
+        "failures": score.failures,
+        "notes": score.notes,
+    })
+}
+
+pub(crate) async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let tasks = served(&state)?;
+    Ok(Json(json!({"object": "list", "data": tasks.described})))
+}
+
+/// `{task, index = 0, count = 1, seed, split = "train" | "eval"}`: tasks by index, each
+/// `{index, task}` or `{index, error}` (the source could not give it).
+pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let tasks = served(&state)?;
+    let body = request::object(&body)?;
+    let t = tasks.find(&body, "task")?;
+    let index = integer(&body, "index", 0, u64::MAX / 2)?;
+    let n = count(&body, "count", 1, tasks.limits.max_groups)?;
+    let seed = body.get("seed").filter(|v| !v.is_null()).map(|v| v.as_u64().ok_or(())).transpose();
+    let seed = seed.map_err(|()| ApiError::bad(Some("seed"), "must be a non-negative integer"))?;
+    let eval = match body.get("split") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(split)) if split == "train" => false,
+        Some(Value::String(split)) if split == "eval" => true,
+        _ => return Err(ApiError::bad(Some("split"), "must be \"train\" or \"eval\"")),
+    };
+    let task = tasks.tasks[t].clone();
+    let drawn = blocking(move || {
+        let mut task = lock(&task);
+        let first = task.eval_first_index;
+        let out: Vec<Value> = match (&mut task.source, eval) {
+            (TaskSource::Agent { .. }, _) => {
+                return Err(ApiError::bad(Some("task"), "is an agent's: it makes rollouts, not tasks"));
+            }
+            (TaskSource::Remote(remote), eval) => remote
+                .draw(index, n, eval)
+                .map_err(|e| ApiError::with_status(StatusCode::BAD_GATEWAY, e.to_string()))?
+                .into_iter()
+                .zip(index..)
+                .map(|(task, i)| match task {
+                    Ok(problem) => json!({"index": i, "task": problem}),
+                    Err(error) => json!({"index": i, "error": error}),
+                })
+                .collect(),
+            (TaskSource::Environment { plugin, seed: own }, _) => (0..n as u64)
+                .map(|k| {
+                    let i = index + k;
+                    let at = if eval { first.saturating_add(i) } else { i };
+                    match plugin.task_at(seed.unwrap_or(*own), at) {
+                        Ok(problem) => json!({"index": i, "task": problem}),
+                        Err(failure) => json!({"index": i, "error": failure.to_string()}),
+                    }
+                })
+                .collect(),
+            (source @ TaskSource::Dataset { .. }, false) => (0..n as u64)
+                .map(|k| match source.training(index + k) {
+                    Ok(problem) => json!({"index": index + k, "task": problem}),
+                    Err(error) => json!({"index": index + k, "error": format!("{error:#}")}),
+                })
+                .collect(),
+            (source @ TaskSource::Dataset { .. }, true) => source
+                .held_out(0, index as usize + n)
+                .into_iter()
+                .enumerate()
+                .skip(index as usize)
+                .map(|(i, problem)| json!({"index": i, "task": problem}))
+                .collect(),
+        };
+        Ok(out)
+    })
+    .await?;
+    Ok(Json(json!({"task": tasks.names[t], "tasks": drawn})))
+}
+
+/// `{task, problem, completions}` or `{task, groups: [{problem, completions}]}`: each
+/// completion's reward by the task's reward plugins (summed by weight), status, parts,
+/// failures and notes.
+pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let tasks = served(&state)?;
+    let body = request::object(&body)?;
+    let t = tasks.find(&body, "task")?;
+    let max = tasks.limits.max_group_size;
+    let single = body.get("groups").is_none();
+    let groups: Vec<(Task, Vec<String>)> = if single {
+        vec![(problem(body.get("problem"), "problem")?, completions(body.get("completions"), "completions", max)?)]
+    } else {
+        let Some(Value::Array(groups)) = body.get("groups") else {
+            return Err(ApiError::bad(Some("groups"), "must be an array of {problem, completions}"));
+        };
+        if groups.is_empty() || groups.len() > tasks.limits.max_groups {
+            return Err(ApiError::bad(Some("groups"), &format!("must hold 1 to {} groups", tasks.limits.max_groups)));
+        }
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, group)| {
+                let field = format!("groups[{i}]");
+                Ok((
+                    problem(group.get("problem"), &format!("{field}.problem"))?,
+                    completions(group.get("completions"), &format!("{field}.completions"), max)?,
+                ))
+            })
+            .collect::<Result<_, ApiError>>()?
+    };
+    let task = tasks.tasks[t].clone();
+    let results = blocking(move || {
+        let mut task = lock(&task);
+        let policy = task.failures;
+        Ok(groups
+            .iter()
+            .map(|(problem, completions)| {
+                let scores = task.scorers.score_group(problem, completions, policy);
+                json!({
+                    "rewards": scores.iter().map(|s| scored(s)["reward"].clone()).collect::<Vec<_>>(),
+                    "scores": scores.iter().map(scored).collect::<Vec<_>>(),
+                })
+            })
+            .collect::<Vec<_>>())
+    })
+    .await?;
+    let name = &tasks.names[t];
+    if single {
+        let group = results.into_iter().next().unwrap_or_default();
+        return Ok(Json(json!({"task": name, "rewards": group["rewards"], "scores": group["scores"]})));
+    }
+    Ok(Json(json!({"task": name, "groups": results})))
+}
+
+/// OpenRLHF's remote reward: `{query: [prompt + response], prompts: [prompt], labels:
+/// [answer]}` → `{rewards}`, each query scored alone by the task's plugins (the response is
+/// the query past its prompt). A masked failure is null (and named in `failures`).
+pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let tasks = served(&state)?;
+    let body = request::object(&body)?;
+    let t = tasks.find(&body, "task")?;
+    let strings = |field: &str, required: bool| -> Result<Option<Vec<String>>, ApiError> {
+        match body.get(field) {
+            None | Some(Value::Null) if !required => Ok(None),
+            Some(Value::Array(items)) if items.len() <= tasks.limits.max_groups * tasks.limits.max_group_size => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| ApiError::bad(Some(field), "must be an array of strings")),
+            Some(Value::Array(_)) => Err(ApiError::bad(Some(field), "holds too many items")),
+            _ => Err(ApiError::bad(Some(field), "must be an array of strings")),
+        }
+    };
+    let queries = strings("query", true)?.unwrap_or_default();
+    let prompts = strings("prompts", false)?;
+    let labels = strings("labels", false)?;
+    for (field, items) in [("prompts", &prompts), ("labels", &labels)] {
+        if items.as_ref().is_some_and(|items| items.len() != queries.len()) {
+            return Err(ApiError::bad(Some(field), "must have one item per `query`"));
+        }
+    }
+    let task = tasks.tasks[t].clone();
+    let results: Vec<Scored> = blocking(move || {
+        let mut task = lock(&task);
+        let policy = task.failures;
+        Ok(queries
+            .iter()
+            .enumerate()
+            .map(|(i, query)| {
+                let prompt = prompts.as_ref().map(|p| p[i].clone()).unwrap_or_default();
+                let response = query.strip_prefix(prompt.as_str()).unwrap_or(query).to_string();
+                let problem = Task {
+                    id: String::new(),
+                    messages: vec![Message { role: "user".into(), content: prompt }],
+                    answer: labels.as_ref().map(|l| l[i].clone()),
+                    metadata: None,
+                };
+                task.scorers.score_group(&problem, &[response], policy).remove(0)
+            })
+            .collect())
+    })
+    .await?;
+    let rewards: Vec<Value> = results.iter().map(|s| scored(s)["reward"].clone()).collect();
+    let failures: Vec<&Vec<String>> = results.iter().map(|s| &s.failures).collect();
+    Ok(Json(json!({"rewards": rewards, "failures": failures})))
+}
+
+/// Reset: `{task, seed, index}` (the source's task) or `{task, problem}` (a given one) →
+/// `{session_id, observation: {messages}, task, done: false}`. A multi-turn task's episode
+/// runs in its environment's own instance; a single-turn one is scored on its one step.
+pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let tasks = served(&state)?;
+    let body = request::object(&body)?;
+    let t = tasks.find(&body, "task")?;
+    let given = match body.get("problem") {
+        None | Some(Value::Null) => None,
+        value => Some(problem(value, "problem")?),
+    };
+    let index = integer(&body, "index", 0, u64::MAX / 2)?;
+    let seed = body.get("seed").filter(|v| !v.is_null()).map(|v| v.as_u64().ok_or(())).transpose();
+    let seed = seed.map_err(|()| ApiError::bad(Some("seed"), "must be a non-negative integer"))?;
+    tasks.sweep();
+    if tasks.sessions() >= tasks.limits.max_sessions {
+        return Err(ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "{} episodes are open (this server's limit); close one (DELETE /v1/episodes/ID) or retry after idle \
+                 ones are closed",
+                tasks.limits.max_sessions
+            ),
+            param: None,
+            retry_after: Some(1),
+        });
+    }
+    let task = tasks.tasks[t].clone();
+    let session = blocking(move || {
+        let mut task = lock(&task);
+        let problem = match (given, &mut task.source) {
+            (Some(problem), _) => problem,
+            (None, TaskSource::Environment { plugin, seed: own }) => plugin
+                .task_at(seed.unwrap_or(*own), index)
+                .map_err(|f| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("task {index}: {f}")))?,
+            (None, source @ (TaskSource::Dataset { .. } | TaskSource::Remote(_))) => source
+                .training(index)
+                .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?,
+            (None, TaskSource::Agent { .. }) => {
+                return Err(ApiError::bad(Some("task"), "is an agent's: it has no episodes to step"));
+            }
+        };
+        let episode = match (&task.source, task.max_turns > 1) {
+            (TaskSource::Environment { plugin, .. }, true) => Some(plugin.start_episode(&problem).map_err(|f| {
+                ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the episode cannot start: {f}"))
+            })?),
+            _ => None,
+        };
+        let max_turns = task.max_turns.max(1);
+        Ok(Session { task: t, problem, episode, turns: 0, max_turns, done: false, last_used: Instant::now() })
+    })
+    .await?;
+    let id = format!("ep-{}-{:016x}", tasks.next_session.fetch_add(1, Ordering::Relaxed), rand_suffix());
+    let reply = json!({
+        "session_id": id,
+        "observation": {"messages": session.problem.messages},
+        "task": session.problem,
+        "max_turns": session.max_turns,
+        "done": false,
+    });
+    lock(&tasks.sessions).insert(id, Arc::new(Mutex::new(session)));
+    Ok((StatusCode::CREATED, Json(reply)).into_response())
+}
+
+/// A session id that cannot be guessed from another's.
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(Instant::now().elapsed().as_nanos());
+    hasher.finish()
+}
+
+fn session(tasks: &Tasks, id: &str) -> Result<Arc<Mutex<Session>>, ApiError> {
+    lock(&tasks.sessions).get(id).cloned().ok_or_else(|| {
+        ApiError::with_status(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no episode `{}` (never opened, closed, or idle for more than {} s and reaped)",
+                printable(id),
+                tasks.limits.session_idle.as_secs()
+            ),
+        )
+    })
+}
+
+/// Step: `{action}` (the model's reply) → `{observation: {messages}, reward, done, ...}`.
+pub(crate) async fn episode_step(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let tasks = served(&state)?;
+    let body = request::object(&body)?;
+    let action = match body.get("action") {
+        Some(Value::String(text)) => text.clone(),
+        _ => return Err(ApiError::bad(Some("action"), "must be the model's reply (a string)")),
+    };
+    let session = session(&tasks, &id)?;
+    let owner = tasks.clone();
+    let (reply, done) = blocking(move || {
+        let mut session = lock(&session);
+        if session.done {
+            return Err(ApiError::with_status(
+                StatusCode::CONFLICT,
+                "the episode is over: reset to begin another".into(),
+            ));
+        }
+        session.turns += 1;
+        session.last_used = Instant::now();
+        let task = owner.tasks[session.task].clone();
+        let turns = session.turns;
+        let reply = match session.episode.as_mut() {
+            None => {
+                let mut task = lock(&task);
+                let policy = task.failures;
+                let score = task.scorers.score_group(&session.problem, std::slice::from_ref(&action), policy).remove(0);
+                json!({"observation": {"messages": []}, "done": true, "turns": turns, "score": scored(&score),
+                       "reward": scored(&score)["reward"]})
+            }
+            Some(episode) => match episode.step(&action) {
+                Ok(StepResult::Continue(messages)) if turns < session.max_turns => {
+                    json!({"observation": {"messages": messages}, "reward": null, "done": false, "turns": turns})
+                }
+                Ok(StepResult::Continue(messages)) => json!({
+                    "observation": {"messages": messages}, "reward": null, "done": true, "turns": turns,
+                    "truncated": true,
+                    "failure": format!("max_turns: the episode did not end within {} model turns", session.max_turns),
+                }),
+                Ok(StepResult::Done(score)) if score.reward.is_finite() => json!({
+                    "observation": {"messages": []}, "reward": score.reward, "done": true, "turns": turns,
+                    "parts": score.parts.into_iter().collect::<HashMap<_, _>>(), "note": score.note,
+                }),
+                Ok(StepResult::Done(score)) => json!({
+                    "observation": {"messages": []}, "reward": null, "done": true, "turns": turns,
+                    "failure": format!("non_finite: the environment's score is {}", score.reward),
+                }),
+                Err(failure) => json!({
+                    "observation": {"messages": []}, "reward": null, "done": true, "turns": turns,
+                    "failure": format!("{}: {failure}", failure.kind.name()),
+                }),
+            },
+        };
+        session.done = reply["done"].as_bool().unwrap_or(true);
+        let done = session.done;
+        Ok((reply, done))
+    })
+    .await?;
+    if done {
+        // Its instance is freed now; the id answers 404 from here on.
+        lock(&tasks.sessions).remove(&id);
+    }
+    Ok(Json(reply))
+}
+
+pub(crate) async fn episode_close(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let tasks = served(&state)?;
+    let _ = session(&tasks, &id)?;
+    lock(&tasks.sessions).remove(&id);
+    Ok(Json(json!({"closed": id})))
+}
+
+/// Megatron's `generation_args` (and wirl's names) over the task's own sampling, within the
+/// server's limits.
+fn sampling(body: &Map<String, Value>, task: SamplingSpec, limits: &request::Limits) -> Result<SamplingSpec, ApiError> {
+    let mut spec = task;
+    let Some(args) = body.get("generation_args").filter(|v| !v.is_null()) else { return Ok(spec) };
+    let Value::Object(args) = args else {
+        return Err(ApiError::bad(Some("generation_args"), "must be an object"));
+    };
+    let number = |key: &str| -> Result<Option<f64>, ApiError> {
+        match args.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| ApiError::bad(Some(&format!("generation_args.{key}")), "must be a finite number")),
+        }
+    };
+    if let Some(t) = number("temperature")? {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::bad(Some("generation_args.temperature"), "must be from 0 to 2"));
+        }
+        spec.temperature = t as f32;
+    }
+    if let Some(p) = number("top_p")? {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::bad(Some("generation_args.top_p"), "must be in (0, 1]"));
+        }
+        spec.top_p = p as f32;
+    }
+    if let Some(k) = number("top_k")? {
+        if k < -1.0 || k.fract() != 0.0 {
+            return Err(ApiError::bad(Some("generation_args.top_k"), "must be -1, 0 (all tokens) or a positive count"));
+        }
+        spec.top_k = k.max(0.0) as usize;
+    }
+    if let Some(m) = number("max_tokens")? {
+        if m < 1.0 || m.fract() != 0.0 || m as usize > limits.max_tokens {
+            return Err(ApiError::bad(
+                Some("generation_args.max_tokens"),
+                &format!("must be from 1 to {}", limits.max_tokens),
+            ));
+        }
+        spec.max_tokens = m as usize;
+    }
+    Ok(spec)
+}
+
+/// What a rollout request asks for, read.
+struct RolloutAsk {
+    task: usize,
+    groups: usize,
+    group_size: usize,
+    sampling: SamplingSpec,
+    /// The first task index; by default each request takes the next ones.
+    first: u64,
+    /// Held-out tasks (`validation`).
+    validation: bool,
+    filter_same_reward: bool,
+}
+
+/// Draw the tasks, sample, run episodes, score: the groups, in order; `None` if cancelled.
+fn roll(
+    state: &AppState,
+    task: &Arc<Mutex<ServedTask>>,
+    ask: &RolloutAsk,
+    cancelled: &AtomicBool,
+) -> Result<Option<Vec<RolloutGroup>>, ApiError> {
+    let stop = || cancelled.load(Ordering::Relaxed);
+    let mut owner = lock(task);
+    let context = state.context;
+    let tokenizer = state.tokenizer.clone();
+    let room = ask.sampling.max_tokens;
+    let (problems, prompts) = if ask.validation {
+        let skip = ask.first as usize;
+        let held: Vec<Task> = if matches!(owner.source, TaskSource::Dataset { .. }) {
+            // A dataset's held-out tasks are its `eval` file's first ones.
+            owner.source.held_out(0, skip + ask.groups).into_iter().skip(skip).collect()
+        } else {
+            let first = owner.eval_first_index.saturating_add(ask.first);
+            owner.source.held_out(first, ask.groups)
+        };
+        let mut problems = Vec::new();
+        let mut prompts = Vec::new();
+        for problem in held.into_iter().skip(skip) {
+            if let Ok(prompt) = wirl_rollout::fitting_prompt(&tokenizer, &problem, room, context) {
+                problems.push(problem);
+                prompts.push(prompt);
+            }
+        }
+        (problems, prompts)
+    } else {
+        let drawn = wirl_rollout::step_tasks(&mut owner.source, ask.first..ask.first + ask.groups as u64, |p| {
+            wirl_rollout::fitting_prompt(&tokenizer, p, room, context)
+        })
+        .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+        (drawn.tasks, drawn.prompts)
+    };
+    if problems.is_empty() {
+        return Err(ApiError::with_status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the task source gave no task whose prompt fits the model's context".into(),
+        ));
+    }
+    let requests: Vec<GenerateRequest> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| GenerateRequest {
+            prompt: prompt.clone(),
+            n: ask.group_size,
+            sampling: ask.sampling.seeded(wirl_rollout::seed_for(owner.seed, ask.first + i as u64)),
+        })
+        .collect();
+    let generate = |requests| {
+        let Some(generated) = wirl_rollout::sample_groups(&state.engine, requests, stop) else { return Ok(None) };
+        generated
+            .map(Some)
+            .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("generation failed: {e:#}")))
+    };
+    let generated = if owner.max_turns > 1 {
+        // Episodes go on in the environment's plugin: the task stays held throughout.
+        generate(requests)?
+    } else {
+        // Single-turn: the task is free for other requests while the engine samples.
+        drop(owner);
+        let generated = generate(requests)?;
+        owner = lock(task);
+        generated
+    };
+    let Some(generated) = generated else { return Ok(None) };
+    let policy = owner.failures;
+    let mut groups = Vec::new();
+    if owner.max_turns > 1 {
+        let TaskSource::Environment { plugin, .. } = &owner.source else {
+            return Err(ApiError::bad(Some("task"), "is multi-turn without an environment"));
+        };
+        let runs = problems
+            .iter()
+            .zip(&prompts)
+            .zip(generated)
+            .enumerate()
+            .map(|(i, ((task, prompt), first))| wirl_rollout::EpisodeGroup {
+                environment: plugin,
+                task,
+                prompt,
+                first,
+                sampling: ask.sampling,
+                seed: wirl_rollout::seed_for(owner.seed, ask.first + i as u64),
+                max_turns: owner.max_turns,
+                failures: policy,
+            })
+            .collect();
+        let Some(ran) = wirl_rollout::run_episodes(&state.engine, &tokenizer, context, runs, &stop) else {
+            return Ok(None);
+        };
+        let ran = ran.map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
+        for ((problem, prompt), outcomes) in problems.into_iter().zip(prompts).zip(ran.groups) {
+            let (trajectories, scores) = outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip();
+            groups.push(RolloutGroup { task_name: owner.name.clone(), task: problem, prompt, trajectories, scores });
+        }
+    } else {
+        for ((problem, prompt), trajectories) in problems.into_iter().zip(prompts).zip(generated) {
+            let texts: Vec<String> = trajectories.iter().map(|t: &Trajectory| t.text.clone()).collect();
+            let scores = owner.scorers.score_group(&problem, &texts, policy);
+            groups.push(RolloutGroup { task_name: owner.name.clone(), task: problem, prompt, trajectories, scores });
+        }
+    }
+    if ask.filter_same_reward {
+        groups.retain(|g| {
+            let rewards: Vec<f32> = g.scores.iter().filter(|s| s.status.usable()).map(|s| s.reward).collect();
+            rewards.windows(2).any(|w| (w[0] - w[1]).abs() > 1e-6)
+        });
+    }
+    Ok(Some(groups))
+}
+
+/// One trajectory as Megatron-RL's `TokenRollout`: `trajectory` (prompt and every token after
+/// it, one turn as wirl keeps a multi-turn ledger whole), `generation_mask` (which the model
+/// sampled), `logprobs` (per token after the prompt, 0 for appended ones), `reward`, `env_id`,
+/// `problem_id`; and wirl's `rollout_status` (`ok`, `failed`, `masked`: a masked rollout's
+/// reward is not a score, skip it), `failures`, `text`, `weights_version`.
+fn token_rollout(group: &RolloutGroup, i: usize) -> Value {
+    let (t, s) = (&group.trajectories[i], &group.scores[i]);
+    let mut trajectory = group.prompt.clone();
+    trajectory.extend(&t.tokens);
+    let mut mask = vec![false; group.prompt.len()];
+    if t.trainable.is_empty() {
+        mask.extend(std::iter::repeat_n(true, t.tokens.len()));
+    } else {
+        mask.extend(&t.trainable);
+    }
+    let status = match s.status {
+        Status::Ok => "ok",
+        Status::Failed => "failed",
+        Status::Masked => "masked",
+    };
+    let epoch = json!([[[0, t.weights_version]]]);
+    json!({
+        "trajectory": [trajectory],
+        "prompt_length": [group.prompt.len()],
+        "generation_mask": [mask],
+        "logprobs": [t.logprobs],
+        "reward": s.reward,
+        "env_id": group.task_name,
+        "problem_id": group.task.id,
+        "policy_epoch": epoch,
+        "kv_cache_epoch": epoch,
+        "num_evictions": [0],
+        "rollout_status": status,
+        "failures": s.failures,
+        "notes": s.notes,
+        "parts": s.parts,
+        "text": t.text,
+        "finish_reason": match t.finish { FinishReason::Stop => "stop", FinishReason::Length => "length" },
+        "turns": t.turns,
+        "weights_version": t.weights_version,
+    })
+}
+
+/// Read a rollout request, take a slot, roll, under the deadline; a client that goes away
+/// cancels the generation.
+async fn rollouts_of(
+    state: Arc<AppState>,
+    body: &Map<String, Value>,
+    groups_field: &str,
+    per_group: bool,
+) -> Result<(usize, Vec<RolloutGroup>), ApiError> {
+    let tasks = served(&state)?;
+    let t = tasks.find(body, "task")?;
+    let groups = count(body, groups_field, 1, tasks.limits.max_groups)?;
+    let group_size = if per_group { count(body, "rollouts_per_group", 1, tasks.limits.max_group_size)? } else { 1 };
+    let validation = body.get("validation").and_then(Value::as_bool).unwrap_or(false);
+    let filter_same_reward = body.get("filter_groups_with_same_reward").and_then(Value::as_bool).unwrap_or(false);
+    let own = lock(&tasks.tasks[t]).sampling;
+    let sampling = sampling(body, own, &state.config.limits)?;
+    let first = match body.get("start_index") {
+        None | Some(Value::Null) if validation => 0,
+        None | Some(Value::Null) => tasks.cursors[t].fetch_add(groups as u64, Ordering::Relaxed),
+        Some(_) => integer(body, "start_index", 0, u64::MAX / 4)?,
+    };
+    let ask = RolloutAsk { task: t, groups, group_size, sampling, first, validation, filter_same_reward };
+    let slot = crate::take_slot(&state)?;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    // Set when this future is dropped (the client went away) or the deadline passes.
+    struct CancelOnDrop(Arc<AtomicBool>);
+    impl Drop for CancelOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let _guard = CancelOnDrop(cancelled.clone());
+    let task = tasks.tasks[ask.task].clone();
+    let worker = state.clone();
+    let flag = cancelled.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        roll(&worker, &task, &ask, &flag)
+    });
+    let timeout = state.config.request_timeout;
+    match tokio::time::timeout(timeout, work).await {
+        Err(_) => Err(ApiError::with_status(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the rollouts ran past this server's deadline of {} s; they were cancelled", timeout.as_secs()),
+        )),
+        Ok(Err(e)) => {
+            Err(ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the rollouts failed: {e}")))
+        }
+        Ok(Ok(Err(e))) => Err(e),
+        Ok(Ok(Ok(None))) => Err(ApiError::with_status(StatusCode::SERVICE_UNAVAILABLE, "cancelled".into())),
+        Ok(Ok(Ok(Some(groups)))) => {
+            let tokens: usize = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.model_tokens()).sum();
+            state.requests.fetch_add(1, Ordering::Relaxed);
+            state.generated_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+            Ok((t, groups))
+        }
+    }
+}
+
+/// Megatron's `/grouped_rollouts/`: `{num_groups, rollouts_per_group, validation,
+/// filter_groups_with_same_reward, generation_args, task, start_index}` →
+/// `[[TokenRollout]]`. `inference_interface` is not used: this server samples itself.
+pub(crate) async fn grouped_rollouts(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let body = request::object(&body)?;
+    let (_, groups) = rollouts_of(state, &body, "num_groups", true).await?;
+    let out: Vec<Vec<Value>> =
+        groups.iter().map(|g| (0..g.trajectories.len()).map(|i| token_rollout(g, i)).collect()).collect();
+    Ok(Json(json!(out)))
+}
+
+/// Megatron's `/rollouts/`: `{num_rollouts, ...}` → `[TokenRollout]`, one per task.
+pub(crate) async fn rollouts(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let body = request::object(&body)?;
+    let (_, groups) = rollouts_of(state, &body, "num_rollouts", false).await?;
+    let out: Vec<Value> = groups.iter().map(|g| token_rollout(g, 0)).collect();
+    Ok(Json(json!(out)))
+}
+
+/// Megatron's `/evaluation/`: `{num_prompts, rank_info: [rank, ranks], generation_args,
+/// task}` → `{env_id, results: [{prompt, response, reward, problem_id, passed, status}],
+/// pass_rate}` over held-out tasks, greedy unless `generation_args` say otherwise.
+pub(crate) async fn evaluation(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let mut body = request::object(&body)?;
+    let prompts = body.remove("num_prompts").unwrap_or(json!(1));
+    body.insert("num_groups".into(), prompts);
+    body.insert("validation".into(), json!(true));
+    // Greedy by default: an evaluation compares models, not samples.
+    let mut args = body.remove("generation_args").filter(Value::is_object).unwrap_or_else(|| json!({}));
+    if args.get("temperature").is_none_or(Value::is_null) {
+        args["temperature"] = json!(0.0);
+    }
+    body.insert("generation_args".into(), args);
+    let rank = match body.get("rank_info") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(pair)) if pair.len() == 2 => match (pair[0].as_u64(), pair[1].as_u64()) {
+            (Some(rank), Some(ranks)) if rank < ranks => Some((rank as usize, ranks as usize)),
+            _ => return Err(ApiError::bad(Some("rank_info"), "must be [rank, ranks] with rank < ranks")),
+        },
+        Some(_) => return Err(ApiError::bad(Some("rank_info"), "must be [rank, ranks]")),
+    };
+    let pass = {
+        let tasks = served(&state)?;
+        let t = tasks.find(&body, "task")?;
+        lock(&tasks.tasks[t]).pass_reward
+    };
+    let (t, groups) = rollouts_of(state.clone(), &body, "num_groups", false).await?;
+    let results: Vec<Value> = groups
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| rank.is_none_or(|(rank, ranks)| i % ranks == rank))
+        .map(|(_, g)| {
+            let s = &g.scores[0];
+            json!({
+                "prompt": g.task.messages,
+                "response": g.trajectories[0].text,
+                "reward": if s.status.usable() { json!(s.reward) } else { Value::Null },
+                "problem_id": g.task.id,
+                "passed": s.status.usable() && s.reward >= pass,
+                "status": s.status,
+                "failures": s.failures,
+            })
+        })
+        .collect();
+    let passed = results.iter().filter(|r| r["passed"] == json!(true)).count();
+    let env_id = served(&state)?.names[t].clone();
+    let pass_rate = if results.is_empty() { Value::Null } else { json!(passed as f64 / results.len() as f64) };
+    Ok(Json(json!({"env_id": env_id, "results": results, "pass_rate": pass_rate})))
+}
