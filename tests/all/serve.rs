@@ -125,6 +125,15 @@ fn the_openai_client_works_and_bad_requests_get_4xx_naming_the_field() {
     assert!(seen["completion_text"].as_str().unwrap().to_lowercase().contains("paris"), "{seen}");
     assert!(seen["completion_logprobs"].as_u64().unwrap() > 0, "{seen}");
     assert_eq!(seen["refused"], serde_json::json!({"status": 400, "param": "n"}), "{seen}");
+    let counts = seen["top_logprobs_counts"].as_array().unwrap();
+    assert!(!counts.is_empty() && counts.iter().all(|c| c == 3), "{seen}");
+    assert_eq!(
+        (&seen["top_is_sampled"], &seen["top_sorted"]),
+        (&serde_json::json!(true), &serde_json::json!(true)),
+        "{seen}"
+    );
+    let counts = seen["completion_top"].as_array().unwrap();
+    assert!(!counts.is_empty() && counts.iter().all(|c| c == 2), "{seen}");
 
     // Exact tokens: a completion's ids, given back as the prompt, are used as they are.
     let (status, body) =
@@ -152,7 +161,8 @@ fn the_openai_client_works_and_bad_requests_get_4xx_naming_the_field() {
         (chat(r#", "max_tokens": 99999999"#), 400, "`max_tokens`"),
         (chat(r#", "max_tokens": -1"#), 400, "`max_tokens`"),
         (chat(r#", "stop": [1]"#), 400, "`stop`"),
-        (chat(r#", "top_logprobs": 5"#), 400, "`top_logprobs`"),
+        (chat(r#", "top_logprobs": 5"#), 400, "needs `logprobs: true`"),
+        (chat(r#", "logprobs": true, "top_logprobs": 21"#), 400, "`top_logprobs` must be from 0 to 20"),
         (chat(r#", "frequency_penalty": 1.0"#), 400, "`frequency_penalty`"),
         (chat(r#", "model": "gpt-9""#), 404, "does not exist here"),
         (r#"{"prompt": [99999999], "max_tokens": 2}"#.into(), 400, "`prompt`"),
@@ -274,4 +284,109 @@ fn two_hundred_requests_from_32_clients_are_answered_with_flat_memory() {
     eprintln!("200 requests from 32 clients; resident {before} MiB -> {after} MiB");
     assert!(after <= before + before / 10 + 32, "resident memory grew from {before} to {after} MiB");
     assert_eq!(server.http("GET", "/health", &[], b"").0, 200);
+}
+
+/// Weights loaded by a client (from under `--weights-dir` only) under its version, which
+/// responses then report; generation paused (a request waits until `/resume`); a conversation
+/// continued from a reply's own ids (`prevent_retokenization`): those ids spliced in as they
+/// are.
+#[test]
+fn weights_load_under_a_version_generation_pauses_and_replies_continue_from_their_ids() {
+    let weights = tempfile::tempdir().unwrap();
+    let model = crate::engine::default_model();
+    std::fs::copy(&model, weights.path().join("step-7.gguf")).unwrap();
+    std::fs::write(weights.path().join("notes.txt"), "not a model").unwrap();
+    let server = Server::start(&["--weights-dir", weights.path().to_str().unwrap()]);
+    let chat = r#"{"messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 8, "temperature": 0}"#;
+
+    let (status, before) = server.post("/v1/chat/completions", chat);
+    assert_eq!(status, 200, "{before}");
+    let (status, loaded) = server.post("/v1/load_weights", r#"{"path": "step-7.gguf", "version": 7}"#);
+    assert_eq!(status, 200, "{loaded}");
+    assert_eq!(loaded["version"], 7, "{loaded}");
+    let (_, after) = server.post("/v1/chat/completions", chat);
+    assert_eq!(after["weights_version"], 7, "{after}");
+    assert_eq!(after["choices"][0]["message"]["content"], before["choices"][0]["message"]["content"], "same weights");
+    // prime-rl's name for the same.
+    let (status, again) = server.post("/update_weights", r#"{"weight_dir": "step-7.gguf", "version": 8}"#);
+    assert_eq!((status, &again["version"]), (200, &serde_json::json!(8)), "{again}");
+    let (_, _, state) = server.http("GET", "/v1/weights", &[], b"");
+    assert!(state.contains("\"version\":8") && state.contains("step-7.gguf"), "{state}");
+    let outside = format!(r#"{{"path": {:?}}}"#, model.to_str().unwrap());
+    for (body, status, says) in [
+        (outside.as_str(), 403, "outside --weights-dir"),
+        (r#"{"path": "../../etc/passwd"}"#, 403, "outside --weights-dir"),
+        (r#"{"path": "step-8.gguf"}"#, 400, "no such file"),
+        (r#"{"path": "notes.txt"}"#, 422, "notes.txt"),
+        (r#"{"path": "step-7.gguf", "version": -1}"#, 400, "`version`"),
+        (r#"{"version": 1}"#, 400, "`path`"),
+    ] {
+        let (got, answer) = server.post("/v1/load_weights", body);
+        assert_eq!(got, status, "{body}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(says), "{body}: {answer}");
+    }
+
+    // Paused: a request waits; it is answered only after /resume.
+    let (status, paused) = server.post("/pause", "");
+    assert_eq!((status, &paused["paused"]), (200, &serde_json::json!(true)), "{paused}");
+    let address = server.address.clone();
+    let waiting = std::thread::spawn(move || {
+        let (status, _, body) = http(&address, "POST", "/v1/chat/completions", &[], chat.as_bytes());
+        (status, body, Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!waiting.is_finished(), "a request must wait while generation is paused");
+    let resumed_at = Instant::now();
+    let (status, _) = server.post("/resume", "");
+    assert_eq!(status, 200);
+    let (status, body, answered_at) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(answered_at >= resumed_at);
+
+    // prevent_retokenization: the reply's ids are spliced in where its text would be.
+    let first: serde_json::Value = before;
+    let reply_ids = first["choices"][0]["message"]["generation_token_ids"].clone();
+    let reply_text = first["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let prompt_ids = first["prompt_token_ids"].as_array().unwrap().clone();
+    let continued = serde_json::json!({
+        "messages": [
+            {"role": "user", "content": "What is 2 + 3?"},
+            {"role": "assistant", "content": reply_text, "generation_token_ids": reply_ids},
+            {"role": "user", "content": "And 3 + 3?"},
+        ],
+        "prevent_retokenization": true, "max_tokens": 2,
+    });
+    let (status, next) = server.post("/v1/chat/completions", &continued.to_string());
+    assert_eq!(status, 200, "{next}");
+    let spliced = next["prompt_token_ids"].as_array().unwrap();
+    let ids = reply_ids.as_array().unwrap();
+    assert_eq!(&spliced[..prompt_ids.len()], &prompt_ids[..], "the first prompt, as it was");
+    assert_eq!(&spliced[prompt_ids.len()..prompt_ids.len() + ids.len()], &ids[..], "the reply's own ids");
+    assert!(spliced.len() > prompt_ids.len() + ids.len(), "then the next turn");
+    // Ids given for a user message, out of the vocabulary, or none at all: refused by field.
+    for (patch, field) in [
+        (
+            serde_json::json!({"role": "user", "content": "x", "generation_token_ids": [1]}),
+            "messages[0].generation_token_ids",
+        ),
+        (
+            serde_json::json!({"role": "user", "content": "x", "generation_token_ids": [999999999]}),
+            "messages[0].generation_token_ids",
+        ),
+        (serde_json::json!({"role": "user", "content": "x"}), "prevent_retokenization"),
+    ] {
+        let body = serde_json::json!({"messages": [patch], "prevent_retokenization": true});
+        let (status, answer) = server.post("/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(field), "{body}: {answer}");
+    }
+}
+
+/// Without --weights-dir, a client cannot make the server load anything.
+#[test]
+fn weights_loading_is_off_unless_a_directory_is_given() {
+    let server = Server::start(&[]);
+    let (status, answer) = server.post("/v1/load_weights", r#"{"path": "/"}"#);
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("--weights-dir"), "{answer}");
 }

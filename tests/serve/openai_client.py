@@ -62,6 +62,17 @@ completion = client.completions.create(model=model, prompt="The capital of Franc
 seen["completion_text"] = completion.choices[0].text
 seen["completion_logprobs"] = len(completion.choices[0].logprobs.token_logprobs)
 
+# Alternatives: greedy, so the sampled token is each position's most likely one.
+greedy = client.chat.completions.create(model=model, messages=question["messages"], max_tokens=6, temperature=0,
+                                        logprobs=True, top_logprobs=3)
+content = greedy.choices[0].logprobs.content
+seen["top_logprobs_counts"] = [len(item.top_logprobs) for item in content]
+seen["top_is_sampled"] = all(item.top_logprobs[0].token == item.token and
+                             abs(item.top_logprobs[0].logprob - item.logprob) < 1e-5 for item in content)
+seen["top_sorted"] = all(a.logprob >= b.logprob for item in content for a, b in zip(item.top_logprobs, item.top_logprobs[1:]))
+text = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, logprobs=2, temperature=0)
+seen["completion_top"] = [len(alternatives) for alternatives in text.choices[0].logprobs.top_logprobs]
+
 try:
     client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=1000)
     seen["refused"] = None

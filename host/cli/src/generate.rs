@@ -79,6 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         stop: args.stop.clone(),
         seed: args.seed,
         ignore_eos: args.ignore_eos,
+        top_logprobs: 0,
     };
     let request = GenerateRequest { prompt: prompt.clone(), n: args.samples, sampling };
     let started = Instant::now();

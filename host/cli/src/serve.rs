@@ -53,6 +53,10 @@ pub struct Args {
     /// Seconds an episode may sit idle before it is closed.
     #[arg(long, default_value_t = 600)]
     episode_idle_s: u64,
+    /// Let clients load weights (POST /v1/load_weights, /update_weights) from checkpoints
+    /// and models under this directory (off by default).
+    #[arg(long, value_name = "DIR")]
+    weights_dir: Option<std::path::PathBuf>,
 }
 
 /// The API key (`--api-key`, else WIRL_API_KEY); an error when `host` is not loopback and
@@ -105,6 +109,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_body_bytes: args.max_body_bytes,
         max_concurrent: args.max_concurrent,
         request_timeout: Duration::from_secs(args.timeout_s.max(1)),
+        weights_dir: match &args.weights_dir {
+            Some(dir) if !dir.is_dir() => bail!("--weights-dir {}: not a directory", dir.display()),
+            Some(dir) => Some(dir.canonicalize().with_context(|| format!("--weights-dir {}", dir.display()))?),
+            None => None,
+        },
+        load_options: options.clone(),
         task_limits: wirl_server::TaskLimits {
             max_sessions: args.max_episodes.max(1),
             session_idle: Duration::from_secs(args.episode_idle_s.max(1)),

@@ -31,7 +31,7 @@ enum Message {
     GenerateAll { jobs: Vec<(GenerateRequest, oneshot::Sender<Result<Vec<Completion>>>)> },
     /// Use other weights from the next batch on: waits until the running rows finish, and
     /// requests sent after it use the new model.
-    SetModel { model: Arc<Model>, reply: oneshot::Sender<()> },
+    SetModel { model: Arc<Model>, reply: oneshot::Sender<u64> },
     /// The weights barrier: once the rows admitted before it finish, tell the holder
     /// (`held`), generate nothing until it lets go (`release` sent or dropped), then count a
     /// new weights version.
@@ -138,8 +138,9 @@ impl EngineHandle {
         Some(results)
     }
 
-    /// Swap in new weights (the trainer, after an update). Returns once the engine uses them.
-    pub async fn set_model(&self, model: Arc<Model>) -> Result<()> {
+    /// Swap in new weights (a server loading a checkpoint). Returns once the engine uses them,
+    /// with the weights version they are (completions report it).
+    pub async fn set_model(&self, model: Arc<Model>) -> Result<u64> {
         let (reply, receiver) = oneshot::channel();
         self.sender.send(Message::SetModel { model, reply }).map_err(|_| Error::Stopped)?;
         receiver.await.map_err(|_| Error::Stopped)
@@ -278,7 +279,7 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
         let (new_model, reply) = swap;
         model = new_model;
         version += 1;
-        let _ = reply.send(());
+        let _ = reply.send(version);
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     /// Log-probability of each generated token under the model at temperature 1.
     pub logprobs: Vec<f32>,
+    /// For each generated token, the most likely tokens at its position and their
+    /// log-probabilities (`Sampling::top_logprobs` of them; empty when that is 0).
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// The text, without EOS or the stop string.
     pub text: String,
     pub finish: FinishReason,
@@ -75,6 +78,7 @@ struct Row {
     pad: usize,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    top_logprobs: Vec<Vec<(u32, f32)>>,
     stream: TextStream,
     text: String,
 }
@@ -173,6 +177,7 @@ impl<'m> Batch<'m> {
                     pad: prompt_pads[slot],
                     tokens: Vec::new(),
                     logprobs: Vec::new(),
+                    top_logprobs: Vec::new(),
                     stream: TextStream::new(),
                     text: String::new(),
                 });
@@ -227,6 +232,12 @@ impl<'m> Batch<'m> {
         // `exp` over the vocabulary per row is a few percent of a decoding step.
         let drawn: Vec<(u32, f32)> =
             self.rows.par_iter_mut().zip(&logits_rows).map(|(row, logits)| row.sampler.sample(logits)).collect();
+        for (row, logits) in self.rows.iter_mut().zip(&logits_rows) {
+            let k = self.open.get(&row.request).map_or(0, |open| open.sampling.top_logprobs);
+            if k > 0 {
+                row.top_logprobs.push(crate::sampling::top_logprobs(logits, k));
+            }
+        }
         for (position, mut row) in std::mem::take(&mut self.rows).into_iter().enumerate() {
             let open = self.open.get_mut(&row.request).ok_or_else(|| Error::Input("row without request".into()))?;
             let (token, logprob) = drawn[position];
@@ -255,6 +266,7 @@ impl<'m> Batch<'m> {
                     open.done[row.sample] = Some(Completion {
                         tokens: row.tokens,
                         logprobs: row.logprobs,
+                        top_logprobs: row.top_logprobs,
                         text: row.text,
                         finish,
                         weights_version: 0,

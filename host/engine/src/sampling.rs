@@ -19,6 +19,9 @@ pub struct Sampling {
     pub seed: Option<u64>,
     /// Keep going past the model's end-of-sequence tokens (benchmarks: a fixed length).
     pub ignore_eos: bool,
+    /// Also give, for each generated position, this many most likely tokens with their
+    /// log-probabilities (temperature 1, like the sampled token's); 0: none.
+    pub top_logprobs: usize,
 }
 
 impl Default for Sampling {
@@ -32,6 +35,7 @@ impl Default for Sampling {
             stop: Vec::new(),
             seed: None,
             ignore_eos: false,
+            top_logprobs: 0,
         }
     }
 }
@@ -156,6 +160,25 @@ impl Sampler {
     }
 }
 
+/// The `k` most likely tokens under the unmodified (temperature 1) distribution, most likely
+/// first, with their log-probabilities: what an API's `top_logprobs` reports.
+pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_norm = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if k < candidates.len() {
+        candidates.select_nth_unstable_by(k - 1, by_logit);
+        candidates.truncate(k);
+    }
+    candidates.sort_unstable_by(by_logit);
+    candidates.into_iter().map(|(token, l)| (token, l - log_norm)).collect()
+}
+
 fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
@@ -168,6 +191,19 @@ fn argmax(logits: &[f32]) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn top_logprobs_are_the_most_likely_tokens_with_their_log_probabilities() {
+        let logits = [0.5, 3.0, -1.0, 2.0, 3.0];
+        let top = super::top_logprobs(&logits, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 4, 3], "ties by id");
+        let norm: f32 = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+        for (token, logprob) in &top {
+            assert!((logprob - (logits[*token as usize] - norm)).abs() < 1e-6);
+        }
+        assert_eq!(super::top_logprobs(&logits, 9).len(), 5);
+        assert!(super::top_logprobs(&logits, 0).is_empty());
+    }
+
     use super::*;
 
     #[test]

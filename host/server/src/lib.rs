@@ -15,6 +15,7 @@
 mod control;
 mod request;
 mod tasks;
+mod weights;
 
 pub use control::RunControl;
 pub use request::Limits;
@@ -51,6 +52,11 @@ pub struct ServeConfig {
     pub request_timeout: Duration,
     /// Limits of the task endpoints (rewards, episodes, rollouts).
     pub task_limits: TaskLimits,
+    /// Where `/v1/load_weights` may load checkpoints and models from (off when `None`: a
+    /// client must not make the server read any file it likes).
+    pub weights_dir: Option<std::path::PathBuf>,
+    /// How loaded weights are held (quantized or not, like the first).
+    pub load_options: wirl_engine::LoadOptions,
 }
 
 impl Default for ServeConfig {
@@ -63,6 +69,8 @@ impl Default for ServeConfig {
             max_concurrent: 64,
             request_timeout: Duration::from_secs(300),
             task_limits: TaskLimits::default(),
+            weights_dir: None,
+            load_options: wirl_engine::LoadOptions::default(),
         }
     }
 }
@@ -84,6 +92,10 @@ struct AppState {
     slots: Arc<Semaphore>,
     next_id: AtomicU64,
     created: u64,
+    /// Set while generation is paused (`/pause`): new requests wait, in-flight ones finish.
+    paused: tokio::sync::watch::Sender<bool>,
+    /// The weights in force: where they came from and the version a client gave them.
+    weights: std::sync::Mutex<weights::Loaded>,
 }
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -152,6 +164,8 @@ pub fn router(
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
         next_id: AtomicU64::new(1),
         created,
+        paused: tokio::sync::watch::Sender::new(false),
+        weights: std::sync::Mutex::new(weights::Loaded::default()),
         config,
     });
     let body_limit = state.config.max_body_bytes;
@@ -166,6 +180,11 @@ pub fn router(
         .route("/control/rollback", post(control_rollback))
         .route("/control/stop", post(control_stop))
         .route("/control/apply", post(control_apply))
+        .route("/v1/load_weights", post(weights::load))
+        .route("/update_weights", post(weights::load))
+        .route("/v1/weights", get(weights::status))
+        .route("/pause", post(weights::pause))
+        .route("/resume", post(weights::resume))
         .route("/v1/tasks", get(tasks::list))
         .route("/v1/tasks/draw", post(tasks::draw))
         .route("/v1/score", post(tasks::score))
@@ -179,6 +198,7 @@ pub fn router(
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/liveness", get(|| async { Json(json!({"status": "ok"})) }))
         .merge(api)
         .fallback(|| async { ApiError::with_status(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(body_limit))
@@ -305,24 +325,64 @@ enum Kind {
 
 async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let body = request::object(&body)?;
-    let logprobs = request::chat_logprobs(&body)?;
-    let common = request::common(&body, &state.config.limits, logprobs)?;
+    let (logprobs, top) = request::chat_logprobs(&body)?;
+    let mut common = request::common(&body, &state.config.limits, logprobs)?;
+    common.sampling.top_logprobs = top;
     let messages: Vec<ChatMessage> =
         request::messages(&body)?.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
-    let text = state.tokenizer.render_chat(&messages, true).map_err(|e| {
+    let prompt = match request::spliced_ids(&body, state.tokenizer.vocab_size())? {
+        Some(ids) => spliced_prompt(&state, &messages, &ids)?,
+        None => {
+            let text = state.tokenizer.render_chat(&messages, true).map_err(|e| {
+                ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the messages cannot be rendered: {e}"))
+            })?;
+            encode(&state, &text)?
+        }
+    };
+    generate(state, common, prompt, Kind::Chat).await
+}
+
+/// The prompt of a conversation whose assistant messages carry their own token ids: those
+/// ids as they are, and only what the chat template puts around and after them tokenized —
+/// the ledger `wirl train` keeps for multi-turn episodes, so that a multi-turn client's
+/// tokens never drift from what the model sampled.
+fn spliced_prompt(state: &AppState, messages: &[ChatMessage], ids: &[Option<Vec<u32>>]) -> Result<Vec<u32>, ApiError> {
+    let all: Vec<wirl_sandbox::Message> =
+        messages.iter().map(|m| wirl_sandbox::Message { role: m.role.clone(), content: m.content.clone() }).collect();
+    let marks: Vec<usize> = ids.iter().enumerate().filter_map(|(i, own)| own.as_ref().map(|_| i)).collect();
+    let drift = |e: wirl_rollout::TemplateDrift| {
+        ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("`prevent_retokenization`: {e}"))
+    };
+    let head = state.tokenizer.render_chat(&messages[..marks[0]], true).map_err(|e| {
         ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the messages cannot be rendered: {e}"))
     })?;
-    let prompt = encode(&state, &text)?;
-    generate(state, common, prompt, Kind::Chat).await
+    let mut tokens = encode(state, &head)?;
+    for (k, &at) in marks.iter().enumerate() {
+        let own = ids[at].as_deref().unwrap_or_default();
+        tokens.extend_from_slice(own);
+        let next = marks.get(k + 1).copied().unwrap_or(all.len());
+        let eos = own.last().copied().filter(|id| state.tokenizer.eos_ids().contains(id));
+        let text = wirl_rollout::episode::appended_text(
+            &state.tokenizer,
+            &all[..at],
+            &all[at].content,
+            eos,
+            &all[at + 1..next],
+        )
+        .map_err(drift)?;
+        tokens.extend(encode(state, &text)?);
+    }
+    Ok(tokens)
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let body = request::object(&body)?;
-    let logprobs = request::completion_logprobs(&body)?;
+    let (logprobs, top) = request::completion_logprobs(&body)?;
     if body.get("echo").and_then(Value::as_bool) == Some(true) {
         return Err(ApiError::bad(Some("echo"), "is not supported"));
     }
-    let common = request::common(&body, &state.config.limits, logprobs)?;
+    let mut common = request::common(&body, &state.config.limits, logprobs)?;
+    common.sampling.top_logprobs = top;
     let prompt = match request::prompt(&body, state.tokenizer.vocab_size())? {
         request::Prompt::Text(text) => encode(&state, &text)?,
         request::Prompt::Tokens(ids) => ids,
@@ -362,6 +422,7 @@ async fn generate(
             &format!("is {} tokens; the model's context is {}", prompt.len(), state.context),
         ));
     }
+    weights::wait_unpaused(&state).await?;
     let slot = take_slot(&state)?;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let id = match kind {
@@ -407,6 +468,7 @@ async fn generate(
         "choices": choices,
         "usage": usage(prompt.len(), generated),
         "prompt_token_ids": prompt,
+        "weights_version": completions.first().map(|c| weights::label(&state, c.weights_version)),
     }))
     .into_response())
 }
@@ -463,20 +525,29 @@ fn choice(state: &AppState, kind: Kind, index: usize, completion: &Completion, l
     }
 }
 
-/// The sampled tokens' log-probs, in the endpoint's shape.
+/// The sampled tokens' log-probs (and the most likely alternatives', when asked), in the
+/// endpoint's shape; wirl adds each alternative's token id.
 fn token_logprobs(state: &AppState, kind: Kind, completion: &Completion) -> Value {
-    let tokens: Vec<String> =
-        completion.tokens.iter().map(|&id| state.tokenizer.decode(&[id], false).unwrap_or_default()).collect();
+    let text = |id: u32| state.tokenizer.decode(&[id], false).unwrap_or_default();
+    let tokens: Vec<String> = completion.tokens.iter().map(|&id| text(id)).collect();
+    let alternatives = |i: usize| completion.top_logprobs.get(i).map(Vec::as_slice).unwrap_or_default();
     match kind {
         Kind::Chat => json!({
-            "content": tokens.iter().zip(&completion.logprobs).map(|(token, logprob)| json!({
-                "token": token, "logprob": logprob, "bytes": token.as_bytes(), "top_logprobs": [],
+            "content": tokens.iter().zip(&completion.logprobs).enumerate().map(|(i, (token, logprob))| json!({
+                "token": token, "logprob": logprob, "bytes": token.as_bytes(),
+                "top_logprobs": alternatives(i).iter().map(|&(id, logprob)| {
+                    let token = text(id);
+                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes(), "token_id": id})
+                }).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         }),
         Kind::Text => json!({
             "tokens": tokens,
             "token_logprobs": completion.logprobs,
-            "top_logprobs": null,
+            "top_logprobs": if completion.top_logprobs.is_empty() { Value::Null } else {
+                json!((0..tokens.len()).map(|i| alternatives(i).iter().map(|&(id, logprob)| (text(id), json!(logprob)))
+                    .collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>())
+            },
             "text_offset": null,
         }),
     }

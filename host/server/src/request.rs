@@ -155,25 +155,31 @@ pub fn common(body: &Map<String, Value>, limits: &Limits, logprobs: bool) -> Res
     Ok(Common { model, n: n as usize, sampling, stream, include_usage, logprobs })
 }
 
-/// Chat: `logprobs` (bool) and `top_logprobs` (only 0: the sampled token's log-prob is what
-/// wirl computes).
-pub fn chat_logprobs(body: &Map<String, Value>) -> Result<bool, ApiError> {
+/// The most alternatives per position a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// Chat: `logprobs` (bool) and `top_logprobs` (0 to 20 most likely tokens per position,
+/// with `logprobs: true`).
+pub fn chat_logprobs(body: &Map<String, Value>) -> Result<(bool, usize), ApiError> {
     let wanted = boolean(body, "logprobs")?.unwrap_or(false);
-    if integer(body, "top_logprobs")?.is_some_and(|k| k != 0) {
-        return Err(ApiError::bad(
-            Some("top_logprobs"),
-            "is not supported yet (only the sampled token's log-prob, with logprobs: true)",
-        ));
+    let top = match integer(body, "top_logprobs")? {
+        None => 0,
+        Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => k as usize,
+        Some(_) => return Err(ApiError::bad(Some("top_logprobs"), &format!("must be from 0 to {MAX_TOP_LOGPROBS}"))),
+    };
+    if top > 0 && !wanted {
+        return Err(ApiError::bad(Some("top_logprobs"), "needs `logprobs: true`"));
     }
-    Ok(wanted)
+    Ok((wanted, top))
 }
 
-/// Completions: `logprobs` is a count of alternatives; 0 or 1 gives the sampled token's.
-pub fn completion_logprobs(body: &Map<String, Value>) -> Result<bool, ApiError> {
+/// Completions: `logprobs` is a count (0 to 20): the sampled token's log-prob, and that many
+/// most likely tokens per position.
+pub fn completion_logprobs(body: &Map<String, Value>) -> Result<(bool, usize), ApiError> {
     match integer(body, "logprobs")? {
-        None => Ok(false),
-        Some(0 | 1) => Ok(true),
-        Some(_) => Err(ApiError::bad(Some("logprobs"), "only 0 or 1 (the sampled token's log-prob) is supported yet")),
+        None => Ok((false, 0)),
+        Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Ok((true, k as usize)),
+        Some(_) => Err(ApiError::bad(Some("logprobs"), &format!("must be from 0 to {MAX_TOP_LOGPROBS}"))),
     }
 }
 
@@ -228,6 +234,40 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
             Ok(Message { role: if role == "developer" { "system".into() } else { role }, content })
         })
         .collect()
+}
+
+/// With `prevent_retokenization: true` (Megatron's and NeMo's flag), each assistant
+/// message's own token ids (`generation_token_ids`, as its reply carried them), to be used as
+/// they are instead of tokenizing its text again; `None` for the other messages.
+pub fn spliced_ids(body: &Map<String, Value>, vocab: usize) -> Result<Option<Vec<Option<Vec<u32>>>>, ApiError> {
+    if !boolean(body, "prevent_retokenization")?.unwrap_or(false) {
+        return Ok(None);
+    }
+    let items = body.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let ids = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let field = format!("messages[{i}].generation_token_ids");
+            match (item.get("role").and_then(Value::as_str), item.get("generation_token_ids")) {
+                (_, None | Some(Value::Null)) => Ok(None),
+                (Some("assistant"), Some(Value::Array(ids))) if !ids.is_empty() => ids
+                    .iter()
+                    .map(|id| id.as_u64().filter(|&id| (id as usize) < vocab).map(|id| id as u32))
+                    .collect::<Option<Vec<u32>>>()
+                    .map(Some)
+                    .ok_or_else(|| ApiError::bad(Some(&field), &format!("must be token ids below {vocab}"))),
+                _ => Err(ApiError::bad(Some(&field), "must be an assistant message's non-empty token ids")),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if ids.iter().all(Option::is_none) {
+        return Err(ApiError::bad(
+            Some("prevent_retokenization"),
+            "needs an assistant message carrying its `generation_token_ids` (from the reply that produced it)",
+        ));
+    }
+    Ok(Some(ids))
 }
 
 /// A completion's `prompt`: text, or token ids (exact tokens, no tokenizing).

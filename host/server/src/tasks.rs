@@ -871,6 +871,7 @@ async fn rollouts_of(
         Some(_) => integer(body, "start_index", 0, u64::MAX / 4)?,
     };
     let ask = RolloutAsk { task: t, groups, group_size, sampling, first, validation, filter_same_reward };
+    crate::weights::wait_unpaused(&state).await?;
     let slot = crate::take_slot(&state)?;
     let cancelled = Arc::new(AtomicBool::new(false));
     // Set when this future is dropped (the client went away) or the deadline passes.

@@ -1,0 +1,177 @@
+//! The served weights and generation's pause: `/v1/load_weights` (prime-rl's
+//! `/update_weights` too) swaps in a checkpoint or model directory through the engine's
+//! barrier, under a version the client names; `/pause` holds new requests and waits for those
+//! in flight; `/resume` lets them go. For an inference server beside a trainer in another
+//! process: pause, load the step's weights, resume.
+
+use crate::{ApiError, AppState, request};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What was loaded, by the engine's weights version.
+#[derive(Default)]
+pub(crate) struct Loaded {
+    /// Engine version → (the client's version, the path), for the last loads.
+    by_engine: BTreeMap<u64, (u64, String)>,
+}
+
+/// The loads remembered (older completions report the engine's own version).
+const REMEMBERED: usize = 64;
+
+/// The version to report for completions sampled by engine version `engine`: the client's,
+/// for weights it loaded.
+pub(crate) fn label(state: &AppState, engine: u64) -> u64 {
+    let loaded = state.weights.lock().unwrap_or_else(|e| e.into_inner());
+    loaded.by_engine.get(&engine).map_or(engine, |(version, _)| *version)
+}
+
+/// Wait while generation is paused, at most the request deadline (then 503).
+pub(crate) async fn wait_unpaused(state: &AppState) -> Result<(), ApiError> {
+    let mut paused = state.paused.subscribe();
+    let waited = tokio::time::timeout(state.config.request_timeout, paused.wait_for(|p| !*p)).await;
+    match waited {
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "generation is paused (POST /resume resumes it); retry later".into(),
+            param: None,
+            retry_after: Some(5),
+        }),
+    }
+}
+
+/// `POST /pause`: new requests wait; answers once the ones in flight have finished (or after
+/// `timeout_s`, 60 by default, saying how many still run).
+pub(crate) async fn pause(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let body = if body.is_empty() { serde_json::Map::new() } else { request::object(&body)? };
+    let timeout = match body.get("timeout_s") {
+        None | Some(Value::Null) => 60.0,
+        Some(v) => v
+            .as_f64()
+            .filter(|t| t.is_finite() && *t >= 0.0 && *t <= 3600.0)
+            .ok_or_else(|| ApiError::bad(Some("timeout_s"), "must be a number of seconds from 0 to 3600"))?,
+    };
+    state.paused.send_replace(true);
+    let all = state.config.max_concurrent.max(1) as u32;
+    let drained = tokio::time::timeout(Duration::from_secs_f64(timeout), state.slots.acquire_many(all)).await;
+    let in_flight = match drained {
+        Ok(Ok(_permits)) => 0,
+        _ => all as usize - state.slots.available_permits(),
+    };
+    Ok(Json(json!({"paused": true, "in_flight": in_flight})))
+}
+
+pub(crate) async fn resume(State(state): State<Arc<AppState>>) -> Json<Value> {
+    state.paused.send_replace(false);
+    Json(json!({"paused": false}))
+}
+
+pub(crate) async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let loaded = state.weights.lock().unwrap_or_else(|e| e.into_inner());
+    let last = loaded.by_engine.iter().next_back();
+    Json(json!({
+        "version": last.map(|(_, (version, _))| *version),
+        "engine_version": last.map(|(engine, _)| *engine),
+        "path": last.map(|(_, (_, path))| path.clone()),
+        "paused": *state.paused.borrow(),
+        "loading": state.config.weights_dir.as_ref().map(|d| d.display().to_string()),
+    }))
+}
+
+/// `{path | weight_dir, version}`: a checkpoint's `model/`, an HF directory or a GGUF file
+/// under the server's `--weights-dir`, with the tokenizer's vocabulary; requests in flight
+/// finish on the old weights, later ones sample the new.
+pub(crate) async fn load(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    if state.control.is_some() {
+        return Err(ApiError::with_status(
+            StatusCode::CONFLICT,
+            "this server serves a training's policy: its weights are the trainer's to change".into(),
+        ));
+    }
+    let Some(root) = state.config.weights_dir.clone() else {
+        return Err(ApiError::with_status(
+            StatusCode::FORBIDDEN,
+            "weight loading is off: start `wirl serve --weights-dir DIR` to load models from DIR".into(),
+        ));
+    };
+    let body = request::object(&body)?;
+    let (field, path) = match (body.get("path"), body.get("weight_dir")) {
+        (Some(Value::String(path)), _) => ("path", path.clone()),
+        (None | Some(Value::Null), Some(Value::String(path))) => ("weight_dir", path.clone()),
+        _ => return Err(ApiError::bad(Some("path"), "must be a model directory or file under --weights-dir")),
+    };
+    let version = match body.get("version") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| ApiError::bad(Some("version"), "must be a non-negative integer"))?),
+    };
+    let requested = PathBuf::from(&path);
+    let full = if requested.is_absolute() { requested } else { root.join(requested) };
+    let inside = |p: &std::path::Path| {
+        let (Ok(p), Ok(root)) = (p.canonicalize(), root.canonicalize()) else { return false };
+        p.starts_with(root)
+    };
+    // Outside (lexically: `..`, another absolute path) is refused before anything is looked
+    // at, so that answers do not tell which files exist elsewhere.
+    let lexically_outside = full.components().any(|c| matches!(c, std::path::Component::ParentDir))
+        || !full.starts_with(&root) && root.is_absolute();
+    if lexically_outside {
+        return Err(ApiError::with_status(
+            StatusCode::FORBIDDEN,
+            format!("`{field}`: {path} is outside --weights-dir; only models under it can be loaded"),
+        ));
+    }
+    if !full.exists() {
+        return Err(ApiError::bad(Some(field), &format!("{path}: no such file or directory under --weights-dir")));
+    }
+    if !inside(&full) {
+        return Err(ApiError::with_status(
+            StatusCode::FORBIDDEN,
+            format!("`{field}`: {path} is outside --weights-dir; only models under it can be loaded"),
+        ));
+    }
+    let options = state.config.load_options.clone();
+    let started = Instant::now();
+    let vocab = state.tokenizer.vocab_size();
+    let context = state.context;
+    let shown = path.clone();
+    let model = tokio::task::spawn_blocking(move || {
+        let loaded = wirl_engine::load(&full, &options)
+            .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{shown}: {e:#}")))?;
+        if loaded.tokenizer.vocab_size() != vocab || loaded.config.max_position_embeddings != context {
+            return Err(ApiError::with_status(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "{shown}: its vocabulary ({}) or context ({}) differs from the served model's ({vocab}, {context}); \
+                     serve another model with another server",
+                    loaded.tokenizer.vocab_size(),
+                    loaded.config.max_position_embeddings
+                ),
+            ));
+        }
+        Ok(loaded.model)
+    })
+    .await
+    .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("loading failed: {e}")))??;
+    let engine =
+        state.engine.set_model(Arc::new(model)).await.map_err(|e| {
+            ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the engine stopped: {e}"))
+        })?;
+    let version = version.unwrap_or(engine);
+    {
+        let mut loaded = state.weights.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.by_engine.insert(engine, (version, path.clone()));
+        while loaded.by_engine.len() > REMEMBERED {
+            loaded.by_engine.pop_first();
+        }
+    }
+    tracing::info!("loaded {path} as version {version}");
+    Ok(Json(json!({"version": version, "engine_version": engine, "path": path,
+                   "seconds": started.elapsed().as_secs_f64()})))
+}
