@@ -336,3 +336,34 @@ tasks = 2
     assert_eq!(metrics.len(), 3, "{log}");
     assert!(log.contains("task server failed") || log.contains("Connection refused"), "{log}");
 }
+
+/// `--config`'s `[serve]` table sets the options (a flag given wins); its unknown keys are
+/// refused by name.
+#[test]
+fn a_config_file_sets_serve_options_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = std::fs::read_to_string(served_config(dir.path())).unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, format!("[serve]\nname = \"from-file\"\nmax_n = 2\nmax_episodes = 1\n{tasks}")).unwrap();
+    let too_many = r#"{"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 2}"#;
+
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let (_, _, models) = server.http("GET", "/v1/models", &[], b"");
+    assert!(models.contains("from-file"), "{models}");
+    let (status, answer) = server.post("/v1/chat/completions", too_many);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("from 1 to 2"), "{answer}");
+    assert_eq!(server.post("/v1/episodes", r#"{"task": "retry"}"#).0, 201);
+    assert_eq!(server.post("/v1/episodes", r#"{"task": "retry"}"#).0, 503, "max_episodes = 1");
+    drop(server);
+
+    let server = Server::start(&["--config", config.to_str().unwrap(), "--max-n", "3"]);
+    let (status, answer) = server.post("/v1/chat/completions", too_many);
+    assert_eq!(status, 200, "the flag wins: {answer}");
+    drop(server);
+
+    std::fs::write(&config, format!("[serve]\nmax_m = 2\n{tasks}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_wirl")).args(["serve", "--config"]).arg(&config).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("[serve]") && said.contains("max_m"), "{said}");
+}

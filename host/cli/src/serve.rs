@@ -2,6 +2,7 @@
 //! default; any other address needs an API key.
 
 use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,51 +13,118 @@ pub struct Args {
     /// config's model, else the default model).
     #[arg(long)]
     model: Option<String>,
-    /// A training config (TOML) whose tasks are served: their rewards (/v1/score,
-    /// /get_reward), tasks and episodes (/v1/tasks, /v1/episodes) and Megatron-RL's
-    /// /rollouts/, /grouped_rollouts/, /evaluation/. `default`: the embedded default job.
-    #[arg(long, value_name = "TRAIN.toml")]
-    config: Option<std::path::PathBuf>,
-    /// The address to listen on. Anything but loopback needs --api-key.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    /// The port (0: any free one, printed).
-    #[arg(long, default_value_t = 8000)]
-    port: u16,
+    /// A config (TOML): its `[serve]` table sets this command's options (a flag given wins);
+    /// its tasks, as in a training config or a task set, are served: their rewards
+    /// (/v1/score, /get_reward), tasks and episodes (/v1/tasks, /v1/episodes) and
+    /// Megatron-RL's /rollouts/, /grouped_rollouts/, /evaluation/. `default`: the embedded
+    /// default job.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The address to listen on [default: 127.0.0.1]. Anything but loopback needs an API key.
+    #[arg(long)]
+    host: Option<String>,
+    /// The port (0: any free one, printed) [default: 8000].
+    #[arg(long)]
+    port: Option<u16>,
     /// Required as `Authorization: Bearer KEY` (but on /health); also read from WIRL_API_KEY.
     #[arg(long)]
     api_key: Option<String>,
     /// The model's name in /v1/models and responses (default: the file or directory name).
     #[arg(long)]
     name: Option<String>,
-    /// Run a GGUF model's quantized weights (faster for single requests on the CPU).
+    /// Run a GGUF model's quantized weights (faster on the CPU; log-probs then differ from
+    /// the trainer's f32 ones).
     #[arg(long)]
     quantized: bool,
-    /// Completions per request (`n`) at most.
-    #[arg(long, default_value_t = 16)]
-    max_n: usize,
-    /// New tokens per completion at most.
-    #[arg(long, default_value_t = 4096)]
-    max_tokens: usize,
-    /// Requests generating at once; more are answered 503 with Retry-After.
-    #[arg(long, default_value_t = 64)]
-    max_concurrent: usize,
-    /// Seconds a request may take; then it is answered 504 and its generation cancelled.
-    #[arg(long, default_value_t = 300)]
-    timeout_s: u64,
-    /// The largest request body, in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
-    max_body_bytes: usize,
-    /// Episodes open at once (/v1/episodes); more are answered 503.
-    #[arg(long, default_value_t = 256)]
-    max_episodes: usize,
-    /// Seconds an episode may sit idle before it is closed.
-    #[arg(long, default_value_t = 600)]
-    episode_idle_s: u64,
+    /// Completions per request (`n`) at most [default: 16].
+    #[arg(long)]
+    max_n: Option<usize>,
+    /// New tokens per completion at most [default: 4096].
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Requests generating at once; more are answered 503 with Retry-After [default: 64].
+    #[arg(long)]
+    max_concurrent: Option<usize>,
+    /// Seconds a request may take; then it is answered 504 and its generation cancelled
+    /// [default: 300].
+    #[arg(long)]
+    timeout_s: Option<u64>,
+    /// The largest request body, in bytes [default: 1048576].
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
+    /// Episodes open at once (/v1/episodes); more are answered 503 [default: 256].
+    #[arg(long)]
+    max_episodes: Option<usize>,
+    /// Seconds an episode may sit idle before it is closed [default: 600].
+    #[arg(long)]
+    episode_idle_s: Option<u64>,
     /// Let clients load weights (POST /v1/load_weights, /update_weights) from checkpoints
     /// and models under this directory (off by default).
     #[arg(long, value_name = "DIR")]
-    weights_dir: Option<std::path::PathBuf>,
+    weights_dir: Option<PathBuf>,
+}
+
+/// `[serve]` in the config file: the flags' settings (a flag given wins).
+#[derive(Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServeSection {
+    host: Option<String>,
+    port: Option<u16>,
+    name: Option<String>,
+    quantized: Option<bool>,
+    max_n: Option<usize>,
+    max_tokens: Option<usize>,
+    max_concurrent: Option<usize>,
+    timeout_s: Option<u64>,
+    max_body_bytes: Option<usize>,
+    max_episodes: Option<usize>,
+    episode_idle_s: Option<u64>,
+    /// Relative to the config's directory.
+    weights_dir: Option<PathBuf>,
+    /// The environment variable holding the API key (a key itself does not belong in a file).
+    api_key_env: Option<String>,
+}
+
+/// What `--config` gives: serve settings, the tasks' config (if it has tasks), a model.
+#[derive(Default)]
+struct ConfigFile {
+    serve: ServeSection,
+    tasks: Option<wirl_trainer::TrainConfig>,
+    model: Option<String>,
+}
+
+/// Read `--config`: a `[serve]` table, and a training config, a task set, or only `[model]`.
+fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
+    if path.as_os_str() == "default" {
+        return Ok(ConfigFile { tasks: Some(crate::train::default_config()?), ..Default::default() });
+    }
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {origin}"))?;
+    let mut table: toml::Table =
+        text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()))?;
+    let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut serve: ServeSection = match table.remove("serve") {
+        None => ServeSection::default(),
+        Some(section) => section.try_into().map_err(|e: toml::de::Error| {
+            anyhow::anyhow!(
+                "{origin}: [serve]: {} (its keys are the flags of `wirl serve`, and api_key_env)",
+                e.message()
+            )
+        })?,
+    };
+    serve.weights_dir = serve.weights_dir.map(|dir| base.join(dir));
+    let only_model = table.keys().all(|k| k == "model");
+    let model = table.get("model").and_then(|m| m.get("path")).and_then(|p| p.as_str()).map(str::to_string);
+    let rest = toml::to_string(&table)?;
+    let tasks = if table.is_empty() || only_model {
+        None
+    } else if table.contains_key("model") {
+        Some(wirl_trainer::TrainConfig::parse(&rest, &origin, base)?)
+    } else {
+        let set = wirl_trainer::TrainConfig::parse_task_set(&rest, &origin, base)?;
+        Some(crate::train::default_config()?.with_task_set(set, &origin, base)?)
+    };
+    Ok(ConfigFile { serve, tasks, model })
 }
 
 /// The API key (`--api-key`, else WIRL_API_KEY); an error when `host` is not loopback and
@@ -74,25 +142,43 @@ pub fn api_key(host: &str, given: Option<&str>, flag: &str) -> anyhow::Result<Op
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let api_key = api_key(&args.host, args.api_key.as_deref(), "--host")?;
-    for (flag, value) in
-        [("--max-n", args.max_n), ("--max-tokens", args.max_tokens), ("--max-concurrent", args.max_concurrent)]
-    {
-        if value == 0 {
-            bail!("{flag} must be at least 1");
-        }
-    }
-    let run = match &args.config {
-        None => None,
-        Some(path) if path.as_os_str() == "default" => Some(crate::train::default_config()?.run_config()?),
-        Some(path) => Some(served_config(path)?.run_config()?),
+    let file = match &args.config {
+        Some(path) => read_config(path)?,
+        None => ConfigFile::default(),
     };
-    let model = args.model.clone().or_else(|| run.as_ref().map(|r| r.model.clone()));
+    let section = &file.serve;
+    let host = args.host.clone().or(section.host.clone()).unwrap_or_else(|| "127.0.0.1".into());
+    let port = args.port.or(section.port).unwrap_or(8000);
+    let key_from_file = match &section.api_key_env {
+        Some(variable) => Some(std::env::var(variable).map_err(|_| {
+            anyhow::anyhow!("[serve] api_key_env names {variable}, which is not set: export it with the key")
+        })?),
+        None => None,
+    };
+    let api_key = api_key(&host, args.api_key.as_deref().or(key_from_file.as_deref()), "--host")?;
+    let setting = |flag: Option<usize>, file: Option<usize>, default: usize, name: &str| -> anyhow::Result<usize> {
+        let value = flag.or(file).unwrap_or(default);
+        if value == 0 {
+            bail!("{name} must be at least 1");
+        }
+        Ok(value)
+    };
+    let max_n = setting(args.max_n, section.max_n, 16, "--max-n")?;
+    let max_tokens = setting(args.max_tokens, section.max_tokens, 4096, "--max-tokens")?;
+    let max_concurrent = setting(args.max_concurrent, section.max_concurrent, 64, "--max-concurrent")?;
+    let max_body_bytes = setting(args.max_body_bytes, section.max_body_bytes, 1 << 20, "--max-body-bytes")?;
+    let max_episodes = setting(args.max_episodes, section.max_episodes, 256, "--max-episodes")?;
+    let timeout_s = args.timeout_s.or(section.timeout_s).unwrap_or(300).max(1);
+    let episode_idle_s = args.episode_idle_s.or(section.episode_idle_s).unwrap_or(600).max(1);
+    let quantized = args.quantized || section.quantized.unwrap_or(false);
+    let weights_dir = args.weights_dir.clone().or(section.weights_dir.clone());
+    let run = file.tasks.as_ref().map(wirl_trainer::TrainConfig::run_config).transpose()?;
+    let model = args.model.clone().or_else(|| run.as_ref().map(|r| r.model.clone())).or(file.model.clone());
     let path = crate::model::resolve(model.as_deref())?;
-    let options = wirl_engine::LoadOptions { quantized: args.quantized, ..Default::default() };
+    let options = wirl_engine::LoadOptions { quantized, ..Default::default() };
     let loaded = wirl_engine::load(&path, &options)?;
     let context = loaded.config.max_position_embeddings;
-    let name = args.name.clone().unwrap_or_else(|| match model.as_deref() {
+    let name = args.name.clone().or(section.name.clone()).unwrap_or_else(|| match model.as_deref() {
         None | Some(crate::model::DEFAULT_MODEL) => crate::model::DEFAULT_MODEL.to_string(),
         Some(_) => path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()),
     });
@@ -105,28 +191,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = wirl_server::ServeConfig {
         model_name: name.clone(),
         api_key,
-        limits: wirl_server::Limits { max_n: args.max_n, max_tokens: args.max_tokens, ..Default::default() },
-        max_body_bytes: args.max_body_bytes,
-        max_concurrent: args.max_concurrent,
-        request_timeout: Duration::from_secs(args.timeout_s.max(1)),
-        weights_dir: match &args.weights_dir {
+        limits: wirl_server::Limits { max_n, max_tokens, ..Default::default() },
+        max_body_bytes,
+        max_concurrent,
+        request_timeout: Duration::from_secs(timeout_s),
+        weights_dir: match &weights_dir {
             Some(dir) if !dir.is_dir() => bail!("--weights-dir {}: not a directory", dir.display()),
             Some(dir) => Some(dir.canonicalize().with_context(|| format!("--weights-dir {}", dir.display()))?),
             None => None,
         },
         load_options: options.clone(),
         task_limits: wirl_server::TaskLimits {
-            max_sessions: args.max_episodes.max(1),
-            session_idle: Duration::from_secs(args.episode_idle_s.max(1)),
+            max_sessions: max_episodes,
+            session_idle: Duration::from_secs(episode_idle_s),
             ..Default::default()
         },
     };
     let names: Vec<String> = served.iter().map(|t| t.name.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
-            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+            .with_context(|| format!("cannot listen on {host}:{port}"))?;
         let address = listener.local_addr()?;
         eprintln!("wirl serve: {name} on http://{address} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions)");
         if !names.is_empty() {
@@ -142,20 +228,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// A training config, or a task set (`[[tasks]]` and `[[rewards]]` alone, as `wirl ctl apply`
-/// takes) in the embedded default's settings.
-fn served_config(path: &std::path::Path) -> anyhow::Result<wirl_trainer::TrainConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let table: toml::Table =
-        text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), e.message()))?;
-    if table.contains_key("model") {
-        return wirl_trainer::TrainConfig::load(path);
-    }
-    let set = wirl_trainer::TrainConfig::read_task_set(path)?;
-    let base = path.parent().unwrap_or(std::path::Path::new("."));
-    crate::train::default_config()?.with_task_set(set, &path.display().to_string(), base)
 }
 
 /// The config's tasks, loaded as `wirl train` loads them.

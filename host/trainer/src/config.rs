@@ -749,12 +749,17 @@ impl TrainConfig {
     /// Read a task set file (`[[tasks]]`, shared `[[rewards]]`; paths relative to it).
     pub fn read_task_set(path: &Path) -> anyhow::Result<TaskSet> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let mut set: TaskSet = toml::from_str(&text).map_err(|e| {
-            anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end())
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Self::parse_task_set(&text, &path.display().to_string(), parent)
+    }
+
+    /// A task set's text (from `origin`), its relative paths from `parent`.
+    pub fn parse_task_set(text: &str, origin: &str, parent: &Path) -> anyhow::Result<TaskSet> {
+        let mut set: TaskSet = toml::from_str(text).map_err(|e| {
+            anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
                 .context("not a task set: [[tasks]] tables (and shared [[rewards]]), as in a training config")
         })?;
         // Relative paths from the file's directory, as in a config; built-ins stay names.
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let base = std::fs::canonicalize(parent).with_context(|| format!("{}", parent.display()))?;
         let mut probe = TrainConfig {
             tasks: std::mem::take(&mut set.tasks),
