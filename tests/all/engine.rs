@@ -466,3 +466,57 @@ fn the_weights_barrier_waits_for_running_rows_and_counts_versions() {
     assert_eq!(during[0].tokens, before[0].tokens[..4], "the same weights give the same greedy tokens");
     assert_eq!(engine.hold_weights().unwrap().version, 1);
 }
+
+/// A server's engine reuses the previous lone prompt's keys and values for the next prompt
+/// that starts like it: greedy and sampled completions equal those of the whole prompt
+/// computed at once (log-probs within 1e-4), whether the batch is idle or running, and a
+/// prompt sharing too little, or after the weights changed, is computed whole.
+#[test]
+fn a_reused_prompt_prefix_gives_what_the_whole_prompt_gives() {
+    let (_dir, m) = tiny(false);
+    let shared: Vec<u32> = (5..25).collect();
+    let with = |tail: &[u32]| -> Vec<u32> { shared.iter().chain(tail).copied().collect() };
+    let requests = [
+        GenerateRequest {
+            prompt: with(&[40, 41]),
+            n: 2,
+            sampling: Sampling { max_tokens: 8, seed: Some(3), ..Default::default() },
+        },
+        GenerateRequest { prompt: with(&[50]), n: 1, sampling: Sampling::greedy(6) },
+        GenerateRequest {
+            prompt: with(&[60, 61, 62]),
+            n: 2,
+            sampling: Sampling { max_tokens: 5, seed: Some(4), ..Default::default() },
+        },
+        GenerateRequest { prompt: (30..50).collect(), n: 1, sampling: Sampling::greedy(4) },
+    ];
+    let alone: Vec<_> = requests.iter().map(|r| generate_alone(&m.model, &m.tokenizer, r)).collect();
+    let mut batch = wirl_engine::Batch::new(&m.model, &m.tokenizer);
+    batch.reuse_prefixes(true);
+    let mut results = vec![Vec::new(); requests.len()];
+    let mut run = |batch: &mut wirl_engine::Batch, until_idle: bool| {
+        loop {
+            for (id, completions) in batch.step(|_, _, _| {}).unwrap() {
+                results[id as usize] = completions;
+            }
+            if !until_idle || batch.is_idle() {
+                break;
+            }
+        }
+    };
+    batch.admit(vec![(0, requests[0].clone())]).unwrap();
+    run(&mut batch, true);
+    // Idle: the second reuses the first's 20 shared positions.
+    batch.admit(vec![(1, requests[1].clone())]).unwrap();
+    run(&mut batch, false);
+    // Running: the third joins mid-decode, from the second's prefix.
+    batch.admit(vec![(2, requests[2].clone())]).unwrap();
+    run(&mut batch, true);
+    batch.forget_prefix();
+    batch.admit(vec![(3, requests[3].clone())]).unwrap();
+    run(&mut batch, true);
+    for (i, (expected, got)) in alone.iter().zip(&results).enumerate() {
+        assert_same_completions(expected, got, &format!("request {i}"));
+    }
+    assert_eq!(batch.reused_prefix_positions(), 40, "the second and third each reused 20 positions");
+}

@@ -187,7 +187,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(run) => served_tasks(run)?,
         None => Vec::new(),
     };
-    let (engine, _thread) = wirl_engine::EngineHandle::spawn(Arc::new(loaded.model), tokenizer.clone())?;
+    // Requests arrive one by one and share their chat preamble: each reuses the last one's
+    // shared prefix instead of recomputing it.
+    let options_engine = wirl_engine::EngineOptions { reuse_prefixes: true };
+    let (engine, _thread) =
+        wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), options_engine)?;
     let config = wirl_server::ServeConfig {
         model_name: name.clone(),
         api_key,

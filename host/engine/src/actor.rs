@@ -48,6 +48,15 @@ pub struct WeightsHold {
     pub version: u64,
 }
 
+/// How the engine thread batches.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineOptions {
+    /// A request admitted alone reuses the keys and values of the previous one's shared
+    /// prefix ([`Batch::reuse_prefixes`]): for a server, whose requests share a system prompt
+    /// and arrive one by one; not for a trainer, whose batches must not depend on history.
+    pub reuse_prefixes: bool,
+}
+
 /// Sends work to the engine thread. Cheap to clone; the thread ends when every handle is
 /// dropped and its work is done.
 #[derive(Clone)]
@@ -58,10 +67,19 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Start the engine thread.
     pub fn spawn(model: Arc<Model>, tokenizer: Arc<Tokenizer>) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+        Self::spawn_with(model, tokenizer, EngineOptions::default())
+    }
+
+    /// Start the engine thread, with `options`.
+    pub fn spawn_with(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        options: EngineOptions,
+    ) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
         let (sender, receiver) = mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
             .name("wirl-engine".into())
-            .spawn(move || run(model, tokenizer, receiver))
+            .spawn(move || run(model, tokenizer, receiver, options))
             .map_err(|e| Error::Generation(format!("cannot start the engine thread: {e}")))?;
         Ok((EngineHandle { sender }, thread))
     }
@@ -191,12 +209,18 @@ struct Waiter {
     text: Option<mpsc::UnboundedSender<TextPiece>>,
 }
 
-fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::UnboundedReceiver<Message>) {
+fn run(
+    mut model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    mut receiver: mpsc::UnboundedReceiver<Message>,
+    options: EngineOptions,
+) {
     let mut queue: VecDeque<Message> = VecDeque::new();
     let mut next_id: RequestId = 0;
     let mut version: u64 = 0;
     loop {
         let mut batch = Batch::new(&model, &tokenizer);
+        batch.reuse_prefixes(options.reuse_prefixes);
         let mut waiters: HashMap<RequestId, Waiter> = HashMap::new();
         let swap = loop {
             if batch.is_idle() && queue.is_empty() {
@@ -242,6 +266,7 @@ fn run(mut model: Arc<Model>, tokenizer: Arc<Tokenizer>, mut receiver: mpsc::Unb
                         if holder_waits {
                             let _ = release.blocking_recv();
                             version += 1;
+                            batch.forget_prefix();
                         }
                     }
                     Some(other) => queue.push_front(other),

@@ -101,7 +101,16 @@ pub struct Batch<'m> {
     open: HashMap<RequestId, Open>,
     /// Requests that finished while being admitted (`n = 0`).
     finished: Vec<(RequestId, Vec<Completion>)>,
+    /// The last prompt admitted alone and its keys and values, when prefixes are reused
+    /// ([`Batch::reuse_prefixes`]).
+    prefix: Option<(Vec<u32>, KvCache)>,
+    reuse_prefixes: bool,
+    /// Prompt positions taken from a kept prefix instead of computed, so far.
+    reused: usize,
 }
+
+/// The shortest shared prefix worth reusing instead of recomputing.
+const MIN_PREFIX_REUSE: usize = 16;
 
 impl<'m> Batch<'m> {
     pub fn new(model: &'m Model, tokenizer: &'m Tokenizer) -> Self {
@@ -113,7 +122,38 @@ impl<'m> Batch<'m> {
             logits: None,
             open: HashMap::new(),
             finished: Vec::new(),
+            prefix: None,
+            reuse_prefixes: false,
+            reused: 0,
         }
+    }
+
+    /// Reuse the keys and values of the last prompt admitted alone for the next one that
+    /// starts like it (a server's requests share their system prompt and chat preamble):
+    /// only the rest of the prompt is computed. Off by default: a prefix computed apart
+    /// rounds differently from a whole prompt, and a trainer's batches must not depend on
+    /// what came before them.
+    pub fn reuse_prefixes(&mut self, on: bool) {
+        self.reuse_prefixes = on;
+        self.prefix = None;
+    }
+
+    /// Prompt positions reused from kept prefixes so far.
+    pub fn reused_prefix_positions(&self) -> usize {
+        self.reused
+    }
+
+    /// Forget the kept prefix (the weights changed under it).
+    pub fn forget_prefix(&mut self) {
+        self.prefix = None;
+    }
+
+    /// How much of `prompt` the kept prefix covers, if worth reusing (at least one token is
+    /// left to compute: its logits are the next token's).
+    fn reusable(&self, prompt: &[u32]) -> Option<usize> {
+        let (kept, _) = self.prefix.as_ref()?;
+        let common = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        (common >= MIN_PREFIX_REUSE).then_some(common)
     }
 
     /// Rows decoding now.
@@ -150,19 +190,38 @@ impl<'m> Batch<'m> {
         }
         let device = self.model.device();
 
-        // Prefill every prompt once, left-padded to the longest.
-        let longest = live.iter().map(|(_, r)| r.prompt.len()).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(live.len() * longest);
-        let mut prompt_pads = Vec::with_capacity(live.len());
-        for (_, request) in &live {
-            let pad = longest - request.prompt.len();
-            ids.extend(std::iter::repeat_n(0u32, pad));
-            ids.extend(&request.prompt);
-            prompt_pads.push(pad);
+        let alone = self.reuse_prefixes && live.len() == 1;
+        let reused = if alone { self.reusable(&live[0].1.prompt) } else { None };
+        let (logits, cache, prompt_pads) = match (reused, &self.prefix) {
+            // Only the part past the kept prefix is computed.
+            (Some(reused), Some((_, kept))) => {
+                let prompt = &live[0].1.prompt;
+                let mut cache = kept.prefix_copy(reused)?;
+                self.reused += reused;
+                let tokens = Tensor::from_vec(prompt[reused..].to_vec(), (1, prompt.len() - reused), device)?;
+                let logits = self.model.forward(&tokens, &[0], &mut cache, false)?;
+                (logits, cache, vec![0])
+            }
+            _ => {
+                // Prefill every prompt once, left-padded to the longest.
+                let longest = live.iter().map(|(_, r)| r.prompt.len()).max().unwrap_or(0);
+                let mut ids = Vec::with_capacity(live.len() * longest);
+                let mut prompt_pads = Vec::with_capacity(live.len());
+                for (_, request) in &live {
+                    let pad = longest - request.prompt.len();
+                    ids.extend(std::iter::repeat_n(0u32, pad));
+                    ids.extend(&request.prompt);
+                    prompt_pads.push(pad);
+                }
+                let tokens = Tensor::from_vec(ids, (live.len(), longest), device)?;
+                let mut cache = self.model.new_cache();
+                let logits = self.model.forward(&tokens, &prompt_pads, &mut cache, false)?;
+                (logits, cache, prompt_pads)
+            }
+        };
+        if alone {
+            self.prefix = Some((live[0].1.prompt.clone(), cache.prefix_copy(cache.len())?));
         }
-        let tokens = Tensor::from_vec(ids, (live.len(), longest), device)?;
-        let mut cache = self.model.new_cache();
-        let logits = self.model.forward(&tokens, &prompt_pads, &mut cache, false)?;
 
         // Each prompt's cache row and logits, repeated for its samples.
         let mut source_rows = Vec::new();

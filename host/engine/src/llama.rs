@@ -191,6 +191,15 @@ impl KvCache {
         })
     }
 
+    /// A copy of the first `len` positions, in buffers of its own (appending to either never
+    /// touches the other's).
+    pub fn prefix_copy(&self, len: usize) -> Result<KvCache> {
+        if len > self.len {
+            return Err(Error::Input(format!("a prefix of {len} positions of a cache of {}", self.len)));
+        }
+        self.map(len, |t| Ok(t.narrow(2, 0, len)?.copy()?))
+    }
+
     /// Drop the first `n` positions of every row (padding that all rows share).
     pub fn drop_front(&self, n: usize) -> Result<KvCache> {
         let len = self.len - n;
