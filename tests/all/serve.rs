@@ -312,6 +312,10 @@ fn weights_load_under_a_version_generation_pauses_and_replies_continue_from_thei
     assert_eq!((status, &again["version"]), (200, &serde_json::json!(8)), "{again}");
     let (_, _, state) = server.http("GET", "/v1/weights", &[], b"");
     assert!(state.contains("\"version\":8") && state.contains("step-7.gguf"), "{state}");
+    let (_, _, metrics) = server.http("GET", "/metrics", &[], b"");
+    assert!(metrics.contains("wirl_serve_weights_version 8"), "{metrics}");
+    let (status, answer) = server.post("/pause", r#"{"timeout_s": "soon"}"#);
+    assert_eq!(status, 400, "{answer}");
     let outside = format!(r#"{{"path": {:?}}}"#, model.to_str().unwrap());
     for (body, status, says) in [
         (outside.as_str(), 403, "outside --weights-dir"),

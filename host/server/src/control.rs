@@ -35,8 +35,20 @@ pub(crate) fn failed(message: String) -> ApiError {
     ApiError::with_status(StatusCode::CONFLICT, message)
 }
 
+/// The server's own figures for `/metrics`.
+pub(crate) struct ServerFigures {
+    pub requests: u64,
+    pub tokens: u64,
+    pub refused: u64,
+    pub cancelled: u64,
+    pub paused: bool,
+    pub weights_version: u64,
+    pub episodes_open: usize,
+}
+
 /// Prometheus text: the run's figures from its status, and the server's counters.
-pub(crate) fn metrics(status: Option<&Value>, requests: u64, tokens: u64, refused: u64, cancelled: u64) -> String {
+pub(crate) fn metrics(status: Option<&Value>, server: &ServerFigures) -> String {
+    let ServerFigures { requests, tokens, refused, cancelled, paused, weights_version, episodes_open } = *server;
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, value: f64| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
@@ -45,6 +57,13 @@ pub(crate) fn metrics(status: Option<&Value>, requests: u64, tokens: u64, refuse
     gauge("wirl_serve_generated_tokens_total", "Tokens generated for requests.", tokens as f64);
     gauge("wirl_serve_refused_total", "Requests answered 4xx or 5xx.", refused as f64);
     gauge("wirl_serve_cancelled_total", "Streamed generations cancelled: their client went away.", cancelled as f64);
+    gauge("wirl_serve_paused", "1 while generation is paused (/pause).", f64::from(u8::from(paused)));
+    gauge(
+        "wirl_serve_weights_version",
+        "The version of the weights loaded last (/v1/load_weights).",
+        weights_version as f64,
+    );
+    gauge("wirl_serve_episodes_open", "Episodes open (/v1/episodes).", episodes_open as f64);
     if let Some(status) = status {
         let number = |key: &str| status.get(key).and_then(Value::as_f64).unwrap_or(0.0);
         gauge("wirl_train_step", "Steps done.", number("step"));

@@ -217,13 +217,16 @@ async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next)
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let status = state.control.as_ref().and_then(|c| c.status().ok());
-    let text = control::metrics(
-        status.as_ref(),
-        state.requests.load(Ordering::Relaxed),
-        state.generated_tokens.load(Ordering::Relaxed),
-        state.refused.load(Ordering::Relaxed),
-        state.cancelled.load(Ordering::Relaxed),
-    );
+    let figures = control::ServerFigures {
+        requests: state.requests.load(Ordering::Relaxed),
+        tokens: state.generated_tokens.load(Ordering::Relaxed),
+        refused: state.refused.load(Ordering::Relaxed),
+        cancelled: state.cancelled.load(Ordering::Relaxed),
+        paused: *state.paused.borrow(),
+        weights_version: weights::current(&state),
+        episodes_open: state.tasks.as_ref().map_or(0, |t| t.sessions()),
+    };
+    let text = control::metrics(status.as_ref(), &figures);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

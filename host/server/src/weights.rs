@@ -32,6 +32,12 @@ pub(crate) fn label(state: &AppState, engine: u64) -> u64 {
     loaded.by_engine.get(&engine).map_or(engine, |(version, _)| *version)
 }
 
+/// The client's version of the weights loaded last (0 before any load).
+pub(crate) fn current(state: &AppState) -> u64 {
+    let loaded = state.weights.lock().unwrap_or_else(|e| e.into_inner());
+    loaded.by_engine.values().next_back().map_or(0, |(version, _)| *version)
+}
+
 /// Wait while generation is paused, at most the request deadline (then 503).
 pub(crate) async fn wait_unpaused(state: &AppState) -> Result<(), ApiError> {
     let mut paused = state.paused.subscribe();
