@@ -520,3 +520,32 @@ fn a_reused_prompt_prefix_gives_what_the_whole_prompt_gives() {
     }
     assert_eq!(batch.reused_prefix_positions(), 40, "the second and third each reused 20 positions");
 }
+
+/// A directory saved by transformers 4.43 or later keeps its chat template in
+/// `chat_template.jinja` beside `tokenizer_config.json` (TRL's `save_model` writes such a
+/// directory): the template is read from there, and wins over one in the config.
+#[test]
+fn a_chat_template_in_its_own_jinja_file_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), false);
+    std::fs::write(dir.path().join("tokenizer_config.json"), r#"{"eos_token": "</s>"}"#).unwrap();
+    let messages = [wirl_engine::ChatMessage { role: "user".into(), content: "w5 w6".into() }];
+    let without = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
+    assert!(without.tokenizer.chat_template().is_none());
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    )
+    .unwrap();
+    let with = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
+    assert_eq!(with.tokenizer.render_chat(&messages, true).unwrap(), "<user> w5 w6\n<assistant>");
+    // Beside a template in the config, the file's is the one in force.
+    let template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": template, "eos_token": "</s>"}).to_string(),
+    )
+    .unwrap();
+    let both = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
+    assert_eq!(both.tokenizer.render_chat(&messages, true).unwrap(), "<user> w5 w6\n<assistant>");
+}

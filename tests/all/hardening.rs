@@ -315,9 +315,11 @@ fn recomputed_layers_give_the_same_gradients() {
         let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
         Ok((loss.clone(), loss.to_scalar::<f32>()?))
     };
-    let (whole_loss, whole, recomputed) = policy.loss_and_grads(&prompt, &completions, u64::MAX, loss_of).unwrap();
+    let (whole_loss, whole, recomputed) =
+        policy.loss_and_grads(&prompt, &completions, u64::MAX, u64::MAX, loss_of).unwrap();
     assert!(!recomputed);
-    let (layered_loss, layered, recomputed) = policy.loss_and_grads(&prompt, &completions, 0, loss_of).unwrap();
+    let (layered_loss, layered, recomputed) =
+        policy.loss_and_grads(&prompt, &completions, 0, u64::MAX, loss_of).unwrap();
     assert!(recomputed);
     assert!((whole_loss - layered_loss).abs() < 1e-5, "{whole_loss} vs {layered_loss}");
     let mut worst = 0f32;
@@ -380,4 +382,119 @@ fn parts_that_two_plugins_share_are_namespaced_and_notes_kept_per_plugin() {
     assert_eq!(names, ["exact_match#2/correct", "exact_match/correct", "format", "math_answer/correct"], "{record}");
     let notes = record["notes"].as_object().unwrap();
     assert!(notes.contains_key("math_answer") && notes.contains_key("hostile"), "{record}");
+}
+
+/// The head computed a chunk of positions at a time (its `[rows, positions, vocab]` tensors
+/// never whole) gives the log-probs, loss and gradients of the whole head, within 1e-5, with
+/// the layers' graph whole and recomputed alike.
+#[test]
+fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), true);
+    let options = wirl_engine::LoadOptions::default();
+    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &options).unwrap();
+    let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 5 % 60 + 2) as u32).collect();
+    let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17, 8, 40, 2], vec![5, 6], vec![44, 1, 8, 12, 13]];
+    let loss_of = |stats: &wirl_grpo::TokenStats| {
+        let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
+        Ok((loss.clone(), loss.to_scalar::<f32>()?))
+    };
+    let logp_only = |stats: &wirl_grpo::TokenStats| {
+        let loss = (&stats.logp * -1.3)?.sum_all()?;
+        Ok((loss.clone(), loss.to_scalar::<f32>()?))
+    };
+    let per_position = (completions.len() * config.vocab_size * 4) as u64;
+    let net = policy.net();
+    let whole_stats = net.completion_stats(&prompt, &completions).unwrap();
+    for chunk in [1, 2, 3] {
+        let stats = net.completion_stats_chunked(&prompt, &completions, chunk * per_position).unwrap();
+        for (a, b) in [(&whole_stats.logp, &stats.logp), (&whole_stats.entropy, &stats.entropy)] {
+            let difference = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(difference < 1e-5, "chunk {chunk}: stats differ by {difference}");
+        }
+    }
+    for (what, objective) in
+        [("logp and entropy", &loss_of as &dyn Fn(&wirl_grpo::TokenStats) -> _), ("logp", &logp_only)]
+    {
+        for recompute_above in [u64::MAX, 0] {
+            let (whole_loss, whole, _) =
+                policy.loss_and_grads(&prompt, &completions, recompute_above, u64::MAX, objective).unwrap();
+            for chunk in [1, 3] {
+                let (loss, chunked, recomputed) = policy
+                    .loss_and_grads(&prompt, &completions, recompute_above, chunk * per_position, objective)
+                    .unwrap();
+                assert_eq!(recomputed, recompute_above == 0);
+                assert!((whole_loss - loss).abs() < 1e-5, "{what}, chunk {chunk}: {whole_loss} vs {loss}");
+                for (name, var) in policy.vars() {
+                    let a = whole.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
+                    let b = chunked
+                        .get(var.as_tensor())
+                        .unwrap_or_else(|| panic!("{what}: no chunked gradient for {name}"));
+                    let difference = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                    assert!(
+                        difference < 1e-5,
+                        "{what}, chunk {chunk}, recompute {recompute_above}: {name} differs by {difference}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A group split into micro-batches (gradients summed) updates the weights as the whole group
+/// does, with μ = 2 epochs (old log-probs from the sampler's) and a KL reference.
+#[test]
+fn micro_batches_update_the_weights_as_the_whole_group_does() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), true);
+    let options = wirl_engine::LoadOptions::default();
+    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &options).unwrap();
+    let prompt: Vec<u32> = (0..10).map(|i| (i * 3 % 60 + 2) as u32).collect();
+    let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8], vec![7, 7, 7, 7, 7]];
+    let reference = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
+    let sampled = reference.net().completion_stats(&prompt, &completions).unwrap().logp.to_vec2::<f32>().unwrap();
+    let sampler_logprobs: Vec<Vec<f32>> =
+        completions.iter().zip(&sampled).map(|(c, row)| row[..c.len()].to_vec()).collect();
+    let group = wirl_grpo::GroupBatch {
+        prompt,
+        completions,
+        advantages: vec![1.0, -0.5, 0.25, -0.75],
+        trainable: Vec::new(),
+        sampler_logprobs,
+    };
+    let weights_after = |micro_batch_rows: usize| {
+        let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
+        let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
+        let reference = Some(policy.frozen_copy(&wirl_engine::Device::Cpu).unwrap());
+        let optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
+        let mut learner = wirl_grpo::Learner { policy, reference, optimizer };
+        let settings = wirl_grpo::UpdateSettings {
+            learning_rate: 1e-3,
+            loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
+            inner_epochs: 2,
+            aggregation: wirl_grpo::loss::Aggregation::TokenMean,
+            max_grad_norm: Some(1.0),
+            max_tokens: 8,
+            recompute_above_bytes: u64::MAX,
+            head_chunk_bytes: u64::MAX,
+            micro_batch_rows,
+        };
+        let stats =
+            learner.update(std::slice::from_ref(&group), &settings, None, &|| false, &mut |_, _| {}).unwrap().unwrap();
+        let weights: Vec<Vec<f32>> = learner
+            .policy
+            .vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            .collect();
+        (stats.loss, weights)
+    };
+    let (whole_loss, whole) = weights_after(0);
+    for rows in [1, 3] {
+        let (loss, split) = weights_after(rows);
+        assert!((whole_loss - loss).abs() < 1e-5, "micro-batches of {rows}: loss {loss} vs {whole_loss}");
+        let worst = whole.iter().flatten().zip(split.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-5, "micro-batches of {rows}: a weight differs by {worst}");
+    }
 }

@@ -155,7 +155,17 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
     };
 
     let tokenizer_config = dir.join("tokenizer_config.json");
-    let tokenizer_config = if tokenizer_config.exists() { Some(read_json(&tokenizer_config)?) } else { None };
+    let mut tokenizer_config = if tokenizer_config.exists() { Some(read_json(&tokenizer_config)?) } else { None };
+    // transformers (4.43 on) writes the template to a file of its own beside the config;
+    // it is the one in force when both are there.
+    let template_file = dir.join("chat_template.jinja");
+    if template_file.is_file() {
+        let template = read_text(&template_file)?;
+        let config = tokenizer_config.get_or_insert_with(|| serde_json::json!({}));
+        if let Some(config) = config.as_object_mut() {
+            config.insert("chat_template".into(), template.into());
+        }
+    }
     let tokenizer_path = dir.join("tokenizer.json");
     let mut tokenizer = Tokenizer::from_json(
         read_text(&tokenizer_path)?,

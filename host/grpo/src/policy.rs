@@ -12,6 +12,12 @@
 //! [`Policy::loss_and_grads`] therefore recomputes: above a memory estimate it runs the
 //! forward once without a graph, keeping only each layer's input, then rebuilds and
 //! differentiates one layer at a time from the top, so only one layer's graph is alive.
+//!
+//! The head's vocabulary-wide tensors (`[rows, positions, vocab]` logits, log-softmax,
+//! probabilities: ~100 MB each for 8 rows of 64 positions over 49,152 tokens) are computed a
+//! chunk of positions at a time (Liger's fused linear loss is the anchor): the token stats
+//! first, without a graph; the loss's gradient with respect to them; then each chunk again,
+//! its share of that gradient pulled through the head. Only one chunk's tensors are alive.
 
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
@@ -76,6 +82,44 @@ impl Net {
         self.head_stats(&hidden, &batch.targets)
     }
 
+    /// [`Net::completion_stats`] with the head computed `chunk_bytes` at a time (see
+    /// [`Net::head_chunk`]); for passes that only read (old and reference log-probs).
+    pub fn completion_stats_chunked(
+        &self,
+        prompt: &[u32],
+        completions: &[Vec<u32>],
+        chunk_bytes: u64,
+    ) -> Result<TokenStats> {
+        let batch = self.batch(prompt, completions)?;
+        let hidden = self.forward(batch.prefix, &batch.inputs)?;
+        let chunk = self.head_chunk(completions.len(), hidden.dim(1)?, chunk_bytes);
+        self.head_stats_by_chunks(&hidden, &batch.targets, chunk)
+    }
+
+    /// Positions per head chunk, so that one `[rows, chunk, vocab]` f32 tensor takes at most
+    /// `chunk_bytes` (at least one position; all of `width` when it fits).
+    pub fn head_chunk(&self, rows: usize, width: usize, chunk_bytes: u64) -> usize {
+        let per_position = (rows.max(1) * self.config.vocab_size * 4) as u64;
+        ((chunk_bytes / per_position) as usize).clamp(1, width.max(1))
+    }
+
+    /// The head's stats over `hidden` (`[rows, width, hidden]`), `chunk` positions at a time.
+    fn head_stats_by_chunks(&self, hidden: &Tensor, targets: &Tensor, chunk: usize) -> Result<TokenStats> {
+        let width = hidden.dim(1)?;
+        if chunk >= width {
+            return self.head_stats(hidden, targets);
+        }
+        let (mut logp, mut entropy) = (Vec::new(), Vec::new());
+        for start in (0..width).step_by(chunk) {
+            let len = chunk.min(width - start);
+            let piece = hidden.narrow(1, start, len)?.contiguous()?;
+            let stats = self.head_stats(&piece, &targets.narrow(1, start, len)?.contiguous()?)?;
+            logp.push(stats.logp);
+            entropy.push(stats.entropy);
+        }
+        Ok(TokenStats { logp: Tensor::cat(&logp, 1)?, entropy: Tensor::cat(&entropy, 1)? })
+    }
+
     /// The same net over the same storage, with no gradient tracking (a pass that only
     /// reads, and the recomputing backward's first pass).
     pub fn detached(&self) -> Net {
@@ -108,13 +152,19 @@ impl Net {
 
     /// Per-token stats from the last layer's hidden states.
     fn head_stats(&self, hidden: &Tensor, targets: &Tensor) -> Result<TokenStats> {
+        let (logp, entropy) = self.head_terms(hidden, targets, true)?;
+        Ok(TokenStats { logp, entropy: entropy.expect("asked for") })
+    }
+
+    /// The targets' log-probabilities and, if `entropy`, each position's entropy.
+    fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
         let hidden = self.rms_norm(hidden, "model.norm.weight")?;
         let head = if self.weights.contains_key("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
         let logits = hidden.broadcast_matmul(&self.w(&format!("{head}.weight"))?.t()?)?;
         let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let logp = log_probs.gather(targets, D::Minus1)?.squeeze(D::Minus1)?;
-        let entropy = (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()?;
-        Ok(TokenStats { logp, entropy })
+        let entropy = entropy.then(|| (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()).transpose()?;
+        Ok((logp, entropy))
     }
 
     /// Hidden states of `inputs` (`[G, width]`, positions after `prefix`), which attend to the
@@ -318,20 +368,35 @@ impl Policy {
     /// `recompute_above` bytes of attention intermediates, the layers are recomputed one at
     /// a time instead (same ops, one layer's graph in memory at once). The flag returned
     /// says whether it recomputed.
+    /// The head is computed `head_chunk_bytes` at a time ([`Net::head_chunk`]; `u64::MAX`:
+    /// whole).
     pub fn loss_and_grads<R>(
         &self,
         prompt: &[u32],
         completions: &[Vec<u32>],
         recompute_above: u64,
+        head_chunk_bytes: u64,
         loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
     ) -> Result<(R, GradStore, bool)> {
         let width = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        if self.net.attention_graph_bytes(prompt.len(), completions.len(), width) <= recompute_above {
-            let stats = self.net.completion_stats(prompt, completions)?;
-            let (loss, extra) = loss_of(&stats)?;
-            return Ok((extra, loss.backward()?, false));
-        }
+        let chunk = self.net.head_chunk(completions.len(), width, head_chunk_bytes);
         let net = &self.net;
+        if net.attention_graph_bytes(prompt.len(), completions.len(), width) <= recompute_above {
+            if chunk >= width {
+                let stats = net.completion_stats(prompt, completions)?;
+                let (loss, extra) = loss_of(&stats)?;
+                return Ok((extra, loss.backward()?, false));
+            }
+            // The layers' graph whole, the head by chunks: its gradient with respect to the
+            // last hidden states, then pulled through the layers.
+            let batch = net.batch(prompt, completions)?;
+            let top = net.forward(batch.prefix, &batch.inputs)?;
+            let mut total = GradStore::default();
+            let (extra, grad_top) = self.head_by_chunks(&top.detach(), &batch.targets, chunk, &mut total, loss_of)?;
+            let mut grads = pull(&(None, grad_top), None, &top)?.backward()?;
+            self.add_var_grads(&mut grads, &mut total)?;
+            return Ok((extra, total, false));
+        }
         let batch = net.batch(prompt, completions)?;
         let frame = net.frame(batch.prefix, &batch.inputs)?;
         // Forward without a graph, keeping each layer's inputs (a few MB at most).
@@ -345,11 +410,16 @@ impl Policy {
         let mut total = GradStore::default();
         // The head: the loss from the last hidden states, a leaf whose gradient goes down.
         let (_, top) = inputs.pop().expect("one entry per layer and the embeddings");
-        let top = Var::from_tensor(&top)?;
-        let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
-        let (loss, extra) = loss_of(&stats)?;
-        let mut grads = loss.backward()?;
-        let mut upstream = (None, self.take_grads(&mut grads, &mut total, top.as_tensor())?);
+        let (extra, grad_top) = if chunk >= width {
+            let top = Var::from_tensor(&top)?;
+            let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
+            let (loss, extra) = loss_of(&stats)?;
+            let mut grads = loss.backward()?;
+            (extra, self.take_grads(&mut grads, &mut total, top.as_tensor())?)
+        } else {
+            self.head_by_chunks(&top, &batch.targets, chunk, &mut total, loss_of)?
+        };
+        let mut upstream = (None, grad_top);
         // Layers from the top: rebuild one, pull the upstream gradient through it.
         for i in (0..net.config.num_hidden_layers).rev() {
             let (px, x) = inputs.pop().expect("one entry per layer");
@@ -367,6 +437,52 @@ impl Policy {
         let mut grads = pull(&upstream, px.as_ref(), &x)?.backward()?;
         self.add_var_grads(&mut grads, &mut total)?;
         Ok((extra, total, true))
+    }
+
+    /// The loss over the head's stats of `top` (`[rows, width, hidden]`, no graph), `chunk`
+    /// positions at a time: the stats without a graph, the loss's gradient with respect to
+    /// them, then each chunk's share of it pulled through the head (its weights' gradients
+    /// into `total`). Returns what `loss_of` gave and the gradient with respect to `top`.
+    fn head_by_chunks<R>(
+        &self,
+        top: &Tensor,
+        targets: &Tensor,
+        chunk: usize,
+        total: &mut GradStore,
+        loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
+    ) -> Result<(R, Tensor)> {
+        let width = top.dim(1)?;
+        let stats = self.net.detached().head_stats_by_chunks(top, targets, chunk)?;
+        let (logp, entropy) = (Var::from_tensor(&stats.logp)?, Var::from_tensor(&stats.entropy)?);
+        let leaves = TokenStats { logp: logp.as_tensor().clone(), entropy: entropy.as_tensor().clone() };
+        let (loss, extra) = loss_of(&leaves)?;
+        let grads = loss.backward()?;
+        let (d_logp, d_entropy) = (grads.get(logp.as_tensor()).cloned(), grads.get(entropy.as_tensor()).cloned());
+        let mut grad_top = Vec::new();
+        for start in (0..width).step_by(chunk) {
+            let len = chunk.min(width - start);
+            let piece = Var::from_tensor(&top.narrow(1, start, len)?.contiguous()?)?;
+            let (logp, entropy) = self.net.head_terms(
+                piece.as_tensor(),
+                &targets.narrow(1, start, len)?.contiguous()?,
+                d_entropy.is_some(),
+            )?;
+            let mut terms = Vec::new();
+            if let Some(d) = &d_logp {
+                terms.push((logp * d.narrow(1, start, len)?)?.sum_all()?);
+            }
+            if let (Some(entropy), Some(d)) = (entropy, &d_entropy) {
+                terms.push((entropy * d.narrow(1, start, len)?)?.sum_all()?);
+            }
+            let Some(first) = terms.pop() else {
+                grad_top.push(piece.as_tensor().zeros_like()?);
+                continue;
+            };
+            let sum = terms.into_iter().try_fold(first, |a, b| a + b)?;
+            let mut grads = sum.backward()?;
+            grad_top.push(self.take_grads(&mut grads, total, piece.as_tensor())?);
+        }
+        Ok((extra, Tensor::cat(&grad_top, 1)?))
     }
 
     /// Move the variables' gradients from `grads` into `total` and return the gradient of

@@ -24,9 +24,56 @@ pub struct GroupBatch {
     /// Per completion, per token: trained on (the model's) or not (a multi-turn ledger's
     /// environment tokens, context only). Empty: every token is trained on.
     pub trainable: Vec<Vec<bool>>,
+    /// Per completion, the sampler's log-probability of each token (temperature 1), when
+    /// the weights that sampled them are the ones this update starts from: then they are the
+    /// old log-probs of μ > 1 epochs (equal to a forward pass's within 1e-4, a test holds),
+    /// and that pass is not run. Empty: unknown, the pass runs.
+    pub sampler_logprobs: Vec<Vec<f32>>,
 }
 
 impl GroupBatch {
+    /// The group as micro-batches of at most `rows` completions each (the prompt repeated in
+    /// each). The loss is a sum over tokens whose weights depend only on the step's totals,
+    /// so the micro-batches' losses and gradients add up to the group's.
+    fn split(&self, rows: usize) -> Vec<GroupBatch> {
+        if rows == 0 || self.completions.len() <= rows {
+            return vec![self.clone()];
+        }
+        let part = |v: &[Vec<bool>], r: std::ops::Range<usize>| if v.is_empty() { Vec::new() } else { v[r].to_vec() };
+        let logs = |v: &[Vec<f32>], r: std::ops::Range<usize>| if v.is_empty() { Vec::new() } else { v[r].to_vec() };
+        (0..self.completions.len())
+            .step_by(rows)
+            .map(|start| {
+                let r = start..(start + rows).min(self.completions.len());
+                GroupBatch {
+                    prompt: self.prompt.clone(),
+                    completions: self.completions[r.clone()].to_vec(),
+                    advantages: self.advantages[r.clone()].to_vec(),
+                    trainable: part(&self.trainable, r.clone()),
+                    sampler_logprobs: logs(&self.sampler_logprobs, r),
+                }
+            })
+            .collect()
+    }
+
+    /// The sampler's log-probs as a `[G, width]` tensor (0 past each completion's end), if
+    /// known for every completion.
+    fn sampled_logprobs(&self, policy: &Policy) -> candle_core::Result<Option<Tensor>> {
+        let known = self.sampler_logprobs.len() == self.completions.len()
+            && self.sampler_logprobs.iter().zip(&self.completions).all(|(l, c)| l.len() == c.len());
+        if !known {
+            return Ok(None);
+        }
+        let width = self.completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut values = Vec::with_capacity(self.completions.len() * width);
+        for logprobs in &self.sampler_logprobs {
+            values.extend(logprobs);
+            values.extend(std::iter::repeat_n(0f32, width - logprobs.len()));
+        }
+        let device = policy.vars().first().map_or(candle_core::Device::Cpu, |(_, v)| v.device().clone());
+        Ok(Some(Tensor::from_vec(values, (self.completions.len(), width), &device)?))
+    }
+
     /// Tokens of the group that carry loss.
     fn trainable_tokens(&self) -> usize {
         if self.trainable.is_empty() {
@@ -51,6 +98,12 @@ pub struct UpdateSettings {
     /// Above this many bytes of attention intermediates a group's backward recomputes its
     /// layers one at a time.
     pub recompute_above_bytes: u64,
+    /// The most bytes one `[rows, positions, vocab]` tensor of the head may take: the head
+    /// runs a chunk of positions at a time (`u64::MAX`: whole).
+    pub head_chunk_bytes: u64,
+    /// Completions per forward and backward: a larger group is split into micro-batches
+    /// of this many rows, their gradients summed (0: the whole group at once).
+    pub micro_batch_rows: usize,
 }
 
 /// What an update did, averaged over its epochs where that is meaningful.
@@ -107,6 +160,8 @@ impl Learner {
         }
         let step_tokens: usize = groups.iter().map(GroupBatch::trainable_tokens).sum();
         let step_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
+        let split: Vec<GroupBatch> = groups.iter().flat_map(|g| g.split(settings.micro_batch_rows)).collect();
+        let groups = &split[..];
         // Old log-probs (μ > 1) and the reference's, before any update of this step.
         let mut old = Vec::new();
         let mut reference = Vec::new();
@@ -115,14 +170,24 @@ impl Learner {
             if stop() {
                 return Ok(None);
             }
-            if settings.inner_epochs > 1 {
+            if settings.inner_epochs > 1
+                && let Some(sampled) = group.sampled_logprobs(&self.policy)?
+            {
+                old.push(Some(sampled));
+            } else if settings.inner_epochs > 1 {
                 // Read-only: the detached net builds no graph.
-                old.push(Some(self.policy.net().detached().completion_stats(&group.prompt, &group.completions)?.logp));
+                let net = self.policy.net().detached();
+                let chunk = settings.head_chunk_bytes;
+                old.push(Some(net.completion_stats_chunked(&group.prompt, &group.completions, chunk)?.logp));
             } else {
                 old.push(None);
             }
             reference.push(match &self.reference {
-                Some(net) => Some(net.completion_stats(&group.prompt, &group.completions)?.logp.detach()),
+                Some(net) => Some(
+                    net.completion_stats_chunked(&group.prompt, &group.completions, settings.head_chunk_bytes)?
+                        .logp
+                        .detach(),
+                ),
                 None => None,
             });
         }
@@ -184,6 +249,7 @@ impl Learner {
                     &group.prompt,
                     &group.completions,
                     settings.recompute_above_bytes,
+                    settings.head_chunk_bytes,
                     loss_of,
                 )?;
                 stats.groups_recomputed += usize::from(recomputed);

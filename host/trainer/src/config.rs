@@ -359,6 +359,12 @@ pub struct GrpoSection {
     /// layers are recomputed one at a time instead (peak memory of one layer, about one
     /// more forward of time). The default job stays below it.
     pub recompute_above_mib: u64,
+    /// The head's vocabulary-wide tensors are computed a chunk of positions at a time, each
+    /// `[rows, positions, vocab]` tensor at most this many MiB (0: the whole group at once).
+    pub head_chunk_mib: u64,
+    /// Completions per forward and backward: larger groups are split into micro-batches of
+    /// this many, their gradients summed (0: a whole group at once).
+    pub micro_batch_rows: usize,
 }
 
 impl Default for GrpoSection {
@@ -386,6 +392,8 @@ impl Default for GrpoSection {
             checkpoint_every: 10,
             max_skipped_updates: 3,
             recompute_above_mib: 1024,
+            head_chunk_mib: 32,
+            micro_batch_rows: 0,
         }
     }
 }

@@ -829,6 +829,8 @@ impl Trainer {
                     } else {
                         Vec::new()
                     },
+                    // Sampled this step by the weights this update starts from.
+                    sampler_logprobs: usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect(),
                 })
             })
             .collect();
@@ -845,6 +847,11 @@ impl Trainer {
             max_tokens: self.config.sampling.max_tokens,
             // The default job's groups keep about 0.5 GiB and stay on the whole-graph path.
             recompute_above_bytes: g.recompute_above_mib.saturating_mul(1 << 20),
+            micro_batch_rows: g.micro_batch_rows,
+            head_chunk_bytes: match g.head_chunk_mib {
+                0 => u64::MAX,
+                mib => mib.saturating_mul(1 << 20),
+            },
         };
         let mut progress = |group, groups| {
             observer.event(Event::Phase { step: step + 1, steps, phase: Phase::Training { group, groups } })
