@@ -300,14 +300,20 @@ fn resume_passes_over_a_damaged_newest_checkpoint() {
     assert!(error.contains("step-000003 passed over") && error.contains("damaged"), "{error}");
 }
 
-/// The recomputing backward (one layer's graph at a time) gives the loss and gradients of
-/// the whole-graph backward.
-#[test]
-fn recomputed_layers_give_the_same_gradients() {
+/// The tiny model's config and weights (its directory kept alive by the first).
+fn tiny_weights() -> (tempfile::TempDir, wirl_engine::Config, std::collections::HashMap<String, candle_core::Tensor>) {
     let dir = tempfile::tempdir().unwrap();
     crate::engine::write_tiny_model(dir.path(), true);
     let options = wirl_engine::LoadOptions::default();
     let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &options).unwrap();
+    (dir, config, tensors)
+}
+
+/// The recomputing backward (one layer's graph at a time) gives the loss and gradients of
+/// the whole-graph backward.
+#[test]
+fn recomputed_layers_give_the_same_gradients() {
+    let (_dir, config, tensors) = tiny_weights();
     let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| (i * 7 % 60 + 2) as u32).collect();
     let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8]];
@@ -389,10 +395,7 @@ fn parts_that_two_plugins_share_are_namespaced_and_notes_kept_per_plugin() {
 /// the layers' graph whole and recomputed alike.
 #[test]
 fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
-    let dir = tempfile::tempdir().unwrap();
-    crate::engine::write_tiny_model(dir.path(), true);
-    let options = wirl_engine::LoadOptions::default();
-    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &options).unwrap();
+    let (_dir, config, tensors) = tiny_weights();
     let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
     let prompt: Vec<u32> = (0..12).map(|i| (i * 5 % 60 + 2) as u32).collect();
     let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17, 8, 40, 2], vec![5, 6], vec![44, 1, 8, 12, 13]];
@@ -446,10 +449,7 @@ fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
 /// does, with μ = 2 epochs (old log-probs from the sampler's) and a KL reference.
 #[test]
 fn micro_batches_update_the_weights_as_the_whole_group_does() {
-    let dir = tempfile::tempdir().unwrap();
-    crate::engine::write_tiny_model(dir.path(), true);
-    let options = wirl_engine::LoadOptions::default();
-    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &options).unwrap();
+    let (_dir, config, tensors) = tiny_weights();
     let prompt: Vec<u32> = (0..10).map(|i| (i * 3 % 60 + 2) as u32).collect();
     let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8], vec![7, 7, 7, 7, 7]];
     let reference = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
