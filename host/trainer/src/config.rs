@@ -356,8 +356,9 @@ pub struct GrpoSection {
     /// which the run stops, with a checkpoint of the last good weights.
     pub max_skipped_updates: usize,
     /// Above this many MiB of attention intermediates a group's backward would keep, the
-    /// layers are recomputed one at a time instead (peak memory of one layer, about one
-    /// more forward of time). The default job stays below it.
+    /// layers are recomputed one at a time instead (peak memory of one layer's graph, one
+    /// more forward of time). The default, 0, always recomputes: on the default job it takes
+    /// the training peak from 5.9 to 4.7 GiB for ~7 % more step time (docs/BENCHMARKS.md).
     pub recompute_above_mib: u64,
     /// The head's vocabulary-wide tensors are computed a chunk of positions at a time, each
     /// `[rows, positions, vocab]` tensor at most this many MiB (0: the whole group at once).
@@ -391,7 +392,7 @@ impl Default for GrpoSection {
             seed: 0,
             checkpoint_every: 10,
             max_skipped_updates: 3,
-            recompute_above_mib: 1024,
+            recompute_above_mib: 0,
             head_chunk_mib: 32,
             micro_batch_rows: 0,
         }

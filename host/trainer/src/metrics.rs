@@ -39,6 +39,9 @@ pub struct StepMetrics {
     pub groups_recomputed: usize,
     /// This process's peak resident memory so far (Linux), in MiB.
     pub peak_rss_mib: Option<u64>,
+    /// This step's peak resident memory in each phase (Linux), in MiB.
+    #[serde(default, skip_serializing_if = "PhasePeaks::is_empty")]
+    pub peak_rss_mib_by_phase: PhasePeaks,
     pub tasks_skipped: Vec<SkippedTaskEntry>,
     pub completion_tokens_mean: f32,
     pub completion_tokens_max: usize,
@@ -75,6 +78,24 @@ pub struct SkippedTaskEntry {
     pub index: u64,
     pub task: Option<String>,
     pub reason: String,
+}
+
+/// Peak resident memory in each phase of a step, in MiB (None where it was not measured).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhasePeaks {
+    /// Sampling: the first turns, episodes' later turns.
+    pub generate: Option<u64>,
+    /// Reward plugins and agents.
+    pub score: Option<u64>,
+    /// The update: old and reference passes, forwards, backwards, the optimizer.
+    pub train: Option<u64>,
+}
+
+impl PhasePeaks {
+    pub fn is_empty(&self) -> bool {
+        self.generate.is_none() && self.score.is_none() && self.train.is_none()
+    }
 }
 
 /// Seconds per phase of a step.

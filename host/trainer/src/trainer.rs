@@ -12,7 +12,8 @@ use crate::config::{RunConfig, TaskSpec, TrainConfig};
 use crate::control::Control;
 use crate::manifest::{self, Manifest, PluginStore};
 use crate::metrics::{
-    ConversationMessage, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes, TaskMetrics,
+    ConversationMessage, PhasePeaks, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes,
+    TaskMetrics,
 };
 use crate::observer::{Event, Observer, Phase};
 use crate::swap::{RecentGroup, Staged, SwapEvent, Swapper};
@@ -87,6 +88,8 @@ pub struct Trainer {
     weights_base: u64,
     /// Weight writes this session.
     weights_written: u64,
+    /// The process's peak resident memory so far, through the steps' phase resets.
+    peak_rss: Option<u64>,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
     sandbox: Sandbox,
 }
@@ -209,6 +212,7 @@ impl Trainer {
             swapper,
             weights_base: resume.map_or(0, |c| c.state.weights_version.unwrap_or(c.state.optimizer_steps as u64)),
             weights_written: 0,
+            peak_rss: None,
             sandbox,
         })
     }
@@ -686,6 +690,7 @@ impl Trainer {
         }
         let phase = |phase| Event::Phase { step: step + 1, steps, phase };
         observer.event(phase(Phase::Generating { prompts: picked.len(), group_size: g.group_size }));
+        let mut memory = PhaseMemory::start(self.peak_rss);
         let generate_started = Instant::now();
         let requests = picked
             .iter()
@@ -736,6 +741,7 @@ impl Trainer {
         }
         let episodes_s = episodes_started.elapsed().as_secs_f64();
 
+        let generate_peak = memory.phase_end();
         // Scores: single-turn groups by their task's reward plugins.
         observer.event(phase(Phase::Scoring));
         let score_started = Instant::now();
@@ -790,6 +796,7 @@ impl Trainer {
             }
         }
         let agents_s = agents_started.elapsed().as_secs_f64();
+        let score_peak = memory.phase_end();
         if stopped() {
             // The calls were cut short: their verdicts are not the plugins', so nothing of
             // this step is learned from or recorded.
@@ -861,6 +868,11 @@ impl Trainer {
             return Ok(None);
         };
         let train_s = train_started.elapsed().as_secs_f64();
+        let train_peak = memory.phase_end();
+        // The update's freed tensors go back to the system instead of staying in the
+        // allocator's arenas, where they would count as resident through the next phases.
+        release_free_memory();
+        self.peak_rss = memory.run_peak;
         self.weights_written += update.weight_writes;
 
         // Records.
@@ -976,7 +988,8 @@ impl Trainer {
             grad_norm: update.grad_norm,
             updates_skipped: update.updates_skipped,
             groups_recomputed: update.groups_recomputed,
-            peak_rss_mib: peak_rss_mib(),
+            peak_rss_mib: self.peak_rss.or_else(rss_high_water_mib),
+            peak_rss_mib_by_phase: PhasePeaks { generate: generate_peak, score: score_peak, train: train_peak },
             tasks_skipped: skipped
                 .iter()
                 .map(|(t, s)| SkippedTaskEntry {
@@ -1066,8 +1079,77 @@ impl Figures {
 }
 
 /// This process's peak resident memory so far, from the kernel (Linux), in MiB.
-fn peak_rss_mib() -> Option<u64> {
+/// The resident-memory high-water mark (Linux's VmHWM), in MiB.
+fn rss_high_water_mib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib / 1024)
+}
+
+/// Hand the allocator's free memory back to the system (glibc keeps freed blocks below its
+/// mmap threshold — tensors up to 32 MB — in its arenas otherwise).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the system; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The memory resident now (Linux's VmRSS), in bytes.
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib << 10)
+}
+
+/// A step's peak resident memory phase by phase: a thread samples the resident memory every
+/// 10 ms (Linux) and keeps the highest. (Resetting the kernel's high-water mark instead
+/// would also reset what `getrusage` — and so `/usr/bin/time` — reports for the process.)
+struct PhaseMemory {
+    run_peak: Option<u64>,
+    phase_peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PhaseMemory {
+    /// Begin a step: the peak before it (held-out evaluation, earlier steps) is kept.
+    fn start(run_peak: Option<u64>) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let phase_peak = std::sync::Arc::new(AtomicU64::new(rss_bytes().unwrap_or(0)));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let sampler = rss_bytes().is_some().then(|| {
+            let (peak, stop) = (phase_peak.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("wirl-rss".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        peak.fetch_max(rss_bytes().unwrap_or(0), Ordering::Relaxed);
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                })
+                .ok()
+        });
+        PhaseMemory { run_peak: run_peak.max(rss_high_water_mib()), phase_peak, stop, sampler: sampler.flatten() }
+    }
+
+    /// The peak of the phase that ends now, in MiB; the next phase is measured from here.
+    fn phase_end(&mut self) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        self.sampler.as_ref()?;
+        let now = rss_bytes().unwrap_or(0);
+        let peak = self.phase_peak.swap(now, Ordering::Relaxed).max(now) >> 20;
+        self.run_peak = self.run_peak.max(rss_high_water_mib());
+        Some(peak)
+    }
+}
+
+impl Drop for PhaseMemory {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(sampler) = self.sampler.take() {
+            let _ = sampler.join();
+        }
+    }
 }
