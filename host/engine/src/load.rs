@@ -95,9 +95,12 @@ impl WeightSource for TensorSource<'_> {
     }
 
     fn dense(&mut self, name: &str) -> Result<Tensor> {
+        // Detached: the same storage (a trainer's updates are seen), but inference builds no
+        // gradient graph through a trainer's variables — else every cached key and value
+        // would keep the whole history of activations that made it alive.
         self.0
             .get(name)
-            .cloned()
+            .map(Tensor::detach)
             .ok_or_else(|| Error::Format { file: "weights".into(), message: format!("no tensor `{name}`") })
     }
 
