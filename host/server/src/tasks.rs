@@ -518,7 +518,8 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
         Ok(Session { task: t, problem, episode, turns: 0, max_turns, done: false, last_used: Instant::now() })
     })
     .await?;
-    let id = format!("ep-{}-{:016x}", tasks.next_session.fetch_add(1, Ordering::Relaxed), rand_suffix());
+    let number = tasks.next_session.fetch_add(1, Ordering::Relaxed);
+    let id = format!("ep-{number}-{:016x}", unguessable(number));
     let reply = json!({
         "session_id": id,
         "observation": {"messages": session.problem.messages},
@@ -530,12 +531,11 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
     Ok((StatusCode::CREATED, Json(reply)).into_response())
 }
 
-/// A session id that cannot be guessed from another's.
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(Instant::now().elapsed().as_nanos());
-    hasher.finish()
+/// A session id's suffix that cannot be guessed from another's: `number` hashed under a
+/// key drawn at random by the standard library.
+fn unguessable(number: u64) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(number)
 }
 
 fn session(tasks: &Tasks, id: &str) -> Result<Arc<Mutex<Session>>, ApiError> {
