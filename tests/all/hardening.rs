@@ -445,6 +445,23 @@ fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
     }
 }
 
+/// An update of the tiny model's tests: lr 1e-3, μ = 1, no KL or entropy term, whole groups
+/// and head, C = 2.
+fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
+    wirl_grpo::UpdateSettings {
+        learning_rate: 1e-3,
+        loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.0, entropy: 0.0 },
+        inner_epochs: 1,
+        aggregation: wirl_grpo::loss::Aggregation::TokenMean,
+        max_grad_norm: Some(1.0),
+        max_tokens: 8,
+        recompute_above_bytes: u64::MAX,
+        head_chunk_bytes: u64::MAX,
+        micro_batch_rows: 0,
+        tis_cap: 2.0,
+    }
+}
+
 /// A group split into micro-batches (gradients summed) updates the weights as the whole group
 /// does, with μ = 2 epochs (old log-probs from the sampler's) and a KL reference.
 #[test]
@@ -462,6 +479,7 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         advantages: vec![1.0, -0.5, 0.25, -0.75],
         trainable: Vec::new(),
         sampler_logprobs,
+        sampler_lag: 0,
     };
     let weights_after = |micro_batch_rows: usize| {
         let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
@@ -470,15 +488,10 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         let optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
         let mut learner = wirl_grpo::Learner { policy, reference, optimizer };
         let settings = wirl_grpo::UpdateSettings {
-            learning_rate: 1e-3,
             loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
             inner_epochs: 2,
-            aggregation: wirl_grpo::loss::Aggregation::TokenMean,
-            max_grad_norm: Some(1.0),
-            max_tokens: 8,
-            recompute_above_bytes: u64::MAX,
-            head_chunk_bytes: u64::MAX,
             micro_batch_rows,
+            ..tiny_update_settings()
         };
         let stats =
             learner.update(std::slice::from_ref(&group), &settings, None, &|| false, &mut |_, _| {}).unwrap().unwrap();
@@ -497,4 +510,52 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         let worst = whole.iter().flatten().zip(split.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-5, "micro-batches of {rows}: a weight differs by {worst}");
     }
+}
+
+/// A group sampled one update ago (`sampler_lag` 1) weighs each token's loss by the
+/// truncated importance weight min(π_old / π_sampler, C): with the sampler's log-probs equal
+/// to the current ones the update is the on-policy one; lower by δ, the loss is e^δ times
+/// the on-policy loss up to the cap, where every token counts as truncated.
+#[test]
+fn lagged_groups_carry_the_truncated_importance_weight() {
+    let (_dir, config, tensors) = tiny_weights();
+    let prompt: Vec<u32> = (0..10).map(|i| (i * 5 % 60 + 2) as u32).collect();
+    let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27], vec![5, 6, 11, 4], vec![44, 1], vec![7, 7, 7]];
+    let current = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
+    let logp = current.net().completion_stats(&prompt, &completions).unwrap().logp.to_vec2::<f32>().unwrap();
+    let update = |lag: u64, shift: f32| {
+        let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
+        let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
+        let optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
+        let mut learner = wirl_grpo::Learner { policy, reference: None, optimizer };
+        let group = wirl_grpo::GroupBatch {
+            prompt: prompt.clone(),
+            completions: completions.clone(),
+            advantages: vec![1.0, -0.5, 0.75, -1.25],
+            trainable: Vec::new(),
+            sampler_logprobs: completions
+                .iter()
+                .zip(&logp)
+                .map(|(c, row)| row[..c.len()].iter().map(|l| l - shift).collect())
+                .collect(),
+            sampler_lag: lag,
+        };
+        let settings = tiny_update_settings();
+        learner.update(std::slice::from_ref(&group), &settings, None, &|| false, &mut |_, _| {}).unwrap().unwrap()
+    };
+    let on_policy = update(0, 0.0);
+    assert!(on_policy.loss.abs() > 1e-4, "a loss to compare: {}", on_policy.loss);
+    assert_eq!(on_policy.tis_truncated, 0.0);
+    // Lag 0 ignores the sampler's log-probs (with μ = 1 nothing reads them).
+    assert_eq!(update(0, 0.5).loss, on_policy.loss);
+    let equal = update(1, 0.0);
+    assert!((equal.loss - on_policy.loss).abs() < 1e-5, "{} vs {}", equal.loss, on_policy.loss);
+    assert_eq!(equal.tis_truncated, 0.0);
+    let weighted = update(1, 0.5);
+    let expected = on_policy.loss * 0.5f32.exp();
+    assert!((weighted.loss - expected).abs() < 1e-4 * expected.abs().max(1.0), "{} vs {expected}", weighted.loss);
+    assert_eq!(weighted.tis_truncated, 0.0);
+    let capped = update(1, 3.0);
+    assert!((capped.loss - 2.0 * on_policy.loss).abs() < 1e-4, "{} vs 2 × {}", capped.loss, on_policy.loss);
+    assert_eq!(capped.tis_truncated, 1.0);
 }

@@ -39,6 +39,32 @@ fn deterministic_record(run: &Path) -> serde_json::Value {
     })
 }
 
+/// A run's metrics without timings, speeds and memory.
+fn deterministic_metrics(run: &Path) -> Vec<serde_json::Value> {
+    crate::grpo::metrics(run)
+        .into_iter()
+        .map(|mut m| {
+            for key in ["time_s", "generate_tokens_per_s", "peak_rss_mib", "peak_rss_mib_by_phase"] {
+                m.as_object_mut().unwrap().remove(key);
+            }
+            m
+        })
+        .collect()
+}
+
+/// `wirl train CONFIG --run-dir DIR/NAME` with `--set` overrides; the run directory.
+fn train_with(config: &Path, dir: &Path, name: &str, sets: &[&str]) -> std::path::PathBuf {
+    let run = dir.join(name);
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"));
+    command.arg("train").arg(config).arg("--run-dir").arg(&run);
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    run
+}
+
 /// Equal, except that floats may differ by a relative 1e-3 (another CPU's vector width
 /// reorders f32 sums in the loss and gradient norm; sampled tokens and rewards stay exact),
 /// and that records may have gained keys the fixture does not know (every key it has must
@@ -234,18 +260,7 @@ fn a_weighted_multitask_run_records_each_task_and_resumes_exactly() {
     assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
     let read = |run: &Path, name: &str| std::fs::read_to_string(run.join(name)).unwrap();
     assert_eq!(read(&whole, "rollouts.jsonl"), read(&parts, "rollouts.jsonl"));
-    let deterministic = |run: &Path| -> Vec<serde_json::Value> {
-        crate::grpo::metrics(run)
-            .into_iter()
-            .map(|mut m| {
-                for key in ["time_s", "generate_tokens_per_s", "peak_rss_mib", "peak_rss_mib_by_phase"] {
-                    m.as_object_mut().unwrap().remove(key);
-                }
-                m
-            })
-            .collect()
-    };
-    assert_eq!(deterministic(&whole), deterministic(&parts));
+    assert_eq!(deterministic_metrics(&whole), deterministic_metrics(&parts));
     let summary_of = |run: &Path| -> serde_json::Value { serde_json::from_str(&read(run, "summary.json")).unwrap() };
     assert_eq!(summary_of(&whole)["held_out_by_task"], summary_of(&parts)["held_out_by_task"]);
 
@@ -389,4 +404,80 @@ fn the_multiturn_example_runs() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
+}
+
+/// `grpo.overlap` (each group scored as soon as its samples finish, the next step's tasks
+/// drawn during the update) changes no number: the multitask run (two environment tasks,
+/// a multi-turn one, an eval-only dataset) records the same metrics and rollouts with it
+/// off; with it on, every step after the first found its tasks already drawn.
+#[test]
+fn overlapping_the_phases_changes_no_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_multitask_config(dir.path(), 3);
+    let on = train_with(&config, dir.path(), "on", &[]);
+    let off = train_with(&config, dir.path(), "off", &["grpo.overlap=false"]);
+    assert_eq!(deterministic_metrics(&on), deterministic_metrics(&off));
+    let read = |run: &Path| std::fs::read_to_string(run.join("rollouts.jsonl")).unwrap();
+    assert_eq!(read(&on), read(&off));
+    let draws = |run: &Path| -> Vec<f64> {
+        crate::grpo::metrics(run).iter().map(|m| m["time_s"]["draw"].as_f64().unwrap()).collect()
+    };
+    let (on, off) = (draws(&on), draws(&off));
+    assert!(on[0] > 0.0 && on[1..].iter().all(|&d| d == 0.0), "{on:?}");
+    assert!(off.iter().all(|&d| d > 0.0), "{off:?}");
+}
+
+/// `grpo.generation_lag = 1`: step 1 is the serial run's; every later step trains on groups
+/// sampled during the previous update by the weights before it (its rollouts' weights
+/// version one behind the serial run's), weighted by the truncated importance ratio. Not
+/// for multi-turn tasks; the keys' bad values are refused by name.
+#[test]
+fn a_generation_lag_samples_the_next_step_during_the_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 3, 0.01);
+    let serial = train_with(&config, dir.path(), "serial", &[]);
+    let lagged = train_with(&config, dir.path(), "lagged", &["grpo.generation_lag=1"]);
+    let rollouts = |run: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(run.join("rollouts.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let versions = |run: &Path| -> Vec<u64> {
+        let rollouts = rollouts(run);
+        (1..=3)
+            .map(|step| rollouts.iter().find(|r| r["step"] == step).unwrap()["weights_version"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(versions(&serial), [0, 1, 2]);
+    assert_eq!(versions(&lagged), [0, 0, 1]);
+    let first = |run: &Path| rollouts(run).into_iter().filter(|r| r["step"] == 1).collect::<Vec<_>>();
+    assert_eq!(first(&serial), first(&lagged), "step 1 samples with the same weights and seeds");
+    let lags =
+        |run: &Path| crate::grpo::metrics(run).iter().map(|m| m["sampler_lag"].as_u64().unwrap()).collect::<Vec<_>>();
+    assert_eq!(lags(&serial), [0, 0, 0]);
+    assert_eq!(lags(&lagged), [0, 1, 1]);
+    for line in crate::grpo::metrics(&lagged) {
+        assert!(line["loss"].as_f64().unwrap().is_finite(), "{line}");
+        let truncated = line["tis_truncated"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&truncated), "{line}");
+    }
+
+    let refused = |config: &Path, set: &str, expected: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("train")
+            .arg(config)
+            .args(["--set", set, "--run-dir"])
+            .arg(dir.path().join("refused"))
+            .output()
+            .unwrap();
+        let error = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && error.contains(expected), "{set}: expected `{expected}` in: {error}");
+    };
+    refused(&config, "grpo.generation_lag=2", "`grpo.generation_lag` = 2");
+    refused(&config, "grpo.tis_cap=0.5", "`grpo.tis_cap` = 0.5");
+    refused(&config, "grpo.tis_cap=nan", "`grpo.tis_cap` = NaN");
+    let multitask = write_multitask_config(&dir.path().join("multi"), 1);
+    refused(&multitask, "grpo.generation_lag=1", "task `retry` (tasks[2]) is a multi-turn task");
 }

@@ -136,24 +136,27 @@ impl EngineHandle {
         requests: Vec<GenerateRequest>,
         stop: impl Fn() -> bool,
     ) -> Option<Vec<Result<Vec<Completion>>>> {
-        let mut receivers = match self.submit_all(requests) {
-            Ok(receivers) => receivers,
-            Err(count) => return Some((0..count).map(|_| Err(Error::Stopped)).collect()),
-        };
-        let mut results = Vec::with_capacity(receivers.len());
-        for receiver in &mut receivers {
-            loop {
-                match receiver.try_recv() {
-                    Ok(result) => break results.push(result),
-                    Err(oneshot::error::TryRecvError::Closed) => break results.push(Err(Error::Stopped)),
-                    Err(oneshot::error::TryRecvError::Empty) if stop() => return None,
-                    Err(oneshot::error::TryRecvError::Empty) => {
-                        std::thread::sleep(std::time::Duration::from_millis(10))
-                    }
-                }
+        let mut in_flight = self.send_all(requests);
+        let mut results: Vec<Option<Result<Vec<Completion>>>> = (0..in_flight.len()).map(|_| None).collect();
+        loop {
+            match in_flight.next_finished(&stop) {
+                Finished::Request(index, result) => results[index] = Some(result),
+                Finished::All => break,
+                Finished::Stopped => return None,
             }
         }
-        Some(results)
+        Some(results.into_iter().map(|r| r.unwrap_or(Err(Error::Stopped))).collect())
+    }
+
+    /// Several requests admitted into the batch in one go, in order (as
+    /// [`generate_all_blocking`](Self::generate_all_blocking)), each request's completions
+    /// taken as soon as they finish: a caller works on the first while the rest generate.
+    /// Dropping the returned [`InFlight`] gives up the requests not yet taken.
+    pub fn send_all(&self, requests: Vec<GenerateRequest>) -> InFlight {
+        match self.submit_all(requests) {
+            Ok(receivers) => InFlight { receivers: receivers.into_iter().map(Some).collect(), failed: 0 },
+            Err(count) => InFlight { receivers: Vec::new(), failed: count },
+        }
     }
 
     /// Swap in new weights (a server loading a checkpoint). Returns once the engine uses them,
@@ -202,6 +205,72 @@ impl EngineHandle {
 
 /// Where a request's completions arrive.
 type Receiver = oneshot::Receiver<Result<Vec<Completion>>>;
+
+/// Requests sent together by [`EngineHandle::send_all`], their completions taken in the
+/// order they finish.
+pub struct InFlight {
+    /// By request index; `None` once taken.
+    receivers: Vec<Option<Receiver>>,
+    /// Requests that never reached the engine (it had stopped): each finishes as
+    /// [`Error::Stopped`].
+    failed: usize,
+}
+
+/// What [`InFlight::next_finished`] found.
+#[derive(Debug)]
+pub enum Finished {
+    /// Request `index` (in the order sent) finished, or failed.
+    Request(usize, Result<Vec<Completion>>),
+    /// Every request was taken.
+    All,
+    /// `stop()` said so before the next request finished.
+    Stopped,
+}
+
+impl InFlight {
+    /// How many requests were sent.
+    pub fn len(&self) -> usize {
+        self.receivers.len() + self.failed
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The next request to finish (the lowest index among those ready), waiting for it;
+    /// `stop()` is asked every 10 ms while none is ready. Blocks; must not be called from
+    /// within an async runtime.
+    pub fn next_finished(&mut self, stop: &dyn Fn() -> bool) -> Finished {
+        if self.failed > 0 {
+            self.failed -= 1;
+            return Finished::Request(self.receivers.len() + self.failed, Err(Error::Stopped));
+        }
+        loop {
+            let mut waiting = false;
+            for (index, slot) in self.receivers.iter_mut().enumerate() {
+                let Some(receiver) = slot else { continue };
+                match receiver.try_recv() {
+                    Ok(result) => {
+                        *slot = None;
+                        return Finished::Request(index, result);
+                    }
+                    Err(oneshot::error::TryRecvError::Closed) => {
+                        *slot = None;
+                        return Finished::Request(index, Err(Error::Stopped));
+                    }
+                    Err(oneshot::error::TryRecvError::Empty) => waiting = true,
+                }
+            }
+            if !waiting {
+                return Finished::All;
+            }
+            if stop() {
+                return Finished::Stopped;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
 
 /// A caller waiting for its request.
 struct Waiter {

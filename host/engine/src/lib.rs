@@ -24,7 +24,7 @@ pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
     }
 }
 
-pub use actor::{EngineHandle, EngineOptions, TextPiece, WeightsHold};
+pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, TextPiece, WeightsHold};
 pub use candle_core::{DType, Device};
 pub use comm::{Comm, Solo, ThreadComm};
 pub use config::Config;

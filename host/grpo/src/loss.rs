@@ -141,7 +141,8 @@ pub struct LossParts {
 }
 
 /// `logp`, `old_logp`, `ref_logp`, `entropy`, `weights`: `[rows, width]`; `advantages`:
-/// `[rows]`. Padding positions have weight 0.
+/// `[rows]`, or `[rows, width]` for a per-token advantage (one carrying an importance
+/// weight). Padding positions have weight 0.
 pub fn grpo_loss(
     logp: &Tensor,
     old_logp: &Tensor,
@@ -151,7 +152,7 @@ pub fn grpo_loss(
     weights: &Tensor,
     settings: &LossSettings,
 ) -> Result<LossParts> {
-    let advantages = advantages.unsqueeze(1)?;
+    let advantages = if advantages.rank() == 1 { advantages.unsqueeze(1)? } else { advantages.clone() };
     let ratio = (logp - old_logp)?.exp()?;
     let unclipped = ratio.broadcast_mul(&advantages)?;
     let clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)?.broadcast_mul(&advantages)?;
@@ -282,5 +283,21 @@ mod tests {
         let g: Vec<Vec<f32>> = grads.get(logp).unwrap().to_vec2().unwrap();
         close(g[0][0], -0.5);
         close(g[0][1], -1.5);
+    }
+
+    #[test]
+    fn a_per_token_advantage_weights_each_tokens_gradient() {
+        // Advantage 2 carried with importance weights 0.5 and 2: d loss / d logp = −A·w·weight.
+        let var = candle_core::Var::new(&[[-1.0f32, -2.0]], &Device::Cpu).unwrap();
+        let logp = var.as_tensor();
+        let weights = t(&[&[0.25, 0.75]]);
+        let adv = t(&[&[2.0 * 0.5, 2.0 * 2.0]]);
+        let settings = LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.0, entropy: 0.0 };
+        let parts = grpo_loss(logp, &logp.detach(), None, None, &adv, &weights, &settings).unwrap();
+        let grads = parts.loss.backward().unwrap();
+        let g: Vec<Vec<f32>> = grads.get(logp).unwrap().to_vec2().unwrap();
+        close(g[0][0], -2.0 * 0.5 * 0.25);
+        close(g[0][1], -2.0 * 2.0 * 0.75);
+        close(parts.loss.to_scalar::<f32>().unwrap(), -(0.25 + 3.0));
     }
 }

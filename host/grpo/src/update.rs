@@ -29,6 +29,11 @@ pub struct GroupBatch {
     /// old log-probs of μ > 1 epochs (equal to a forward pass's within 1e-4, a test holds),
     /// and that pass is not run. Empty: unknown, the pass runs.
     pub sampler_logprobs: Vec<Vec<f32>>,
+    /// Updates made between the weights that sampled the group and the ones this update
+    /// starts from (a generation lag). Above 0 the sampler's log-probs are the behaviour
+    /// policy's: each token's loss is weighted by the truncated importance ratio
+    /// min(π_old / π_sampler, `tis_cap`), and μ > 1 computes its old log-probs by a pass.
+    pub sampler_lag: u64,
 }
 
 impl GroupBatch {
@@ -51,6 +56,7 @@ impl GroupBatch {
                     advantages: self.advantages[r.clone()].to_vec(),
                     trainable: part(&self.trainable, r.clone()),
                     sampler_logprobs: logs(&self.sampler_logprobs, r),
+                    sampler_lag: self.sampler_lag,
                 }
             })
             .collect()
@@ -104,6 +110,9 @@ pub struct UpdateSettings {
     /// Completions per forward and backward: a larger group is split into micro-batches
     /// of this many rows, their gradients summed (0: the whole group at once).
     pub micro_batch_rows: usize,
+    /// The truncation C of the importance weight min(π_old / π_sampler, C) of groups
+    /// sampled by older weights ([`GroupBatch::sampler_lag`] > 0).
+    pub tis_cap: f64,
 }
 
 /// What an update did, averaged over its epochs where that is meaningful.
@@ -120,6 +129,9 @@ pub struct UpdateStats {
     pub updates_skipped: usize,
     /// Group passes that took the layer-recomputing backward.
     pub groups_recomputed: usize,
+    /// Of the tokens sampled by older weights, the share whose importance weight was cut
+    /// to the cap (0 without a lag).
+    pub tis_truncated: f32,
     /// Times the engine's weights were held for writing (each bumps its weights version).
     pub weight_writes: u64,
     pub time: UpdateTimes,
@@ -171,6 +183,7 @@ impl Learner {
                 return Ok(None);
             }
             if settings.inner_epochs > 1
+                && group.sampler_lag == 0
                 && let Some(sampled) = group.sampled_logprobs(&self.policy)?
             {
                 old.push(Some(sampled));
@@ -192,6 +205,12 @@ impl Learner {
             });
         }
         stats.time.reference_forward = timer.elapsed().as_secs_f64();
+        // The behaviour policy's log-probs of groups sampled by older weights.
+        let behaviour: Vec<Option<Tensor>> = groups
+            .iter()
+            .map(|g| if g.sampler_lag > 0 { g.sampled_logprobs(&self.policy) } else { Ok(None) })
+            .collect::<candle_core::Result<_>>()?;
+        let (mut truncated, mut lagged_tokens) = (0f32, 0f32);
         let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum) = (0f32, 0f32, 0f32, 0f32);
         for epoch in 0..settings.inner_epochs {
             let mut grads: Option<GradStore> = None;
@@ -234,6 +253,21 @@ impl Learner {
                         Some(old) => old.clone(),
                         None => token_stats.logp.detach(),
                     };
+                    // Sampled by older weights: each token's advantage carries the truncated
+                    // importance weight (a weight ≥ 0 commutes with the clipped minimum).
+                    let (advantages, cut) = match &behaviour[k] {
+                        Some(behaviour) => {
+                            let ratio = (&old_logp - behaviour)?.exp()?;
+                            let weight = ratio.clamp(0.0, settings.tis_cap)?;
+                            let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
+                            let cut = (ratio.gt(settings.tis_cap)?.to_dtype(weights.dtype())? * &active)?
+                                .sum_all()?
+                                .to_scalar::<f32>()?;
+                            let tokens = active.sum_all()?.to_scalar::<f32>()?;
+                            (weight.broadcast_mul(&advantages.unsqueeze(1)?)?, Some((cut, tokens)))
+                        }
+                        None => (advantages, None),
+                    };
                     let parts = grpo_loss(
                         &token_stats.logp,
                         &old_logp,
@@ -243,9 +277,9 @@ impl Learner {
                         &weights,
                         &settings.loss,
                     )?;
-                    Ok((parts.loss.clone(), (parts, forward_time)))
+                    Ok((parts.loss.clone(), (parts, forward_time, cut)))
                 };
-                let ((parts, forward_time), new, recomputed) = self.policy.loss_and_grads(
+                let ((parts, forward_time, cut), new, recomputed) = self.policy.loss_and_grads(
                     &group.prompt,
                     &group.completions,
                     settings.recompute_above_bytes,
@@ -253,6 +287,10 @@ impl Learner {
                     loss_of,
                 )?;
                 stats.groups_recomputed += usize::from(recomputed);
+                if let (Some((cut, tokens)), 0) = (cut, epoch) {
+                    truncated += cut;
+                    lagged_tokens += tokens;
+                }
                 loss_sum += parts.loss.to_scalar::<f32>()?;
                 kl_sum += parts.kl;
                 entropy_sum += parts.entropy;
@@ -278,6 +316,7 @@ impl Learner {
         stats.kl = kl_sum / epochs;
         stats.entropy = entropy_sum / epochs;
         stats.clip_fraction = clip_sum / epochs;
+        stats.tis_truncated = if lagged_tokens > 0.0 { truncated / lagged_tokens } else { 0.0 };
         Ok(Some(stats))
     }
 }

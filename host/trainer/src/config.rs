@@ -366,6 +366,17 @@ pub struct GrpoSection {
     /// Completions per forward and backward: larger groups are split into micro-batches of
     /// this many, their gradients summed (0: a whole group at once).
     pub micro_batch_rows: usize,
+    /// Overlap a step's phases where the result cannot change: a group is scored as soon
+    /// as its samples finish (while others still generate) and the next step's tasks are
+    /// drawn while this step trains. `false` runs them one after another (same metrics).
+    pub overlap: bool,
+    /// 1: the next step's groups are sampled while this step trains, by the weights before
+    /// its update (one update stale, corrected by the truncated importance weight); 0: each
+    /// step samples with its own weights (the default: on the CPU both phases use every
+    /// core, docs/BENCHMARKS.md).
+    pub generation_lag: usize,
+    /// The cap C of the importance weight min(π_old / π_sampler, C) of lagged groups.
+    pub tis_cap: f64,
 }
 
 impl Default for GrpoSection {
@@ -395,6 +406,9 @@ impl Default for GrpoSection {
             recompute_above_mib: 0,
             head_chunk_mib: 32,
             micro_batch_rows: 0,
+            overlap: true,
+            generation_lag: 0,
+            tis_cap: 2.0,
         }
     }
 }
@@ -1091,7 +1105,7 @@ impl TrainConfig {
             }
         }
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
-        let floats: [FloatRule; 8] = [
+        let floats: [FloatRule; 9] = [
             ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
             ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
             ("grpo.beta", g.beta, "a number >= 0", |x| x >= 0.0),
@@ -1100,6 +1114,7 @@ impl TrainConfig {
             ("grpo.entropy", g.entropy, "a finite number", |_| true),
             ("grpo.failure_reward", f64::from(g.failure_reward), "a finite number", |_| true),
             ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
+            ("grpo.tis_cap", g.tis_cap, "a number >= 1", |x| x >= 1.0),
         ];
         for (key, value, wanted, ok) in floats {
             if !(value.is_finite() && ok(value)) {
@@ -1115,6 +1130,24 @@ impl TrainConfig {
         }
         check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
         let views = self.task_views();
+        if g.generation_lag > 1 {
+            bail!(
+                "{origin}: `grpo.generation_lag` = {}: it must be 0 (sample with the step's own weights) or 1 (sample the \
+                 next step while this one trains)",
+                g.generation_lag
+            );
+        }
+        if g.generation_lag > 0
+            && let Some(view) = views.iter().find(|v| !v.eval_only && (v.max_turns > 1 || v.agent.is_some()))
+        {
+            let what = if view.agent.is_some() { "an agent task" } else { "a multi-turn task" };
+            bail!(
+                "{origin}: `grpo.generation_lag` = 1 samples single-turn tasks only, and task `{}` ({}) is {what} \
+                 (its later turns would be sampled by newer weights than its first): set `grpo.generation_lag = 0`",
+                view.name,
+                if view.key.is_empty() { "the top-level task" } else { view.key.trim_end_matches('.') }
+            );
+        }
         for view in &views {
             let key = &view.key;
             if let Some(pass) = view.pass_reward

@@ -37,6 +37,12 @@ pub struct StepMetrics {
     pub grad_norm: f64,
     pub updates_skipped: usize,
     pub groups_recomputed: usize,
+    /// Updates between the weights that sampled this step's groups and the ones its
+    /// update started from (`grpo.generation_lag`; 0 for a run's first step, and for one
+    /// after a resume or a swap, which sample afresh).
+    pub sampler_lag: u64,
+    /// Of the lagged tokens, the share whose importance weight was cut to `grpo.tis_cap`.
+    pub tis_truncated: f32,
     /// This process's peak resident memory so far (Linux), in MiB.
     pub peak_rss_mib: Option<u64>,
     /// This step's peak resident memory in each phase (Linux), in MiB.
@@ -102,7 +108,9 @@ impl PhasePeaks {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StepTimes {
-    /// The first (or only) turn of every group.
+    /// Waiting for the first (or only) turn of every group (with `grpo.overlap`, the
+    /// groups that finished first were scored meanwhile; with a generation lag they were
+    /// sampled during the previous step's update, and this is what was left).
     pub generate: f64,
     /// Episodes' later turns: generation, the environment's calls, template and ledger.
     pub episodes: f64,
@@ -110,7 +118,10 @@ pub struct StepTimes {
     pub episodes_host: f64,
     /// Agent plugins producing their groups (their generation included).
     pub agents: f64,
+    /// Reward plugins' calls, overlapped with generation or not.
     pub score: f64,
+    /// Drawing the step's tasks (0 when they were drawn during the previous update).
+    pub draw: f64,
     pub train: f64,
     pub total: f64,
     pub reference_forward: f64,

@@ -25,9 +25,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::{EngineHandle, GenerateRequest, LoadOptions, Sampling, Tokenizer};
+use wirl_engine::{EngineHandle, Finished, GenerateRequest, InFlight, LoadOptions, Sampling, Tokenizer};
 use wirl_grpo::{GroupBatch, Learner, LossSettings, Net, Optimizer, Policy, UpdateSettings};
-use wirl_rollout::{RolloutGroup, SkippedTask, StepTasks, TaskSource, sample_groups, seed_for};
+use wirl_rollout::{RolloutGroup, SkippedTask, StepTasks, TaskSource, seed_for};
 use wirl_sandbox::{Sandbox, SandboxSettings, printable};
 
 /// How a run ended, when it did not fail.
@@ -90,8 +90,29 @@ pub struct Trainer {
     weights_written: u64,
     /// The process's peak resident memory so far, through the steps' phase resets.
     peak_rss: Option<u64>,
+    /// The next step, begun during this one's update.
+    ahead: Option<Ahead>,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
     sandbox: Sandbox,
+}
+
+/// A step's tasks, drawn and their prompts fitted to the model, before any sampling.
+struct Drawn {
+    /// Task index in the run, the problem, its prompt's ids.
+    picked: Vec<(usize, wirl_sandbox::Task, Vec<u32>)>,
+    skipped: Vec<(usize, SkippedTask)>,
+    /// Groups that cannot be sampled: a remote task whose server failed.
+    placeholders: Vec<(usize, RolloutGroup)>,
+}
+
+/// A step begun during the previous one's update.
+struct Ahead {
+    step: usize,
+    /// The manifest generation it was drawn under: a swap in between makes it stale.
+    generation: u64,
+    drawn: Drawn,
+    /// With a generation lag: its groups being sampled, and since when.
+    sampling: Option<(InFlight, Instant)>,
 }
 
 /// A task set switched away from, still loaded.
@@ -213,6 +234,7 @@ impl Trainer {
             weights_base: resume.map_or(0, |c| c.state.weights_version.unwrap_or(c.state.optimizer_steps as u64)),
             weights_written: 0,
             peak_rss: None,
+            ahead: None,
             sandbox,
         })
     }
@@ -643,48 +665,32 @@ impl Trainer {
         let stop = self.control.clone();
         let stopped = move || stop.is_stopped();
 
-        // Each task's problems and prompts, in task order: task t's k-th group of step s is
-        // its problem s × groups(t) + k, the same on every resume.
         let context = self.model_config.max_position_embeddings;
-        let mut picked: Vec<(usize, wirl_sandbox::Task, Vec<u32>)> = Vec::new();
-        let mut skipped: Vec<(usize, SkippedTask)> = Vec::new();
-        // Groups that could not be sampled: a remote task whose server failed.
-        let mut placeholders: Vec<(usize, RolloutGroup)> = Vec::new();
-        for (t, task) in self.tasks.iter_mut().enumerate() {
-            let groups = self.allocation[t] as u64;
-            // An agent makes its own tasks (after the others' generation, below).
-            if groups == 0 || matches!(task.source, TaskSource::Agent { .. }) {
-                continue;
+        // This step's tasks: drawn during the previous update (and, with a generation lag,
+        // sampled then too) unless a swap came in between.
+        let ahead = self.ahead.take().filter(|a| a.step == step && a.generation == self.manifest.generation);
+        let draw_started = Instant::now();
+        let drawn_ahead = ahead.is_some();
+        let (drawn, in_flight) = match ahead {
+            Some(Ahead { drawn, sampling, .. }) => (drawn, sampling),
+            None => {
+                let Some(drawn) = draw_tasks(
+                    &mut self.tasks,
+                    &self.allocation,
+                    &self.tokenizer,
+                    context,
+                    step,
+                    g.group_size,
+                    &stopped,
+                )?
+                else {
+                    return Ok(None);
+                };
+                (drawn, None)
             }
-            let first = step as u64 * groups;
-            if let TaskSource::Remote(remote) = &mut task.source
-                && let Err(error) = remote.prefetch(first, groups as usize)
-            {
-                // Its server failed: nothing to sample this step; the groups are recorded as
-                // failed (masked), never scored 0.
-                let name = &task.spec.name;
-                tracing::warn!("step {}, task `{name}`: {}", step + 1, printable(&error.to_string()));
-                let message = format!("the task server failed, nothing to train on: {error}");
-                placeholders.extend((first..first + groups).map(|index| {
-                    let id = format!("{name}/{index}");
-                    (t, RolloutGroup::placeholder(name, id, g.group_size, "remote", "remote", &message))
-                }));
-                continue;
-            }
-            let max_tokens = task.spec.sampling.max_tokens;
-            let tokenizer = &self.tokenizer;
-            let drawn = wirl_rollout::step_tasks(&mut task.source, first..first + groups, |problem| {
-                wirl_rollout::fitting_prompt(tokenizer, problem, max_tokens, context)
-            });
-            if stopped() {
-                // A stop cuts the environment's calls short: their failures are not its own.
-                return Ok(None);
-            }
-            let StepTasks { tasks, prompts, skipped: skips } =
-                drawn.with_context(|| format!("task `{}`", task.spec.name))?;
-            picked.extend(tasks.into_iter().zip(prompts).map(|(problem, prompt)| (t, problem, prompt)));
-            skipped.extend(skips.into_iter().map(|skip| (t, skip)));
-        }
+        };
+        let draw_s = if drawn_ahead { 0.0 } else { draw_started.elapsed().as_secs_f64() };
+        let Drawn { picked, skipped, placeholders } = drawn;
         for (t, skip) in &skipped {
             tracing::warn!("step {}, task `{}`: {}", step + 1, self.tasks[*t].spec.name, printable(&skip.to_string()));
         }
@@ -692,28 +698,52 @@ impl Trainer {
         observer.event(phase(Phase::Generating { prompts: picked.len(), group_size: g.group_size }));
         let mut memory = PhaseMemory::start(self.peak_rss);
         let generate_started = Instant::now();
-        let requests = picked
-            .iter()
-            .enumerate()
-            .map(|(i, (t, _, prompt))| GenerateRequest {
-                prompt: prompt.clone(),
-                n: g.group_size,
-                sampling: self.tasks[*t].spec.sampling.seeded(seed_for(g.seed, (step * g.prompts_per_step + i) as u64)),
-            })
-            .collect();
-        let Some(generated) = sample_groups(&self.engine, requests, &stopped) else {
-            return Ok(None);
+        let sampler_lag = u64::from(in_flight.is_some());
+        let (mut in_flight, sent) = match in_flight {
+            Some(lagged) => lagged,
+            None => (self.engine.send_all(self.requests(step, &picked)), generate_started),
         };
-        let generated = generated?;
+
+        // Each group as its samples finish: a single-turn group is scored at once (while the
+        // rest generate) under `grpo.overlap`, after all of them otherwise; a multi-turn
+        // group goes on to its episode below.
+        let episodic: Vec<bool> = picked.iter().map(|(t, _, _)| self.tasks[*t].spec.max_turns > 1).collect();
+        let mut generated: Vec<Option<Vec<wirl_rollout::Trajectory>>> = (0..picked.len()).map(|_| None).collect();
+        let mut scored: Vec<Option<Vec<wirl_rollout::Scored>>> = (0..picked.len()).map(|_| None).collect();
+        let mut score_s = 0.0;
+        let mut score = |tasks: &mut [LoadedTask], i: usize, trajectories: &[wirl_rollout::Trajectory]| {
+            let started = Instant::now();
+            let (t, task, _) = &picked[i];
+            let owner = &mut tasks[*t];
+            let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
+            let scores = owner.scorers.score_group(task, &texts, owner.spec.failures);
+            score_s += started.elapsed().as_secs_f64();
+            scores
+        };
+        loop {
+            match in_flight.next_finished(&stopped) {
+                Finished::Request(i, result) => {
+                    let trajectories: Vec<wirl_rollout::Trajectory> =
+                        result?.into_iter().map(wirl_rollout::Trajectory::from).collect();
+                    if g.overlap && !episodic[i] {
+                        scored[i] = Some(score(&mut self.tasks, i, &trajectories));
+                    }
+                    generated[i] = Some(trajectories);
+                }
+                Finished::All => break,
+                Finished::Stopped => return Ok(None),
+            }
+        }
         let generate_s = generate_started.elapsed().as_secs_f64();
+        // With a lag, since the previous step sent the requests (its update overlapped).
+        let sampling_span_s = sent.elapsed().as_secs_f64();
 
         // Episodes (multi-turn tasks) go on from their first replies, every live episode's
         // next turn admitted together; the environment scores them.
         let episodes_started = Instant::now();
         let mut episode_outcomes: BTreeMap<usize, Vec<wirl_rollout::EpisodeOutcome>> = BTreeMap::new();
         let mut episode_times = wirl_rollout::EpisodeTimes::default();
-        let mut generated: Vec<Option<Vec<wirl_rollout::Trajectory>>> = generated.into_iter().map(Some).collect();
-        let episodic: Vec<usize> = (0..picked.len()).filter(|&i| self.tasks[picked[i].0].spec.max_turns > 1).collect();
+        let episodic: Vec<usize> = (0..picked.len()).filter(|&i| episodic[i]).collect();
         if !episodic.is_empty() {
             observer.event(phase(Phase::Episodes { groups: episodic.len() }));
             let mut runs = Vec::new();
@@ -742,26 +772,27 @@ impl Trainer {
         let episodes_s = episodes_started.elapsed().as_secs_f64();
 
         let generate_peak = memory.phase_end();
-        // Scores: single-turn groups by their task's reward plugins.
+        // Scores: single-turn groups by their task's reward plugins (those not scored yet).
         observer.event(phase(Phase::Scoring));
-        let score_started = Instant::now();
         let mut groups = Vec::with_capacity(generated.len());
         let mut owners = Vec::with_capacity(generated.len());
-        for (i, ((t, task, prompt), trajectories)) in picked.into_iter().zip(generated).enumerate() {
-            let owner = &mut self.tasks[t];
-            let (trajectories, scores) = match (episode_outcomes.remove(&i), trajectories) {
+        for i in 0..picked.len() {
+            let (trajectories, scores) = match (episode_outcomes.remove(&i), generated[i].take()) {
                 (Some(outcomes), _) => outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip(),
                 (None, Some(trajectories)) => {
-                    let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
-                    let scores = owner.scorers.score_group(&task, &texts, owner.spec.failures);
+                    let scores = match scored[i].take() {
+                        Some(scores) => scores,
+                        None => score(&mut self.tasks, i, &trajectories),
+                    };
                     (trajectories, scores)
                 }
                 (None, None) => unreachable!("every group is either an episode group or sampled"),
             };
-            groups.push(RolloutGroup { task_name: owner.spec.name.clone(), task, prompt, trajectories, scores });
-            owners.push(t);
+            let (t, task, prompt) = &picked[i];
+            let task_name = self.tasks[*t].spec.name.clone();
+            groups.push(RolloutGroup { task_name, task: task.clone(), prompt: prompt.clone(), trajectories, scores });
+            owners.push(*t);
         }
-        let score_s = score_started.elapsed().as_secs_f64();
         for (t, group) in placeholders {
             groups.push(group);
             owners.push(t);
@@ -838,6 +869,7 @@ impl Trainer {
                     },
                     // Sampled this step by the weights this update starts from.
                     sampler_logprobs: usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect(),
+                    sampler_lag,
                 })
             })
             .collect();
@@ -855,6 +887,7 @@ impl Trainer {
             // The default job's groups keep about 0.5 GiB and stay on the whole-graph path.
             recompute_above_bytes: g.recompute_above_mib.saturating_mul(1 << 20),
             micro_batch_rows: g.micro_batch_rows,
+            tis_cap: g.tis_cap,
             head_chunk_bytes: match g.head_chunk_mib {
                 0 => u64::MAX,
                 mib => mib.saturating_mul(1 << 20),
@@ -863,8 +896,37 @@ impl Trainer {
         let mut progress = |group, groups| {
             observer.event(Event::Phase { step: step + 1, steps, phase: Phase::Training { group, groups } })
         };
-        let Some(update) = self.learner.update(&batches, &settings, Some(&self.engine), &stopped, &mut progress)?
-        else {
+        // The next step begun now. With a generation lag its groups are sampled during this
+        // update by these weights (the update's write waits for them at the barrier); else,
+        // under `grpo.overlap`, its tasks are drawn meanwhile. A swap at the next boundary
+        // makes either stale (dropped: the step draws and samples afresh).
+        let next = step + 1;
+        let lag_next = g.generation_lag > 0 && next < steps && !stopped();
+        if lag_next {
+            let drawn =
+                draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, g.group_size, &stopped);
+            // On an error (or a stop) the next step draws again and meets it itself.
+            if let Ok(Some(drawn)) = drawn {
+                let in_flight = self.engine.send_all(self.requests(next, &drawn.picked));
+                let sampling = Some((in_flight, Instant::now()));
+                self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling });
+            }
+        }
+        let draw_next = g.overlap && !lag_next && next < steps;
+        let (update, drawn_next) = std::thread::scope(|scope| {
+            let drawing = draw_next.then(|| {
+                let (tasks, allocation, tokenizer, stopped) =
+                    (&mut self.tasks, &self.allocation, &self.tokenizer, &stopped);
+                scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, g.group_size, stopped))
+            });
+            let update = self.learner.update(&batches, &settings, Some(&self.engine), &stopped, &mut progress);
+            let drawn = drawing.map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            (update, drawn)
+        });
+        if let Some(Ok(Some(drawn))) = drawn_next {
+            self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling: None });
+        }
+        let Some(update) = update? else {
             return Ok(None);
         };
         let train_s = train_started.elapsed().as_secs_f64();
@@ -988,6 +1050,8 @@ impl Trainer {
             grad_norm: update.grad_norm,
             updates_skipped: update.updates_skipped,
             groups_recomputed: update.groups_recomputed,
+            sampler_lag,
+            tis_truncated: update.tis_truncated,
             peak_rss_mib: self.peak_rss.or_else(rss_high_water_mib),
             peak_rss_mib_by_phase: PhasePeaks { generate: generate_peak, score: score_peak, train: train_peak },
             tasks_skipped: skipped
@@ -1002,7 +1066,7 @@ impl Trainer {
             completion_tokens_mean: figures.tokens_mean,
             completion_tokens_max: figures.tokens_max,
             failures: figures.failures,
-            generate_tokens_per_s: figures.tokens as f64 / (generate_s + episode_times.generate_s).max(1e-9),
+            generate_tokens_per_s: figures.tokens as f64 / (sampling_span_s + episode_times.generate_s).max(1e-9),
             episode_turns: episode_times.turns,
             time_s: StepTimes {
                 generate: generate_s,
@@ -1010,6 +1074,7 @@ impl Trainer {
                 episodes_host: episode_times.host_s,
                 agents: agents_s,
                 score: score_s,
+                draw: draw_s,
                 train: train_s,
                 total: step_started.elapsed().as_secs_f64(),
                 reference_forward: update.time.reference_forward,
@@ -1020,6 +1085,70 @@ impl Trainer {
             tasks: per_task,
         }))
     }
+}
+
+impl Trainer {
+    /// Step `step`'s sampling requests, one per picked task: its group's size and its seed.
+    fn requests(&self, step: usize, picked: &[(usize, wirl_sandbox::Task, Vec<u32>)]) -> Vec<GenerateRequest> {
+        let g = &self.config.grpo;
+        picked
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _, prompt))| GenerateRequest {
+                prompt: prompt.clone(),
+                n: g.group_size,
+                sampling: self.tasks[*t].spec.sampling.seeded(seed_for(g.seed, (step * g.prompts_per_step + i) as u64)),
+            })
+            .collect()
+    }
+}
+
+/// Step `step`'s problems and prompts, in task order: task t's k-th group of step s is its
+/// problem s × groups(t) + k, the same on every resume and whenever it is drawn. `None`
+/// when a stop cut the sources' calls short (their failures are not their own).
+fn draw_tasks(
+    tasks: &mut [LoadedTask],
+    allocation: &[usize],
+    tokenizer: &Tokenizer,
+    context: usize,
+    step: usize,
+    group_size: usize,
+    stopped: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<Option<Drawn>> {
+    let mut drawn = Drawn { picked: Vec::new(), skipped: Vec::new(), placeholders: Vec::new() };
+    for (t, task) in tasks.iter_mut().enumerate() {
+        let groups = allocation[t] as u64;
+        // An agent makes its own tasks (after the others' generation).
+        if groups == 0 || matches!(task.source, TaskSource::Agent { .. }) {
+            continue;
+        }
+        let first = step as u64 * groups;
+        if let TaskSource::Remote(remote) = &mut task.source
+            && let Err(error) = remote.prefetch(first, groups as usize)
+        {
+            // Its server failed: nothing to sample this step; the groups are recorded as
+            // failed (masked), never scored 0.
+            let name = &task.spec.name;
+            tracing::warn!("step {}, task `{name}`: {}", step + 1, printable(&error.to_string()));
+            let message = format!("the task server failed, nothing to train on: {error}");
+            drawn.placeholders.extend((first..first + groups).map(|index| {
+                let id = format!("{name}/{index}");
+                (t, RolloutGroup::placeholder(name, id, group_size, "remote", "remote", &message))
+            }));
+            continue;
+        }
+        let max_tokens = task.spec.sampling.max_tokens;
+        let fitted = wirl_rollout::step_tasks(&mut task.source, first..first + groups, |problem| {
+            wirl_rollout::fitting_prompt(tokenizer, problem, max_tokens, context)
+        });
+        if stopped() {
+            return Ok(None);
+        }
+        let StepTasks { tasks, prompts, skipped } = fitted.with_context(|| format!("task `{}`", task.spec.name))?;
+        drawn.picked.extend(tasks.into_iter().zip(prompts).map(|(problem, prompt)| (t, problem, prompt)));
+        drawn.skipped.extend(skipped.into_iter().map(|skip| (t, skip)));
+    }
+    Ok(Some(drawn))
 }
 
 /// Reward and length figures over some groups' completions (rewards over the usable ones).
