@@ -1,10 +1,11 @@
 //! Model-written code in the CPython code-runner component: the 164 HumanEval programs
 //! (`prompt + canonical_solution + test + check(entry_point)`, as the peer builds them), each
 //! in a fresh instance, with 1 and 2 workers; and the grader's whole verdict per completion
-//! (judge, candidate, judge: three programs). Also the component's one-time compile and its
+//! (judge, candidate, judge: three programs), also on the humaneval runner (the judge
+//! compiled into its snapshot) when given. Also the component's one-time compile and its
 //! load from the compiled cache. Prints one JSON line. Run through benches/exec.sh.
 //!
-//!   cargo bench -p wirl-cli --bench exec -- RUNNER.wasm GRADER.wasm HumanEval.jsonl [REPS]
+//!   cargo bench -p wirl-cli --bench exec -- RUNNER.wasm GRADER.wasm HumanEval.jsonl [REPS [HUMANEVAL_RUNNER.wasm]]
 
 use serde_json::json;
 use std::sync::Arc;
@@ -17,9 +18,10 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let [runner_path, grader_path, tasks_path] = [0, 1, 2].map(|i| args.get(i).cloned());
     let (Some(runner_path), Some(grader_path), Some(tasks_path)) = (runner_path, grader_path, tasks_path) else {
-        anyhow::bail!("usage: exec RUNNER.wasm GRADER.wasm HumanEval.jsonl [REPS]");
+        anyhow::bail!("usage: exec RUNNER.wasm GRADER.wasm HumanEval.jsonl [REPS [HUMANEVAL_RUNNER.wasm]]");
     };
     let reps: usize = args.get(3).map_or(Ok(3), |r| r.parse())?;
+    let judge_runner_path = args.get(4).cloned();
     let tasks: Vec<Task> =
         std::fs::read_to_string(&tasks_path)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
     let programs: Vec<Program> = tasks.iter().map(program_of).collect::<anyhow::Result<_>>()?;
@@ -111,24 +113,38 @@ fn main() -> anyhow::Result<()> {
     }
 
     // The grader's verdict on each canonical solution: three programs in fresh instances
-    // (judge, candidate, judge) plus the grader's own instance.
-    let grader_spec = PluginSpec {
-        limits: Limits { deadline_ms: 60_000, ..Limits::default() },
-        code_runner: Some(Box::new(runner_spec)),
-        ..PluginSpec::new(&grader_path)
+    // (judge, candidate, judge) plus the grader's own instance; on the plain runner (the
+    // judge's source sent whole) and, given, on the humaneval runner (compiled in).
+    let verdicts_on = |runner_spec: PluginSpec| -> anyhow::Result<serde_json::Value> {
+        let grader_spec = PluginSpec {
+            limits: Limits { deadline_ms: 60_000, ..Limits::default() },
+            code_runner: Some(Box::new(runner_spec)),
+            ..PluginSpec::new(&grader_path)
+        };
+        let mut grader = RewardPlugin::new(sandbox.load(grader_spec)?)?;
+        let mut verdicts = Vec::new();
+        let started = Instant::now();
+        for task in &tasks {
+            let t = Instant::now();
+            let score =
+                grader.score(task, task.answer.as_deref().unwrap_or_default()).map_err(|f| anyhow::anyhow!("{f}"))?;
+            anyhow::ensure!(score.reward == 1.0, "{}: {:?}", task.id, score.note);
+            verdicts.push(t.elapsed());
+        }
+        let grading_rate = tasks.len() as f64 / started.elapsed().as_secs_f64();
+        verdicts.sort();
+        Ok(json!({
+            "verdict_ms_median": ms(percentile(&verdicts, 0.5)),
+            "verdict_ms_p95": ms(percentile(&verdicts, 0.95)),
+            "verdicts_per_s": round(grading_rate),
+            "passed": verdicts.len(),
+        }))
     };
-    let mut grader = RewardPlugin::new(sandbox.load(grader_spec)?)?;
-    let mut verdicts = Vec::new();
-    let started = Instant::now();
-    for task in &tasks {
-        let t = Instant::now();
-        let score =
-            grader.score(task, task.answer.as_deref().unwrap_or_default()).map_err(|f| anyhow::anyhow!("{f}"))?;
-        anyhow::ensure!(score.reward == 1.0, "{}: {:?}", task.id, score.note);
-        verdicts.push(t.elapsed());
-    }
-    let grading_rate = tasks.len() as f64 / started.elapsed().as_secs_f64();
-    verdicts.sort();
+    let grader = verdicts_on(runner_spec.clone())?;
+    let grader_compiled_in = match &judge_runner_path {
+        Some(path) => verdicts_on(PluginSpec { limits: Limits::code_runner(), ..PluginSpec::new(path) })?,
+        None => serde_json::Value::Null,
+    };
 
     println!(
         "{}",
@@ -144,12 +160,8 @@ fn main() -> anyhow::Result<()> {
             "empty_program_ms_median": ms(percentile(&empty, 0.5)),
             "all_passed": true,
             "by_workers": by_workers,
-            "grader": {
-                "verdict_ms_median": ms(percentile(&verdicts, 0.5)),
-                "verdict_ms_p95": ms(percentile(&verdicts, 0.95)),
-                "verdicts_per_s": round(grading_rate),
-                "passed": verdicts.len(),
-            },
+            "grader": grader,
+            "grader_judge_compiled_in": grader_compiled_in,
         })
     );
     Ok(())

@@ -26,7 +26,8 @@ fi
 cd "$root"
 bash scripts/build-plugins >/dev/null
 cargo bench -q -p wirl-cli --bench exec -- "$root/plugins/target/python/code_runner.wasm" \
-    "$root/plugins/target/wasm32-wasip2/release/humaneval_grader.wasm" "$root/examples/humaneval/HumanEval.jsonl" "$reps" > "$work/wirl.json"
+    "$root/plugins/target/wasm32-wasip2/release/humaneval_grader.wasm" "$root/examples/humaneval/HumanEval.jsonl" "$reps" \
+    "$root/plugins/target/python/humaneval_runner.wasm" > "$work/wirl.json"
 # The peer spawns the interpreter it runs under (the real binary, not a shim).
 PEERS_WAIT_IDLE=${PEERS_WAIT_IDLE:-60} "$python" "$peers/exec_subprocess.py" --repeats "$reps" --python "$python" \
     2>/dev/null | tail -1 > "$work/peer.json"
@@ -41,8 +42,10 @@ for n in ("1", "2"):
           f"p95 {b['latency_ms_p95']:.1f} ms, {b['exec_per_s_median']:.1f}/s | "
           f"p50 {a['latency_ms_median'] / b['latency_ms_median']:.3f}x, "
           f"throughput {a['exec_per_s_median'] / b['exec_per_s_median']:.1f}x")
-g = w["grader"]
-print(f"grader verdict (3 programs): p50 {g['verdict_ms_median']:.2f} ms, p95 {g['verdict_ms_p95']:.2f} ms, "
-      f"{g['verdicts_per_s']:.0f}/s; component {w['component_mb']} MB, compile once {w['compile_once_s']:.1f} s, "
+for key, what in (("grader", "judge sent whole"), ("grader_judge_compiled_in", "humaneval runner, judge compiled in")):
+    g = w[key]
+    print(f"grader verdict (3 programs, {what}): p50 {g['verdict_ms_median']:.2f} ms, "
+          f"p95 {g['verdict_ms_p95']:.2f} ms, {g['verdicts_per_s']:.0f}/s")
+print(f"component {w['component_mb']} MB, compile once {w['compile_once_s']:.1f} s, "
       f"load compiled {w['load_compiled_ms']:.1f} ms")
 PY

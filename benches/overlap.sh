@@ -25,7 +25,7 @@ if [ "${CODE:-0}" = 1 ]; then
     bash scripts/build-plugins > /dev/null
     # HumanEval's problems as training tasks (its evaluation set: this measures time, not
     # learning), 4 prompts x 8, 128 new tokens.
-    job=(examples/humaneval.toml --set dataset.train=humaneval/HumanEval.jsonl --set sampling.max_tokens=128)
+    job=(examples/humaneval.toml --set dataset.train=examples/humaneval/HumanEval.jsonl --set sampling.max_tokens=128)
 fi
 
 run() { # run NAME SETTINGS...

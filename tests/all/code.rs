@@ -7,7 +7,7 @@ use wirl_sandbox::{
     CodeRunnerPlugin, Limits, Outcome, PluginSpec, Program, RewardPlugin, RunLimits, Sandbox, SandboxSettings, Task,
     Termination,
 };
-use wirl_test_artifacts::{HUMANEVAL_GRADER, PYTHON_CODE_RUNNER as CODE_RUNNER};
+use wirl_test_artifacts::{HUMANEVAL_GRADER, PYTHON_CODE_RUNNER as CODE_RUNNER, PYTHON_HUMANEVAL_RUNNER};
 
 /// One sandbox for these tests, with a compiled-component cache kept in the target
 /// directory: CPython's 20 MB component is compiled once, not per test.
@@ -204,23 +204,40 @@ pub fn humaneval() -> &'static [Task] {
     })
 }
 
-fn grader() -> RewardPlugin {
-    static PLUGIN: OnceLock<Arc<wirl_sandbox::Plugin>> = OnceLock::new();
-    let plugin = PLUGIN.get_or_init(|| {
-        let spec = PluginSpec {
-            limits: Limits { deadline_ms: 60_000, ..Limits::default() },
-            code_runner: Some(Box::new(runner_spec())),
-            ..PluginSpec::new(HUMANEVAL_GRADER)
-        };
-        sandbox().load(spec).unwrap()
+/// The runners a grader's programs may go to: the plain code runner (the judge's source sent
+/// whole with each program) and the humaneval runner (the judge compiled into its snapshot).
+const RUNNERS: [&str; 2] = [CODE_RUNNER, PYTHON_HUMANEVAL_RUNNER];
+
+/// The HumanEval grader with its programs run by `runner` (one of [`RUNNERS`]).
+fn grader_on(runner: &'static str) -> RewardPlugin {
+    static PLUGINS: OnceLock<[Arc<wirl_sandbox::Plugin>; 2]> = OnceLock::new();
+    let plugins = PLUGINS.get_or_init(|| {
+        RUNNERS.map(|runner| {
+            let spec = PluginSpec {
+                limits: Limits { deadline_ms: 60_000, ..Limits::default() },
+                code_runner: Some(Box::new(PluginSpec { limits: Limits::code_runner(), ..PluginSpec::new(runner) })),
+                ..PluginSpec::new(HUMANEVAL_GRADER)
+            };
+            sandbox().load(spec).unwrap()
+        })
     });
-    RewardPlugin::new(plugin.clone()).unwrap()
+    let index = RUNNERS.iter().position(|r| *r == runner).expect("one of RUNNERS");
+    RewardPlugin::new(plugins[index].clone()).unwrap()
+}
+
+fn grader() -> RewardPlugin {
+    grader_on(CODE_RUNNER)
+}
+
+/// Grade `completion` of HumanEval task `index` on `runner`: the reward and the note.
+fn grade_on(runner: &'static str, index: usize, completion: &str) -> (f32, String) {
+    let score = grader_on(runner).score(&humaneval()[index], completion).unwrap();
+    (score.reward, score.note.unwrap_or_default())
 }
 
 /// Grade `completion` of HumanEval task `index`: the reward and the note.
 fn grade(index: usize, completion: &str) -> (f32, String) {
-    let score = grader().score(&humaneval()[index], completion).unwrap();
-    (score.reward, score.note.unwrap_or_default())
+    grade_on(CODE_RUNNER, index, completion)
 }
 
 #[test]
@@ -236,19 +253,22 @@ fn a_grader_without_a_code_runner_is_refused_by_name() {
 #[test]
 fn canonical_solutions_pass_and_wrong_ones_fail_with_a_reason() {
     let tasks = humaneval();
-    for index in [0, 32, 33, 38, 72] {
-        let answer = tasks[index].answer.clone().unwrap();
-        assert_eq!(grade(index, &answer), (1.0, "passed".to_string()), "{}", tasks[index].id);
+    for runner in RUNNERS {
+        let grade = |index: usize, completion: &str| grade_on(runner, index, completion);
+        for index in [0, 32, 33, 38, 72] {
+            let answer = tasks[index].answer.clone().unwrap();
+            assert_eq!(grade(index, &answer), (1.0, "passed".to_string()), "{} on {runner}", tasks[index].id);
+        }
+        let (reward, note) = grade(2, "    return number\n");
+        assert_eq!(reward, 0.0);
+        assert!(note.starts_with("assertion: test line"), "{note}");
+        assert!(grade(2, "    return number +\n").1.starts_with("syntax error"));
+        assert!(grade(2, "    raise ValueError('nope')\n").1.contains("ValueError: nope"));
+        assert!(grade(2, "    while True: pass\n").1.starts_with("timeout"));
+        let memory = grade(2, "    x = [bytearray(2**20) for _ in range(10_000)]\n").1;
+        assert!(memory.starts_with("memory"), "{memory}");
+        assert!(grade(2, "    while True: print('x' * 10000)\n").1.starts_with("output limit"));
     }
-    let (reward, note) = grade(2, "    return number\n");
-    assert_eq!(reward, 0.0);
-    assert!(note.starts_with("assertion: test line"), "{note}");
-    assert!(grade(2, "    return number +\n").1.starts_with("syntax error"));
-    assert!(grade(2, "    raise ValueError('nope')\n").1.contains("ValueError: nope"));
-    assert!(grade(2, "    while True: pass\n").1.starts_with("timeout"));
-    let memory = grade(2, "    x = [bytearray(2**20) for _ in range(10_000)]\n").1;
-    assert!(memory.starts_with("memory"), "{memory}");
-    assert!(grade(2, "    while True: print('x' * 10000)\n").1.starts_with("output limit"));
 }
 
 #[test]
@@ -293,33 +313,44 @@ fn forged_passes_fail() {
         // A subclass whose == is always true.
         "    class Yes(float):\n        def __eq__(self, other): return True\n        __hash__ = float.__hash__\n    return Yes(0)\n",
     ];
-    for forgery in forgeries {
-        let (reward, note) = grade(2, forgery);
-        assert_eq!(reward, 0.0, "forged a pass: {forgery}\n({note})");
+    // With the judge compiled into the runner, a candidate can reach its module: rebinding the
+    // driver, or the module's encoder, claims nothing the judge believes.
+    let on_the_judge_module = [
+        "    return 0\nimport wirl_humaneval_judge as j\nj._wirl_call_all = lambda ns: print('__WIRL_RESULTS__[]')\n",
+        "    return 0\nimport wirl_humaneval_judge as j\nj._wirl_enc = lambda v, depth=0: {'f': '0.5'}\n",
+        "    return 0\nimport wirl_humaneval_judge as j\nj.main()\n",
+    ];
+    for runner in RUNNERS {
+        for forgery in forgeries.iter().chain(&on_the_judge_module) {
+            let (reward, note) = grade_on(runner, 2, forgery);
+            assert_eq!(reward, 0.0, "forged a pass on {runner}: {forgery}\n({note})");
+        }
+        // The honest answer still passes after all that.
+        assert_eq!(grade_on(runner, 2, "    return number % 1.0\n").0, 1.0);
     }
-    // The honest answer still passes after all that.
-    assert_eq!(grade(2, "    return number % 1.0\n").0, 1.0);
 }
 
 /// `wirl score --answers` on the dataset: every canonical solution passes, through the real
-/// binary, the real grader and CPython.
+/// binary, the real grader and CPython, on either runner.
 #[test]
 fn every_canonical_humaneval_solution_scores_one() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["score", "--plugin", HUMANEVAL_GRADER, "--code-runner", CODE_RUNNER, "--answers"])
-        .args(["--deadline-ms", "60000", "--input"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/humaneval/HumanEval.jsonl"))
-        .env("WIRL_CACHE_DIR", env!("CARGO_TARGET_TMPDIR"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let rewards: Vec<f64> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["reward"].as_f64().unwrap())
-        .collect();
-    assert_eq!(rewards.len(), 164);
-    assert!(rewards.iter().all(|&r| r == 1.0), "{stderr}");
+    for runner in RUNNERS {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["score", "--plugin", HUMANEVAL_GRADER, "--code-runner", runner, "--answers"])
+            .args(["--deadline-ms", "60000", "--input"])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/humaneval/HumanEval.jsonl"))
+            .env("WIRL_CACHE_DIR", env!("CARGO_TARGET_TMPDIR"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{runner}: {stderr}");
+        let rewards: Vec<f64> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["reward"].as_f64().unwrap())
+            .collect();
+        assert_eq!(rewards.len(), 164);
+        assert!(rewards.iter().all(|&r| r == 1.0), "{runner}: {stderr}");
+    }
 }
 
 /// `wirl eval` on HumanEval with the real model: greedy pass rate, pass@k over samples, one

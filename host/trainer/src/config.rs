@@ -906,6 +906,8 @@ impl TrainConfig {
     /// [`TrainConfig::check`]; without `plugins_on_disk`, plugin files need not exist (a
     /// manifest's plugins are loaded from the bytes the run keeps).
     fn check_with(&self, origin: &str, plugins_on_disk: bool) -> anyhow::Result<()> {
+        // A file's path is read from the config's directory; one given by `--set`, from here.
+        let relative_to = if origin.starts_with("--set") { "the current directory" } else { "the config's directory" };
         // A plugin is a file, or a built-in named `builtin:NAME`.
         let check_plugin = |key: &str, path: &Path| -> anyhow::Result<()> {
             match wirl_builtins::lookup(path) {
@@ -914,8 +916,8 @@ impl TrainConfig {
                 Ok(None) if path.is_file() || !plugins_on_disk => Ok(()),
                 Ok(None) => bail!(
                     "{origin}: `{key}`: plugin file {} does not exist (build the plugins with scripts/build-plugins, \
-                     name a built-in such as builtin:math-answer, or fix the path; relative paths are from the \
-                     config's directory)",
+                     name a built-in such as builtin:math-answer, or fix the path; relative paths are from \
+                     {relative_to})",
                     path.display()
                 ),
             }
@@ -1014,8 +1016,8 @@ impl TrainConfig {
                     {
                         if !path.exists() {
                             bail!(
-                                "{origin}: `{key}dataset.{name}`: {} does not exist (relative paths are from the \
-                                 config's directory)",
+                                "{origin}: `{key}dataset.{name}`: {} does not exist (relative paths are from \
+                                 {relative_to})",
                                 path.display()
                             );
                         }

@@ -40,6 +40,9 @@ pub use program::{candidate_program, fenced_code};
 const CODEC: &str = include_str!("codec.py");
 const JUDGE: &str = include_str!("judge.py");
 const DRIVER: &str = include_str!("candidate.py");
+/// The module a humaneval runner has compiled in: codec, judge and driver, imported once at
+/// its build (scripts/build-plugins), so that a run does not compile ~7 KB of Python again.
+const COMPILED_IN: &str = "wirl_humaneval_judge";
 const JUDGE_MARK: &str = "__WIRL_JUDGE__";
 const RESULTS_MARK: &str = "__WIRL_RESULTS__";
 /// The judge runs trusted code only; its limits are generous and fixed.
@@ -123,12 +126,17 @@ pub fn grade_group(
     completions: &[String],
     run: &mut Runner<'_>,
 ) -> Vec<Result<Score, String>> {
+    // Whether the runner has the judge compiled in: assumed, and found out by the first run.
+    let mut compiled_in = true;
     // The first judge round knows no answers, so it asks the same of every completion.
-    let first = match judge(problem, &serde_json::Map::new(), run) {
+    let first = match judge(problem, &serde_json::Map::new(), &mut compiled_in, run) {
         Ok(says) => says,
         Err(e) => return completions.iter().map(|_| Err(format!("the task's tests do not run: {e}"))).collect(),
     };
-    completions.iter().map(|completion| Ok(grade_one(settings, problem, completion, &first, run))).collect()
+    completions
+        .iter()
+        .map(|completion| Ok(grade_one(settings, problem, completion, &first, compiled_in, run)))
+        .collect()
 }
 
 fn grade_one(
@@ -136,6 +144,7 @@ fn grade_one(
     problem: &Problem,
     completion: &str,
     first: &JudgeSays,
+    mut compiled_in: bool,
     run: &mut Runner<'_>,
 ) -> Score {
     let program = candidate_program(&problem.prompt, completion, &problem.entry_point);
@@ -145,7 +154,7 @@ fn grade_one(
         JudgeSays::Pending { pending } => pending.clone(),
     };
     for _ in 0..settings.max_rounds {
-        match call_candidate(settings, problem, &program, &pending, run) {
+        match call_candidate(settings, problem, &program, &pending, compiled_in, run) {
             Ok(results) => {
                 for (key, answer) in results {
                     // Only answers to what the judge asked are taken.
@@ -159,7 +168,7 @@ fn grade_one(
         if let Some(missing) = pending.iter().find(|key| !memo.contains_key(*key)) {
             return fail("exited early", &format!("no result for the call with arguments {}", shorten(missing)));
         }
-        match judge(problem, &memo, run) {
+        match judge(problem, &memo, &mut compiled_in, run) {
             Ok(JudgeSays::Verdict { verdict, reason, detail }) => return verdict_score(&verdict, &reason, &detail),
             Ok(JudgeSays::Pending { pending: next }) => pending = next,
             Err(e) => return fail("judge", &format!("the tests could not judge the results: {e}")),
@@ -171,14 +180,30 @@ fn grade_one(
 fn judge(
     problem: &Problem,
     memo: &serde_json::Map<String, serde_json::Value>,
+    compiled_in: &mut bool,
     run: &mut Runner<'_>,
 ) -> Result<JudgeSays, String> {
     let request = serde_json::json!({
         "prompt": problem.prompt, "test": problem.test, "entry_point": problem.entry_point, "memo": memo,
     });
-    let source = format!("{CODEC}\n{JUDGE}");
     let limits = Limits { wall_ms: JUDGE_WALL_MS, memory_bytes: 0, fuel: None, max_output_bytes: 0 };
-    let outcome = run(&Program::python(source, request.to_string()), limits);
+    let mut outcome = None;
+    if *compiled_in {
+        let source = format!("import {COMPILED_IN}\n{COMPILED_IN}.main()\n");
+        let tried = run(&Program::python(source, request.to_string()), limits);
+        // A plain code runner: the judge's source goes whole, from now on.
+        if matches!(tried.termination, Termination::Exited(1))
+            && tried.stderr.contains(&format!("No module named '{COMPILED_IN}'"))
+        {
+            *compiled_in = false;
+        } else {
+            outcome = Some(tried);
+        }
+    }
+    let outcome = match outcome {
+        Some(outcome) => outcome,
+        None => run(&Program::python(format!("{CODEC}\n{JUDGE}"), request.to_string()), limits),
+    };
     match (&outcome.termination, last_marked(&outcome.stdout, JUDGE_MARK)) {
         (Termination::Exited(0), Some(line)) => {
             serde_json::from_str(line).map_err(|e| format!("unreadable judge output ({e}): {}", shorten(line)))
@@ -193,9 +218,14 @@ fn call_candidate(
     problem: &Problem,
     program: &str,
     calls: &[String],
+    compiled_in: bool,
     run: &mut Runner<'_>,
 ) -> Result<Vec<(String, String)>, (&'static str, String)> {
-    let source = format!("{program}\n\n{CODEC}\n{DRIVER}");
+    let source = if compiled_in {
+        format!("{program}\n\nimport {COMPILED_IN} as _wirl_judge\n_wirl_judge._wirl_call_all(globals())\n")
+    } else {
+        format!("{program}\n\n{CODEC}\n{DRIVER}")
+    };
     let request = serde_json::json!({ "entry_point": problem.entry_point, "calls": calls });
     let limits = Limits {
         wall_ms: settings.timeout_ms,
