@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The default job's step, memory and time, in four settings run back to back: the head
+# The default job's step, memory and time, in five settings run back to back: the head
 # whole and each group's graph whole (as before issue 17), the head by chunks, the head by
-# chunks with the layers recomputed one at a time (the default), and that with
-# micro-batches of 4 rows. Prints, per setting, the peak resident memory
+# chunks with the layers recomputed one at a time, that with each group split into
+# micro-batches of similar completion lengths (the default), and that with micro-batches of
+# at most 4 rows. Prints, per setting, the peak resident memory
 # of each phase (metrics.jsonl's peak_rss_mib_by_phase, max over steps), the whole process's
 # (/usr/bin/time -v) and the mean step time.
 #   bash benches/step-memory.sh        # STEPS=5 by default
@@ -36,7 +37,8 @@ print(json.dumps({"setting": name, "steps": len(lines), "peak_mib_by_phase": pha
                   "step_s_mean": round(step, 2), "train_s_mean": round(train, 2)}))
 PY
 }
-run whole grpo.head_chunk_mib=0 grpo.recompute_above_mib=1024
-run chunked grpo.recompute_above_mib=1024
-run chunked-recomputed
-run chunked-recomputed-micro4 grpo.micro_batch_rows=4
+run whole grpo.head_chunk_mib=0 grpo.recompute_above_mib=1024 grpo.split_by_length=false
+run chunked grpo.recompute_above_mib=1024 grpo.split_by_length=false
+run chunked-recomputed grpo.split_by_length=false
+run chunked-recomputed-split-by-length
+run chunked-recomputed-split-by-length-micro4 grpo.micro_batch_rows=4

@@ -38,28 +38,67 @@ pub struct GroupBatch {
 
 impl GroupBatch {
     /// The group as micro-batches of at most `rows` completions each (the prompt repeated in
-    /// each). The loss is a sum over tokens whose weights depend only on the step's totals,
-    /// so the micro-batches' losses and gradients add up to the group's.
-    fn split(&self, rows: usize) -> Vec<GroupBatch> {
-        if rows == 0 || self.completions.len() <= rows {
+    /// each), and with `by_length`, of completions of similar length: a batch is padded to
+    /// its longest completion, so one long completion among short ones would make every row
+    /// that long. The loss is a sum over tokens whose weights depend only on the step's
+    /// totals, so the micro-batches' losses and gradients add up to the group's.
+    fn split(&self, rows: usize, by_length: bool) -> Vec<GroupBatch> {
+        if self.completions.is_empty() {
             return vec![self.clone()];
         }
-        let part = |v: &[Vec<bool>], r: std::ops::Range<usize>| if v.is_empty() { Vec::new() } else { v[r].to_vec() };
-        let logs = |v: &[Vec<f32>], r: std::ops::Range<usize>| if v.is_empty() { Vec::new() } else { v[r].to_vec() };
-        (0..self.completions.len())
-            .step_by(rows)
-            .map(|start| {
-                let r = start..(start + rows).min(self.completions.len());
-                GroupBatch {
-                    prompt: self.prompt.clone(),
-                    completions: self.completions[r.clone()].to_vec(),
-                    advantages: self.advantages[r.clone()].to_vec(),
-                    trainable: part(&self.trainable, r.clone()),
-                    sampler_logprobs: logs(&self.sampler_logprobs, r),
-                    sampler_lag: self.sampler_lag,
-                }
+        let all: Vec<usize> = (0..self.completions.len()).collect();
+        let parts = if by_length { self.length_parts() } else { vec![all] };
+        parts
+            .into_iter()
+            .flat_map(|part| {
+                let size = if rows == 0 { part.len().max(1) } else { rows };
+                part.chunks(size).map(|chunk| self.subset(chunk)).collect::<Vec<_>>()
             })
             .collect()
+    }
+
+    /// The completions' indices in parts of ascending length that cost the fewest positions
+    /// to train: each part runs the prompt once (plus a fixed cost per forward) and every
+    /// row to the part's longest completion. Exact over the sorted order (a small dynamic
+    /// programme: groups have a few dozen completions at most).
+    fn length_parts(&self) -> Vec<Vec<usize>> {
+        // A forward's fixed cost (dispatch, the head's chunks, the backward's set-up), in positions.
+        const PER_FORWARD: usize = 32;
+        let mut order: Vec<usize> = (0..self.completions.len()).collect();
+        order.sort_by_key(|&i| self.completions[i].len());
+        let n = order.len();
+        let length = |k: usize| self.completions[order[k]].len().max(1);
+        let fixed = self.prompt.len() + PER_FORWARD;
+        // best[j]: the cost of the first j (sorted) completions; cut[j]: where its last part starts.
+        let mut best = vec![0usize; n + 1];
+        let mut cut = vec![0usize; n + 1];
+        for j in 1..=n {
+            (best[j], cut[j]) = (0..j).map(|i| (best[i] + fixed + (j - i) * length(j - 1), i)).min().expect("j >= 1");
+        }
+        let mut parts = Vec::new();
+        let mut j = n;
+        while j > 0 {
+            parts.push(order[cut[j]..j].to_vec());
+            j = cut[j];
+        }
+        parts.reverse();
+        parts
+    }
+
+    /// The completions at `rows` (in that order) with their advantages, masks and log-probs.
+    fn subset(&self, rows: &[usize]) -> GroupBatch {
+        let pick =
+            |v: &[Vec<bool>]| if v.is_empty() { Vec::new() } else { rows.iter().map(|&r| v[r].clone()).collect() };
+        let logs =
+            |v: &[Vec<f32>]| if v.is_empty() { Vec::new() } else { rows.iter().map(|&r| v[r].clone()).collect() };
+        GroupBatch {
+            prompt: self.prompt.clone(),
+            completions: rows.iter().map(|&r| self.completions[r].clone()).collect(),
+            advantages: rows.iter().map(|&r| self.advantages[r]).collect(),
+            trainable: pick(&self.trainable),
+            sampler_logprobs: logs(&self.sampler_logprobs),
+            sampler_lag: self.sampler_lag,
+        }
     }
 
     /// The sampler's log-probs as a `[G, width]` tensor (0 past each completion's end), if
@@ -110,6 +149,9 @@ pub struct UpdateSettings {
     /// Completions per forward and backward: a larger group is split into micro-batches
     /// of this many rows, their gradients summed (0: the whole group at once).
     pub micro_batch_rows: usize,
+    /// Split a group into micro-batches of similar completion lengths where that trains
+    /// fewer padded positions (gradients summed, equal to the whole group's).
+    pub split_by_length: bool,
     /// The truncation C of the importance weight min(π_old / π_sampler, C) of groups
     /// sampled by older weights ([`GroupBatch::sampler_lag`] > 0).
     pub tis_cap: f64,
@@ -172,7 +214,8 @@ impl Learner {
         }
         let step_tokens: usize = groups.iter().map(GroupBatch::trainable_tokens).sum();
         let step_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
-        let split: Vec<GroupBatch> = groups.iter().flat_map(|g| g.split(settings.micro_batch_rows)).collect();
+        let split: Vec<GroupBatch> =
+            groups.iter().flat_map(|g| g.split(settings.micro_batch_rows, settings.split_by_length)).collect();
         let groups = &split[..];
         // Old log-probs (μ > 1) and the reference's, before any update of this step.
         let mut old = Vec::new();
@@ -339,4 +382,44 @@ fn accumulate(total: Option<GradStore>, mut new: GradStore, policy: &Policy) -> 
         bail!("the loss has no gradient with respect to the policy's weights");
     }
     Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GroupBatch;
+
+    fn group(prompt: usize, lengths: &[usize]) -> GroupBatch {
+        GroupBatch {
+            prompt: vec![1; prompt],
+            completions: lengths.iter().map(|&n| vec![2; n]).collect(),
+            advantages: (0..lengths.len()).map(|i| i as f32).collect(),
+            trainable: Vec::new(),
+            sampler_logprobs: Vec::new(),
+            sampler_lag: 0,
+        }
+    }
+
+    #[test]
+    fn one_long_completion_trains_apart() {
+        // The default job's shape: a 113-token prompt, one completion ran to 64 tokens.
+        let g = group(113, &[64, 5, 6, 7, 5, 6, 5, 8]);
+        assert_eq!(g.length_parts(), vec![vec![1, 4, 6, 2, 5, 3, 7], vec![0]]);
+        let split = g.split(0, true);
+        assert_eq!(split.iter().map(|b| b.completions.len()).collect::<Vec<_>>(), [7, 1]);
+        // Rows keep their advantages.
+        assert_eq!(split[1].advantages, [0.0]);
+        assert_eq!(split[0].advantages, [1.0, 4.0, 6.0, 2.0, 5.0, 3.0, 7.0]);
+        // With micro-batches of 4 rows as well.
+        let sizes: Vec<usize> = g.split(4, true).iter().map(|b| b.completions.len()).collect();
+        assert_eq!(sizes, [4, 3, 1]);
+    }
+
+    #[test]
+    fn similar_lengths_stay_one_batch() {
+        let g = group(113, &[12, 15, 9, 20, 14, 11, 18, 16]);
+        assert_eq!(g.length_parts().len(), 1);
+        // Off, or a short prompt with wildly different lengths: as asked.
+        assert_eq!(g.split(0, false)[0].completions, g.completions);
+        assert_eq!(group(0, &[1, 200]).length_parts(), vec![vec![0], vec![1]]);
+    }
 }

@@ -366,6 +366,10 @@ pub struct GrpoSection {
     /// Completions per forward and backward: larger groups are split into micro-batches of
     /// this many, their gradients summed (0: a whole group at once).
     pub micro_batch_rows: usize,
+    /// Train a group's completions in micro-batches of similar length where that trains
+    /// fewer padded positions (one long completion no longer pads every row to its
+    /// length); the gradients are the whole group's.
+    pub split_by_length: bool,
     /// Overlap a step's phases where the result cannot change: a group is scored as soon
     /// as its samples finish (while others still generate) and the next step's tasks are
     /// drawn while this step trains. `false` runs them one after another (same metrics).
@@ -406,6 +410,7 @@ impl Default for GrpoSection {
             recompute_above_mib: 0,
             head_chunk_mib: 32,
             micro_batch_rows: 0,
+            split_by_length: true,
             overlap: true,
             generation_lag: 0,
             tis_cap: 2.0,

@@ -887,6 +887,7 @@ impl Trainer {
             // The default job's groups keep about 0.5 GiB and stay on the whole-graph path.
             recompute_above_bytes: g.recompute_above_mib.saturating_mul(1 << 20),
             micro_batch_rows: g.micro_batch_rows,
+            split_by_length: g.split_by_length,
             tis_cap: g.tis_cap,
             head_chunk_bytes: match g.head_chunk_mib {
                 0 => u64::MAX,
