@@ -12,7 +12,7 @@
 use crate::episode::appended_text;
 use crate::group::{RolloutGroup, SamplingSpec, Trajectory};
 use crate::prompt::prompt_ids;
-use crate::scorer::{FailurePolicy, OnFailure, Scored, Status};
+use crate::scorer::{FailurePolicy, Scored};
 use crate::seed::seed_for;
 pub use crate::spec::AgentLimits;
 use std::collections::{BTreeMap, HashMap};
@@ -361,14 +361,7 @@ fn resolve_group(host: &EngineInference, group: AgentRolloutGroup, agent: &str, 
     let prompt = resolved_ok.first().map_or_else(Vec::new, |(p, _, _)| p[..common].to_vec());
     let failed = |kind: String, message: String, policy: Option<FailurePolicy>| {
         tracing::warn!("agent {agent}: {}", printable(&message));
-        let mut scored = Scored::default();
-        scored.failures.push(kind.clone());
-        scored.notes.insert(agent.to_string(), format!("{kind}: {message}"));
-        (scored.status, scored.reward) = match policy {
-            Some(FailurePolicy { on_failure: OnFailure::Reward, failure_reward }) => (Status::Failed, failure_reward),
-            _ => (Status::Masked, 0.0),
-        };
-        scored
+        Scored::failed(&kind, agent, format!("{kind}: {message}"), policy)
     };
     let mut trajectories = Vec::new();
     let mut scores = Vec::new();

@@ -85,12 +85,7 @@ impl RolloutGroup {
     /// tokens, `size` masked trajectories each naming the failure's `kind` and, under `by`
     /// in its notes, `message`. It carries no gradient and is recorded and counted.
     pub fn placeholder(task_name: &str, task_id: String, size: usize, kind: &str, by: &str, message: &str) -> Self {
-        let failed = || {
-            let mut score = Scored { status: crate::scorer::Status::Masked, ..Default::default() };
-            score.failures.push(kind.to_string());
-            score.notes.insert(by.to_string(), message.to_string());
-            score
-        };
+        let failed = || Scored::failed(kind, by, message.to_string(), None);
         RolloutGroup {
             task_name: task_name.to_string(),
             task: Task { id: task_id, messages: Vec::new(), answer: None, metadata: None },

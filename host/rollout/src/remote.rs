@@ -9,7 +9,7 @@
 //! recorded with the reason), or its completions failed trajectories (`remote`, under the
 //! task's `on_failure`).
 
-use crate::scorer::{FailurePolicy, OnFailure, Scored, Status};
+use crate::scorer::{FailurePolicy, Scored, Status};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -244,14 +244,7 @@ impl RemoteTasks {
 
 /// A failed trajectory of `kind`, under `policy`.
 pub(crate) fn failed(kind: &str, message: &str, policy: FailurePolicy) -> Scored {
-    let mut score = Scored::default();
-    score.failures.push(kind.to_string());
-    score.notes.insert(kind.to_string(), message.to_string());
-    (score.status, score.reward) = match policy.on_failure {
-        OnFailure::Reward => (Status::Failed, policy.failure_reward),
-        OnFailure::Mask => (Status::Masked, 0.0),
-    };
-    score
+    Scored::failed(kind, kind, message.to_string(), Some(policy))
 }
 
 /// The server's verdict on one completion (`{reward, status, parts, failures, notes}`).

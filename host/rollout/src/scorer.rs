@@ -73,6 +73,25 @@ pub struct Scored {
     pub notes: BTreeMap<String, String>,
 }
 
+impl Scored {
+    /// A trajectory that could not be scored: failure `kind`, `note` under `by` (a plugin's
+    /// name, or the kind's), trained on with the policy's `failure_reward` where it asks for
+    /// that, masked otherwise (and without a policy).
+    pub fn failed(kind: &str, by: &str, note: String, policy: Option<FailurePolicy>) -> Scored {
+        let (status, reward) = match policy {
+            Some(FailurePolicy { on_failure: OnFailure::Reward, failure_reward }) => (Status::Failed, failure_reward),
+            _ => (Status::Masked, 0.0),
+        };
+        Scored {
+            status,
+            reward,
+            parts: BTreeMap::new(),
+            failures: vec![kind.to_string()],
+            notes: BTreeMap::from([(by.to_string(), note)]),
+        }
+    }
+}
+
 impl Scorers {
     /// Load the reward plugins (a grader with its code runner).
     pub fn load(sandbox: &Sandbox, specs: &[RewardSpec]) -> anyhow::Result<Self> {
