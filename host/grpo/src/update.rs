@@ -87,16 +87,16 @@ impl GroupBatch {
 
     /// The completions at `rows` (in that order) with their advantages, masks and log-probs.
     fn subset(&self, rows: &[usize]) -> GroupBatch {
-        let pick =
-            |v: &[Vec<bool>]| if v.is_empty() { Vec::new() } else { rows.iter().map(|&r| v[r].clone()).collect() };
-        let logs =
-            |v: &[Vec<f32>]| if v.is_empty() { Vec::new() } else { rows.iter().map(|&r| v[r].clone()).collect() };
+        // Per-row vectors, empty when unknown (stays empty).
+        fn pick<T: Clone>(v: &[T], rows: &[usize]) -> Vec<T> {
+            if v.is_empty() { Vec::new() } else { rows.iter().map(|&r| v[r].clone()).collect() }
+        }
         GroupBatch {
             prompt: self.prompt.clone(),
-            completions: rows.iter().map(|&r| self.completions[r].clone()).collect(),
-            advantages: rows.iter().map(|&r| self.advantages[r]).collect(),
-            trainable: pick(&self.trainable),
-            sampler_logprobs: logs(&self.sampler_logprobs),
+            completions: pick(&self.completions, rows),
+            advantages: pick(&self.advantages, rows),
+            trainable: pick(&self.trainable, rows),
+            sampler_logprobs: pick(&self.sampler_logprobs, rows),
             sampler_lag: self.sampler_lag,
         }
     }
