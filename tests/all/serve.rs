@@ -276,7 +276,8 @@ fn two_hundred_requests_from_32_clients_are_answered_with_flat_memory() {
     };
     // The first rounds raise the allocator's high-water mark (batches of up to 32 rows); measured:
     // 885 MiB after 32 requests, 1116 after 200 more, then 1126 and 1127 after two more 200s.
-    assert_eq!(round(96), 0, "the warm-up round");
+    // A warm-up of 96 left it short of that plateau once (890 -> 1106 MiB in a fresh-clone CI).
+    assert_eq!(round(200), 0, "the warm-up round");
     let before = resident_mib();
     // Bounded in time by each client's read timeout (2 min), not by an assertion on speed.
     assert_eq!(round(200), 0, "every request answered");
