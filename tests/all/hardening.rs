@@ -321,18 +321,20 @@ fn recomputed_layers_give_the_same_gradients() {
         let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
         Ok((loss.clone(), loss.to_scalar::<f32>()?))
     };
-    let (whole_loss, whole, recomputed) =
-        policy.loss_and_grads(&prompt, &completions, u64::MAX, u64::MAX, loss_of).unwrap();
+    let mut whole = wirl_grpo::Gradients::new();
+    let (whole_loss, recomputed) =
+        policy.loss_and_grads(&prompt, &completions, u64::MAX, u64::MAX, &mut whole, loss_of).unwrap();
     assert!(!recomputed);
-    let (layered_loss, layered, recomputed) =
-        policy.loss_and_grads(&prompt, &completions, 0, u64::MAX, loss_of).unwrap();
+    let mut layered = wirl_grpo::Gradients::new();
+    let (layered_loss, recomputed) =
+        policy.loss_and_grads(&prompt, &completions, 0, u64::MAX, &mut layered, loss_of).unwrap();
     assert!(recomputed);
     assert!((whole_loss - layered_loss).abs() < 1e-5, "{whole_loss} vs {layered_loss}");
     let mut worst = 0f32;
     for (name, var) in policy.vars() {
-        let a = whole.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
-        let b = layered.get(var.as_tensor()).unwrap_or_else(|| panic!("no recomputed gradient for {name}"));
-        let difference = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let a = whole.tensor(var).unwrap().unwrap_or_else(|| panic!("no gradient for {name}"));
+        let b = layered.tensor(var).unwrap().unwrap_or_else(|| panic!("no recomputed gradient for {name}"));
+        let difference = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         let scale = a.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-3);
         worst = worst.max(difference / scale);
     }
@@ -421,20 +423,30 @@ fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
         [("logp and entropy", &loss_of as &dyn Fn(&wirl_grpo::TokenStats) -> _), ("logp", &logp_only)]
     {
         for recompute_above in [u64::MAX, 0] {
-            let (whole_loss, whole, _) =
-                policy.loss_and_grads(&prompt, &completions, recompute_above, u64::MAX, objective).unwrap();
+            let mut whole = wirl_grpo::Gradients::new();
+            let (whole_loss, _) =
+                policy.loss_and_grads(&prompt, &completions, recompute_above, u64::MAX, &mut whole, objective).unwrap();
             for chunk in [1, 3] {
-                let (loss, chunked, recomputed) = policy
-                    .loss_and_grads(&prompt, &completions, recompute_above, chunk * per_position, objective)
+                let mut chunked = wirl_grpo::Gradients::new();
+                let (loss, recomputed) = policy
+                    .loss_and_grads(
+                        &prompt,
+                        &completions,
+                        recompute_above,
+                        chunk * per_position,
+                        &mut chunked,
+                        objective,
+                    )
                     .unwrap();
                 assert_eq!(recomputed, recompute_above == 0);
                 assert!((whole_loss - loss).abs() < 1e-5, "{what}, chunk {chunk}: {whole_loss} vs {loss}");
                 for (name, var) in policy.vars() {
-                    let a = whole.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
+                    let a = whole.tensor(var).unwrap().unwrap_or_else(|| panic!("no gradient for {name}"));
                     let b = chunked
-                        .get(var.as_tensor())
+                        .tensor(var)
+                        .unwrap()
                         .unwrap_or_else(|| panic!("{what}: no chunked gradient for {name}"));
-                    let difference = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                    let difference = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
                     assert!(
                         difference < 1e-5,
                         "{what}, chunk {chunk}, recompute {recompute_above}: {name} differs by {difference}"

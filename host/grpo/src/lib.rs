@@ -4,11 +4,13 @@
 //! gradient accumulation, the optimizer step through the engine's weights barrier).
 //! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
 
+pub mod grads;
 pub mod loss;
 pub mod optim;
 pub mod policy;
 pub mod update;
 
+pub use grads::Gradients;
 pub use loss::{
     AdvantageMode, Aggregation, LossParts, LossSettings, group_advantages, grpo_loss, masked_token_weights,
     token_weights,

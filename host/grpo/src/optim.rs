@@ -1,7 +1,7 @@
 //! AdamW with global gradient-norm clipping and a learning-rate schedule. Written here rather
 //! than taken from candle-nn so that its moments can be checkpointed and restored exactly.
 
-use candle_core::backprop::GradStore;
+use crate::grads::{Gradients, sum_of_squares, update_in_place, with_f32};
 use candle_core::{Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
@@ -62,22 +62,16 @@ impl Optimizer {
     }
 
     /// The global L2 norm of the gradients of every variable.
-    pub fn grad_norm(&self, grads: &GradStore) -> Result<f64> {
-        let mut sum = 0f64;
-        for var in &self.vars {
-            if let Some(g) = grads.get(var.as_tensor()) {
-                sum += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
-            }
-        }
-        Ok(sum.sqrt())
+    pub fn grad_norm(&self, grads: &Gradients) -> f64 {
+        self.vars.iter().filter_map(|var| grads.get(var)).map(sum_of_squares).sum::<f64>().sqrt()
     }
 
     /// One update with learning rate `lr`, the gradients scaled down so that their global
     /// norm is at most `max_norm` (if given). Returns the norm before clipping.
     /// One AdamW update from `grads`, skipped (weights and moments untouched) when the
     /// gradient is not finite.
-    pub fn step(&mut self, grads: &GradStore, lr: f64, max_norm: Option<f64>) -> Result<Update> {
-        let norm = self.grad_norm(grads)?;
+    pub fn step(&mut self, grads: &Gradients, lr: f64, max_norm: Option<f64>) -> Result<Update> {
+        let norm = self.grad_norm(grads);
         let scale = match max_norm {
             Some(max) if norm > max && norm.is_finite() => max / (norm + 1e-6),
             _ => 1.0,
@@ -91,15 +85,37 @@ impl Optimizer {
         }
         self.steps += 1;
         let t = self.steps as i32;
-        let (c1, c2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
-        for (var, (m, v)) in self.vars.iter().zip(self.moments.iter_mut()) {
-            let Some(g) = grads.get(var.as_tensor()) else { continue };
-            let g = (g * scale)?;
-            *m = ((&*m * self.beta1)? + (&g * (1.0 - self.beta1))?)?;
-            *v = ((&*v * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
-            let update = ((&*m / c1)? / ((&*v / c2)?.sqrt()? + self.eps)?)?;
-            let decayed = (var.as_tensor() * (1.0 - lr * self.weight_decay))?;
-            var.set(&(decayed - (update * lr)?)?)?;
+        let (c1, c2) = ((1.0 - self.beta1.powi(t)) as f32, (1.0 - self.beta2.powi(t)) as f32);
+        let (b1, b2, eps, scale) = (self.beta1 as f32, self.beta2 as f32, self.eps as f32, scale as f32);
+        let (lr, decay) = (lr as f32, (1.0 - lr * self.weight_decay) as f32);
+        // In place, a loop each (the weights' storage is the engine's too): three passes over
+        // memory where tensor ops made ten temporary copies of every weight.
+        for (var, (m, v)) in self.vars.iter().zip(&self.moments) {
+            let Some(g) = grads.get(var) else { continue };
+            if g.len() != var.elem_count() {
+                candle_core::bail!("a gradient of {} values for a variable of {}", g.len(), var.elem_count());
+            }
+            update_in_place(m, |start, m| {
+                for (m, &g) in m.iter_mut().zip(&g[start..]) {
+                    *m = *m * b1 + g * scale * (1.0 - b1);
+                }
+            })?;
+            update_in_place(v, |start, v| {
+                for (v, &g) in v.iter_mut().zip(&g[start..]) {
+                    let g = g * scale;
+                    *v = *v * b2 + g * g * (1.0 - b2);
+                }
+            })?;
+            with_f32(m, |m| {
+                with_f32(v, |v| {
+                    update_in_place(var.as_tensor(), |start, w| {
+                        for ((w, &m), &v) in w.iter_mut().zip(&m[start..]).zip(&v[start..]) {
+                            let step = (m / c1) / ((v / c2).sqrt() + eps);
+                            *w = *w * decay - step * lr;
+                        }
+                    })
+                })
+            })?;
         }
         Ok(Update { grad_norm: norm, applied: true })
     }
@@ -109,6 +125,13 @@ impl Optimizer {
 mod tests {
     use super::*;
     use candle_core::Device;
+    use candle_core::backprop::GradStore;
+
+    fn gradients(mut store: GradStore, var: &Var) -> Gradients {
+        let mut grads = Gradients::new();
+        grads.absorb(&mut store, [var]).unwrap();
+        grads
+    }
 
     #[test]
     fn schedule_by_hand() {
@@ -126,7 +149,7 @@ mod tests {
         let var = Var::new(&[1.0f32, -2.0], &Device::Cpu).unwrap();
         let mut opt = Optimizer::new(vec![var.clone()], 0.0).unwrap();
         let loss = (var.as_tensor() * Tensor::new(&[3.0f32, -4.0], &Device::Cpu).unwrap()).unwrap().sum_all().unwrap();
-        let grads = loss.backward().unwrap();
+        let grads = gradients(loss.backward().unwrap(), &var);
         let update = opt.step(&grads, 0.1, Some(1.0)).unwrap();
         assert!(update.applied && (update.grad_norm - 5.0).abs() < 1e-6);
         let w: Vec<f32> = var.as_tensor().to_vec1().unwrap();
@@ -134,7 +157,7 @@ mod tests {
         // Weight decay shrinks the weight by lr × wd × w before the step.
         let var = Var::new(&[1.0f32], &Device::Cpu).unwrap();
         let mut opt = Optimizer::new(vec![var.clone()], 0.5).unwrap();
-        let grads = (var.as_tensor() * 2.0).unwrap().sum_all().unwrap().backward().unwrap();
+        let grads = gradients((var.as_tensor() * 2.0).unwrap().sum_all().unwrap().backward().unwrap(), &var);
         opt.step(&grads, 0.1, None).unwrap();
         let w: Vec<f32> = var.as_tensor().to_vec1().unwrap();
         assert!((w[0] - (0.95 - 0.1)).abs() < 1e-5, "{w:?}");
@@ -146,14 +169,14 @@ mod tests {
         let mut opt = Optimizer::new(vec![var.clone()], 0.1).unwrap();
         for bad in [f32::NAN, f32::INFINITY] {
             let factor = Tensor::new(&[bad, 1.0], &Device::Cpu).unwrap();
-            let grads = (var.as_tensor() * factor).unwrap().sum_all().unwrap().backward().unwrap();
+            let grads = gradients((var.as_tensor() * factor).unwrap().sum_all().unwrap().backward().unwrap(), &var);
             let update = opt.step(&grads, 0.1, Some(1.0)).unwrap();
             assert!(!update.applied && !update.grad_norm.is_finite());
             assert_eq!(var.as_tensor().to_vec1::<f32>().unwrap(), [1.0, -2.0]);
             assert_eq!(opt.steps, 0);
         }
         // A finite one after them applies.
-        let grads = (var.as_tensor() * 3.0).unwrap().sum_all().unwrap().backward().unwrap();
+        let grads = gradients((var.as_tensor() * 3.0).unwrap().sum_all().unwrap().backward().unwrap(), &var);
         assert!(opt.step(&grads, 0.1, None).unwrap().applied);
         assert_eq!(opt.steps, 1);
     }

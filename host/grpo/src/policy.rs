@@ -19,6 +19,7 @@
 //! first, without a graph; the loss's gradient with respect to them; then each chunk again,
 //! its share of that gradient pulled through the head. Only one chunk's tensors are alive.
 
+use crate::grads::Gradients;
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
@@ -362,8 +363,8 @@ impl Policy {
         self.net.weights()
     }
 
-    /// The loss of one group and its gradients with respect to the policy's variables.
-    /// `loss_of` turns the group's token stats into a scalar loss (plus what the caller wants
+    /// The loss of one group, its gradients with respect to the policy's variables added
+    /// into `grads`. `loss_of` turns the group's token stats into a scalar loss (plus what the caller wants
     /// back). When a backward through the whole forward would keep more than
     /// `recompute_above` bytes of attention intermediates, the layers are recomputed one at
     /// a time instead (same ops, one layer's graph in memory at once). The flag returned
@@ -376,8 +377,9 @@ impl Policy {
         completions: &[Vec<u32>],
         recompute_above: u64,
         head_chunk_bytes: u64,
+        grads: &mut Gradients,
         loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
-    ) -> Result<(R, GradStore, bool)> {
+    ) -> Result<(R, bool)> {
         let width = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let chunk = self.net.head_chunk(completions.len(), width, head_chunk_bytes);
         let net = &self.net;
@@ -385,17 +387,16 @@ impl Policy {
             if chunk >= width {
                 let stats = net.completion_stats(prompt, completions)?;
                 let (loss, extra) = loss_of(&stats)?;
-                return Ok((extra, loss.backward()?, false));
+                self.absorb(&mut loss.backward()?, grads)?;
+                return Ok((extra, false));
             }
             // The layers' graph whole, the head by chunks: its gradient with respect to the
             // last hidden states, then pulled through the layers.
             let batch = net.batch(prompt, completions)?;
             let top = net.forward(batch.prefix, &batch.inputs)?;
-            let mut total = GradStore::default();
-            let (extra, grad_top) = self.head_by_chunks(&top.detach(), &batch.targets, chunk, &mut total, loss_of)?;
-            let mut grads = pull(&(None, grad_top), None, &top)?.backward()?;
-            self.add_var_grads(&mut grads, &mut total)?;
-            return Ok((extra, total, false));
+            let (extra, grad_top) = self.head_by_chunks(&top.detach(), &batch.targets, chunk, grads, loss_of)?;
+            self.absorb(&mut pull(&(None, grad_top), None, &top)?.backward()?, grads)?;
+            return Ok((extra, false));
         }
         let batch = net.batch(prompt, completions)?;
         let frame = net.frame(batch.prefix, &batch.inputs)?;
@@ -407,17 +408,15 @@ impl Policy {
             let next = frozen.layer(i, px.as_ref(), x, &frame)?;
             inputs.push(next);
         }
-        let mut total = GradStore::default();
         // The head: the loss from the last hidden states, a leaf whose gradient goes down.
         let (_, top) = inputs.pop().expect("one entry per layer and the embeddings");
         let (extra, grad_top) = if chunk >= width {
             let top = Var::from_tensor(&top)?;
             let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
             let (loss, extra) = loss_of(&stats)?;
-            let mut grads = loss.backward()?;
-            (extra, self.take_grads(&mut grads, &mut total, top.as_tensor())?)
+            (extra, self.take_grads(&mut loss.backward()?, grads, top.as_tensor())?)
         } else {
-            self.head_by_chunks(&top, &batch.targets, chunk, &mut total, loss_of)?
+            self.head_by_chunks(&top, &batch.targets, chunk, grads, loss_of)?
         };
         let mut upstream = (None, grad_top);
         // Layers from the top: rebuild one, pull the upstream gradient through it.
@@ -425,30 +424,29 @@ impl Policy {
             let (px, x) = inputs.pop().expect("one entry per layer");
             let (px, x) = (px.map(|t| Var::from_tensor(&t)).transpose()?, Var::from_tensor(&x)?);
             let (px_out, x_out) = net.layer(i, px.as_ref().map(Var::as_tensor), x.as_tensor(), &frame)?;
-            let mut grads = pull(&upstream, px_out.as_ref(), &x_out)?.backward()?;
+            let mut store = pull(&upstream, px_out.as_ref(), &x_out)?.backward()?;
             let px_grad = match &px {
-                Some(px) => Some(self.take_grads(&mut grads, &mut total, px.as_tensor())?),
+                Some(px) => Some(self.take_grads(&mut store, grads, px.as_tensor())?),
                 None => None,
             };
-            upstream = (px_grad, self.take_grads(&mut grads, &mut total, x.as_tensor())?);
+            upstream = (px_grad, self.take_grads(&mut store, grads, x.as_tensor())?);
         }
         // The embeddings (tied to the head in many models: their gradients add up).
         let (px, x) = net.embed(batch.prefix, &batch.inputs)?;
-        let mut grads = pull(&upstream, px.as_ref(), &x)?.backward()?;
-        self.add_var_grads(&mut grads, &mut total)?;
-        Ok((extra, total, true))
+        self.absorb(&mut pull(&upstream, px.as_ref(), &x)?.backward()?, grads)?;
+        Ok((extra, true))
     }
 
     /// The loss over the head's stats of `top` (`[rows, width, hidden]`, no graph), `chunk`
     /// positions at a time: the stats without a graph, the loss's gradient with respect to
     /// them, then each chunk's share of it pulled through the head (its weights' gradients
-    /// into `total`). Returns what `loss_of` gave and the gradient with respect to `top`.
+    /// into `grads`). Returns what `loss_of` gave and the gradient with respect to `top`.
     fn head_by_chunks<R>(
         &self,
         top: &Tensor,
         targets: &Tensor,
         chunk: usize,
-        total: &mut GradStore,
+        grads: &mut Gradients,
         loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
     ) -> Result<(R, Tensor)> {
         let width = top.dim(1)?;
@@ -456,8 +454,9 @@ impl Policy {
         let (logp, entropy) = (Var::from_tensor(&stats.logp)?, Var::from_tensor(&stats.entropy)?);
         let leaves = TokenStats { logp: logp.as_tensor().clone(), entropy: entropy.as_tensor().clone() };
         let (loss, extra) = loss_of(&leaves)?;
-        let grads = loss.backward()?;
-        let (d_logp, d_entropy) = (grads.get(logp.as_tensor()).cloned(), grads.get(entropy.as_tensor()).cloned());
+        let leaf_grads = loss.backward()?;
+        let (d_logp, d_entropy) =
+            (leaf_grads.get(logp.as_tensor()).cloned(), leaf_grads.get(entropy.as_tensor()).cloned());
         let mut grad_top = Vec::new();
         for start in (0..width).step_by(chunk) {
             let len = chunk.min(width - start);
@@ -479,32 +478,23 @@ impl Policy {
                 continue;
             };
             let sum = terms.into_iter().try_fold(first, |a, b| a + b)?;
-            let mut grads = sum.backward()?;
-            grad_top.push(self.take_grads(&mut grads, total, piece.as_tensor())?);
+            grad_top.push(self.take_grads(&mut sum.backward()?, grads, piece.as_tensor())?);
         }
         Ok((extra, Tensor::cat(&grad_top, 1)?))
     }
 
-    /// Move the variables' gradients from `grads` into `total` and return the gradient of
+    /// Add the variables' gradients from `store` into `grads` and return the gradient of
     /// `leaf` (zeros if nothing reached it).
-    fn take_grads(&self, grads: &mut GradStore, total: &mut GradStore, leaf: &Tensor) -> Result<Tensor> {
-        self.add_var_grads(grads, total)?;
-        match grads.remove(leaf) {
+    fn take_grads(&self, store: &mut GradStore, grads: &mut Gradients, leaf: &Tensor) -> Result<Tensor> {
+        self.absorb(store, grads)?;
+        match store.remove(leaf) {
             Some(grad) => Ok(grad),
             None => leaf.zeros_like(),
         }
     }
 
-    fn add_var_grads(&self, grads: &mut GradStore, total: &mut GradStore) -> Result<()> {
-        for (_, var) in &self.vars {
-            let Some(grad) = grads.remove(var.as_tensor()) else { continue };
-            let grad = match total.remove(var.as_tensor()) {
-                Some(earlier) => (earlier + grad)?,
-                None => grad,
-            };
-            total.insert(var.as_tensor(), grad);
-        }
-        Ok(())
+    fn absorb(&self, store: &mut GradStore, grads: &mut Gradients) -> Result<usize> {
+        grads.absorb(store, self.vars.iter().map(|(_, var)| var))
     }
 
     /// A frozen copy (the KL reference).

@@ -5,12 +5,12 @@
 //! The learner sees token ids and advantages, nothing of tasks, plugins or files: the
 //! rollout layer turns scored trajectories into [`GroupBatch`]es.
 
+use crate::grads::Gradients;
 use crate::loss::{Aggregation, LossSettings, grpo_loss, masked_token_weights, token_weights};
 use crate::optim::Optimizer;
 use crate::policy::{Net, Policy, TokenStats};
 use anyhow::bail;
 use candle_core::Tensor;
-use candle_core::backprop::GradStore;
 use std::time::Instant;
 use wirl_engine::EngineHandle;
 
@@ -256,7 +256,7 @@ impl Learner {
         let (mut truncated, mut lagged_tokens) = (0f32, 0f32);
         let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum) = (0f32, 0f32, 0f32, 0f32);
         for epoch in 0..settings.inner_epochs {
-            let mut grads: Option<GradStore> = None;
+            let mut grads = Gradients::new();
             for (k, group) in groups.iter().enumerate() {
                 // Until the first update the step can still be abandoned whole.
                 if epoch == 0 && stop() {
@@ -322,13 +322,17 @@ impl Learner {
                     )?;
                     Ok((parts.loss.clone(), (parts, forward_time, cut)))
                 };
-                let ((parts, forward_time, cut), new, recomputed) = self.policy.loss_and_grads(
+                let ((parts, forward_time, cut), recomputed) = self.policy.loss_and_grads(
                     &group.prompt,
                     &group.completions,
                     settings.recompute_above_bytes,
                     settings.head_chunk_bytes,
+                    &mut grads,
                     loss_of,
                 )?;
+                if grads.is_empty() {
+                    bail!("the loss has no gradient with respect to the policy's weights");
+                }
                 stats.groups_recomputed += usize::from(recomputed);
                 if let (Some((cut, tokens)), 0) = (cut, epoch) {
                     truncated += cut;
@@ -338,12 +342,11 @@ impl Learner {
                 kl_sum += parts.kl;
                 entropy_sum += parts.entropy;
                 clip_sum += parts.clip_fraction / groups.len() as f32;
-                grads = Some(accumulate(grads, new, &self.policy)?);
                 stats.time.policy_forward += forward_time.as_secs_f64();
                 stats.time.backward += (timer.elapsed() - forward_time).as_secs_f64();
             }
             let timer = Instant::now();
-            if let Some(grads) = grads {
+            if !grads.is_empty() {
                 // No row samples while the weights change (they are the engine's too).
                 let hold = engine.map(EngineHandle::hold_weights).transpose()?;
                 stats.weight_writes += u64::from(hold.is_some());
@@ -362,26 +365,6 @@ impl Learner {
         stats.tis_truncated = if lagged_tokens > 0.0 { truncated / lagged_tokens } else { 0.0 };
         Ok(Some(stats))
     }
-}
-
-/// Sum `new`'s gradients of the policy's variables into `total` (dropping the intermediate
-/// tensors' gradients that a backward pass also returns).
-fn accumulate(total: Option<GradStore>, mut new: GradStore, policy: &Policy) -> anyhow::Result<GradStore> {
-    let mut sum = total.unwrap_or_default();
-    let mut any = false;
-    for (_, var) in policy.vars() {
-        let Some(grad) = new.remove(var.as_tensor()) else { continue };
-        any = true;
-        let grad = match sum.remove(var.as_tensor()) {
-            Some(previous) => (previous + grad)?,
-            None => grad,
-        };
-        sum.insert(var.as_tensor(), grad);
-    }
-    if !any {
-        bail!("the loss has no gradient with respect to the policy's weights");
-    }
-    Ok(sum)
 }
 
 #[cfg(test)]
