@@ -48,6 +48,16 @@ impl Gradients {
         Ok(taken)
     }
 
+    /// Add into `var`'s sum with `f`, which is handed the sum (zeros if nothing reached
+    /// `var` yet): for gradients that a product writes straight into it.
+    pub(crate) fn add_with(&mut self, var: &Var, f: impl FnOnce(&mut [f32])) {
+        let (sum, _) = self
+            .sums
+            .entry(var.as_tensor().id())
+            .or_insert_with(|| (vec![0f32; var.elem_count()], var.shape().clone()));
+        f(sum);
+    }
+
     /// The summed gradient of `var`, if any reached it.
     pub fn get(&self, var: &Var) -> Option<&[f32]> {
         self.sums.get(&var.as_tensor().id()).map(|(sum, _)| sum.as_slice())
@@ -124,6 +134,28 @@ pub(crate) fn in_parts(values: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync)
     let span = values.len().div_ceil(threads);
     std::thread::scope(|scope| {
         for (k, part) in values.chunks_mut(span).enumerate() {
+            let f = &f;
+            scope.spawn(move || f(k * span, part));
+        }
+    });
+}
+
+/// [`in_parts`] over rows of `row_len` values, each costing about `work_per_row` values'
+/// worth of work: `f(first_row, rows)`, parts cut between rows.
+pub(crate) fn in_row_parts(
+    values: &mut [f32],
+    row_len: usize,
+    work_per_row: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let rows = values.len() / row_len.max(1);
+    let threads = threads_for(rows * work_per_row).min(rows).max(1);
+    if threads == 1 {
+        return f(0, values);
+    }
+    let span = rows.div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (k, part) in values.chunks_mut(span * row_len).enumerate() {
             let f = &f;
             scope.spawn(move || f(k * span, part));
         }

@@ -5,6 +5,7 @@
 //! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
 
 pub mod grads;
+mod head;
 pub mod loss;
 pub mod optim;
 pub mod policy;

@@ -19,7 +19,8 @@
 //! first, without a graph; the loss's gradient with respect to them; then each chunk again,
 //! its share of that gradient pulled through the head. Only one chunk's tensors are alive.
 
-use crate::grads::Gradients;
+use crate::grads::{Gradients, with_f32};
+use crate::head;
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
@@ -104,21 +105,58 @@ impl Net {
         ((chunk_bytes / per_position) as usize).clamp(1, width.max(1))
     }
 
-    /// The head's stats over `hidden` (`[rows, width, hidden]`), `chunk` positions at a time.
+    /// The head's stats over `hidden` (`[rows, width, hidden]`), `chunk` positions at a time,
+    /// fused ([`crate::head`]) where the weights are `f32` on the CPU.
     fn head_stats_by_chunks(&self, hidden: &Tensor, targets: &Tensor, chunk: usize) -> Result<TokenStats> {
         let width = hidden.dim(1)?;
-        if chunk >= width {
+        let fused = self.fused_head();
+        if chunk >= width && !fused {
             return self.head_stats(hidden, targets);
         }
         let (mut logp, mut entropy) = (Vec::new(), Vec::new());
         for start in (0..width).step_by(chunk) {
             let len = chunk.min(width - start);
             let piece = hidden.narrow(1, start, len)?.contiguous()?;
-            let stats = self.head_stats(&piece, &targets.narrow(1, start, len)?.contiguous()?)?;
+            let targets = targets.narrow(1, start, len)?.contiguous()?;
+            let stats = if fused {
+                let chunk = self.fused_chunk(&piece.detach(), &targets)?;
+                let rows = piece.dim(0)?;
+                let device = piece.device();
+                TokenStats {
+                    logp: Tensor::from_vec(chunk.stats.logp, (rows, len), device)?,
+                    entropy: Tensor::from_vec(chunk.stats.entropy, (rows, len), device)?,
+                }
+            } else {
+                self.head_stats(&piece, &targets)?
+            };
             logp.push(stats.logp);
             entropy.push(stats.entropy);
         }
         Ok(TokenStats { logp: Tensor::cat(&logp, 1)?, entropy: Tensor::cat(&entropy, 1)? })
+    }
+
+    /// Whether the head runs fused: `f32` weights on the CPU.
+    fn fused_head(&self) -> bool {
+        self.w(self.head_name()).is_ok_and(|w| w.device().is_cpu() && w.dtype() == DType::F32)
+    }
+
+    /// The head's weight: its own, or the embeddings' where the model ties them.
+    fn head_name(&self) -> &'static str {
+        if self.weights.contains_key("lm_head.weight") { "lm_head.weight" } else { "model.embed_tokens.weight" }
+    }
+
+    /// The fused head over one chunk of `hidden` (`[rows, len, hidden]`, before the final
+    /// norm): the normed states (with a graph if `hidden` has one), the logits and the stats.
+    fn fused_chunk(&self, hidden: &Tensor, targets: &Tensor) -> Result<FusedChunk> {
+        let (rows, len, d) = hidden.dims3()?;
+        let normed = self.rms_norm(hidden, "model.norm.weight")?.contiguous()?;
+        let targets: Vec<u32> = targets.flatten_all()?.to_vec1()?;
+        let vocab = self.config.vocab_size;
+        let logits = with_f32(&normed, |h| {
+            with_f32(self.w(self.head_name())?, |w| Ok(head::logits(h, w, rows * len, d, vocab)))
+        })?;
+        let stats = head::stats(&logits, &targets, vocab);
+        Ok(FusedChunk { normed, targets, logits, stats })
     }
 
     /// The same net over the same storage, with no gradient tracking (a pass that only
@@ -160,8 +198,7 @@ impl Net {
     /// The targets' log-probabilities and, if `entropy`, each position's entropy.
     fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
         let hidden = self.rms_norm(hidden, "model.norm.weight")?;
-        let head = if self.weights.contains_key("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
-        let logits = hidden.broadcast_matmul(&self.w(&format!("{head}.weight"))?.t()?)?;
+        let logits = hidden.broadcast_matmul(&self.w(self.head_name())?.t()?)?;
         let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let logp = log_probs.gather(targets, D::Minus1)?.squeeze(D::Minus1)?;
         let entropy = entropy.then(|| (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()).transpose()?;
@@ -296,6 +333,16 @@ struct Batch<'p> {
     targets: Tensor,
 }
 
+/// One chunk of positions through the fused head.
+struct FusedChunk {
+    /// The final norm's output, `[rows, len, hidden]`.
+    normed: Tensor,
+    /// Row-major over `[rows, len]`, as are the stats and the logits' rows.
+    targets: Vec<u32>,
+    logits: Vec<f32>,
+    stats: head::HeadStats,
+}
+
 /// What every layer of one group's forward shares.
 struct Frame {
     pcos: Tensor,
@@ -382,9 +429,11 @@ impl Policy {
     ) -> Result<(R, bool)> {
         let width = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let chunk = self.net.head_chunk(completions.len(), width, head_chunk_bytes);
+        // By chunks (fused where it can be) unless the whole head was asked for.
+        let whole_head = head_chunk_bytes == u64::MAX;
         let net = &self.net;
         if net.attention_graph_bytes(prompt.len(), completions.len(), width) <= recompute_above {
-            if chunk >= width {
+            if whole_head {
                 let stats = net.completion_stats(prompt, completions)?;
                 let (loss, extra) = loss_of(&stats)?;
                 self.absorb(&mut loss.backward()?, grads)?;
@@ -410,7 +459,7 @@ impl Policy {
         }
         // The head: the loss from the last hidden states, a leaf whose gradient goes down.
         let (_, top) = inputs.pop().expect("one entry per layer and the embeddings");
-        let (extra, grad_top) = if chunk >= width {
+        let (extra, grad_top) = if whole_head {
             let top = Var::from_tensor(&top)?;
             let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
             let (loss, extra) = loss_of(&stats)?;
@@ -457,30 +506,73 @@ impl Policy {
         let leaf_grads = loss.backward()?;
         let (d_logp, d_entropy) =
             (leaf_grads.get(logp.as_tensor()).cloned(), leaf_grads.get(entropy.as_tensor()).cloned());
+        let fused = self.net.fused_head();
         let mut grad_top = Vec::new();
         for start in (0..width).step_by(chunk) {
             let len = chunk.min(width - start);
             let piece = Var::from_tensor(&top.narrow(1, start, len)?.contiguous()?)?;
-            let (logp, entropy) = self.net.head_terms(
-                piece.as_tensor(),
-                &targets.narrow(1, start, len)?.contiguous()?,
-                d_entropy.is_some(),
-            )?;
-            let mut terms = Vec::new();
-            if let Some(d) = &d_logp {
-                terms.push((logp * d.narrow(1, start, len)?)?.sum_all()?);
-            }
-            if let (Some(entropy), Some(d)) = (entropy, &d_entropy) {
-                terms.push((entropy * d.narrow(1, start, len)?)?.sum_all()?);
-            }
-            let Some(first) = terms.pop() else {
+            let targets = targets.narrow(1, start, len)?.contiguous()?;
+            let (d_logp, d_entropy) = (
+                d_logp.as_ref().map(|d| d.narrow(1, start, len)).transpose()?,
+                d_entropy.as_ref().map(|d| d.narrow(1, start, len)).transpose()?,
+            );
+            if d_logp.is_none() && d_entropy.is_none() {
                 grad_top.push(piece.as_tensor().zeros_like()?);
                 continue;
+            }
+            let sum = if fused {
+                self.fused_chunk_backward(piece.as_tensor(), &targets, d_logp.as_ref(), d_entropy.as_ref(), grads)?
+            } else {
+                let (logp, entropy) = self.net.head_terms(piece.as_tensor(), &targets, d_entropy.is_some())?;
+                let mut terms = Vec::new();
+                if let Some(d) = &d_logp {
+                    terms.push((logp * d)?.sum_all()?);
+                }
+                if let (Some(entropy), Some(d)) = (entropy, &d_entropy) {
+                    terms.push((entropy * d)?.sum_all()?);
+                }
+                let first = terms.pop().expect("a gradient reached the stats");
+                terms.into_iter().try_fold(first, |a, b| a + b)?
             };
-            let sum = terms.into_iter().try_fold(first, |a, b| a + b)?;
             grad_top.push(self.take_grads(&mut sum.backward()?, grads, piece.as_tensor())?);
         }
         Ok((extra, Tensor::cat(&grad_top, 1)?))
+    }
+
+    /// One chunk of the fused head's backward: the head weight's gradient added into
+    /// `grads` by the product itself; returned, a scalar whose backward pulls the gradient
+    /// with respect to the normed states through the final norm (to `piece` and the norm's
+    /// weight).
+    fn fused_chunk_backward(
+        &self,
+        piece: &Tensor,
+        targets: &Tensor,
+        d_logp: Option<&Tensor>,
+        d_entropy: Option<&Tensor>,
+        grads: &mut Gradients,
+    ) -> Result<Tensor> {
+        let net = &self.net;
+        let FusedChunk { normed, targets, mut logits, stats } = net.fused_chunk(piece, targets)?;
+        let (rows, len, d) = normed.dims3()?;
+        let (n, vocab) = (rows * len, net.config.vocab_size);
+        let as_vec = |t: Option<&Tensor>| t.map(|t| t.flatten_all()?.to_vec1::<f32>()).transpose();
+        let (d_logp, d_entropy) = (as_vec(d_logp)?, as_vec(d_entropy)?);
+        let d_logp = d_logp.unwrap_or_else(|| vec![0.0; n]);
+        head::logits_grad_in_place(&mut logits, &targets, &stats, &d_logp, d_entropy.as_deref(), vocab);
+        let head_var = self
+            .vars
+            .iter()
+            .find(|(name, _)| name == net.head_name())
+            .map(|(_, var)| var)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no variable `{}`", net.head_name())))?;
+        let d_normed = with_f32(&normed.detach(), |h| {
+            with_f32(head_var.as_tensor(), |w| {
+                grads.add_with(head_var, |dw| head::add_weight_grad(dw, &logits, h, n, d, vocab));
+                Ok(head::input_grad(&logits, w, n, d, vocab))
+            })
+        })?;
+        let d_normed = Tensor::from_vec(d_normed, (rows, len, d), normed.device())?;
+        (normed * d_normed)?.sum_all()
     }
 
     /// Add the variables' gradients from `store` into `grads` and return the gradient of

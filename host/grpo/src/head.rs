@@ -1,0 +1,238 @@
+//! The head's token statistics and their gradient, fused (Liger's fused linear cross-entropy
+//! is the anchor): per chunk of positions, one `[positions, vocab]` buffer holds the logits,
+//! then, in place, their gradient; the weight's gradient is added into its sum by the matrix
+//! product itself.
+//!
+//! Written by hand rather than from candle's ops because the vocabulary is wide: candle's
+//! log-softmax, gather, entropy and their backward make about ten `[positions, vocab]`
+//! temporaries and a fresh `[vocab, hidden]` weight gradient per chunk (113 MB for a
+//! 49,152 × 576 head), and on the CPU those allocations, their page faults and the passes
+//! over them cost more than the products. The math, per position with logits z, target t
+//! and p = softmax(z):
+//!   log p_t = z_t − lse,   H = lse − Σ_j p_j z_j,
+//!   ∂(a·log p_t + b·H)/∂z_j = a (δ_jt − p_j) − b p_j (z_j − lse + H).
+
+use crate::grads::in_row_parts;
+use gemm::Parallelism;
+
+/// The stats of `n` positions: the target's log-probability, the entropy, and the
+/// log-sum-exp the gradient needs.
+pub(crate) struct HeadStats {
+    pub logp: Vec<f32>,
+    pub entropy: Vec<f32>,
+    pub lse: Vec<f32>,
+}
+
+/// Logits `z = h · Wᵀ` (`[n, v]`) of hidden states `h` (`[n, d]`) through the head `w`
+/// (`[v, d]`), all row-major.
+pub(crate) fn logits(h: &[f32], w: &[f32], n: usize, d: usize, v: usize) -> Vec<f32> {
+    assert!(h.len() == n * d && w.len() == v * d, "head shapes");
+    let mut z = vec![0f32; n * v];
+    // SAFETY: the pointers cover the lengths asserted above and the strides stay inside
+    // them: dst [n, v] row-major, lhs h [n, d] row-major, rhs Wᵀ [d, v] read from W.
+    unsafe {
+        gemm::gemm(
+            n,
+            v,
+            d,
+            z.as_mut_ptr(),
+            1,
+            v as isize,
+            false,
+            h.as_ptr(),
+            1,
+            d as isize,
+            w.as_ptr(),
+            d as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(),
+        );
+    }
+    z
+}
+
+/// The stats of each row of `z` (`[n, v]`) for its target.
+pub(crate) fn stats(z: &[f32], targets: &[u32], v: usize) -> HeadStats {
+    let n = targets.len();
+    assert_eq!(z.len(), n * v, "logits shape");
+    // One (logp, entropy, lse) triple per row, filled by parts of rows.
+    let mut out = vec![0f32; n * 3];
+    in_row_parts(&mut out, 3, v, |first, part| {
+        for (k, row) in part.chunks_mut(3).enumerate() {
+            let i = first + k;
+            let zs = &z[i * v..(i + 1) * v];
+            let max = zs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (mut sum, mut weighted) = (0f64, 0f64);
+            for &x in zs {
+                let e = f64::from((x - max).exp());
+                sum += e;
+                weighted += e * f64::from(x);
+            }
+            let lse = max + sum.ln() as f32;
+            row[0] = zs[targets[i] as usize] - lse;
+            row[1] = lse - (weighted / sum) as f32;
+            row[2] = lse;
+        }
+    });
+    let column = |c: usize| out.iter().skip(c).step_by(3).copied().collect::<Vec<f32>>();
+    HeadStats { logp: column(0), entropy: column(1), lse: column(2) }
+}
+
+/// Turn the logits `z` into the gradient of Σ_i (d_logp_i · log p_t(i) + d_entropy_i · H_i)
+/// with respect to them, in place.
+pub(crate) fn logits_grad_in_place(
+    z: &mut [f32],
+    targets: &[u32],
+    stats: &HeadStats,
+    d_logp: &[f32],
+    d_entropy: Option<&[f32]>,
+    v: usize,
+) {
+    in_row_parts(z, v, v, |first, part| {
+        for (k, row) in part.chunks_mut(v).enumerate() {
+            let i = first + k;
+            let (a, b) = (d_logp[i], d_entropy.map_or(0.0, |d| d[i]));
+            let (lse, entropy) = (stats.lse[i], stats.entropy[i]);
+            for x in row.iter_mut() {
+                let log_p = *x - lse;
+                let p = log_p.exp();
+                *x = -a * p - b * p * (log_p + entropy);
+            }
+            row[targets[i] as usize] += a;
+        }
+    });
+}
+
+/// `dst += dzᵀ · h`: the head weight's gradient (`[v, d]`) from the logits' (`[n, v]`).
+pub(crate) fn add_weight_grad(dst: &mut [f32], dz: &[f32], h: &[f32], n: usize, d: usize, v: usize) {
+    assert!(dst.len() == v * d && dz.len() == n * v && h.len() == n * d, "head gradient shapes");
+    // SAFETY: lengths asserted above; dst [v, d] row-major, lhs dzᵀ [v, n] read from dz
+    // [n, v], rhs h [n, d] row-major.
+    unsafe {
+        gemm::gemm(
+            v,
+            d,
+            n,
+            dst.as_mut_ptr(),
+            1,
+            d as isize,
+            true,
+            dz.as_ptr(),
+            v as isize,
+            1,
+            h.as_ptr(),
+            1,
+            d as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(),
+        );
+    }
+}
+
+/// `dz · W`: the gradient with respect to the hidden states (`[n, d]`).
+pub(crate) fn input_grad(dz: &[f32], w: &[f32], n: usize, d: usize, v: usize) -> Vec<f32> {
+    assert!(dz.len() == n * v && w.len() == v * d, "head gradient shapes");
+    let mut dh = vec![0f32; n * d];
+    // SAFETY: lengths asserted above; dst [n, d], lhs dz [n, v], rhs W [v, d], row-major.
+    unsafe {
+        gemm::gemm(
+            n,
+            d,
+            v,
+            dh.as_mut_ptr(),
+            1,
+            d as isize,
+            false,
+            dz.as_ptr(),
+            1,
+            v as isize,
+            w.as_ptr(),
+            1,
+            d as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(),
+        );
+    }
+    dh
+}
+
+fn parallelism() -> Parallelism {
+    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+        1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small head by the textbook formulas, in f64.
+    fn naive(h: &[f32], w: &[f32], targets: &[u32], n: usize, d: usize, v: usize) -> Vec<(f64, f64, Vec<f64>)> {
+        (0..n)
+            .map(|i| {
+                let z: Vec<f64> =
+                    (0..v).map(|j| (0..d).map(|k| f64::from(h[i * d + k]) * f64::from(w[j * d + k])).sum()).collect();
+                let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let lse = max + z.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+                let p: Vec<f64> = z.iter().map(|x| (x - lse).exp()).collect();
+                let entropy = -p.iter().zip(&z).map(|(p, z)| p * (z - lse)).sum::<f64>();
+                (z[targets[i] as usize] - lse, entropy, p)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stats_and_gradients_match_the_textbook() {
+        let (n, d, v) = (5, 4, 7);
+        let h: Vec<f32> = (0..n * d).map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0).collect();
+        let w: Vec<f32> = (0..v * d).map(|i| ((i * 13 % 9) as f32 - 4.0) / 2.0).collect();
+        let targets = [0u32, 6, 3, 3, 1];
+        let (d_logp, d_entropy) = ([0.5f32, -1.0, 2.0, 0.0, 1.5], [0.1f32, 0.2, -0.3, 0.4, 0.0]);
+        let expected = naive(&h, &w, &targets, n, d, v);
+        let mut z = logits(&h, &w, n, d, v);
+        let stats = stats(&z, &targets, v);
+        for (i, (logp, entropy, _)) in expected.iter().enumerate() {
+            assert!((f64::from(stats.logp[i]) - logp).abs() < 1e-5, "logp {i}");
+            assert!((f64::from(stats.entropy[i]) - entropy).abs() < 1e-5, "entropy {i}");
+        }
+        logits_grad_in_place(&mut z, &targets, &stats, &d_logp, Some(&d_entropy), v);
+        for (i, (_, entropy, p)) in expected.iter().enumerate() {
+            for j in 0..v {
+                let log_p = p[j].ln();
+                let onehot = f64::from(u8::from(j == targets[i] as usize));
+                let want = f64::from(d_logp[i]) * (onehot - p[j]) - f64::from(d_entropy[i]) * p[j] * (log_p + entropy);
+                assert!((f64::from(z[i * v + j]) - want).abs() < 1e-5, "dz {i} {j}");
+            }
+        }
+        // dW = dzᵀ h added onto what is there; dh = dz W.
+        let mut dw = vec![1f32; v * d];
+        add_weight_grad(&mut dw, &z, &h, n, d, v);
+        let dh = input_grad(&z, &w, n, d, v);
+        for j in 0..v {
+            for k in 0..d {
+                let want: f32 = 1.0 + (0..n).map(|i| z[i * v + j] * h[i * d + k]).sum::<f32>();
+                assert!((dw[j * d + k] - want).abs() < 1e-5, "dw {j} {k}");
+            }
+        }
+        for i in 0..n {
+            for k in 0..d {
+                let want: f32 = (0..v).map(|j| z[i * v + j] * w[j * d + k]).sum();
+                assert!((dh[i * d + k] - want).abs() < 1e-5, "dh {i} {k}");
+            }
+        }
+    }
+}
