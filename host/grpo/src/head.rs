@@ -26,33 +26,8 @@ pub(crate) struct HeadStats {
 /// Logits `z = h · Wᵀ` (`[n, v]`) of hidden states `h` (`[n, d]`) through the head `w`
 /// (`[v, d]`), all row-major.
 pub(crate) fn logits(h: &[f32], w: &[f32], n: usize, d: usize, v: usize) -> Vec<f32> {
-    assert!(h.len() == n * d && w.len() == v * d, "head shapes");
     let mut z = vec![0f32; n * v];
-    // SAFETY: the pointers cover the lengths asserted above and the strides stay inside
-    // them: dst [n, v] row-major, lhs h [n, d] row-major, rhs Wᵀ [d, v] read from W.
-    unsafe {
-        gemm::gemm(
-            n,
-            v,
-            d,
-            z.as_mut_ptr(),
-            1,
-            v as isize,
-            false,
-            h.as_ptr(),
-            1,
-            d as isize,
-            w.as_ptr(),
-            d as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(),
-        );
-    }
+    product(&mut z, [n, v, d], false, rows(h, d), transposed(w, d));
     z
 }
 
@@ -110,55 +85,58 @@ pub(crate) fn logits_grad_in_place(
 
 /// `dst += dzᵀ · h`: the head weight's gradient (`[v, d]`) from the logits' (`[n, v]`).
 pub(crate) fn add_weight_grad(dst: &mut [f32], dz: &[f32], h: &[f32], n: usize, d: usize, v: usize) {
-    assert!(dst.len() == v * d && dz.len() == n * v && h.len() == n * d, "head gradient shapes");
-    // SAFETY: lengths asserted above; dst [v, d] row-major, lhs dzᵀ [v, n] read from dz
-    // [n, v], rhs h [n, d] row-major.
-    unsafe {
-        gemm::gemm(
-            v,
-            d,
-            n,
-            dst.as_mut_ptr(),
-            1,
-            d as isize,
-            true,
-            dz.as_ptr(),
-            v as isize,
-            1,
-            h.as_ptr(),
-            1,
-            d as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(),
-        );
-    }
+    product(dst, [v, d, n], true, transposed(dz, v), rows(h, d));
 }
 
 /// `dz · W`: the gradient with respect to the hidden states (`[n, d]`).
 pub(crate) fn input_grad(dz: &[f32], w: &[f32], n: usize, d: usize, v: usize) -> Vec<f32> {
-    assert!(dz.len() == n * v && w.len() == v * d, "head gradient shapes");
     let mut dh = vec![0f32; n * d];
-    // SAFETY: lengths asserted above; dst [n, d], lhs dz [n, v], rhs W [v, d], row-major.
+    product(&mut dh, [n, d, v], false, rows(dz, v), rows(w, d));
+    dh
+}
+
+/// A matrix for [`product`]: its values and the steps between columns and between rows.
+struct View<'a> {
+    values: &'a [f32],
+    column_step: usize,
+    row_step: usize,
+}
+
+/// `values` as a row-major matrix of rows of `width`.
+fn rows(values: &[f32], width: usize) -> View<'_> {
+    View { values, column_step: 1, row_step: width }
+}
+
+/// The transpose of `values` read as a row-major matrix of rows of `width`.
+fn transposed(values: &[f32], width: usize) -> View<'_> {
+    View { values, column_step: width, row_step: 1 }
+}
+
+/// `dst` (`[m, n]`, row-major) = lhs (`[m, k]`) · rhs (`[k, n]`), or `+=` if `accumulate`.
+fn product(dst: &mut [f32], [m, n, k]: [usize; 3], accumulate: bool, lhs: View, rhs: View) {
+    // The last element each view is read at must lie inside it.
+    let fits = |view: &View, r: usize, c: usize| {
+        r == 0 || c == 0 || (r - 1) * view.row_step + (c - 1) * view.column_step < view.values.len()
+    };
+    assert!(dst.len() == m * n && fits(&lhs, m, k) && fits(&rhs, k, n), "matrix shapes");
+    // SAFETY: every index gemm reads or writes is inside the slices (asserted above), and
+    // `dst` is borrowed mutably, so it aliases neither operand.
     unsafe {
         gemm::gemm(
+            m,
             n,
-            d,
-            v,
-            dh.as_mut_ptr(),
+            k,
+            dst.as_mut_ptr(),
             1,
-            d as isize,
-            false,
-            dz.as_ptr(),
-            1,
-            v as isize,
-            w.as_ptr(),
-            1,
-            d as isize,
-            0.0,
+            n as isize,
+            accumulate,
+            lhs.values.as_ptr(),
+            lhs.column_step as isize,
+            lhs.row_step as isize,
+            rhs.values.as_ptr(),
+            rhs.column_step as isize,
+            rhs.row_step as isize,
+            if accumulate { 1.0 } else { 0.0 },
             1.0,
             false,
             false,
@@ -166,7 +144,6 @@ pub(crate) fn input_grad(dz: &[f32], w: &[f32], n: usize, d: usize, v: usize) ->
             parallelism(),
         );
     }
-    dh
 }
 
 fn parallelism() -> Parallelism {
