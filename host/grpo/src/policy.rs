@@ -481,9 +481,58 @@ impl Policy {
             upstream = (px_grad, self.take_grads(&mut store, grads, x.as_tensor())?);
         }
         // The embeddings (tied to the head in many models: their gradients add up).
-        let (px, x) = net.embed(batch.prefix, &batch.inputs)?;
-        self.absorb(&mut pull(&upstream, px.as_ref(), &x)?.backward()?, grads)?;
+        if net.fused_head() {
+            self.add_embedding_grads(batch.prefix, &batch.inputs, &upstream, grads)?;
+        } else {
+            let (px, x) = net.embed(batch.prefix, &batch.inputs)?;
+            self.absorb(&mut pull(&upstream, px.as_ref(), &x)?.backward()?, grads)?;
+        }
         Ok((extra, true))
+    }
+
+    /// The embeddings' gradient: each position's upstream gradient added into its token's
+    /// row. By hand because candle's backward of the lookup builds a zeroed copy of the
+    /// whole table (113 MB for SmolLM2's) per lookup and adds it to the sum.
+    fn add_embedding_grads(
+        &self,
+        prefix: &[u32],
+        inputs: &Tensor,
+        (px_grad, x_grad): &(Option<Tensor>, Tensor),
+        grads: &mut Gradients,
+    ) -> Result<()> {
+        let name = "model.embed_tokens.weight";
+        let embed = self.var(name)?;
+        let d = self.net.config.hidden_size;
+        let mut ids: Vec<u32> = inputs.flatten_all()?.to_vec1()?;
+        let mut rows: Vec<f32> = x_grad.flatten_all()?.to_vec1()?;
+        if let Some(px_grad) = px_grad {
+            ids.extend_from_slice(prefix);
+            rows.extend(px_grad.flatten_all()?.to_vec1::<f32>()?);
+        }
+        if rows.len() != ids.len() * d {
+            candle_core::bail!("{} gradient values for {} positions of width {d}", rows.len(), ids.len());
+        }
+        let vocab = embed.dim(0)?;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            candle_core::bail!("token {id} is outside the {vocab}-row embedding table");
+        }
+        grads.add_with(embed, |sum| {
+            for (&id, row) in ids.iter().zip(rows.chunks_exact(d)) {
+                for (s, g) in sum[id as usize * d..][..d].iter_mut().zip(row) {
+                    *s += g;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The variable called `name`.
+    fn var(&self, name: &str) -> Result<&Var> {
+        self.vars
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, var)| var)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no variable `{name}`")))
     }
 
     /// The loss over the head's stats of `top` (`[rows, width, hidden]`, no graph), `chunk`
@@ -559,12 +608,7 @@ impl Policy {
         let (d_logp, d_entropy) = (as_vec(d_logp)?, as_vec(d_entropy)?);
         let d_logp = d_logp.unwrap_or_else(|| vec![0.0; n]);
         head::logits_grad_in_place(&mut logits, &targets, &stats, &d_logp, d_entropy.as_deref(), vocab);
-        let head_var = self
-            .vars
-            .iter()
-            .find(|(name, _)| name == net.head_name())
-            .map(|(_, var)| var)
-            .ok_or_else(|| candle_core::Error::Msg(format!("no variable `{}`", net.head_name())))?;
+        let head_var = self.var(net.head_name())?;
         let d_normed = with_f32(&normed.detach(), |h| {
             with_f32(head_var.as_tensor(), |w| {
                 grads.add_with(head_var, |dw| head::add_weight_grad(dw, &logits, h, n, d, vocab));
