@@ -502,7 +502,10 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         sampler_logprobs,
         sampler_lag: 0,
     };
-    let weights_after = |micro_batch_rows: usize, split_by_length: bool| {
+    // Recomputing, a group's micro-batches share one pass of the prompt; the head whole or
+    // by chunks of 3 positions (fused).
+    let chunk_of_3 = (3 * 4 * config.vocab_size * 4) as u64;
+    let weights_after = |micro_batch_rows: usize, split_by_length: bool, recompute: bool, chunked: bool| {
         let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
         let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let reference = Some(policy.frozen_copy(&wirl_engine::Device::Cpu).unwrap());
@@ -513,6 +516,8 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
             inner_epochs: 2,
             micro_batch_rows,
             split_by_length,
+            recompute_above_bytes: if recompute { 0 } else { u64::MAX },
+            head_chunk_bytes: if chunked { chunk_of_3 } else { u64::MAX },
             ..tiny_update_settings()
         };
         let stats =
@@ -525,10 +530,20 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
             .collect();
         (stats.loss, stats.grad_norm, weights)
     };
-    let (whole_loss, whole_norm, whole) = weights_after(0, false);
-    for (rows, by_length) in [(1, false), (3, false), (0, true), (2, true)] {
-        let (loss, norm, split) = weights_after(rows, by_length);
-        let what = format!("micro-batches of {rows} (0: any), by length {by_length}");
+    let (whole_loss, whole_norm, whole) = weights_after(0, false, false, false);
+    for (rows, by_length, recompute, chunked) in [
+        (1, false, false, false),
+        (3, false, false, false),
+        (0, true, false, false),
+        (2, true, false, false),
+        (0, true, true, false),
+        (0, true, true, true),
+        (2, true, true, true),
+    ] {
+        let (loss, norm, split) = weights_after(rows, by_length, recompute, chunked);
+        let what = format!(
+            "micro-batches of {rows} (0: any), by length {by_length}, recomputed {recompute}, head by chunks {chunked}"
+        );
         assert!((whole_loss - loss).abs() < 1e-5, "{what}: loss {loss} vs {whole_loss}");
         assert!((whole_norm - norm).abs() < 1e-5 * whole_norm, "{what}: gradient norm {norm} vs {whole_norm}");
         let worst = whole.iter().flatten().zip(split.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

@@ -89,7 +89,8 @@ impl Optimizer {
         let (b1, b2, eps, scale) = (self.beta1 as f32, self.beta2 as f32, self.eps as f32, scale as f32);
         let (lr, decay) = (lr as f32, (1.0 - lr * self.weight_decay) as f32);
         // In place, a loop each (the weights' storage is the engine's too): three passes over
-        // memory where tensor ops made ten temporary copies of every weight.
+        // memory where tensor ops made ten temporary copies of every weight. CPU tensors
+        // only, as the trainer is today; a CUDA trainer (issue 18) needs a kernel here.
         for (var, (m, v)) in self.vars.iter().zip(&self.moments) {
             let Some(g) = grads.get(var) else { continue };
             if g.len() != var.elem_count() {

@@ -92,10 +92,42 @@ impl Net {
         completions: &[Vec<u32>],
         chunk_bytes: u64,
     ) -> Result<TokenStats> {
-        let batch = self.batch(prompt, completions)?;
-        let hidden = self.forward(batch.prefix, &batch.inputs)?;
-        let chunk = self.head_chunk(completions.len(), hidden.dim(1)?, chunk_bytes);
-        self.head_stats_by_chunks(&hidden, &batch.targets, chunk)
+        let mut stats = self.parts_stats_chunked(prompt, &[completions], chunk_bytes)?;
+        Ok(stats.pop().expect("one part"))
+    }
+
+    /// [`Net::completion_stats_chunked`] of each part of a group's completions, the prompt
+    /// run once for all of them (each part's rows attend to its keys and values).
+    pub fn parts_stats_chunked(
+        &self,
+        prompt: &[u32],
+        parts: &[&[Vec<u32>]],
+        chunk_bytes: u64,
+    ) -> Result<Vec<TokenStats>> {
+        let batches = parts.iter().map(|part| self.batch(prompt, part)).collect::<Result<Vec<_>>>()?;
+        let frames = batches.iter().map(|b| self.frame(b.prefix, &b.inputs)).collect::<Result<Vec<_>>>()?;
+        let (Some(first), Some(prefix_frame)) = (batches.first(), frames.first()) else {
+            return Ok(Vec::new());
+        };
+        let mut px = self.embed_prefix(first.prefix, first.inputs.device())?;
+        let mut xs = batches.iter().map(|b| self.embed_rows(&b.inputs)).collect::<Result<Vec<_>>>()?;
+        for i in 0..self.config.num_hidden_layers {
+            let (next_px, kv) = self.prefix_layer(i, px.as_ref(), prefix_frame)?;
+            xs = xs
+                .iter()
+                .zip(&frames)
+                .map(|(x, frame)| self.rows_layer(i, x, kv.as_ref(), frame))
+                .collect::<Result<Vec<_>>>()?;
+            px = next_px;
+        }
+        xs.iter()
+            .zip(&batches)
+            .map(|(hidden, batch)| {
+                let (rows, width) = batch.inputs.dims2()?;
+                let chunk = self.head_chunk(rows, width, chunk_bytes);
+                self.head_stats_by_chunks(hidden, &batch.targets, chunk)
+            })
+            .collect()
     }
 
     /// Positions per head chunk, so that one `[rows, chunk, vocab]` f32 tensor takes at most
@@ -218,16 +250,21 @@ impl Net {
 
     /// Embeddings of the prefix (`[1, P, hidden]`, none when empty) and of the inputs.
     fn embed(&self, prefix: &[u32], inputs: &Tensor) -> Result<(Option<Tensor>, Tensor)> {
+        Ok((self.embed_prefix(prefix, inputs.device())?, self.embed_rows(inputs)?))
+    }
+
+    fn embed_prefix(&self, prefix: &[u32], device: &Device) -> Result<Option<Tensor>> {
+        if prefix.is_empty() {
+            return Ok(None);
+        }
+        let ids = Tensor::from_vec(prefix.to_vec(), prefix.len(), device)?;
+        Ok(Some(self.w("model.embed_tokens.weight")?.index_select(&ids, 0)?.unsqueeze(0)?))
+    }
+
+    fn embed_rows(&self, inputs: &Tensor) -> Result<Tensor> {
         let (groups, width) = inputs.dims2()?;
         let embed = self.w("model.embed_tokens.weight")?;
-        let x = embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))?;
-        let px = if prefix.is_empty() {
-            None
-        } else {
-            let ids = Tensor::from_vec(prefix.to_vec(), prefix.len(), inputs.device())?;
-            Some(embed.index_select(&ids, 0)?.unsqueeze(0)?)
-        };
-        Ok((px, x))
+        embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))
     }
 
     /// Rotary tables and masks of one group's positions, shared by every layer.
@@ -249,23 +286,34 @@ impl Net {
     /// Decoder layer `i` over the prefix's hidden states `px` (run once; its keys and values
     /// are shared by the group's rows) and the rows' `x`.
     fn layer(&self, i: usize, px: Option<&Tensor>, x: &Tensor, frame: &Frame) -> Result<(Option<Tensor>, Tensor)> {
+        let (px, prefix_kv) = self.prefix_layer(i, px, frame)?;
+        Ok((px, self.rows_layer(i, x, prefix_kv.as_ref(), frame)?))
+    }
+
+    /// Decoder layer `i` over the prefix alone: its output and its keys and values.
+    fn prefix_layer(
+        &self,
+        i: usize,
+        px: Option<&Tensor>,
+        frame: &Frame,
+    ) -> Result<(Option<Tensor>, Option<KeyValues>)> {
+        let Some(h) = px else { return Ok((None, None)) };
         let l = format!("model.layers.{i}");
-        let (px, prefix_kv) = match px {
-            Some(h) => {
-                let normed = self.rms_norm(h, &format!("{l}.input_layernorm.weight"))?;
-                let (out, k, v) = self.attention(&normed, &l, &frame.pcos, &frame.psin, None, &frame.prefix_mask)?;
-                let h = (h + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
-                let normed = self.rms_norm(&h, &format!("{l}.post_attention_layernorm.weight"))?;
-                (Some((&h + self.mlp(&normed, &l)?)?), Some((k, v)))
-            }
-            None => (None, None),
-        };
+        let normed = self.rms_norm(h, &format!("{l}.input_layernorm.weight"))?;
+        let (out, k, v) = self.attention(&normed, &l, &frame.pcos, &frame.psin, None, &frame.prefix_mask)?;
+        let h = (h + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
+        let normed = self.rms_norm(&h, &format!("{l}.post_attention_layernorm.weight"))?;
+        Ok((Some((&h + self.mlp(&normed, &l)?)?), Some((k, v))))
+    }
+
+    /// Decoder layer `i` over rows `x` that attend to the prefix's keys and values first.
+    fn rows_layer(&self, i: usize, x: &Tensor, prefix_kv: Option<&KeyValues>, frame: &Frame) -> Result<Tensor> {
+        let l = format!("model.layers.{i}");
         let normed = self.rms_norm(x, &format!("{l}.input_layernorm.weight"))?;
-        let (out, _, _) = self.attention(&normed, &l, &frame.cos, &frame.sin, prefix_kv.as_ref(), &frame.mask)?;
+        let (out, _, _) = self.attention(&normed, &l, &frame.cos, &frame.sin, prefix_kv, &frame.mask)?;
         let x = (x + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
         let normed = self.rms_norm(&x, &format!("{l}.post_attention_layernorm.weight"))?;
-        let x = (&x + self.mlp(&normed, &l)?)?;
-        Ok((px, x))
+        &x + self.mlp(&normed, &l)?
     }
 
     /// Bytes of attention intermediates that one backward through the whole forward keeps
@@ -287,7 +335,7 @@ impl Net {
         l: &str,
         cos: &Tensor,
         sin: &Tensor,
-        prefix: Option<&(Tensor, Tensor)>,
+        prefix: Option<&KeyValues>,
         mask: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (batch, len, _) = x.dims3()?;
@@ -326,6 +374,9 @@ impl Net {
     }
 }
 
+/// A layer's keys and values, `[1, kv_heads, P, head_dim]` each.
+type KeyValues = (Tensor, Tensor);
+
 /// One group's inputs: the prompt but its last token, the rows' input ids and their targets.
 struct Batch<'p> {
     prefix: &'p [u32],
@@ -360,15 +411,18 @@ fn softmax(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
-/// A scalar whose gradient with respect to a layer's outputs is the gradient that came down
-/// from above (`Σ out · g`), to pull it through the layer.
-fn pull(upstream: &(Option<Tensor>, Tensor), px_out: Option<&Tensor>, x_out: &Tensor) -> Result<Tensor> {
-    let (px_grad, x_grad) = upstream;
-    let mut sum = (x_out * x_grad)?.sum_all()?;
-    if let (Some(out), Some(grad)) = (px_out, px_grad) {
-        sum = (sum + (out * grad)?.sum_all()?)?;
+/// A scalar whose gradient with respect to each output is the gradient that came down to it
+/// from above (`Σ out · g`), to pull those gradients through what made the outputs.
+fn pulled<'a>(terms: impl IntoIterator<Item = (&'a Tensor, &'a Tensor)>) -> Result<Tensor> {
+    let mut sum: Option<Tensor> = None;
+    for (out, grad) in terms {
+        let term = (out * grad)?.sum_all()?;
+        sum = Some(match sum {
+            Some(sum) => (sum + term)?,
+            None => term,
+        });
     }
-    Ok(sum)
+    sum.ok_or_else(|| candle_core::Error::Msg("no gradient to pull".into()))
 }
 
 /// `[len, past + len]`: query `q` sees every past key and its own and earlier positions.
@@ -444,80 +498,133 @@ impl Policy {
             let batch = net.batch(prompt, completions)?;
             let top = net.forward(batch.prefix, &batch.inputs)?;
             let (extra, grad_top) = self.head_by_chunks(&top.detach(), &batch.targets, chunk, grads, loss_of)?;
-            self.absorb(&mut pull(&(None, grad_top), None, &top)?.backward()?, grads)?;
+            self.absorb(&mut pulled([(&top, &grad_top)])?.backward()?, grads)?;
             return Ok((extra, false));
         }
-        let batch = net.batch(prompt, completions)?;
-        let frame = net.frame(batch.prefix, &batch.inputs)?;
+        let mut loss_of = Some(loss_of);
+        let mut extras = self.parts_loss_and_grads(prompt, &[completions], head_chunk_bytes, grads, |_, stats| {
+            loss_of.take().expect("one part, one loss")(stats)
+        })?;
+        Ok((extras.pop().expect("one part"), true))
+    }
+
+    /// The recomputing backward of a group trained as `parts` (micro-batches of its
+    /// completions): the prompt runs once for all of them — each layer rebuilt once, every
+    /// part's rows attending to the prompt's keys and values — so the prompt's gradient
+    /// gathers every part's before it goes down, and no part pays for the prompt again.
+    /// `loss_of(k, stats)` is part `k`'s loss; returns what each gave. One layer's graph
+    /// for all parts is alive at a time.
+    pub fn parts_loss_and_grads<R>(
+        &self,
+        prompt: &[u32],
+        parts: &[&[Vec<u32>]],
+        head_chunk_bytes: u64,
+        grads: &mut Gradients,
+        mut loss_of: impl FnMut(usize, &TokenStats) -> Result<(Tensor, R)>,
+    ) -> Result<Vec<R>> {
+        let net = &self.net;
+        let whole_head = head_chunk_bytes == u64::MAX;
+        let batches = parts.iter().map(|part| net.batch(prompt, part)).collect::<Result<Vec<_>>>()?;
+        let frames = batches.iter().map(|b| net.frame(b.prefix, &b.inputs)).collect::<Result<Vec<_>>>()?;
+        let (Some(first), Some(prefix_frame)) = (batches.first(), frames.first()) else {
+            return Ok(Vec::new());
+        };
+        let prefix = first.prefix;
+        let layers = net.config.num_hidden_layers;
         // Forward without a graph, keeping each layer's inputs (a few MB at most).
         let frozen = net.detached();
-        let mut inputs = vec![frozen.embed(batch.prefix, &batch.inputs)?];
-        for i in 0..net.config.num_hidden_layers {
-            let (px, x) = inputs.last().expect("the embeddings are first");
-            let next = frozen.layer(i, px.as_ref(), x, &frame)?;
-            inputs.push(next);
+        let mut px = frozen.embed_prefix(prefix, first.inputs.device())?;
+        let mut xs = batches.iter().map(|b| frozen.embed_rows(&b.inputs)).collect::<Result<Vec<_>>>()?;
+        let mut inputs = Vec::with_capacity(layers);
+        for i in 0..layers {
+            let (next_px, kv) = frozen.prefix_layer(i, px.as_ref(), prefix_frame)?;
+            let next_xs = xs
+                .iter()
+                .zip(&frames)
+                .map(|(x, frame)| frozen.rows_layer(i, x, kv.as_ref(), frame))
+                .collect::<Result<Vec<_>>>()?;
+            inputs.push((px, xs));
+            (px, xs) = (next_px, next_xs);
         }
-        // The head: the loss from the last hidden states, a leaf whose gradient goes down.
-        let (_, top) = inputs.pop().expect("one entry per layer and the embeddings");
-        let (extra, grad_top) = if whole_head {
-            let top = Var::from_tensor(&top)?;
-            let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
-            let (loss, extra) = loss_of(&stats)?;
-            (extra, self.take_grads(&mut loss.backward()?, grads, top.as_tensor())?)
-        } else {
-            self.head_by_chunks(&top, &batch.targets, chunk, grads, loss_of)?
-        };
-        let mut upstream = (None, grad_top);
-        // Layers from the top: rebuild one, pull the upstream gradient through it.
-        for i in (0..net.config.num_hidden_layers).rev() {
-            let (px, x) = inputs.pop().expect("one entry per layer");
-            let (px, x) = (px.map(|t| Var::from_tensor(&t)).transpose()?, Var::from_tensor(&x)?);
-            let (px_out, x_out) = net.layer(i, px.as_ref().map(Var::as_tensor), x.as_tensor(), &frame)?;
-            let mut store = pull(&upstream, px_out.as_ref(), &x_out)?.backward()?;
-            let px_grad = match &px {
-                Some(px) => Some(self.take_grads(&mut store, grads, px.as_tensor())?),
-                None => None,
+        // The heads: each part's loss from its last hidden states, a leaf whose gradient goes
+        // down.
+        let mut extras = Vec::with_capacity(parts.len());
+        let mut x_grads = Vec::with_capacity(parts.len());
+        for (k, (top, batch)) in xs.iter().zip(&batches).enumerate() {
+            let (extra, grad_top) = if whole_head {
+                let top = Var::from_tensor(top)?;
+                let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
+                let (loss, extra) = loss_of(k, &stats)?;
+                (extra, self.take_grads(&mut loss.backward()?, grads, top.as_tensor())?)
+            } else {
+                let (rows, width) = batch.inputs.dims2()?;
+                let chunk = net.head_chunk(rows, width, head_chunk_bytes);
+                self.head_by_chunks(top, &batch.targets, chunk, grads, |stats| loss_of(k, stats))?
             };
-            upstream = (px_grad, self.take_grads(&mut store, grads, x.as_tensor())?);
+            extras.push(extra);
+            x_grads.push(grad_top);
+        }
+        // Layers from the top: rebuild one, pull the upstream gradients through it.
+        let mut px_grad: Option<Tensor> = None;
+        for i in (0..layers).rev() {
+            let (px, xs) = inputs.pop().expect("one entry per layer");
+            let px = px.map(|t| Var::from_tensor(&t)).transpose()?;
+            let xs = xs.iter().map(Var::from_tensor).collect::<Result<Vec<_>>>()?;
+            let (px_out, kv) = net.prefix_layer(i, px.as_ref().map(Var::as_tensor), prefix_frame)?;
+            let outs = xs
+                .iter()
+                .zip(&frames)
+                .map(|(x, frame)| net.rows_layer(i, x.as_tensor(), kv.as_ref(), frame))
+                .collect::<Result<Vec<_>>>()?;
+            let prefix_term = px_out.as_ref().zip(px_grad.as_ref());
+            let mut store = pulled(outs.iter().zip(&x_grads).chain(prefix_term))?.backward()?;
+            px_grad = px.map(|px| self.take_grads(&mut store, grads, px.as_tensor())).transpose()?;
+            x_grads = xs.iter().map(|x| self.take_grads(&mut store, grads, x.as_tensor())).collect::<Result<_>>()?;
         }
         // The embeddings (tied to the head in many models: their gradients add up).
         if net.fused_head() {
-            self.add_embedding_grads(batch.prefix, &batch.inputs, &upstream, grads)?;
+            let prefix_rows = px_grad.as_ref().map(|g| (prefix, g));
+            self.add_embedding_grads(prefix_rows, batches.iter().map(|b| &b.inputs).zip(&x_grads), grads)?;
         } else {
-            let (px, x) = net.embed(batch.prefix, &batch.inputs)?;
-            self.absorb(&mut pull(&upstream, px.as_ref(), &x)?.backward()?, grads)?;
+            let px = net.embed_prefix(prefix, first.inputs.device())?;
+            let xs = batches.iter().map(|b| net.embed_rows(&b.inputs)).collect::<Result<Vec<_>>>()?;
+            let prefix_term = px.as_ref().zip(px_grad.as_ref());
+            self.absorb(&mut pulled(xs.iter().zip(&x_grads).chain(prefix_term))?.backward()?, grads)?;
         }
-        Ok((extra, true))
+        Ok(extras)
     }
 
     /// The embeddings' gradient: each position's upstream gradient added into its token's
-    /// row. By hand because candle's backward of the lookup builds a zeroed copy of the
-    /// whole table (113 MB for SmolLM2's) per lookup and adds it to the sum.
-    fn add_embedding_grads(
+    /// row — the prefix's (its ids and `[1, P, hidden]` gradient) and each part's rows (ids
+    /// `[rows, width]`, gradient `[rows, width, hidden]`). By hand because candle's backward
+    /// of the lookup builds a zeroed copy of the whole table (113 MB for SmolLM2's) per
+    /// lookup and adds it to the sum.
+    fn add_embedding_grads<'a>(
         &self,
-        prefix: &[u32],
-        inputs: &Tensor,
-        (px_grad, x_grad): &(Option<Tensor>, Tensor),
+        prefix: Option<(&[u32], &Tensor)>,
+        rows: impl IntoIterator<Item = (&'a Tensor, &'a Tensor)>,
         grads: &mut Gradients,
     ) -> Result<()> {
-        let name = "model.embed_tokens.weight";
-        let embed = self.var(name)?;
+        let embed = self.var("model.embed_tokens.weight")?;
         let d = self.net.config.hidden_size;
-        let mut ids: Vec<u32> = inputs.flatten_all()?.to_vec1()?;
-        let mut rows: Vec<f32> = x_grad.flatten_all()?.to_vec1()?;
-        if let Some(px_grad) = px_grad {
+        let (mut ids, mut values): (Vec<u32>, Vec<f32>) = (Vec::new(), Vec::new());
+        if let Some((prefix, grad)) = prefix {
             ids.extend_from_slice(prefix);
-            rows.extend(px_grad.flatten_all()?.to_vec1::<f32>()?);
+            values.extend(grad.flatten_all()?.to_vec1::<f32>()?);
         }
-        if rows.len() != ids.len() * d {
-            candle_core::bail!("{} gradient values for {} positions of width {d}", rows.len(), ids.len());
+        for (inputs, grad) in rows {
+            ids.extend(inputs.flatten_all()?.to_vec1::<u32>()?);
+            values.extend(grad.flatten_all()?.to_vec1::<f32>()?);
+        }
+        if values.len() != ids.len() * d {
+            candle_core::bail!("{} gradient values for {} positions of width {d}", values.len(), ids.len());
         }
         let vocab = embed.dim(0)?;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             candle_core::bail!("token {id} is outside the {vocab}-row embedding table");
         }
         grads.add_with(embed, |sum| {
-            for (&id, row) in ids.iter().zip(rows.chunks_exact(d)) {
+            for (&id, row) in ids.iter().zip(values.chunks_exact(d)) {
                 for (s, g) in sum[id as usize * d..][..d].iter_mut().zip(row) {
                     *s += g;
                 }

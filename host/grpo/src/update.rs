@@ -42,12 +42,14 @@ impl GroupBatch {
     /// its longest completion, so one long completion among short ones would make every row
     /// that long. The loss is a sum over tokens whose weights depend only on the step's
     /// totals, so the micro-batches' losses and gradients add up to the group's.
-    fn split(&self, rows: usize, by_length: bool) -> Vec<GroupBatch> {
+    /// `prompt_shared`: the micro-batches will share one pass of the prompt (then a cut
+    /// does not cost the prompt again).
+    fn split(&self, rows: usize, by_length: bool, prompt_shared: bool) -> Vec<GroupBatch> {
         if self.completions.is_empty() {
             return vec![self.clone()];
         }
         let all: Vec<usize> = (0..self.completions.len()).collect();
-        let parts = if by_length { self.length_parts() } else { vec![all] };
+        let parts = if by_length { self.length_parts(prompt_shared) } else { vec![all] };
         parts
             .into_iter()
             .flat_map(|part| {
@@ -58,17 +60,17 @@ impl GroupBatch {
     }
 
     /// The completions' indices in parts of ascending length that cost the fewest positions
-    /// to train: each part runs the prompt once (plus a fixed cost per forward) and every
-    /// row to the part's longest completion. Exact over the sorted order (a small dynamic
-    /// programme: groups have a few dozen completions at most).
-    fn length_parts(&self) -> Vec<Vec<usize>> {
+    /// to train: each part runs a fixed cost per forward, the prompt once unless the parts
+    /// share its pass, and every row to the part's longest completion. Exact over the sorted
+    /// order (a small dynamic programme: groups have a few dozen completions at most).
+    fn length_parts(&self, prompt_shared: bool) -> Vec<Vec<usize>> {
         // A forward's fixed cost (dispatch, the head's chunks, the backward's set-up), in positions.
         const PER_FORWARD: usize = 32;
         let mut order: Vec<usize> = (0..self.completions.len()).collect();
         order.sort_by_key(|&i| self.completions[i].len());
         let n = order.len();
         let length = |k: usize| self.completions[order[k]].len().max(1);
-        let fixed = self.prompt.len() + PER_FORWARD;
+        let fixed = if prompt_shared { 0 } else { self.prompt.len() } + PER_FORWARD;
         // best[j]: the cost of the first j (sorted) completions; cut[j]: where its last part starts.
         let mut best = vec![0usize; n + 1];
         let mut cut = vec![0usize; n + 1];
@@ -214,8 +216,22 @@ impl Learner {
         }
         let step_tokens: usize = groups.iter().map(GroupBatch::trainable_tokens).sum();
         let step_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
-        let split: Vec<GroupBatch> =
-            groups.iter().flat_map(|g| g.split(settings.micro_batch_rows, settings.split_by_length)).collect();
+        // The micro-batches of every group, in order; `spans[g]`: group g's among them, and
+        // whether they share one pass of the prompt: a group split only by length, on the
+        // recomputing backward (micro-batches of at most N rows exist to bound memory, and
+        // sharing the prompt keeps all of a layer's rows alive at once).
+        let mut split: Vec<GroupBatch> = Vec::new();
+        let mut spans = Vec::with_capacity(groups.len());
+        for group in groups {
+            let width = group.completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
+            let recomputes =
+                self.policy.net().attention_graph_bytes(group.prompt.len(), group.completions.len(), width)
+                    > settings.recompute_above_bytes;
+            let shared = settings.micro_batch_rows == 0 && recomputes;
+            let start = split.len();
+            split.extend(group.split(settings.micro_batch_rows, settings.split_by_length, shared));
+            spans.push((start..split.len(), shared));
+        }
         let groups = &split[..];
         // Old log-probs (μ > 1) and the reference's, before any update of this step.
         let mut old = Vec::new();
@@ -238,14 +254,21 @@ impl Learner {
             } else {
                 old.push(None);
             }
-            reference.push(match &self.reference {
-                Some(net) => Some(
-                    net.completion_stats_chunked(&group.prompt, &group.completions, settings.head_chunk_bytes)?
-                        .logp
-                        .detach(),
-                ),
-                None => None,
-            });
+        }
+        // The reference's: a group's micro-batches share one pass of its prompt.
+        for (span, _) in &spans {
+            if stop() {
+                return Ok(None);
+            }
+            let micro = &groups[span.clone()];
+            match &self.reference {
+                Some(net) => {
+                    let parts: Vec<&[Vec<u32>]> = micro.iter().map(|g| g.completions.as_slice()).collect();
+                    let stats = net.parts_stats_chunked(&micro[0].prompt, &parts, settings.head_chunk_bytes)?;
+                    reference.extend(stats.into_iter().map(|s| Some(s.logp.detach())));
+                }
+                None => reference.extend(micro.iter().map(|_| None)),
+            }
         }
         stats.time.reference_forward = timer.elapsed().as_secs_f64();
         // The behaviour policy's log-probs of groups sampled by older weights.
@@ -257,18 +280,21 @@ impl Learner {
         let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum) = (0f32, 0f32, 0f32, 0f32);
         for epoch in 0..settings.inner_epochs {
             let mut grads = Gradients::new();
-            for (k, group) in groups.iter().enumerate() {
+            for (span, shared) in &spans {
                 // Until the first update the step can still be abandoned whole.
                 if epoch == 0 && stop() {
                     return Ok(None);
                 }
-                progress(k, groups.len());
-                let lengths: Vec<usize> = group.completions.iter().map(Vec::len).collect();
+                progress(span.start, groups.len());
                 let timer = Instant::now();
-                let loss_of = |token_stats: &TokenStats| {
-                    // The forward ends where the loss begins (when recomputing, that is the
-                    // graph-free pass and the head).
-                    let forward_time = timer.elapsed();
+                let mut forward_time = None;
+                // Micro-batch k's loss from its token stats.
+                let mut loss_of = |k: usize, token_stats: &TokenStats| {
+                    // The forward ends where the first loss begins (when recomputing, that is
+                    // the graph-free pass and the head).
+                    forward_time.get_or_insert_with(|| timer.elapsed());
+                    let group = &groups[k];
+                    let lengths: Vec<usize> = group.completions.iter().map(Vec::len).collect();
                     let width = token_stats.logp.dim(1)?;
                     let weights = if group.trainable.is_empty() {
                         token_weights(
@@ -320,28 +346,50 @@ impl Learner {
                         &weights,
                         &settings.loss,
                     )?;
-                    Ok((parts.loss.clone(), (parts, forward_time, cut)))
+                    Ok((parts.loss.clone(), (parts, cut)))
                 };
-                let ((parts, forward_time, cut), recomputed) = self.policy.loss_and_grads(
-                    &group.prompt,
-                    &group.completions,
-                    settings.recompute_above_bytes,
-                    settings.head_chunk_bytes,
-                    &mut grads,
-                    loss_of,
-                )?;
+                let micro = &groups[span.clone()];
+                let results = if *shared && micro.len() > 1 {
+                    let parts: Vec<&[Vec<u32>]> = micro.iter().map(|g| g.completions.as_slice()).collect();
+                    let results = self.policy.parts_loss_and_grads(
+                        &micro[0].prompt,
+                        &parts,
+                        settings.head_chunk_bytes,
+                        &mut grads,
+                        |j, stats| loss_of(span.start + j, stats),
+                    )?;
+                    stats.groups_recomputed += micro.len();
+                    results
+                } else {
+                    let mut results = Vec::with_capacity(micro.len());
+                    for k in span.clone() {
+                        let (result, recomputed) = self.policy.loss_and_grads(
+                            &groups[k].prompt,
+                            &groups[k].completions,
+                            settings.recompute_above_bytes,
+                            settings.head_chunk_bytes,
+                            &mut grads,
+                            |stats| loss_of(k, stats),
+                        )?;
+                        stats.groups_recomputed += usize::from(recomputed);
+                        results.push(result);
+                    }
+                    results
+                };
                 if grads.is_empty() {
                     bail!("the loss has no gradient with respect to the policy's weights");
                 }
-                stats.groups_recomputed += usize::from(recomputed);
-                if let (Some((cut, tokens)), 0) = (cut, epoch) {
-                    truncated += cut;
-                    lagged_tokens += tokens;
+                for (parts, cut) in results {
+                    if let (Some((cut, tokens)), 0) = (cut, epoch) {
+                        truncated += cut;
+                        lagged_tokens += tokens;
+                    }
+                    loss_sum += parts.loss.to_scalar::<f32>()?;
+                    kl_sum += parts.kl;
+                    entropy_sum += parts.entropy;
+                    clip_sum += parts.clip_fraction / groups.len() as f32;
                 }
-                loss_sum += parts.loss.to_scalar::<f32>()?;
-                kl_sum += parts.kl;
-                entropy_sum += parts.entropy;
-                clip_sum += parts.clip_fraction / groups.len() as f32;
+                let forward_time = forward_time.unwrap_or_default();
                 stats.time.policy_forward += forward_time.as_secs_f64();
                 stats.time.backward += (timer.elapsed() - forward_time).as_secs_f64();
             }
@@ -386,23 +434,34 @@ mod tests {
     fn one_long_completion_trains_apart() {
         // The default job's shape: a 113-token prompt, one completion ran to 64 tokens.
         let g = group(113, &[64, 5, 6, 7, 5, 6, 5, 8]);
-        assert_eq!(g.length_parts(), vec![vec![1, 4, 6, 2, 5, 3, 7], vec![0]]);
-        let split = g.split(0, true);
+        assert_eq!(g.length_parts(false), vec![vec![1, 4, 6, 2, 5, 3, 7], vec![0]]);
+        assert_eq!(g.length_parts(true), g.length_parts(false));
+        let split = g.split(0, true, false);
         assert_eq!(split.iter().map(|b| b.completions.len()).collect::<Vec<_>>(), [7, 1]);
         // Rows keep their advantages.
         assert_eq!(split[1].advantages, [0.0]);
         assert_eq!(split[0].advantages, [1.0, 4.0, 6.0, 2.0, 5.0, 3.0, 7.0]);
         // With micro-batches of 4 rows as well.
-        let sizes: Vec<usize> = g.split(4, true).iter().map(|b| b.completions.len()).collect();
+        let sizes: Vec<usize> = g.split(4, true, false).iter().map(|b| b.completions.len()).collect();
         assert_eq!(sizes, [4, 3, 1]);
     }
 
     #[test]
     fn similar_lengths_stay_one_batch() {
         let g = group(113, &[12, 15, 9, 20, 14, 11, 18, 16]);
-        assert_eq!(g.length_parts().len(), 1);
+        assert_eq!(g.length_parts(false).len(), 1);
+        assert_eq!(g.length_parts(true).len(), 1);
         // Off, or a short prompt with wildly different lengths: as asked.
-        assert_eq!(g.split(0, false)[0].completions, g.completions);
-        assert_eq!(group(0, &[1, 200]).length_parts(), vec![vec![0], vec![1]]);
+        assert_eq!(g.split(0, false, false)[0].completions, g.completions);
+        assert_eq!(group(0, &[1, 200]).length_parts(false), vec![vec![0], vec![1]]);
+    }
+
+    #[test]
+    fn a_shared_prompt_makes_a_cut_cheaper() {
+        // Unshared, cutting off the 30-token completion costs the 113-token prompt again
+        // (145 + 70 + 145 + 30 > 145 + 8 × 30); shared, it does not (32 + 70 + 32 + 30).
+        let g = group(113, &[30, 10, 10, 10, 10, 10, 10, 10]);
+        assert_eq!(g.length_parts(false).len(), 1);
+        assert_eq!(g.length_parts(true), vec![vec![1, 2, 3, 4, 5, 6, 7], vec![0]]);
     }
 }
