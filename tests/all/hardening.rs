@@ -457,6 +457,31 @@ fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
     }
 }
 
+/// A completion token outside the vocabulary (only ever a target: the last token of a
+/// completion is never an input) is an error from every path, not a panic.
+#[test]
+fn a_token_outside_the_vocabulary_is_an_error() {
+    let (_dir, config, tensors) = tiny_weights();
+    let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
+    let prompt: Vec<u32> = vec![2, 3, 4];
+    let completions = vec![vec![5, 6, config.vocab_size as u32 + 7]];
+    let loss_of = |stats: &wirl_grpo::TokenStats| {
+        let loss = stats.logp.sum_all()?;
+        Ok((loss.clone(), ()))
+    };
+    let per_position = (config.vocab_size * 4) as u64;
+    for (recompute_above, head_chunk) in
+        [(0, per_position), (0, u64::MAX), (u64::MAX, per_position), (u64::MAX, u64::MAX)]
+    {
+        let mut grads = wirl_grpo::Gradients::new();
+        let result = policy.loss_and_grads(&prompt, &completions, recompute_above, head_chunk, &mut grads, loss_of);
+        assert!(result.is_err(), "recompute above {recompute_above}, head chunk {head_chunk}");
+    }
+    let stats = policy.net().completion_stats_chunked(&prompt, &completions, per_position);
+    let message = stats.err().expect("an error").to_string();
+    assert!(message.contains("outside the model's"), "{message}");
+}
+
 /// An update of the tiny model's tests: lr 1e-3, μ = 1, no KL or entropy term, whole groups
 /// and head, C = 2.
 fn tiny_update_settings() -> wirl_grpo::UpdateSettings {

@@ -184,6 +184,9 @@ impl Net {
         let normed = self.rms_norm(hidden, "model.norm.weight")?.contiguous()?;
         let targets: Vec<u32> = targets.flatten_all()?.to_vec1()?;
         let vocab = self.config.vocab_size;
+        if let Some(&token) = targets.iter().find(|&&t| t as usize >= vocab) {
+            candle_core::bail!("token {token} is outside the model's {vocab}-token vocabulary");
+        }
         let logits = with_f32(&normed, |h| {
             with_f32(self.w(self.head_name())?, |w| Ok(head::logits(h, w, rows * len, d, vocab)))
         })?;

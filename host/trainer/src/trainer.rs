@@ -334,13 +334,16 @@ impl Trainer {
         let old_specs = std::mem::replace(&mut self.config.tasks, run.tasks);
         let old_manifest = std::mem::replace(&mut self.manifest, manifest.clone());
         let switch_ms = started.elapsed().as_secs_f64() * 1e3;
-        manifest.write(&self.run_dir)?;
         // On probation: the changed tasks, and the new bytes, which a rollback puts on back-off.
         let old_shas: std::collections::BTreeSet<&String> = old_manifest.plugins.values().collect();
         let new_plugins: Vec<String> =
             manifest.plugins.values().filter(|sha| !old_shas.contains(sha)).cloned().collect();
         let probation = (on_probation && !changed.is_empty()).then_some((changed, new_plugins));
+        // The status says the new set is in force before the manifest is written: taken off
+        // `staged` already, it would otherwise be neither staged nor in force for a write's
+        // time (a client reading the status then saw the swap vanish).
         self.swapper.switched(&manifest, Some(old_manifest.clone()), probation);
+        manifest.write(&self.run_dir)?;
         self.previous =
             Some(Previous { manifest: old_manifest, specs: old_specs, tasks: old_tasks, allocation: old_allocation });
         let mut event = SwapEvent::new(step, "applied");
