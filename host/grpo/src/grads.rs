@@ -127,17 +127,7 @@ impl<F: Fn(usize, &mut [f32]) + Sync> candle_core::InplaceOp1 for InPlace<F> {
 /// cores when there is enough to share: these loops are bound by memory bandwidth, which
 /// one core does not exhaust.
 pub(crate) fn in_parts(values: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
-    let threads = threads_for(values.len());
-    if threads == 1 {
-        return f(0, values);
-    }
-    let span = values.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        for (k, part) in values.chunks_mut(span).enumerate() {
-            let f = &f;
-            scope.spawn(move || f(k * span, part));
-        }
-    });
+    in_row_parts(values, 1, 1, f);
 }
 
 /// [`in_parts`] over rows of `row_len` values, each costing about `work_per_row` values'
