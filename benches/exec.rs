@@ -9,6 +9,7 @@
 
 use serde_json::json;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use wirl_sandbox::{
     CodeRunnerPlugin, Limits, PluginSpec, Program, RewardPlugin, RunLimits, Sandbox, SandboxSettings, Task, Termination,
@@ -67,50 +68,17 @@ fn main() -> anyhow::Result<()> {
     call.sort();
     empty.sort();
 
-    let mut by_workers = serde_json::Map::new();
-    for workers in [1usize, 2] {
-        let mut latencies = Vec::new();
-        let mut rates = Vec::new();
-        for _ in 0..reps {
-            let started = Instant::now();
-            let chunks: Vec<Vec<Duration>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..workers)
-                    .map(|w| {
-                        let runner = runner.clone();
-                        let programs = &programs;
-                        scope.spawn(move || {
-                            programs
-                                .iter()
-                                .skip(w)
-                                .step_by(workers)
-                                .map(|program| {
-                                    let t = Instant::now();
-                                    let outcome = runner.run(program, &RunLimits::configured());
-                                    assert_eq!(outcome.termination, Termination::Exited(0));
-                                    t.elapsed()
-                                })
-                                .collect()
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().expect("worker")).collect()
-            });
-            rates.push(programs.len() as f64 / started.elapsed().as_secs_f64());
-            latencies.extend(chunks.into_iter().flatten());
-        }
-        latencies.sort();
-        rates.sort_by(f64::total_cmp);
-        by_workers.insert(
-            workers.to_string(),
-            json!({
-                "exec_per_s_median": round(rates[rates.len() / 2]),
-                "latency_ms_median": ms(percentile(&latencies, 0.5)),
-                "latency_ms_p95": ms(percentile(&latencies, 0.95)),
-                "latency_ms_max": ms(*latencies.last().unwrap()),
-                "executions": latencies.len(),
-            }),
-        );
-    }
+    // 1 and 2 workers: threads of this process sharing the runner, then as many worker
+    // processes (`wirl code-worker`), each fed by a thread of this one.
+    let by_threads = by_workers(&programs, reps, |_| runner.clone())?;
+    wirl_sandbox::register_worker_command(env!("CARGO_BIN_EXE_wirl"), &["code-worker"]);
+    let in_processes = |workers: usize| -> anyhow::Result<Arc<CodeRunnerPlugin>> {
+        let runner = CodeRunnerPlugin::new(sandbox.load(runner_spec.clone())?)?.in_workers(&sandbox, workers)?;
+        Ok(Arc::new(runner))
+    };
+    let (one, two) = (in_processes(1)?, in_processes(2)?);
+    let by_processes = by_workers(&programs, reps, |workers| if workers == 1 { one.clone() } else { two.clone() })?;
+    drop((one, two));
 
     // The grader's verdict on each canonical solution: three programs in fresh instances
     // (judge, candidate, judge) plus the grader's own instance; on the plain runner (the
@@ -159,12 +127,66 @@ fn main() -> anyhow::Result<()> {
             "run_ms_median": ms(percentile(&call, 0.5)),
             "empty_program_ms_median": ms(percentile(&empty, 0.5)),
             "all_passed": true,
-            "by_workers": by_workers,
+            "by_workers": by_threads,
+            "by_processes": by_processes,
             "grader": grader,
             "grader_judge_compiled_in": grader_compiled_in,
         })
     );
     Ok(())
+}
+
+/// Every program once per repeat, run by 1 and then 2 threads on the runner
+/// `runner_for(workers)` gives: throughput and per-program latency.
+fn by_workers(
+    programs: &[Program],
+    reps: usize,
+    runner_for: impl Fn(usize) -> Arc<CodeRunnerPlugin>,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut by_workers = serde_json::Map::new();
+    for workers in [1usize, 2] {
+        let runner = runner_for(workers);
+        let mut latencies = Vec::new();
+        let mut rates = Vec::new();
+        for _ in 0..reps {
+            let started = Instant::now();
+            // Each thread takes the next program not yet taken (as the peer's thread pool).
+            let next = AtomicUsize::new(0);
+            let chunks: Vec<Vec<Duration>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..workers)
+                    .map(|_| {
+                        let (runner, next) = (runner.clone(), &next);
+                        scope.spawn(move || {
+                            std::iter::from_fn(|| programs.get(next.fetch_add(1, Ordering::Relaxed)))
+                                .map(|program| {
+                                    let t = Instant::now();
+                                    let outcome = runner.run(program, &RunLimits::configured());
+                                    assert_eq!(outcome.termination, Termination::Exited(0));
+                                    t.elapsed()
+                                })
+                                .collect()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("worker")).collect()
+            });
+            rates.push(programs.len() as f64 / started.elapsed().as_secs_f64());
+            latencies.extend(chunks.into_iter().flatten());
+        }
+        latencies.sort();
+        rates.sort_by(f64::total_cmp);
+        by_workers.insert(
+            workers.to_string(),
+            json!({
+                "exec_per_s_median": round(rates[rates.len() / 2]),
+                "latency_ms_median": ms(percentile(&latencies, 0.5)),
+                "latency_ms_p95": ms(percentile(&latencies, 0.95)),
+                "latency_ms_max": ms(*latencies.last().unwrap()),
+                "executions": latencies.len(),
+            }),
+        );
+    }
+    Ok(by_workers)
 }
 
 /// The peer's program: prompt, canonical solution, tests, and the call of `check`.

@@ -425,3 +425,155 @@ fn a_sleeping_program_is_cut_at_its_limit() {
     assert!((1_000..6_000).contains(&took), "cut after {took} ms, the limit is 1000 ms");
     assert_eq!(run("print(2 + 2)").stdout, "4\n", "the next program runs");
 }
+
+/// Worker processes (`wirl code-worker`): the same outcomes as in process, and every way a
+/// child can go wrong ends one program with a named crash, never a hang; the next program
+/// gets a fresh child.
+mod workers {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A runner whose programs run in `workers` children of the wirl binary.
+    fn in_workers(workers: usize) -> CodeRunnerPlugin {
+        wirl_sandbox::register_worker_command(env!("CARGO_BIN_EXE_wirl"), &["code-worker"]);
+        CodeRunnerPlugin::new(sandbox().load(runner_spec()).unwrap()).unwrap().in_workers(sandbox(), workers).unwrap()
+    }
+
+    fn signal(pid: u32, signal: &str) {
+        let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// Run `program` on `runner` while, after `after`, `act` is done to the one child.
+    fn run_while(runner: &CodeRunnerPlugin, source: &str, wall_ms: u32, after: Duration, act: &str) -> Outcome {
+        let [pid] = runner.worker_pids()[..] else { panic!("one worker: {:?}", runner.worker_pids()) };
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(after);
+                signal(pid, act);
+            });
+            runner.run(&Program::python(source), &limits(wall_ms, 128, 64 << 10))
+        })
+    }
+
+    fn runs_clean(runner: &CodeRunnerPlugin) {
+        let next = runner.run(&Program::python("print(sum(range(10)))"), &RunLimits::configured());
+        assert_eq!((next.termination, next.stdout.as_str()), (Termination::Exited(0), "45\n"));
+    }
+
+    fn crashed(outcome: &Outcome) -> &str {
+        match &outcome.termination {
+            Termination::Crashed(how) => how,
+            other => panic!("expected a crash, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn programs_in_worker_processes_end_as_in_process() {
+        let workers = in_workers(2);
+        assert_eq!((workers.workers(), workers.worker_pids().len()), (2, 2));
+        let programs = [
+            Program {
+                stdin: "3 4\n".into(),
+                args: vec!["x".into()],
+                ..Program::python(
+                    "import sys\na, b = map(int, input().split())\nprint(a * b, sys.argv[1:])\nprint('e', file=sys.stderr)",
+                )
+            },
+            Program::python("raise SystemExit(3)"),
+            Program::python("1/0"),
+            Program::python("while True: pass"),
+            Program::python("print('x' * 10**6)"),
+            Program::python("x = bytearray(10**10)"),
+            Program { language: "ruby".into(), ..Program::python("puts 1") },
+        ];
+        let limits = limits(500, 64, 4096);
+        // Two threads at once, as scorers of two groups would send them.
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for program in &programs {
+                        let (here, there) = (runner().run(program, &limits), workers.run(program, &limits));
+                        assert_eq!(
+                            (&here.termination, &here.stdout, &here.stderr, here.truncated),
+                            (&there.termination, &there.stdout, &there.stderr, there.truncated),
+                            "{}",
+                            program.source
+                        );
+                    }
+                });
+            }
+        });
+        assert_eq!(workers.worker_pids().len(), 2, "no child was lost on hostile programs");
+    }
+
+    #[test]
+    fn a_worker_killed_mid_program_is_a_crash_and_is_replaced() {
+        let runner = in_workers(1);
+        let before = runner.worker_pids();
+        let outcome = run_while(&runner, "while True: pass", 5_000, Duration::from_millis(300), "-KILL");
+        let how = crashed(&outcome);
+        assert!(how.contains("code worker") && how.contains("signal: 9"), "{how}");
+        runs_clean(&runner);
+        assert_ne!(runner.worker_pids(), before, "a fresh child took its place");
+    }
+
+    #[test]
+    fn a_worker_that_stops_answering_is_cut_at_the_deadline_and_replaced() {
+        // A stopped child never answers: the host's own bound (the program's deadline plus a
+        // margin) ends the wait; the child is killed, not left behind.
+        let runner = in_workers(1);
+        let [pid] = runner.worker_pids()[..] else { unreachable!() };
+        let started = Instant::now();
+        let outcome = run_while(&runner, "while True: pass", 300, Duration::from_millis(100), "-STOP");
+        let took = started.elapsed();
+        let how = crashed(&outcome);
+        assert!(how.contains("did not answer"), "{how}");
+        assert!(took < Duration::from_secs(20), "waited {took:?}");
+        assert!(!runner.worker_pids().contains(&pid));
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the stopped child was reaped");
+        runs_clean(&runner);
+    }
+
+    #[test]
+    fn a_runner_changed_on_disk_is_refused_by_its_workers() {
+        // Workers load the runner from its file: one that no longer has the bytes the host
+        // checked is refused at start, by name, instead of running other code.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runner.wasm");
+        std::fs::copy(CODE_RUNNER, &path).unwrap();
+        let spec = PluginSpec { limits: Limits::code_runner(), ..PluginSpec::new(&path) };
+        let runner = CodeRunnerPlugin::new(sandbox().load(spec).unwrap()).unwrap();
+        std::fs::copy(PYTHON_HUMANEVAL_RUNNER, &path).unwrap();
+        wirl_sandbox::register_worker_command(env!("CARGO_BIN_EXE_wirl"), &["code-worker"]);
+        let error = runner.in_workers(sandbox(), 1).unwrap_err().to_string();
+        assert!(error.contains("runner.wasm") && error.contains("changed since the host loaded it"), "{error}");
+        let dir_error = CodeRunnerPlugin::new(sandbox().load(runner_spec()).unwrap())
+            .unwrap()
+            .in_workers(sandbox(), wirl_sandbox::MAX_WORKERS + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(dir_error.contains(&format!("give 1 to {}", wirl_sandbox::MAX_WORKERS)), "{dir_error}");
+    }
+
+    #[test]
+    fn a_grader_with_workers_grades_as_in_process() {
+        wirl_sandbox::register_worker_command(env!("CARGO_BIN_EXE_wirl"), &["code-worker"]);
+        let spec = PluginSpec {
+            limits: Limits { deadline_ms: 60_000, ..Limits::default() },
+            code_runner: Some(Box::new(PluginSpec {
+                limits: Limits::code_runner(),
+                workers: 2,
+                ..PluginSpec::new(PYTHON_HUMANEVAL_RUNNER)
+            })),
+            ..PluginSpec::new(HUMANEVAL_GRADER)
+        };
+        let mut grader = RewardPlugin::new(sandbox().load(spec).unwrap()).unwrap();
+        let task = &humaneval()[0];
+        let right = task.answer.clone().unwrap();
+        let completions = [right.clone(), "    return True\n".to_string(), "    while True: pass\n".to_string()];
+        let scores: Vec<f32> = grader.score_group(task, &completions).into_iter().map(|s| s.unwrap().reward).collect();
+        assert_eq!(scores, [1.0, 0.0, 0.0]);
+        assert_eq!(grader.plugin().code_runner().unwrap().workers(), 2);
+    }
+}

@@ -205,6 +205,16 @@ fn non_finite_and_out_of_range_settings_are_refused_naming_the_key() {
             ),
             "rewards[0].memory_mib",
         ),
+        (
+            text.replace(
+                &format!("plugin = {HOSTILE:?}"),
+                &format!(
+                    "plugin = {HOSTILE:?}\ncode_runner = {{ plugin = {:?}, workers = 100000 }}",
+                    wirl_test_artifacts::PYTHON_CODE_RUNNER
+                ),
+            ),
+            "rewards[0].code_runner.workers",
+        ),
         (text.replace("steps = 1", "steps = 18446744073709551615"), "grpo.steps"),
     ];
     for (bad, key) in cases {

@@ -54,6 +54,10 @@ enum Command {
     Ctl(ctl::Args),
     /// Print a shell's completion script for wirl (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
+    /// A code worker: runs model-written programs for the process that started it (JSON
+    /// lines on stdin and stdout). Started by wirl itself, never by hand.
+    #[command(hide = true)]
+    CodeWorker,
 }
 
 /// `wirl --version`: the version, the WIT package wirl hosts (plugins built against another
@@ -114,6 +118,10 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     let cli = Cli::parse();
+    // Code runners with `workers` start children of this binary (`wirl code-worker`).
+    if let Ok(exe) = std::env::current_exe() {
+        wirl_sandbox::register_worker_command(exe, &["code-worker"]);
+    }
     if !matches!(cli.command, Command::Train(_) | Command::Eval(_)) {
         // A reader that goes away (`wirl plugin inspect … | head`) ends the command quietly,
         // as with any Unix tool. Training keeps SIGPIPE ignored: a closed log pipe must not
@@ -137,6 +145,7 @@ fn main() -> ExitCode {
         Command::Model(ModelCommand::Export(args)) => model::export(args),
         Command::Ctl(args) => ctl::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::CodeWorker => code_worker(),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -154,6 +163,13 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `wirl code-worker`: serve the parent that started this process until it closes stdin.
+fn code_worker() -> anyhow::Result<ExitCode> {
+    wirl_sandbox::serve_code_worker(std::io::stdin().lock(), std::io::stdout().lock())
+        .map_err(|message| anyhow::anyhow!("code worker: {message}"))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Plugin options shared by the commands that load one plugin from the command line.
@@ -184,6 +200,10 @@ pub struct PluginArgs {
     /// code runner: 10 s, 512 MiB per program).
     #[arg(long, value_name = "WASM")]
     code_runner: Option<std::path::PathBuf>,
+    /// For a grader: run its programs in this many worker processes (0: in this process).
+    /// Programs of concurrent calls then scale with cores as subprocesses do.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "code_runner")]
+    code_workers: usize,
 }
 
 impl PluginArgs {
@@ -211,6 +231,7 @@ impl PluginArgs {
         if let Some(path) = &self.code_runner {
             spec.code_runner = Some(Box::new(wirl_sandbox::PluginSpec {
                 limits: wirl_sandbox::Limits::code_runner(),
+                workers: self.code_workers,
                 ..plugin_spec(path)?
             }));
         }

@@ -55,6 +55,8 @@ pub struct CodeRunnerRef {
     pub stored: Option<PathBuf>,
     pub deadline_ms: Option<u64>,
     pub memory_mib: Option<u64>,
+    /// Worker processes its programs run in (0: in this process).
+    pub workers: usize,
 }
 
 /// A reward plugin (or a grader with its code runner) and its weight in the sum.
@@ -72,8 +74,11 @@ impl RewardSpec {
             let mut limits = Limits::code_runner();
             limits.deadline_ms = runner.deadline_ms.unwrap_or(limits.deadline_ms);
             limits.memory_bytes = runner.memory_mib.map_or(limits.memory_bytes, |mib| mib << 20);
-            spec.code_runner =
-                Some(Box::new(PluginSpec { limits, ..plugin_spec(&runner.path, runner.stored.as_deref()) }));
+            spec.code_runner = Some(Box::new(PluginSpec {
+                limits,
+                workers: runner.workers,
+                ..plugin_spec(&runner.path, runner.stored.as_deref())
+            }));
         }
         spec
     }

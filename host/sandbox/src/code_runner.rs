@@ -13,6 +13,7 @@ use crate::bindings::grader_world::wirl::rl::code_runner as import;
 use crate::call::{self, CallStats, FailureKind, HostState};
 use crate::limits::Limits;
 use crate::plugin::Plugin;
+use crate::workers::WorkerPool;
 use crate::{Error, Outcome, Program, Result, RunLimits, Termination, World};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -23,6 +24,8 @@ pub struct CodeRunnerPlugin {
     pre: CodeRunnerPluginPre<HostState>,
     plugin: Arc<Plugin>,
     last: Mutex<CallStats>,
+    /// Worker processes that run the programs instead of this process, when started.
+    workers: Option<Arc<WorkerPool>>,
 }
 
 impl CodeRunnerPlugin {
@@ -37,14 +40,34 @@ impl CodeRunnerPlugin {
         }
         let pre = CodeRunnerPluginPre::new(plugin.pre.clone())
             .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?;
-        Ok(CodeRunnerPlugin { pre, plugin, last: Mutex::new(CallStats::default()) })
+        Ok(CodeRunnerPlugin { pre, plugin, last: Mutex::new(CallStats::default()), workers: None })
+    }
+
+    /// Run programs in `workers` child processes instead of this one (module `workers`):
+    /// they scale with cores as subprocesses do. The children start now, so that a runner
+    /// they cannot load is an error here, not a crashed program later.
+    pub fn in_workers(mut self, sandbox: &crate::Sandbox, workers: usize) -> Result<Self> {
+        let pool = WorkerPool::start(&self.plugin, sandbox.settings(), workers)
+            .map_err(|message| Error::Config { name: self.plugin.name().to_string(), message })?;
+        self.workers = Some(Arc::new(pool));
+        Ok(self)
+    }
+
+    /// How many worker processes run the programs; 0 when they run in this process.
+    pub fn workers(&self) -> usize {
+        self.workers.as_ref().map_or(0, |pool| pool.workers())
+    }
+
+    /// The process ids of the worker processes alive now (for monitoring); none in process.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.workers.as_ref().map_or_else(Vec::new, |pool| pool.pids())
     }
 
     pub fn plugin(&self) -> &Arc<Plugin> {
         &self.plugin
     }
 
-    /// Time spent instantiating and running in the last run (of any thread).
+    /// Time spent instantiating and running in the last run in this process (of any thread).
     pub fn last_call(&self) -> CallStats {
         *self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -78,6 +101,19 @@ impl CodeRunnerPlugin {
     /// [`CodeRunnerPlugin::run`], awaited: how a grader's `code-runner` import runs a
     /// program inside the grader's own (bounded) call.
     pub(crate) async fn run_async(&self, program: &Program, requested: &RunLimits) -> Outcome {
+        match &self.workers {
+            Some(pool) => pool.run(program, requested, &self.effective_limits(requested)).await,
+            None => self.run_in_process(program, requested).await,
+        }
+    }
+
+    /// [`CodeRunnerPlugin::run`] in this process, whatever the runner's workers: what a
+    /// worker process does with each program it is sent.
+    pub(crate) fn run_here(&self, program: &Program, requested: &RunLimits) -> Outcome {
+        call::block_on(self.run_in_process(program, requested))
+    }
+
+    async fn run_in_process(&self, program: &Program, requested: &RunLimits) -> Outcome {
         let limits = self.effective_limits(requested);
         let started = Instant::now();
         let mut store = match self.plugin.new_store_with(&limits) {

@@ -12,7 +12,8 @@
 //! - [`Plugin`]: a loaded component, known by the sha256 of its bytes, of a known [`World`].
 //! - [`RewardPlugin`], [`EnvironmentPlugin`], [`CodeRunnerPlugin`]: typed handles that call
 //!   one world. A grader is a reward plugin whose `code-runner` import the host wires to a
-//!   code-runner plugin of its own, a separate store per program.
+//!   code-runner plugin of its own, a separate store per program, in this process or in
+//!   worker processes ([`CodeRunnerPlugin::in_workers`], [`serve_code_worker`]).
 
 mod agent;
 mod bindings;
@@ -25,6 +26,7 @@ mod limits;
 mod plugin;
 mod reward;
 mod sandbox;
+mod workers;
 mod world;
 
 pub use agent::AgentPlugin;
@@ -40,6 +42,7 @@ pub use limits::{Grants, Limits, SandboxSettings};
 pub use plugin::{Plugin, PluginSpec};
 pub use reward::RewardPlugin;
 pub use sandbox::Sandbox;
+pub use workers::{MAX_WORKERS, register_worker_command, serve_code_worker};
 pub use world::{WIT_PACKAGE, WIT_VERSION, World};
 
 use std::path::PathBuf;

@@ -1,11 +1,11 @@
 //! Every sandbox default, in one place, each with the reason it has this value.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// Per-call limits of one plugin. Set per plugin in the wirl config; these are the defaults.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Wall-clock time one call may take, in milliseconds.
@@ -80,7 +80,7 @@ pub struct Grants {
 
 /// Engine-wide settings. Precompiled components are keyed by these, because compiled code
 /// only loads into an engine configured the same way.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct SandboxSettings {
     /// Compile fuel checks into guest code, so that per-plugin `fuel` limits work.
     pub fuel: bool,

@@ -27,6 +27,8 @@ pub struct PluginSpec {
     /// For a grader: the interpreter component its `code-runner` import runs programs in,
     /// each in a fresh instance under the runner's own limits.
     pub code_runner: Option<Box<PluginSpec>>,
+    /// For a code runner: the worker processes its programs run in (0: in this process).
+    pub workers: usize,
 }
 
 impl PluginSpec {
@@ -42,6 +44,7 @@ impl PluginSpec {
             grants: Grants::default(),
             config: Default::default(),
             code_runner: None,
+            workers: 0,
         }
     }
 

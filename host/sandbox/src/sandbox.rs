@@ -113,8 +113,11 @@ impl Sandbox {
         })?;
         let runner = match (world, &spec.code_runner) {
             (World::GraderPlugin, Some(runner_spec)) => {
-                let runner = self.load((**runner_spec).clone())?;
-                Some(Arc::new(crate::CodeRunnerPlugin::new(runner)?))
+                let runner = crate::CodeRunnerPlugin::new(self.load((**runner_spec).clone())?)?;
+                Some(Arc::new(match runner_spec.workers {
+                    0 => runner,
+                    workers => runner.in_workers(self, workers)?,
+                }))
             }
             // Loadable (to inspect it, say); scoring with it needs a runner (`RewardPlugin::new`).
             (World::GraderPlugin, None) => None,

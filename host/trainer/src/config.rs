@@ -301,6 +301,10 @@ pub struct CodeRunnerSection {
     /// Memory limit per program (default 512 MiB).
     #[serde(default)]
     pub memory_mib: Option<u64>,
+    /// Worker processes the programs run in (default 0: in the training process). Programs
+    /// of groups scored at once then scale with cores as subprocesses do.
+    #[serde(default)]
+    pub workers: usize,
 }
 
 fn one() -> f32 {
@@ -661,6 +665,7 @@ impl TrainConfig {
                         stored: None,
                         deadline_ms: runner.deadline_ms,
                         memory_mib: runner.memory_mib,
+                        workers: runner.workers,
                     }),
                 })
                 .collect();
@@ -1177,6 +1182,17 @@ impl TrainConfig {
                         "{origin}: `{}[{i}].weight` = {}: it must be a finite number",
                         view.rewards_key,
                         reward.weight
+                    );
+                }
+                if let Some(runner) = &reward.code_runner
+                    && runner.workers > wirl_sandbox::MAX_WORKERS
+                {
+                    bail!(
+                        "{origin}: `{}[{i}].code_runner.workers` = {}: it must be between 0 (programs run in \
+                         process) and {}",
+                        view.rewards_key,
+                        runner.workers,
+                        wirl_sandbox::MAX_WORKERS
                     );
                 }
             }
