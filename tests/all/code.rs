@@ -358,35 +358,41 @@ fn every_canonical_humaneval_solution_scores_one() {
 #[test]
 fn wirl_eval_reports_pass_at_k_on_humaneval() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("humaneval.toml");
     let dataset = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/humaneval/HumanEval.jsonl");
-    std::fs::write(
-        &config,
-        format!(
-            "[model]\npath = {model:?}\n[dataset]\neval = {dataset:?}\n\
-             [[rewards]]\nplugin = {HUMANEVAL_GRADER:?}\ndeadline_ms = 60000\n\
-             code_runner = {{ plugin = {CODE_RUNNER:?} }}\n\
-             [sampling]\nmax_tokens = 48\ntemperature = 0.8\n[eval]\ntasks = 2\nsamples = 3\nk = [1, 2]\n",
-            model = crate::engine::default_model().display().to_string(),
-        ),
-    )
-    .unwrap();
-    let per_task = dir.path().join("results.jsonl");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .arg("eval")
-        .arg(&config)
-        .arg("--output")
-        .arg(&per_task)
-        .env("WIRL_CACHE_DIR", env!("CARGO_TARGET_TMPDIR"))
-        .output()
+    // The same evaluation with the programs in process and in two worker processes (the
+    // tasks' groups then scored at once): the same lines.
+    let eval = |workers: usize| {
+        let config = dir.path().join(format!("humaneval-{workers}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[model]\npath = {model:?}\n[dataset]\neval = {dataset:?}\n\
+                 [[rewards]]\nplugin = {HUMANEVAL_GRADER:?}\ndeadline_ms = 60000\n\
+                 code_runner = {{ plugin = {CODE_RUNNER:?}, workers = {workers} }}\n\
+                 [sampling]\nmax_tokens = 48\ntemperature = 0.8\n[eval]\ntasks = 2\nsamples = 3\nk = [1, 2]\n",
+                model = crate::engine::default_model().display().to_string(),
+            ),
+        )
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let per_task = dir.path().join(format!("results-{workers}.jsonl"));
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("eval")
+            .arg(&config)
+            .arg("--output")
+            .arg(&per_task)
+            .env("WIRL_CACHE_DIR", env!("CARGO_TARGET_TMPDIR"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        (output, std::fs::read_to_string(&per_task).unwrap())
+    };
+    let (output, per_task) = eval(0);
+    assert_eq!(eval(2).1, per_task, "in worker processes");
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     for key in ["greedy_pass_rate", "pass@1", "pass@2"] {
         assert!(summary[key].as_f64().is_some_and(|p| (0.0..=1.0).contains(&p)), "{key}: {summary}");
     }
-    let lines: Vec<serde_json::Value> =
-        std::fs::read_to_string(&per_task).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = per_task.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 2);
     for line in &lines {
         assert_eq!(line["completions"].as_array().unwrap().len(), 3, "{line}");
@@ -575,5 +581,56 @@ mod workers {
         let scores: Vec<f32> = grader.score_group(task, &completions).into_iter().map(|s| s.unwrap().reward).collect();
         assert_eq!(scores, [1.0, 0.0, 0.0]);
         assert_eq!(grader.plugin().code_runner().unwrap().workers(), 2);
+    }
+
+    #[test]
+    fn groups_scored_at_once_get_the_verdicts_of_groups_scored_one_by_one() {
+        wirl_sandbox::register_worker_command(env!("CARGO_BIN_EXE_wirl"), &["code-worker"]);
+        let scorers = |workers: usize| {
+            let reward = wirl_rollout::RewardSpec {
+                plugin: wirl_rollout::PluginRef {
+                    path: HUMANEVAL_GRADER.into(),
+                    stored: None,
+                    config: Default::default(),
+                    deadline_ms: Some(60_000),
+                    memory_mib: None,
+                },
+                weight: 1.0,
+                code_runner: Some(wirl_rollout::CodeRunnerRef {
+                    path: PYTHON_HUMANEVAL_RUNNER.into(),
+                    stored: None,
+                    deadline_ms: Some(2_000),
+                    memory_mib: None,
+                    workers,
+                }),
+            };
+            wirl_rollout::Scorers::load(sandbox(), &[reward]).unwrap()
+        };
+        let (mut one_by_one, mut at_once) = (scorers(0), scorers(2));
+        assert_eq!((one_by_one.parallelism(), at_once.parallelism()), (1, 2));
+        // Five groups of three: right, wrong, endless; each task's own answer.
+        let texts: Vec<(Task, Vec<String>)> = [0, 2, 4, 7, 12]
+            .map(|index| {
+                let task = humaneval()[index].clone();
+                let right = task.answer.clone().unwrap();
+                (task, vec![right, "    return None\n".into(), "    while True: pass\n".into()])
+            })
+            .into();
+        let groups: Vec<(&Task, &[String])> = texts.iter().map(|(task, texts)| (task, texts.as_slice())).collect();
+        let policy = wirl_rollout::FailurePolicy::default();
+        let verdicts = |scored: Vec<Vec<wirl_rollout::Scored>>| -> Vec<Vec<(f32, Option<String>)>> {
+            scored
+                .into_iter()
+                .map(|group| group.into_iter().map(|s| (s.reward, s.notes.values().next().cloned())).collect())
+                .collect()
+        };
+        let expected = verdicts(one_by_one.score_groups(&groups, policy));
+        assert_eq!(
+            expected.iter().map(|g| g.iter().map(|v| v.0).collect::<Vec<_>>()).collect::<Vec<_>>(),
+            vec![vec![1.0, 0.0, 0.0]; 5]
+        );
+        assert_eq!(verdicts(at_once.score_groups(&groups, policy)), expected, "in the order given");
+        // Again, on the lanes made the first time.
+        assert_eq!(verdicts(at_once.score_groups(&groups[1..], policy)), expected[1..]);
     }
 }

@@ -15,6 +15,9 @@ pub struct Scorers {
     /// Each plugin's name in notes and namespaced parts: its file's name, with `#2`, `#3`
     /// for further entries of one file, so that no two coincide.
     labels: Vec<String>,
+    /// Instances of the same plugins for the further threads of [`Scorers::score_groups`],
+    /// made when first needed.
+    lanes: Vec<Scorers>,
 }
 
 /// What a trajectory whose scoring failed becomes (a task's `on_failure`). A failure is
@@ -105,16 +108,19 @@ impl Scorers {
             let taken = labels.iter().filter(|l| *l == name || l.starts_with(&format!("{name}#"))).count();
             labels.push(if taken == 0 { name.to_string() } else { format!("{name}#{}", taken + 1) });
         }
-        Ok(Scorers { plugins, labels, remote: None })
+        Ok(Scorers { plugins, labels, remote: None, lanes: Vec::new() })
     }
 
     /// The scorers of a task from `source`: a remote task's server, else the plugins of
     /// `specs`.
     pub fn for_source(sandbox: &Sandbox, source: &crate::TaskSource, specs: &[RewardSpec]) -> anyhow::Result<Self> {
         match source {
-            crate::TaskSource::Remote(remote) => {
-                Ok(Scorers { plugins: Vec::new(), labels: Vec::new(), remote: Some((**remote).clone()) })
-            }
+            crate::TaskSource::Remote(remote) => Ok(Scorers {
+                plugins: Vec::new(),
+                labels: Vec::new(),
+                remote: Some((**remote).clone()),
+                lanes: Vec::new(),
+            }),
             _ => Self::load(sandbox, specs),
         }
     }
@@ -122,6 +128,65 @@ impl Scorers {
     /// The loaded plugins, in config order.
     pub fn plugins(&self) -> impl Iterator<Item = &Arc<Plugin>> {
         self.plugins.iter().map(|(p, _)| p.plugin())
+    }
+
+    /// How many groups [`Scorers::score_groups`] scores at once: the most worker processes
+    /// any of the plugins' code runners has (programs in process, or no code runner: one).
+    pub fn parallelism(&self) -> usize {
+        self.plugins().filter_map(|p| p.code_runner()).map(|runner| runner.workers()).max().unwrap_or(0).max(1)
+    }
+
+    /// Score several groups, each as [`Scorers::score_group`] does, in the order given. Where
+    /// the plugins' code runners have worker processes, as many groups are scored at once
+    /// (a grader sends its programs one at a time, so one group cannot use more than one
+    /// worker), each thread with instances of its own; one after another otherwise.
+    pub fn score_groups(&mut self, groups: &[(&Task, &[String])], policy: FailurePolicy) -> Vec<Vec<Scored>> {
+        let lanes = self.parallelism().min(groups.len());
+        if lanes <= 1 || self.remote.is_some() {
+            return groups.iter().map(|(task, completions)| self.score_group(task, completions, policy)).collect();
+        }
+        while self.lanes.len() + 1 < lanes {
+            match self.another() {
+                Ok(lane) => self.lanes.push(lane),
+                Err(error) => {
+                    // Fewer lanes, never fewer scores: the failure is the next lane's to make.
+                    tracing::warn!("scoring groups at once: {}", printable(&error.to_string()));
+                    break;
+                }
+            }
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut others = std::mem::take(&mut self.lanes);
+        let mut scored: Vec<(usize, Vec<Scored>)> = std::thread::scope(|scope| {
+            let take = |scorers: &mut Scorers| {
+                let mut done = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((task, completions)) = groups.get(i) else { return done };
+                    done.push((i, scorers.score_group(task, completions, policy)));
+                }
+            };
+            let handles: Vec<_> =
+                others.iter_mut().take(lanes - 1).map(|lane| scope.spawn(move || take(lane))).collect();
+            let mut all = take(self);
+            for handle in handles {
+                all.extend(handle.join().expect("a scoring thread panicked"));
+            }
+            all
+        });
+        self.lanes = others;
+        scored.sort_by_key(|(i, _)| *i);
+        scored.into_iter().map(|(_, scores)| scores).collect()
+    }
+
+    /// Fresh instances of the same plugins, weights and labels.
+    fn another(&self) -> anyhow::Result<Scorers> {
+        let plugins = self
+            .plugins
+            .iter()
+            .map(|(plugin, weight)| Ok((RewardPlugin::new(plugin.plugin().clone())?, *weight)))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Scorers { plugins, labels: self.labels.clone(), remote: None, lanes: Vec::new() })
     }
 
     /// Score one group: every plugin's weighted reward summed. A failing call is recorded

@@ -2,10 +2,11 @@
 //! pass rate, and with `eval.samples = n` the unbiased pass@k over n samples per task — with
 //! one JSONL line per task. Needs only the inference model, not the learner.
 
-use crate::config::RunConfig;
+use crate::config::{RunConfig, TaskSpec};
 use crate::observer::{Event, Observer};
 use anyhow::Context;
 use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
@@ -166,12 +167,17 @@ pub fn evaluate(
         let prompts: Vec<Vec<u32>> =
             requests.iter().step_by(1 + usize::from(eval.samples > 0)).map(|r| r.prompt.clone()).collect();
         let mut outputs = wirl_engine::generate(&model, &tokenizer, &requests, |_, _, _| {})?.into_iter();
-        for (i, ((t, task), prompt)) in chunk.iter().zip(&prompts).enumerate() {
+        let mut generated = Vec::with_capacity(chunk.len());
+        for _ in chunk {
+            let greedy = outputs.next().context("one greedy completion per task")?;
+            let sampled = if eval.samples > 0 { Some(outputs.next().context("samples per task")?) } else { None };
+            generated.push((greedy, sampled));
+        }
+        let mut prescored = score_single_turn(chunk, &generated, &config.tasks, &mut scorers);
+        for (i, (((t, task), prompt), (greedy, sampled))) in chunk.iter().zip(&prompts).zip(generated).enumerate() {
             let spec = &config.tasks[*t];
             // A masked verdict (a plugin failed) is not a pass.
             let pass = |score: &Scored| score.status.usable() && score.reward >= spec.pass_reward;
-            let greedy = outputs.next().context("one greedy completion per task")?;
-            let sampled = if eval.samples > 0 { Some(outputs.next().context("samples per task")?) } else { None };
             // Scored, with each trajectory's conversation after the prompt (episodes only).
             let (greedy, sampled): (Judged, Option<Vec<Judged>>) = if spec.max_turns > 1 {
                 let TaskSource::Environment { plugin, .. } = &sources[*t] else {
@@ -204,13 +210,10 @@ pub fn evaluate(
                 let greedy = ran.next().context("the greedy episode")?.remove(0);
                 (greedy, ran.next())
             } else {
-                let rewards = &mut scorers[*t];
+                let (score, scores) = prescored.remove(&i).context("every single-turn task is scored above")?;
                 let text = greedy[0].text.clone();
-                let score = rewards.score_group(task, std::slice::from_ref(&text), spec.failures).remove(0);
-                let sampled = sampled.map(|sampled| {
-                    let texts: Vec<String> = sampled.into_iter().map(|c| c.text).collect();
-                    let scores = rewards.score_group(task, &texts, spec.failures);
-                    scores.into_iter().zip(texts).map(|(s, text)| (s, text, Vec::new())).collect()
+                let sampled = sampled.zip(scores).map(|(sampled, scores)| {
+                    scores.into_iter().zip(sampled).map(|(s, c)| (s, c.text, Vec::new())).collect()
                 });
                 ((score, text, Vec::new()), sampled)
             };
@@ -290,6 +293,43 @@ pub fn evaluate(
         .collect::<serde_json::Map<_, _>>()
         .into();
     Ok(summary)
+}
+
+/// The verdicts of a chunk's single-turn tasks (by position in the chunk): the greedy
+/// completion's and, with samples, theirs. A task's groups are scored together, at once
+/// where its graders run programs in worker processes.
+fn score_single_turn(
+    chunk: &[(usize, wirl_sandbox::Task)],
+    generated: &[(Vec<wirl_engine::Completion>, Option<Vec<wirl_engine::Completion>>)],
+    specs: &[TaskSpec],
+    scorers: &mut [Scorers],
+) -> BTreeMap<usize, (Scored, Option<Vec<Scored>>)> {
+    let mut verdicts = BTreeMap::new();
+    let single_turn: BTreeSet<usize> = chunk.iter().map(|(t, _)| *t).filter(|&t| specs[t].max_turns <= 1).collect();
+    for t in single_turn {
+        let members: Vec<usize> = (0..chunk.len()).filter(|&i| chunk[i].0 == t).collect();
+        // Each member's greedy group, then its sampled group.
+        let texts: Vec<(Vec<String>, Option<Vec<String>>)> = members
+            .iter()
+            .map(|&i| {
+                let (greedy, sampled) = &generated[i];
+                let text = |c: &[wirl_engine::Completion]| c.iter().map(|c| c.text.clone()).collect::<Vec<_>>();
+                (text(&greedy[..1]), sampled.as_deref().map(text))
+            })
+            .collect();
+        let mut groups: Vec<(&wirl_sandbox::Task, &[String])> = Vec::new();
+        for (&i, (greedy, sampled)) in members.iter().zip(&texts) {
+            groups.push((&chunk[i].1, greedy));
+            groups.extend(sampled.as_deref().map(|sampled| (&chunk[i].1, sampled)));
+        }
+        let mut scored = scorers[t].score_groups(&groups, specs[t].failures).into_iter();
+        for (&i, (_, sampled)) in members.iter().zip(&texts) {
+            let greedy = scored.next().and_then(|mut one| one.pop()).expect("a verdict per completion");
+            let sampled = sampled.as_ref().map(|_| scored.next().expect("a verdict per group"));
+            verdicts.insert(i, (greedy, sampled));
+        }
+    }
+    verdicts
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use crate::swap::{RecentGroup, Staged, SwapEvent, Swapper};
 use crate::tasks::{LoadedTask, load_tasks};
 use anyhow::{Context, bail};
 use candle_core::{DType, Device};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use std::time::Instant;
 use wirl_engine::{EngineHandle, Finished, GenerateRequest, InFlight, LoadOptions, Sampling, Tokenizer};
 use wirl_grpo::{GroupBatch, Learner, LossSettings, Net, Optimizer, Policy, UpdateSettings};
 use wirl_rollout::{RolloutGroup, SkippedTask, StepTasks, TaskSource, seed_for};
-use wirl_sandbox::{Sandbox, SandboxSettings, printable};
+use wirl_sandbox::{Sandbox, SandboxSettings, Task, printable};
 
 /// How a run ended, when it did not fail.
 #[derive(Debug)]
@@ -775,19 +775,35 @@ impl Trainer {
         let episodes_s = episodes_started.elapsed().as_secs_f64();
 
         let generate_peak = memory.phase_end();
-        // Scores: single-turn groups by their task's reward plugins (those not scored yet).
+        // Scores: single-turn groups not scored yet (all of them without `grpo.overlap`) by
+        // their task's reward plugins, a task's groups together: at once where its graders
+        // run programs in worker processes.
         observer.event(phase(Phase::Scoring));
+        let started = Instant::now();
+        let unscored: Vec<usize> =
+            (0..picked.len()).filter(|i| scored[*i].is_none() && !episode_outcomes.contains_key(i)).collect();
+        let owners_unscored: BTreeSet<usize> = unscored.iter().map(|&i| picked[i].0).collect();
+        for t in owners_unscored {
+            let members: Vec<usize> = unscored.iter().copied().filter(|&i| picked[i].0 == t).collect();
+            let texts: Vec<Vec<String>> = members
+                .iter()
+                .map(|&i| generated[i].iter().flatten().map(|trajectory| trajectory.text.clone()).collect())
+                .collect();
+            let groups: Vec<(&Task, &[String])> =
+                members.iter().zip(&texts).map(|(&i, texts)| (&picked[i].1, texts.as_slice())).collect();
+            let owner = &mut self.tasks[t];
+            for (i, scores) in members.iter().zip(owner.scorers.score_groups(&groups, owner.spec.failures)) {
+                scored[*i] = Some(scores);
+            }
+        }
+        score_s += started.elapsed().as_secs_f64();
         let mut groups = Vec::with_capacity(generated.len());
         let mut owners = Vec::with_capacity(generated.len());
         for i in 0..picked.len() {
             let (trajectories, scores) = match (episode_outcomes.remove(&i), generated[i].take()) {
                 (Some(outcomes), _) => outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip(),
                 (None, Some(trajectories)) => {
-                    let scores = match scored[i].take() {
-                        Some(scores) => scores,
-                        None => score(&mut self.tasks, i, &trajectories),
-                    };
-                    (trajectories, scores)
+                    (trajectories, scored[i].take().expect("every single-turn group is scored above"))
                 }
                 (None, None) => unreachable!("every group is either an episode group or sampled"),
             };
