@@ -1,8 +1,9 @@
 //! Model-written code in the CPython code-runner component: the 164 HumanEval programs
 //! (`prompt + canonical_solution + test + check(entry_point)`, as the peer builds them), each
-//! in a fresh instance, with 1 and 2 workers; and the grader's whole verdict per completion
-//! (judge, candidate, judge: three programs), also on the humaneval runner (the judge
-//! compiled into its snapshot) when given. Also the component's one-time compile and its
+//! in a fresh instance, with 1 and 2 workers (threads of this process, then worker
+//! processes); and the grader's whole verdict per completion (judge, candidate, judge: three
+//! programs) alone and in groups of 8, also on the humaneval runner (the judge compiled into
+//! its snapshot) when given. Also the component's one-time compile and its
 //! load from the compiled cache. Prints one JSON line. Run through benches/exec.sh.
 //!
 //!   cargo bench -p wirl-cli --bench exec -- RUNNER.wasm GRADER.wasm HumanEval.jsonl [REPS [HUMANEVAL_RUNNER.wasm]]
@@ -101,10 +102,22 @@ fn main() -> anyhow::Result<()> {
         }
         let grading_rate = tasks.len() as f64 / started.elapsed().as_secs_f64();
         verdicts.sort();
+        // As training scores them: a group of 8 completions per task (one first judge run
+        // for the group), per completion.
+        let mut in_groups = Vec::new();
+        for task in &tasks {
+            let group = vec![task.answer.clone().unwrap_or_default(); 8];
+            let t = Instant::now();
+            let scores = grader.score_group(task, &group);
+            in_groups.push(t.elapsed() / 8);
+            anyhow::ensure!(scores.iter().all(|s| s.as_ref().is_ok_and(|s| s.reward == 1.0)), "{}", task.id);
+        }
+        in_groups.sort();
         Ok(json!({
             "verdict_ms_median": ms(percentile(&verdicts, 0.5)),
             "verdict_ms_p95": ms(percentile(&verdicts, 0.95)),
             "verdicts_per_s": round(grading_rate),
+            "in_group_of_8_ms_median": ms(percentile(&in_groups, 0.5)),
             "passed": verdicts.len(),
         }))
     };

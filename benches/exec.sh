@@ -52,7 +52,8 @@ for kind in ("by_workers", "by_processes"):
 for key, what in (("grader", "judge sent whole"), ("grader_judge_compiled_in", "humaneval runner, judge compiled in")):
     g = w[key]
     print(f"grader verdict (3 programs, {what}): p50 {g['verdict_ms_median']:.2f} ms, "
-          f"p95 {g['verdict_ms_p95']:.2f} ms, {g['verdicts_per_s']:.0f}/s")
+          f"p95 {g['verdict_ms_p95']:.2f} ms, {g['verdicts_per_s']:.0f}/s; "
+          f"per completion in a group of 8: p50 {g['in_group_of_8_ms_median']:.2f} ms")
 print(f"component {w['component_mb']} MB, compile once {w['compile_once_s']:.1f} s, "
       f"load compiled {w['load_compiled_ms']:.1f} ms")
 PY

@@ -4,7 +4,9 @@
 # is recorded as pending and answered with a placeholder that cannot be used, so that one
 # round finds every call that does not depend on an earlier answer.
 import ast
+import base64
 import json
+import marshal
 import random
 import sys
 import traceback
@@ -107,13 +109,25 @@ def main():
         "_wirl_begin": _wirl_begin,
         "_wirl_undecided": _wirl_undecided,
     }
+    # The prompt's and the guarded test's code, as an earlier judge run of this task compiled
+    # them (parsing, guarding and compiling the test is most of a judge run); compiled here
+    # when the request has none, or one this interpreter cannot read.
+    compiled = None
+    if request.get("code"):
+        try:
+            compiled = marshal.loads(base64.b64decode(request["code"]))
+        except Exception:
+            compiled = None
+    fresh = compiled is None
+    if fresh:
+        tree = ast.fix_missing_locations(_GuardAsserts().visit(ast.parse(request["test"], "<test>")))
+        compiled = (compile(request["prompt"], "<prompt>", "exec"), compile(tree, "<test>", "exec"))
     # The task's prompt: the helpers the tests may call, and a docstring-only stand-in for
     # the function under test (never called: the tests get the proxy).
-    exec(compile(request["prompt"], "<prompt>", "exec"), namespace)
+    exec(compiled[0], namespace)
     # Some tests call the function by its own name rather than as `candidate`.
     namespace[request["entry_point"]] = candidate
-    tree = ast.fix_missing_locations(_GuardAsserts().visit(ast.parse(request["test"], "<test>")))
-    exec(compile(tree, "<test>", "exec"), namespace)
+    exec(compiled[1], namespace)
     test_lines = request["test"].splitlines()
 
     failure = None
@@ -139,6 +153,8 @@ def main():
         verdict = {"verdict": "fail", **failure}
     else:
         verdict = {"verdict": "pass"}
+    if fresh:
+        verdict["code"] = base64.b64encode(marshal.dumps(compiled)).decode()
     sys.stdout.write("__WIRL_JUDGE__" + json.dumps(verdict) + "\n")
 
 

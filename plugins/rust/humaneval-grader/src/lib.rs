@@ -111,6 +111,17 @@ impl Problem {
 /// Runs a program in a fresh interpreter: the host's code runner, or (in tests) anything else.
 pub type Runner<'a> = dyn FnMut(&Program, Limits) -> Outcome + 'a;
 
+/// A judge run's output: what it said and, where it compiled the task's prompt and guarded
+/// test itself, that code (marshalled, base64) for the task's later judge runs to load
+/// instead of parsing and compiling the test again. Only judge runs produce or read it: no
+/// model-written code runs where it is made or used.
+#[derive(Deserialize)]
+struct JudgeOutput {
+    #[serde(flatten)]
+    says: JudgeSays,
+    code: Option<String>,
+}
+
 /// What a judge run said.
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -127,16 +138,23 @@ pub fn grade_group(
     run: &mut Runner<'_>,
 ) -> Vec<Result<Score, String>> {
     // Whether the runner has the judge compiled in: assumed, and found out by the first run.
-    let mut compiled_in = true;
+    let mut judging = Judging { compiled_in: true, code: None };
     // The first judge round knows no answers, so it asks the same of every completion.
-    let first = match judge(problem, &serde_json::Map::new(), &mut compiled_in, run) {
+    let first = match judge(problem, &serde_json::Map::new(), &mut judging, run) {
         Ok(says) => says,
         Err(e) => return completions.iter().map(|_| Err(format!("the task's tests do not run: {e}"))).collect(),
     };
     completions
         .iter()
-        .map(|completion| Ok(grade_one(settings, problem, completion, &first, compiled_in, run)))
+        .map(|completion| Ok(grade_one(settings, problem, completion, &first, &mut judging, run)))
         .collect()
+}
+
+/// What the judge runs of one task share: whether the runner has the judge compiled in, and
+/// the task's code as the first judge run compiled it.
+struct Judging {
+    compiled_in: bool,
+    code: Option<String>,
 }
 
 fn grade_one(
@@ -144,7 +162,7 @@ fn grade_one(
     problem: &Problem,
     completion: &str,
     first: &JudgeSays,
-    mut compiled_in: bool,
+    judging: &mut Judging,
     run: &mut Runner<'_>,
 ) -> Score {
     let program = candidate_program(&problem.prompt, completion, &problem.entry_point);
@@ -154,7 +172,7 @@ fn grade_one(
         JudgeSays::Pending { pending } => pending.clone(),
     };
     for _ in 0..settings.max_rounds {
-        match call_candidate(settings, problem, &program, &pending, compiled_in, run) {
+        match call_candidate(settings, problem, &program, &pending, judging.compiled_in, run) {
             Ok(results) => {
                 for (key, answer) in results {
                     // Only answers to what the judge asked are taken.
@@ -168,7 +186,7 @@ fn grade_one(
         if let Some(missing) = pending.iter().find(|key| !memo.contains_key(*key)) {
             return fail("exited early", &format!("no result for the call with arguments {}", shorten(missing)));
         }
-        match judge(problem, &memo, &mut compiled_in, run) {
+        match judge(problem, &memo, judging, run) {
             Ok(JudgeSays::Verdict { verdict, reason, detail }) => return verdict_score(&verdict, &reason, &detail),
             Ok(JudgeSays::Pending { pending: next }) => pending = next,
             Err(e) => return fail("judge", &format!("the tests could not judge the results: {e}")),
@@ -180,12 +198,14 @@ fn grade_one(
 fn judge(
     problem: &Problem,
     memo: &serde_json::Map<String, serde_json::Value>,
-    compiled_in: &mut bool,
+    judging: &mut Judging,
     run: &mut Runner<'_>,
 ) -> Result<JudgeSays, String> {
     let request = serde_json::json!({
         "prompt": problem.prompt, "test": problem.test, "entry_point": problem.entry_point, "memo": memo,
+        "code": judging.code,
     });
+    let compiled_in = &mut judging.compiled_in;
     let limits = Limits { wall_ms: JUDGE_WALL_MS, memory_bytes: 0, fuel: None, max_output_bytes: 0 };
     let mut outcome = None;
     if *compiled_in {
@@ -206,7 +226,10 @@ fn judge(
     };
     match (&outcome.termination, last_marked(&outcome.stdout, JUDGE_MARK)) {
         (Termination::Exited(0), Some(line)) => {
-            serde_json::from_str(line).map_err(|e| format!("unreadable judge output ({e}): {}", shorten(line)))
+            let output: JudgeOutput =
+                serde_json::from_str(line).map_err(|e| format!("unreadable judge output ({e}): {}", shorten(line)))?;
+            judging.code = judging.code.take().or(output.code);
+            Ok(output.says)
         }
         (termination, _) => Err(format!("{} ({})", describe(termination), last_line(&outcome.stderr))),
     }
