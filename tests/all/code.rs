@@ -406,6 +406,45 @@ fn wirl_eval_reports_pass_at_k_on_humaneval() {
 }
 
 #[test]
+fn a_judge_run_loads_the_code_an_earlier_one_compiled_and_compiles_afresh_what_it_cannot_read() {
+    // The humaneval judge as the grader runs it: the task's prompt and guarded test compiled
+    // by the first run of a group, loaded by the later ones.
+    let runner = CodeRunnerPlugin::new(
+        sandbox()
+            .load(PluginSpec { limits: Limits::code_runner(), ..PluginSpec::new(PYTHON_HUMANEVAL_RUNNER) })
+            .unwrap(),
+    )
+    .unwrap();
+    let meta: serde_json::Value = serde_json::from_str(humaneval()[0].metadata.as_deref().unwrap()).unwrap();
+    let judge = |code: serde_json::Value| -> serde_json::Value {
+        let request = serde_json::json!({
+            "prompt": meta["prompt"], "test": meta["test"], "entry_point": meta["entry_point"], "memo": {}, "code": code,
+        });
+        let program = Program {
+            stdin: request.to_string(),
+            ..Program::python("import wirl_humaneval_judge\nwirl_humaneval_judge.main()\n")
+        };
+        let outcome = runner.run(&program, &RunLimits::configured());
+        assert_eq!(outcome.termination, Termination::Exited(0), "{}", outcome.stderr);
+        let line = outcome.stdout.lines().rev().find_map(|l| l.strip_prefix("__WIRL_JUDGE__")).expect("a verdict");
+        serde_json::from_str(line).unwrap()
+    };
+    let first = judge(serde_json::Value::Null);
+    let code = first["code"].clone();
+    assert!(code.as_str().is_some_and(|c| c.len() > 100), "{first}");
+    let pending = &first["pending"];
+    assert!(pending.as_array().is_some_and(|p| !p.is_empty()), "{first}");
+    // Loaded: the same calls asked, nothing compiled to send back.
+    let loaded = judge(code);
+    assert_eq!((&loaded["pending"], loaded.get("code")), (pending, None), "{loaded}");
+    // Not a code object this interpreter can read: compiled afresh, the same calls asked.
+    for garbage in ["bm9uc2Vuc2U=", "not base64 at all", ""] {
+        let again = judge(garbage.into());
+        assert_eq!(&again["pending"], pending, "{garbage:?}: {again}");
+    }
+}
+
+#[test]
 fn a_sleeping_program_finishes_within_its_limit() {
     let started = std::time::Instant::now();
     let outcome =
