@@ -564,6 +564,17 @@ mod workers {
     }
 
     #[test]
+    fn ctrl_c_in_the_terminal_leaves_a_workers_program_to_its_parent() {
+        // The terminal's SIGINT reaches the whole process group; the parent decides.
+        let runner = in_workers(1);
+        let before = runner.worker_pids();
+        let program = "import time\ntime.sleep(0.5)\nprint('done')";
+        let outcome = run_while(&runner, program, 5_000, Duration::from_millis(100), "-INT");
+        assert_eq!((outcome.termination, outcome.stdout.as_str()), (Termination::Exited(0), "done\n"));
+        assert_eq!(runner.worker_pids(), before, "the same child");
+    }
+
+    #[test]
     fn a_worker_that_stops_answering_is_cut_at_the_deadline_and_replaced() {
         // A stopped child never answers: the host's own bound (the program's deadline plus a
         // margin) ends the wait; the child is killed, not left behind.

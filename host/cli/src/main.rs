@@ -167,6 +167,13 @@ fn main() -> ExitCode {
 
 /// `wirl code-worker`: serve the parent that started this process until it closes stdin.
 fn code_worker() -> anyhow::Result<ExitCode> {
+    // Ctrl-C in a terminal reaches the whole process group: the parent decides what it
+    // means (a training stops at its next boundary), and ends this worker by closing stdin
+    // or killing it; a worker that died of the signal would fail the programs in flight.
+    // SAFETY: setting the disposition of one signal, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
     wirl_sandbox::serve_code_worker(std::io::stdin().lock(), std::io::stdout().lock())
         .map_err(|message| anyhow::anyhow!("code worker: {message}"))?;
     Ok(ExitCode::SUCCESS)

@@ -149,7 +149,7 @@ impl Scorers {
             match self.another() {
                 Ok(lane) => self.lanes.push(lane),
                 Err(error) => {
-                    // Fewer lanes, never fewer scores: the failure is the next lane's to make.
+                    // Scored by the lanes there are (at worst this one): slower, nothing lost.
                     tracing::warn!("scoring groups at once: {}", printable(&error.to_string()));
                     break;
                 }
