@@ -25,7 +25,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
-use wirl_engine::llama::{repeat_kv, rope_tables, rotate_half_rope};
+use wirl_engine::llama::{repeat_kv, rope_tables};
 
 /// Weights by HF name, and the forward math over them. The same code runs the trainable
 /// policy (variables: gradients flow) and the frozen reference (plain tensors).
@@ -72,9 +72,7 @@ impl Net {
     }
 
     fn rms_norm(&self, x: &Tensor, name: &str) -> Result<Tensor> {
-        let eps = self.config.rms_norm_eps;
-        let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-        x.broadcast_mul(&scale)?.broadcast_mul(self.w(name)?)
+        crate::fused::rms_norm(x, self.w(name)?, self.config.rms_norm_eps)
     }
 
     /// Log-probabilities and entropies of `completions` after `prompt`.
@@ -349,9 +347,8 @@ impl Net {
         let q = split(self.linear(x, &format!("{l}.self_attn.q_proj"))?, heads)?;
         let k = split(self.linear(x, &format!("{l}.self_attn.k_proj"))?, kv_heads)?;
         let v = split(self.linear(x, &format!("{l}.self_attn.v_proj"))?, kv_heads)?.contiguous()?;
-        let (cos, sin) = (cos.unsqueeze(0)?.unsqueeze(0)?, sin.unsqueeze(0)?.unsqueeze(0)?);
-        let q = rotate_half_rope(&q.contiguous()?, &cos, &sin).map_err(candle_core::Error::wrap)?;
-        let k = rotate_half_rope(&k.contiguous()?, &cos, &sin).map_err(candle_core::Error::wrap)?;
+        let q = crate::fused::rope(&q, cos, sin)?;
+        let k = crate::fused::rope(&k, cos, sin)?;
         let (keys, values) = match prefix {
             Some((pk, pv)) => {
                 let (_, kvh, p, d) = pk.dims4()?;
@@ -365,7 +362,7 @@ impl Net {
         let keys = repeat_kv(&keys, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
         let values = repeat_kv(&values, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
         let scores = (q.matmul(&keys.t()?)? / (dim as f64).sqrt())?.broadcast_add(mask)?;
-        let weights = softmax(&scores)?;
+        let weights = crate::fused::softmax_last_dim(&scores)?;
         let out = weights.matmul(&values)?.transpose(1, 2)?.reshape((batch, len, heads * dim))?;
         Ok((out, k, v))
     }
@@ -405,13 +402,6 @@ struct Frame {
     sin: Tensor,
     prefix_mask: Tensor,
     mask: Tensor,
-}
-
-/// Softmax over the last dimension from differentiable ops (the max is a constant shift).
-fn softmax(x: &Tensor) -> Result<Tensor> {
-    let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?.detach())?;
-    let e = shifted.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
 /// A scalar whose gradient with respect to each output is the gradient that came down to it

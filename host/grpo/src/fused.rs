@@ -1,0 +1,376 @@
+//! Softmax, RMS norm and rotary embedding as single ops with their backward written out,
+//! where the policy trains on the CPU in f32. candle composes each from 5–8 elementwise ops,
+//! every one a fresh tensor forward and more of them backward (a softmax over `[rows, heads,
+//! queries, keys]` scores is the largest tensor of a layer); here each is one pass forward
+//! and one or two backward. Elsewhere (CUDA, bf16) the composed ops stand.
+
+use crate::grads::in_row_parts;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor, bail};
+
+/// Softmax over the last dimension.
+pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if fused(x) {
+        return x.contiguous()?.apply_op1(Softmax);
+    }
+    // The max is a constant shift: no gradient through it.
+    let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?.detach())?;
+    let e = shifted.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// `x / rms(x) * weight` over the last dimension, `eps` inside the root.
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    if fused(x) && fused(weight) {
+        return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
+    }
+    let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    x.broadcast_mul(&scale)?.broadcast_mul(weight)
+}
+
+/// HF's rotary embedding of `x` (`[batch, heads, len, dim]`): `x · cos + rotate_half(x) ·
+/// sin`, with `cos` and `sin` of shape `[len, dim / 2]`.
+pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if fused(x) && fused(cos) && fused(sin) {
+        return x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope { inverse: false });
+    }
+    let (cos, sin) = (cos.unsqueeze(0)?.unsqueeze(0)?, sin.unsqueeze(0)?.unsqueeze(0)?);
+    wirl_engine::llama::rotate_half_rope(x, &cos, &sin).map_err(candle_core::Error::wrap)
+}
+
+fn fused(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32
+}
+
+/// The contiguous f32 values of one argument.
+fn values<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<&'a [f32]> {
+    match (storage, layout.contiguous_offsets()) {
+        (CpuStorage::F32(values), Some((start, end))) => Ok(&values[start..end]),
+        _ => bail!("{op}: expects contiguous f32 values"),
+    }
+}
+
+fn last_dim(layout: &Layout) -> usize {
+    layout.dims().last().copied().unwrap_or(1).max(1)
+}
+
+/// Rows of `n` values of `out` filled by `f(row_index, row)`, rows split over threads.
+fn by_rows(len: usize, n: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    let mut out = vec![0f32; len];
+    in_row_parts(&mut out, n, work, |first, rows| {
+        for (r, row) in rows.chunks_mut(n).enumerate() {
+            f(first + r, row);
+        }
+    });
+    out
+}
+
+struct Softmax;
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "wirl-softmax"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = values(storage, layout, self.name())?;
+        let n = last_dim(layout);
+        let out = by_rows(x.len(), n, n, |r, out| {
+            let row = &x[r * n..(r + 1) * n];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if max == f32::NEG_INFINITY {
+                return; // every key masked: no weight anywhere
+            }
+            let mut sum = 0f64;
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = (v - max).exp();
+                sum += f64::from(*o);
+            }
+            let inv = (1.0 / sum) as f32;
+            out.iter_mut().for_each(|o| *o *= inv);
+        });
+        Ok((CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(y.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBackward)?))
+    }
+}
+
+/// `dx = y ⊙ (g − Σ g·y)` per row.
+struct SoftmaxBackward;
+
+impl CustomOp2 for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        "wirl-softmax-backward"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (y, g) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
+        if y.len() != g.len() {
+            bail!("{}: {} outputs but {} gradients", self.name(), y.len(), g.len());
+        }
+        let n = last_dim(l1);
+        let out = by_rows(y.len(), n, n, |r, out| {
+            let (y, g) = (&y[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
+            let dot = y.iter().zip(g).map(|(&y, &g)| f64::from(y) * f64::from(g)).sum::<f64>() as f32;
+            for ((o, &y), &g) in out.iter_mut().zip(y).zip(g) {
+                *o = y * (g - dot);
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+struct RmsNorm {
+    eps: f64,
+}
+
+/// `1 / sqrt(mean(x²) + eps)` of one row.
+fn inverse_rms(row: &[f32], eps: f64) -> f32 {
+    let mean = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / row.len() as f64;
+    (1.0 / (mean + eps).sqrt()) as f32
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "wirl-rms-norm"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, w) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
+        let n = last_dim(l1);
+        if w.len() != n {
+            bail!("{}: a weight of {} values for rows of {n}", self.name(), w.len());
+        }
+        let out = by_rows(x.len(), n, n, |r, out| {
+            let row = &x[r * n..(r + 1) * n];
+            let scale = inverse_rms(row, self.eps);
+            for ((o, &v), &w) in out.iter_mut().zip(row).zip(w) {
+                *o = v * scale * w;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let dx = x.apply_op3_no_bwd(w, &grad, &RmsNormBackwardX { eps: self.eps })?;
+        let dw = x.apply_op2_no_bwd(&grad, &RmsNormBackwardWeight { eps: self.eps })?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// Per row, with `u = g ⊙ w` and `r` the inverse rms: `dx = r·u − x · r³ · (u·x) / n`.
+struct RmsNormBackwardX {
+    eps: f64,
+}
+
+impl CustomOp3 for RmsNormBackwardX {
+    fn name(&self) -> &'static str {
+        "wirl-rms-norm-backward-x"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, g) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?, values(s3, l3, self.name())?);
+        let n = last_dim(l1);
+        if w.len() != n || g.len() != x.len() {
+            bail!("{}: mismatched shapes", self.name());
+        }
+        let out = by_rows(x.len(), n, 2 * n, |r, out| {
+            let (x, g) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
+            let inv = inverse_rms(x, self.eps);
+            let ux = x.iter().zip(g).zip(w).map(|((&x, &g), &w)| f64::from(g * w) * f64::from(x)).sum::<f64>();
+            let coef = (f64::from(inv).powi(3) * ux / n as f64) as f32;
+            for (((o, &x), &g), &w) in out.iter_mut().zip(x).zip(g).zip(w) {
+                *o = inv * g * w - x * coef;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+/// `dw = Σ over rows of g ⊙ x · r`.
+struct RmsNormBackwardWeight {
+    eps: f64,
+}
+
+impl CustomOp2 for RmsNormBackwardWeight {
+    fn name(&self) -> &'static str {
+        "wirl-rms-norm-backward-weight"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, g) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
+        let n = last_dim(l1);
+        if g.len() != x.len() {
+            bail!("{}: mismatched shapes", self.name());
+        }
+        let mut sum = vec![0f64; n];
+        for (x, g) in x.chunks(n).zip(g.chunks(n)) {
+            let inv = f64::from(inverse_rms(x, self.eps));
+            for ((s, &x), &g) in sum.iter_mut().zip(x).zip(g) {
+                *s += f64::from(g) * f64::from(x) * inv;
+            }
+        }
+        Ok((CpuStorage::F32(sum.into_iter().map(|s| s as f32).collect()), Shape::from(n)))
+    }
+}
+
+/// The rotation of each position's halves by its angles; `inverse` rotates back, which is
+/// the rotation's gradient (it is orthogonal, and `cos` and `sin` are constants).
+struct Rope {
+    inverse: bool,
+}
+
+impl CustomOp3 for Rope {
+    fn name(&self) -> &'static str {
+        "wirl-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, cos, sin) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?, values(s3, l3, self.name())?);
+        let dims = l1.dims();
+        let (len, dim) = match dims {
+            [.., len, dim] => (*len, *dim),
+            _ => bail!("{}: expects [.., len, dim], got {dims:?}", self.name()),
+        };
+        let half = dim / 2;
+        if dim % 2 != 0 || cos.len() != len * half || sin.len() != len * half {
+            bail!("{}: tables of {} values for {len} positions of {dim}", self.name(), cos.len());
+        }
+        let sign = if self.inverse { -1f32 } else { 1.0 };
+        let out = by_rows(x.len(), dim, dim, |r, out| {
+            let position = r % len;
+            let (c, s) = (&cos[position * half..][..half], &sin[position * half..][..half]);
+            let row = &x[r * dim..(r + 1) * dim];
+            let (x1, x2) = row.split_at(half);
+            let (o1, o2) = out.split_at_mut(half);
+            for i in 0..half {
+                let (c, s) = (c[i], sign * s[i]);
+                o1[i] = x1[i] * c - x2[i] * s;
+                o2[i] = x2[i] * c + x1[i] * s;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let back = Rope { inverse: !self.inverse };
+        Ok((Some(grad.contiguous()?.apply_op3_no_bwd(cos, sin, &back)?), None, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    /// The fused op and the composed one, forward and backward, on the same values.
+    fn compare(
+        shape: &[usize],
+        fused: impl Fn(&Tensor) -> Result<Tensor>,
+        composed: impl Fn(&Tensor) -> Result<Tensor>,
+    ) {
+        let device = Device::Cpu;
+        let x = Var::from_tensor(&(Tensor::randn(0f32, 1.0, shape, &device).unwrap() * 3.0).unwrap()).unwrap();
+        let upstream = Tensor::randn(0f32, 1.0, shape, &device).unwrap();
+        let run = |f: &dyn Fn(&Tensor) -> Result<Tensor>| {
+            let y = f(x.as_tensor()).unwrap();
+            let grads = (&y * &upstream).unwrap().sum_all().unwrap().backward().unwrap();
+            (y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), grads.get(&x).unwrap().flatten_all().unwrap())
+        };
+        let ((y1, g1), (y2, g2)) = (run(&fused), run(&composed));
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            let worst = a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{what}: differs by {worst}");
+        };
+        close(&y1, &y2, "output");
+        close(&g1.to_vec1::<f32>().unwrap(), &g2.to_vec1::<f32>().unwrap(), "gradient");
+    }
+
+    #[test]
+    fn softmax_matches_the_composed_ops_with_masked_keys() {
+        let mask = |x: &Tensor| -> Result<Tensor> {
+            // A causal mask as attention adds it: -inf above the diagonal.
+            let (q, k) = (x.dim(D::Minus2)?, x.dim(D::Minus1)?);
+            let values: Vec<f32> =
+                (0..q).flat_map(|i| (0..k).map(move |j| if j > i + 2 { f32::NEG_INFINITY } else { 0.0 })).collect();
+            x.broadcast_add(&Tensor::from_vec(values, (q, k), x.device())?)
+        };
+        compare(
+            &[2, 3, 5, 7],
+            |x| softmax_last_dim(&mask(x)?),
+            |x| {
+                let x = mask(x)?;
+                let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?.detach())?;
+                let e = shifted.exp()?;
+                e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+            },
+        );
+    }
+
+    #[test]
+    fn rms_norm_matches_the_composed_ops_for_input_and_weight() {
+        let device = Device::Cpu;
+        let weight = Var::from_tensor(&Tensor::randn(1f32, 0.5, 11, &device).unwrap()).unwrap();
+        let eps = 1e-5;
+        compare(
+            &[3, 4, 11],
+            |x| rms_norm(x, weight.as_tensor(), eps),
+            |x| {
+                let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+                x.broadcast_mul(&scale)?.broadcast_mul(weight.as_tensor())
+            },
+        );
+        // The weight's gradient, both ways.
+        let x = Tensor::randn(0f32, 2.0, (3, 4, 11), &device).unwrap();
+        let upstream = Tensor::randn(0f32, 1.0, (3, 4, 11), &device).unwrap();
+        let weight_grad = |y: Tensor| {
+            let grads = (y * &upstream).unwrap().sum_all().unwrap().backward().unwrap();
+            grads.get(&weight).unwrap().to_vec1::<f32>().unwrap()
+        };
+        let fused = weight_grad(rms_norm(&x, weight.as_tensor(), eps).unwrap());
+        let scale = (x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps).unwrap().sqrt().unwrap().recip().unwrap();
+        let composed = weight_grad(x.broadcast_mul(&scale).unwrap().broadcast_mul(weight.as_tensor()).unwrap());
+        let worst = fused.iter().zip(&composed).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-4, "weight gradient differs by {worst}");
+    }
+
+    #[test]
+    fn rope_matches_the_composed_ops() {
+        let device = Device::Cpu;
+        let angles = Tensor::randn(0f32, 2.0, (5, 4), &device).unwrap();
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        compare(
+            &[2, 3, 5, 8],
+            |x| rope(x, &cos, &sin),
+            |x| {
+                let (c, s) = (cos.unsqueeze(0)?.unsqueeze(0)?, sin.unsqueeze(0)?.unsqueeze(0)?);
+                wirl_engine::llama::rotate_half_rope(x, &c, &s).map_err(candle_core::Error::wrap)
+            },
+        );
+    }
+}
