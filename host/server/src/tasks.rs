@@ -392,10 +392,13 @@ pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Re
     let results = blocking(move || {
         let mut task = lock(&task);
         let policy = task.failures;
-        Ok(groups
-            .iter()
-            .map(|(problem, completions)| {
-                let scores = task.scorers.score_group(problem, completions, policy);
+        // At once where the task's graders run programs in worker processes.
+        let asked: Vec<(&Task, &[String])> = groups.iter().map(|(p, c)| (p, c.as_slice())).collect();
+        Ok(task
+            .scorers
+            .score_groups(&asked, policy)
+            .into_iter()
+            .map(|scores| {
                 json!({
                     "rewards": scores.iter().map(|s| scored(s)["reward"].clone()).collect::<Vec<_>>(),
                     "scores": scores.iter().map(scored).collect::<Vec<_>>(),
