@@ -216,6 +216,7 @@ fn non_finite_and_out_of_range_settings_are_refused_naming_the_key() {
             "rewards[0].code_runner.workers",
         ),
         (text.replace("steps = 1", "steps = 18446744073709551615"), "grpo.steps"),
+        (text.replace("beta = 0.0", "beta = 0.0\nkeep_activations_mib = -1"), "keep_activations_mib"),
     ];
     for (bad, key) in cases {
         std::fs::write(&config, bad).unwrap();
@@ -319,8 +320,9 @@ fn tiny_weights() -> (tempfile::TempDir, wirl_engine::Config, std::collections::
     (dir, config, tensors)
 }
 
-/// The recomputing backward (one layer's graph at a time) gives the loss and gradients of
-/// the whole-graph backward.
+/// The layer-by-layer backward gives the loss and gradients of the whole-graph backward,
+/// whether every layer is rebuilt in the backward, only some (the top layer keeps its graph
+/// from the forward), or none.
 #[test]
 fn recomputed_layers_give_the_same_gradients() {
     let (_dir, config, tensors) = tiny_weights();
@@ -333,20 +335,27 @@ fn recomputed_layers_give_the_same_gradients() {
     };
     let mut whole = wirl_grpo::Gradients::new();
     let (whole_loss, recomputed) =
-        policy.loss_and_grads(&prompt, &completions, u64::MAX, u64::MAX, &mut whole, loss_of).unwrap();
+        policy.loss_and_grads(&prompt, &completions, &wirl_grpo::MemoryLimits::WHOLE, &mut whole, loss_of).unwrap();
     assert!(!recomputed);
-    let mut layered = wirl_grpo::Gradients::new();
-    let (layered_loss, recomputed) =
-        policy.loss_and_grads(&prompt, &completions, 0, u64::MAX, &mut layered, loss_of).unwrap();
-    assert!(recomputed);
-    assert!((whole_loss - layered_loss).abs() < 1e-5, "{whole_loss} vs {layered_loss}");
+    let width = completions.iter().map(Vec::len).max().unwrap();
+    let one_layer = policy.net().layer_graph_bytes(prompt.len(), &[(completions.len(), width)]);
+    assert!(config.num_hidden_layers > 1, "the test keeps some layers' graphs and not others");
     let mut worst = 0f32;
-    for (name, var) in policy.vars() {
-        let a = whole.tensor(var).unwrap().unwrap_or_else(|| panic!("no gradient for {name}"));
-        let b = layered.tensor(var).unwrap().unwrap_or_else(|| panic!("no recomputed gradient for {name}"));
-        let difference = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        let scale = a.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-3);
-        worst = worst.max(difference / scale);
+    for keep_layers in [0, one_layer, u64::MAX] {
+        let limits = wirl_grpo::MemoryLimits { recompute_above: 0, keep_layers, head_chunk: u64::MAX };
+        let mut layered = wirl_grpo::Gradients::new();
+        let (layered_loss, recomputed) =
+            policy.loss_and_grads(&prompt, &completions, &limits, &mut layered, loss_of).unwrap();
+        assert!(recomputed);
+        assert!((whole_loss - layered_loss).abs() < 1e-5, "keep {keep_layers}: {whole_loss} vs {layered_loss}");
+        for (name, var) in policy.vars() {
+            let a = whole.tensor(var).unwrap().unwrap_or_else(|| panic!("no gradient for {name}"));
+            let b =
+                layered.tensor(var).unwrap().unwrap_or_else(|| panic!("keep {keep_layers}: no gradient for {name}"));
+            let difference = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let scale = a.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-3);
+            worst = worst.max(difference / scale);
+        }
     }
     assert!(worst < 1e-4, "largest relative gradient difference {worst}");
 }
@@ -433,20 +442,14 @@ fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
         [("logp and entropy", &loss_of as &dyn Fn(&wirl_grpo::TokenStats) -> _), ("logp", &logp_only)]
     {
         for recompute_above in [u64::MAX, 0] {
+            let limits = |head_chunk| wirl_grpo::MemoryLimits { recompute_above, keep_layers: 0, head_chunk };
             let mut whole = wirl_grpo::Gradients::new();
             let (whole_loss, _) =
-                policy.loss_and_grads(&prompt, &completions, recompute_above, u64::MAX, &mut whole, objective).unwrap();
+                policy.loss_and_grads(&prompt, &completions, &limits(u64::MAX), &mut whole, objective).unwrap();
             for chunk in [1, 3, 8] {
                 let mut chunked = wirl_grpo::Gradients::new();
                 let (loss, recomputed) = policy
-                    .loss_and_grads(
-                        &prompt,
-                        &completions,
-                        recompute_above,
-                        chunk * per_position,
-                        &mut chunked,
-                        objective,
-                    )
+                    .loss_and_grads(&prompt, &completions, &limits(chunk * per_position), &mut chunked, objective)
                     .unwrap();
                 assert_eq!(recomputed, recompute_above == 0);
                 assert!((whole_loss - loss).abs() < 1e-5, "{what}, chunk {chunk}: {whole_loss} vs {loss}");
@@ -484,7 +487,8 @@ fn a_token_outside_the_vocabulary_is_an_error() {
         [(0, per_position), (0, u64::MAX), (u64::MAX, per_position), (u64::MAX, u64::MAX)]
     {
         let mut grads = wirl_grpo::Gradients::new();
-        let result = policy.loss_and_grads(&prompt, &completions, recompute_above, head_chunk, &mut grads, loss_of);
+        let limits = wirl_grpo::MemoryLimits { recompute_above, keep_layers: 0, head_chunk };
+        let result = policy.loss_and_grads(&prompt, &completions, &limits, &mut grads, loss_of);
         assert!(result.is_err(), "recompute above {recompute_above}, head chunk {head_chunk}");
     }
     let stats = policy.net().completion_stats_chunked(&prompt, &completions, per_position);
@@ -502,8 +506,7 @@ fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
         aggregation: wirl_grpo::loss::Aggregation::TokenMean,
         max_grad_norm: Some(1.0),
         max_tokens: 8,
-        recompute_above_bytes: u64::MAX,
-        head_chunk_bytes: u64::MAX,
+        memory: wirl_grpo::MemoryLimits::WHOLE,
         micro_batch_rows: 0,
         split_by_length: false,
         tis_cap: 2.0,
@@ -537,10 +540,11 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         sampler_logprobs,
         sampler_lag: 0,
     };
-    // Recomputing, a group's micro-batches share one pass of the prompt; the head whole or
-    // by chunks of 3 positions (fused).
+    // Recomputing, a group's micro-batches share one pass of the prompt, every layer rebuilt
+    // in the backward or every one keeping its graph from the forward; the head whole or by
+    // chunks of 3 positions (fused).
     let chunk_of_3 = (3 * 4 * config.vocab_size * 4) as u64;
-    let weights_after = |micro_batch_rows: usize, split_by_length: bool, recompute: bool, chunked: bool| {
+    let weights_after = |micro_batch_rows: usize, split_by_length: bool, recompute: Option<u64>, chunked: bool| {
         let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
         let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let reference = Some(policy.frozen_copy(&wirl_engine::Device::Cpu).unwrap());
@@ -551,8 +555,11 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
             inner_epochs: 2,
             micro_batch_rows,
             split_by_length,
-            recompute_above_bytes: if recompute { 0 } else { u64::MAX },
-            head_chunk_bytes: if chunked { chunk_of_3 } else { u64::MAX },
+            memory: wirl_grpo::MemoryLimits {
+                recompute_above: if recompute.is_some() { 0 } else { u64::MAX },
+                keep_layers: recompute.unwrap_or(0),
+                head_chunk: if chunked { chunk_of_3 } else { u64::MAX },
+            },
             ..tiny_update_settings()
         };
         let stats =
@@ -565,19 +572,22 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
             .collect();
         (stats.loss, stats.grad_norm, weights)
     };
-    let (whole_loss, whole_norm, whole) = weights_after(0, false, false, false);
+    let (whole_loss, whole_norm, whole) = weights_after(0, false, None, false);
+    let (rebuilt, kept) = (Some(0), Some(u64::MAX));
     for (rows, by_length, recompute, chunked) in [
-        (1, false, false, false),
-        (3, false, false, false),
-        (0, true, false, false),
-        (2, true, false, false),
-        (0, true, true, false),
-        (0, true, true, true),
-        (2, true, true, true),
+        (1, false, None, false),
+        (3, false, None, false),
+        (0, true, None, false),
+        (2, true, None, false),
+        (0, true, rebuilt, false),
+        (0, true, rebuilt, true),
+        (0, true, kept, true),
+        (2, true, rebuilt, true),
+        (2, true, kept, false),
     ] {
         let (loss, norm, split) = weights_after(rows, by_length, recompute, chunked);
         let what = format!(
-            "micro-batches of {rows} (0: any), by length {by_length}, recomputed {recompute}, head by chunks {chunked}"
+            "micro-batches of {rows} (0: any), by length {by_length}, layer by layer (bytes kept) {recompute:?}, head by chunks {chunked}"
         );
         assert!((whole_loss - loss).abs() < 1e-5, "{what}: loss {loss} vs {whole_loss}");
         assert!((whole_norm - norm).abs() < 1e-5 * whole_norm, "{what}: gradient norm {norm} vs {whole_norm}");

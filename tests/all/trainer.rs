@@ -4,7 +4,34 @@
 use std::path::Path;
 use wirl_test_artifacts::{ARITHMETIC, HOSTILE};
 
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/default-job-2-steps.json");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures");
+
+/// This CPU's data and unified cache sizes (`l1d48K-l21024K-l332768K`): the matrix
+/// products block their sums by them, so another CPU generation adds f32 terms in another
+/// order and, from the first logit that moves a sample, draws other tokens.
+fn cache_fingerprint() -> String {
+    let mut parts = Vec::new();
+    for index in 0..8 {
+        let dir = std::path::PathBuf::from(format!("/sys/devices/system/cpu/cpu0/cache/index{index}"));
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).map(|s| s.trim().to_string());
+        let (Ok(level), Ok(kind), Ok(size)) = (read("level"), read("type"), read("size")) else { continue };
+        if kind != "Instruction" {
+            parts.push(format!("l{level}{}{size}", if kind == "Data" { "d" } else { "" }));
+        }
+    }
+    parts.join("-")
+}
+
+/// The default job's fixture for this machine: the one made on a CPU with these caches
+/// (`default-job-2-steps.<caches>.json`) where there is one, else the first one made.
+/// `WIRL_WRITE_FIXTURE=1` rewrites the one this machine reads, `WIRL_WRITE_FIXTURE=machine`
+/// makes one for this machine's caches.
+fn fixture_path() -> std::path::PathBuf {
+    let dir = Path::new(FIXTURES);
+    let this_machine = dir.join(format!("default-job-2-steps.{}.json", cache_fingerprint()));
+    let writing_this_machine = std::env::var_os("WIRL_WRITE_FIXTURE").is_some_and(|v| v == "machine");
+    if writing_this_machine || this_machine.exists() { this_machine } else { dir.join("default-job-2-steps.json") }
+}
 
 /// What of a run is deterministic: each step's metrics without timings and memory, every
 /// rollout without the plugins' sha256 (a rebuilt guest may differ in bytes, not in scores),
@@ -93,9 +120,9 @@ fn assert_close(path: &str, expected: &serde_json::Value, actual: &serde_json::V
 }
 
 /// The default job (real model, real plugins, KL reference on), 2 seeded steps and 4
-/// held-out tasks: the same completions, rewards and losses as the fixture. Regenerate it
-/// only on purpose, for a change meant to move the numbers: `WIRL_WRITE_FIXTURE=1 cargo test
-/// default_job`.
+/// held-out tasks: the same completions, rewards and losses as the fixture ([`fixture_path`]:
+/// one per CPU cache layout). Regenerate it only on purpose, for a change meant to move the
+/// numbers: `WIRL_WRITE_FIXTURE=1 cargo test default_job` (and so every fixture there is).
 #[test]
 fn the_default_jobs_numbers_hold() {
     crate::engine::default_model();
@@ -109,11 +136,13 @@ fn the_default_jobs_numbers_hold() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let record = deterministic_record(&run);
+    let fixture_path = fixture_path();
     if std::env::var_os("WIRL_WRITE_FIXTURE").is_some() {
-        std::fs::write(FIXTURE, serde_json::to_string_pretty(&record).unwrap() + "\n").unwrap();
+        std::fs::write(&fixture_path, serde_json::to_string_pretty(&record).unwrap() + "\n").unwrap();
     }
-    let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fixture_path).unwrap()).unwrap();
     assert_eq!(record["rollouts"].as_array().unwrap().len(), 2 * 4 * 8);
+    eprintln!("fixture {} (this CPU's caches: {})", fixture_path.display(), cache_fingerprint());
     assert_close("run", &fixture, &record);
 }
 

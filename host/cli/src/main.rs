@@ -14,6 +14,38 @@ mod train;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// The tunable that makes glibc's allocator ask for transparent huge pages for its heap.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const HUGE_PAGE_TUNABLES: &str = "glibc.malloc.hugetlb=1";
+
+/// Run this process again with glibc's allocator backing its heap with transparent huge
+/// pages (the `glibc.malloc.hugetlb` tunable, read only when a process starts). Training
+/// allocates and frees gigabytes of tensors a step; with 4 KiB pages each first touch is a
+/// page fault (~8 µs on a virtual machine: 2.5 M faults and 16 s of system time in four
+/// steps of the default job), with 2 MiB pages 512 times fewer (docs/BENCHMARKS.md).
+/// Nothing changes where `GLIBC_TUNABLES` is already set (the user's tunables win; an
+/// empty value opts out), where the kernel never gives huge pages, or where the exec
+/// fails (the process goes on as it is). Called first in `main`, while there is one
+/// thread; the process keeps its id, arguments and the rest of its environment.
+fn start_with_huge_pages() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::process::CommandExt;
+        if std::env::var_os("GLIBC_TUNABLES").is_some() {
+            return;
+        }
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        if thp.is_empty() || thp.contains("[never]") {
+            return;
+        }
+        let Ok(exe) = std::env::current_exe() else { return };
+        let mut args = std::env::args_os();
+        let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+        // Returns only when the exec failed; then this process goes on unchanged.
+        let _ = std::process::Command::new(&exe).arg0(arg0).args(args).env("GLIBC_TUNABLES", HUGE_PAGE_TUNABLES).exec();
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "wirl",
@@ -107,6 +139,7 @@ enum PluginCommand {
 }
 
 fn main() -> ExitCode {
+    start_with_huge_pages();
     wirl_engine::pin_thread_count();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -117,6 +150,12 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.split(':').any(|t| t == HUGE_PAGE_TUNABLES)) {
+        tracing::debug!(
+            "the allocator's heap asks for transparent huge pages (GLIBC_TUNABLES has {HUGE_PAGE_TUNABLES})"
+        );
+    }
     let cli = Cli::parse();
     // Code runners with `workers` start children of this binary (`wirl code-worker`).
     if let Ok(exe) = std::env::current_exe() {

@@ -18,5 +18,5 @@ pub use loss::{
     token_weights,
 };
 pub use optim::{Optimizer, Schedule, Update};
-pub use policy::{Net, Policy, TokenStats};
+pub use policy::{MemoryLimits, Net, Policy, TokenStats};
 pub use update::{GroupBatch, Learner, UpdateSettings, UpdateStats, UpdateTimes};

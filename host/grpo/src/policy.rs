@@ -9,9 +9,11 @@
 //!
 //! Memory: backward through the whole forward keeps every layer's attention scores, which
 //! grow with the square of the prompt (`[layers, heads, P, P]`: gigabytes at 1,000 tokens).
-//! [`Policy::loss_and_grads`] therefore recomputes: above a memory estimate it runs the
-//! forward once without a graph, keeping only each layer's input, then rebuilds and
-//! differentiates one layer at a time from the top, so only one layer's graph is alive.
+//! [`Policy::loss_and_grads`] therefore goes layer by layer above a memory estimate: each
+//! layer's input is a leaf, so its graph ends at its output; the top layers keep their graphs
+//! from the forward as far as a budget allows, the others run without a graph, keeping only
+//! their input, and are rebuilt one at a time in the backward from the top. Each kept layer
+//! saves one layer's forward; each rebuilt one holds only its own graph.
 //!
 //! The head's vocabulary-wide tensors (`[rows, positions, vocab]` logits, log-softmax,
 //! probabilities: ~100 MB each for 8 rows of 64 positions over 49,152 tokens) are computed a
@@ -328,6 +330,29 @@ impl Net {
         5 * scalar * self.config.num_attention_heads as u64 * self.config.num_hidden_layers as u64 * per_layer
     }
 
+    /// Bytes of one layer's graph over a group's prompt (`prompt_len` tokens, the last one
+    /// run with the rows) and its parts of `(rows, width)` completions: what a backward
+    /// keeps alive per layer. An estimate from the layer's ops (each op's output lives as
+    /// long as the graph): per position, ten hidden-wide tensors (norms, projections,
+    /// residuals), five key/value-wide ones and four MLP-wide ones; per row, its keys and
+    /// values over the prefix as concatenated and repeated for every head; per query, four
+    /// score-wide tensors per head (scores, scaled, masked, softmax).
+    pub fn layer_graph_bytes(&self, prompt_len: usize, parts: &[(usize, usize)]) -> u64 {
+        let c = &self.config;
+        let p = prompt_len.saturating_sub(1) as u64;
+        let (hidden, heads) = (c.hidden_size as u64, c.num_attention_heads as u64);
+        let kv = (c.num_kv_heads() * c.head_dim()) as u64;
+        let per_position = 10 * hidden + 5 * kv + 4 * c.intermediate_size as u64;
+        let per_key = 2 * (kv + hidden);
+        let mut values = p * per_position + 4 * heads * p * p + p * per_key;
+        for &(rows, width) in parts {
+            let (rows, width) = (rows as u64, width as u64);
+            values +=
+                rows * width * per_position + 4 * heads * rows * width * (p + width) + rows * (p + width) * per_key;
+        }
+        values * self.cos.dtype().size_in_bytes() as u64
+    }
+
     /// Attention of `x` (`[B, T, hidden]`) with keys/values of `prefix` (`[1, kv, P, dim]`)
     /// before its own. Returns the output before `o_proj`, and this call's own k and v.
     fn attention(
@@ -376,6 +401,47 @@ impl Net {
 
 /// A layer's keys and values, `[1, kv_heads, P, head_dim]` each.
 type KeyValues = (Tensor, Tensor);
+
+/// One layer of a group: its inputs (the prefix's and each part's) as leaves, and its
+/// outputs with the graph back to them.
+struct LayerGraph {
+    px: Option<Var>,
+    xs: Vec<Var>,
+    px_out: Option<Tensor>,
+    outs: Vec<Tensor>,
+}
+
+/// What the layer-by-layer backward keeps of one layer from the forward.
+enum Stored {
+    Graph(LayerGraph),
+    /// Only its inputs: the layer is rebuilt in the backward.
+    Inputs {
+        px: Option<Tensor>,
+        xs: Vec<Tensor>,
+    },
+}
+
+/// How much memory one group's backward may hold, in bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryLimits {
+    /// Above this many bytes of attention intermediates ([`Net::attention_graph_bytes`]) the
+    /// layers take the layer-by-layer path; at or below it one graph spans the whole
+    /// forward (`u64::MAX`: always whole; 0: always layer by layer).
+    pub recompute_above: u64,
+    /// On the layer-by-layer path, the most bytes of layer graphs
+    /// ([`Net::layer_graph_bytes`] each) kept from the forward: the top layers that fit
+    /// keep theirs, the others are run again in the backward (0: all are).
+    pub keep_layers: u64,
+    /// The most bytes one `[rows, positions, vocab]` tensor of the head may take
+    /// ([`Net::head_chunk`]; `u64::MAX`: the whole head at once).
+    pub head_chunk: u64,
+}
+
+impl MemoryLimits {
+    /// One graph over the whole forward and the whole head: the textbook backward.
+    pub const WHOLE: MemoryLimits =
+        MemoryLimits { recompute_above: u64::MAX, keep_layers: u64::MAX, head_chunk: u64::MAX };
+}
 
 /// One group's inputs: the prompt but its last token, the rows' input ids and their targets.
 struct Batch<'p> {
@@ -458,28 +524,27 @@ impl Policy {
     }
 
     /// The loss of one group, its gradients with respect to the policy's variables added
-    /// into `grads`. `loss_of` turns the group's token stats into a scalar loss (plus what the caller wants
-    /// back). When a backward through the whole forward would keep more than
-    /// `recompute_above` bytes of attention intermediates, the layers are recomputed one at
-    /// a time instead (same ops, one layer's graph in memory at once). The flag returned
-    /// says whether it recomputed.
-    /// The head is computed `head_chunk_bytes` at a time ([`Net::head_chunk`]; `u64::MAX`:
-    /// whole).
+    /// into `grads`. `loss_of` turns the group's token stats into a scalar loss (plus what
+    /// the caller wants back). When a backward through the whole forward would keep more
+    /// than `limits.recompute_above` bytes of attention intermediates, it goes layer by
+    /// layer instead ([`Policy::parts_loss_and_grads`]: the same ops, the graphs of only as
+    /// many layers as `limits.keep_layers` allows kept from the forward, the others rebuilt
+    /// one at a time). The flag returned says whether it went layer by layer. The head is
+    /// computed `limits.head_chunk` bytes at a time ([`Net::head_chunk`]).
     pub fn loss_and_grads<R>(
         &self,
         prompt: &[u32],
         completions: &[Vec<u32>],
-        recompute_above: u64,
-        head_chunk_bytes: u64,
+        limits: &MemoryLimits,
         grads: &mut Gradients,
         loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
     ) -> Result<(R, bool)> {
         let width = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let chunk = self.net.head_chunk(completions.len(), width, head_chunk_bytes);
+        let chunk = self.net.head_chunk(completions.len(), width, limits.head_chunk);
         // By chunks (fused where it can be) unless the whole head was asked for.
-        let whole_head = head_chunk_bytes == u64::MAX;
+        let whole_head = limits.head_chunk == u64::MAX;
         let net = &self.net;
-        if net.attention_graph_bytes(prompt.len(), completions.len(), width) <= recompute_above {
+        if net.attention_graph_bytes(prompt.len(), completions.len(), width) <= limits.recompute_above {
             if whole_head {
                 let stats = net.completion_stats(prompt, completions)?;
                 let (loss, extra) = loss_of(&stats)?;
@@ -495,7 +560,7 @@ impl Policy {
             return Ok((extra, false));
         }
         let mut loss_of = Some(loss_of);
-        let mut extras = self.parts_loss_and_grads(prompt, &[completions], head_chunk_bytes, grads, |_, stats| {
+        let mut extras = self.parts_loss_and_grads(prompt, &[completions], limits, grads, |_, stats| {
             loss_of.take().expect("one part, one loss")(stats)
         })?;
         Ok((extras.pop().expect("one part"), true))
@@ -505,18 +570,19 @@ impl Policy {
     /// completions): the prompt runs once for all of them — each layer rebuilt once, every
     /// part's rows attending to the prompt's keys and values — so the prompt's gradient
     /// gathers every part's before it goes down, and no part pays for the prompt again.
-    /// `loss_of(k, stats)` is part `k`'s loss; returns what each gave. One layer's graph
-    /// for all parts is alive at a time.
+    /// `loss_of(k, stats)` is part `k`'s loss; returns what each gave. The top layers whose
+    /// graphs fit in `limits.keep_layers` keep them from the forward; every other layer is
+    /// run again from its kept inputs in the backward, one layer's graph alive at a time.
     pub fn parts_loss_and_grads<R>(
         &self,
         prompt: &[u32],
         parts: &[&[Vec<u32>]],
-        head_chunk_bytes: u64,
+        limits: &MemoryLimits,
         grads: &mut Gradients,
         mut loss_of: impl FnMut(usize, &TokenStats) -> Result<(Tensor, R)>,
     ) -> Result<Vec<R>> {
         let net = &self.net;
-        let whole_head = head_chunk_bytes == u64::MAX;
+        let whole_head = limits.head_chunk == u64::MAX;
         let batches = parts.iter().map(|part| net.batch(prompt, part)).collect::<Result<Vec<_>>>()?;
         let frames = batches.iter().map(|b| net.frame(b.prefix, &b.inputs)).collect::<Result<Vec<_>>>()?;
         let (Some(first), Some(prefix_frame)) = (batches.first(), frames.first()) else {
@@ -524,19 +590,32 @@ impl Policy {
         };
         let prefix = first.prefix;
         let layers = net.config.num_hidden_layers;
-        // Forward without a graph, keeping each layer's inputs (a few MB at most).
+        // The top layers whose graphs fit in the budget keep them from this forward; the
+        // others run without a graph, keeping only their inputs (a few MB at most), and are
+        // rebuilt in the backward. Kept at the top: their graphs are freed first, before any
+        // layer below is rebuilt.
+        let shapes: Vec<(usize, usize)> = batches.iter().map(|b| b.inputs.dims2()).collect::<Result<_>>()?;
+        let per_layer = net.layer_graph_bytes(prompt.len(), &shapes).max(1);
+        let kept = usize::try_from(limits.keep_layers / per_layer).unwrap_or(usize::MAX).min(layers);
         let frozen = net.detached();
         let mut px = frozen.embed_prefix(prefix, first.inputs.device())?;
         let mut xs = batches.iter().map(|b| frozen.embed_rows(&b.inputs)).collect::<Result<Vec<_>>>()?;
-        let mut inputs = Vec::with_capacity(layers);
+        let mut stored = Vec::with_capacity(layers);
         for i in 0..layers {
+            if i >= layers - kept {
+                let graph = self.layer_graph(i, px.as_ref(), &xs, prefix_frame, &frames)?;
+                px = graph.px_out.as_ref().map(Tensor::detach);
+                xs = graph.outs.iter().map(Tensor::detach).collect();
+                stored.push(Stored::Graph(graph));
+                continue;
+            }
             let (next_px, kv) = frozen.prefix_layer(i, px.as_ref(), prefix_frame)?;
             let next_xs = xs
                 .iter()
                 .zip(&frames)
                 .map(|(x, frame)| frozen.rows_layer(i, x, kv.as_ref(), frame))
                 .collect::<Result<Vec<_>>>()?;
-            inputs.push((px, xs));
+            stored.push(Stored::Inputs { px, xs });
             (px, xs) = (next_px, next_xs);
         }
         // The heads: each part's loss from its last hidden states, a leaf whose gradient goes
@@ -551,24 +630,20 @@ impl Policy {
                 (extra, self.take_grads(&mut loss.backward()?, grads, top.as_tensor())?)
             } else {
                 let (rows, width) = batch.inputs.dims2()?;
-                let chunk = net.head_chunk(rows, width, head_chunk_bytes);
+                let chunk = net.head_chunk(rows, width, limits.head_chunk);
                 self.head_by_chunks(top, &batch.targets, chunk, grads, |stats| loss_of(k, stats))?
             };
             extras.push(extra);
             x_grads.push(grad_top);
         }
-        // Layers from the top: rebuild one, pull the upstream gradients through it.
+        // Layers from the top: its graph (kept, or rebuilt), the upstream gradients pulled
+        // through it.
         let mut px_grad: Option<Tensor> = None;
         for i in (0..layers).rev() {
-            let (px, xs) = inputs.pop().expect("one entry per layer");
-            let px = px.map(|t| Var::from_tensor(&t)).transpose()?;
-            let xs = xs.iter().map(Var::from_tensor).collect::<Result<Vec<_>>>()?;
-            let (px_out, kv) = net.prefix_layer(i, px.as_ref().map(Var::as_tensor), prefix_frame)?;
-            let outs = xs
-                .iter()
-                .zip(&frames)
-                .map(|(x, frame)| net.rows_layer(i, x.as_tensor(), kv.as_ref(), frame))
-                .collect::<Result<Vec<_>>>()?;
+            let LayerGraph { px, xs, px_out, outs } = match stored.pop().expect("one entry per layer") {
+                Stored::Graph(graph) => graph,
+                Stored::Inputs { px, xs } => self.layer_graph(i, px.as_ref(), &xs, prefix_frame, &frames)?,
+            };
             let prefix_term = px_out.as_ref().zip(px_grad.as_ref());
             let mut store = pulled(outs.iter().zip(&x_grads).chain(prefix_term))?.backward()?;
             px_grad = px.map(|px| self.take_grads(&mut store, grads, px.as_tensor())).transpose()?;
@@ -585,6 +660,27 @@ impl Policy {
             self.absorb(&mut pulled(xs.iter().zip(&x_grads).chain(prefix_term))?.backward()?, grads)?;
         }
         Ok(extras)
+    }
+
+    /// Layer `i` over leaves holding `px` (the prefix's hidden states) and `xs` (each
+    /// part's), with the graph from them to its outputs.
+    fn layer_graph(
+        &self,
+        i: usize,
+        px: Option<&Tensor>,
+        xs: &[Tensor],
+        prefix_frame: &Frame,
+        frames: &[Frame],
+    ) -> Result<LayerGraph> {
+        let px = px.map(Var::from_tensor).transpose()?;
+        let xs = xs.iter().map(Var::from_tensor).collect::<Result<Vec<_>>>()?;
+        let (px_out, kv) = self.net.prefix_layer(i, px.as_ref().map(Var::as_tensor), prefix_frame)?;
+        let outs = xs
+            .iter()
+            .zip(frames)
+            .map(|(x, frame)| self.net.rows_layer(i, x.as_tensor(), kv.as_ref(), frame))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LayerGraph { px, xs, px_out, outs })
     }
 
     /// The embeddings' gradient: each position's upstream gradient added into its token's

@@ -8,7 +8,7 @@
 use crate::grads::Gradients;
 use crate::loss::{Aggregation, LossSettings, grpo_loss, masked_token_weights, token_weights};
 use crate::optim::Optimizer;
-use crate::policy::{Net, Policy, TokenStats};
+use crate::policy::{MemoryLimits, Net, Policy, TokenStats};
 use anyhow::bail;
 use candle_core::Tensor;
 use std::time::Instant;
@@ -142,12 +142,9 @@ pub struct UpdateSettings {
     pub max_grad_norm: Option<f64>,
     /// The sampler's `max_tokens` (the `constant` aggregation divides by it).
     pub max_tokens: usize,
-    /// Above this many bytes of attention intermediates a group's backward recomputes its
-    /// layers one at a time.
-    pub recompute_above_bytes: u64,
-    /// The most bytes one `[rows, positions, vocab]` tensor of the head may take: the head
-    /// runs a chunk of positions at a time (`u64::MAX`: whole).
-    pub head_chunk_bytes: u64,
+    /// What a group's backward may hold: when it goes layer by layer, how many layers'
+    /// graphs it keeps from the forward, and the head's chunk.
+    pub memory: MemoryLimits,
     /// Completions per forward and backward: a larger group is split into micro-batches
     /// of this many rows, their gradients summed (0: the whole group at once).
     pub micro_batch_rows: usize,
@@ -171,7 +168,7 @@ pub struct UpdateStats {
     pub grad_norm: f64,
     /// Optimizer steps skipped for a non-finite gradient (the weights left alone).
     pub updates_skipped: usize,
-    /// Group passes that took the layer-recomputing backward.
+    /// Group passes that took the layer-by-layer backward (whatever it kept of the forward).
     pub groups_recomputed: usize,
     /// Of the tokens sampled by older weights, the share whose importance weight was cut
     /// to the cap (0 without a lag).
@@ -226,7 +223,7 @@ impl Learner {
             let width = group.completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
             let recomputes =
                 self.policy.net().attention_graph_bytes(group.prompt.len(), group.completions.len(), width)
-                    > settings.recompute_above_bytes;
+                    > settings.memory.recompute_above;
             let shared = settings.micro_batch_rows == 0 && recomputes;
             let start = split.len();
             split.extend(group.split(settings.micro_batch_rows, settings.split_by_length, shared));
@@ -249,7 +246,7 @@ impl Learner {
             } else if settings.inner_epochs > 1 {
                 // Read-only: the detached net builds no graph.
                 let net = self.policy.net().detached();
-                let chunk = settings.head_chunk_bytes;
+                let chunk = settings.memory.head_chunk;
                 old.push(Some(net.completion_stats_chunked(&group.prompt, &group.completions, chunk)?.logp));
             } else {
                 old.push(None);
@@ -264,7 +261,7 @@ impl Learner {
             match &self.reference {
                 Some(net) => {
                     let parts: Vec<&[Vec<u32>]> = micro.iter().map(|g| g.completions.as_slice()).collect();
-                    let stats = net.parts_stats_chunked(&micro[0].prompt, &parts, settings.head_chunk_bytes)?;
+                    let stats = net.parts_stats_chunked(&micro[0].prompt, &parts, settings.memory.head_chunk)?;
                     reference.extend(stats.into_iter().map(|s| Some(s.logp.detach())));
                 }
                 None => reference.extend(micro.iter().map(|_| None)),
@@ -354,7 +351,7 @@ impl Learner {
                     let results = self.policy.parts_loss_and_grads(
                         &micro[0].prompt,
                         &parts,
-                        settings.head_chunk_bytes,
+                        &settings.memory,
                         &mut grads,
                         |j, stats| loss_of(span.start + j, stats),
                     )?;
@@ -366,8 +363,7 @@ impl Learner {
                         let (result, recomputed) = self.policy.loss_and_grads(
                             &groups[k].prompt,
                             &groups[k].completions,
-                            settings.recompute_above_bytes,
-                            settings.head_chunk_bytes,
+                            &settings.memory,
                             &mut grads,
                             |stats| loss_of(k, stats),
                         )?;

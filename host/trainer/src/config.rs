@@ -364,6 +364,11 @@ pub struct GrpoSection {
     /// more forward of time). The default, 0, always recomputes: on the default job it takes
     /// the training peak from 5.9 to 4.7 GiB for ~7 % more step time (docs/BENCHMARKS.md).
     pub recompute_above_mib: u64,
+    /// When the layers go one at a time, the top layers whose graphs fit in this many MiB
+    /// keep them from the forward instead of running again in the backward (0: every layer
+    /// runs again, one layer's graph alive at a time). Each kept layer saves a layer's
+    /// forward; the default job's widest groups need ~1.5 GiB to keep all 30.
+    pub keep_activations_mib: u64,
     /// The head's vocabulary-wide tensors are computed a chunk of positions at a time, each
     /// `[rows, positions, vocab]` tensor at most this many MiB (0: the whole group at once).
     pub head_chunk_mib: u64,
@@ -412,6 +417,7 @@ impl Default for GrpoSection {
             checkpoint_every: 10,
             max_skipped_updates: 3,
             recompute_above_mib: 0,
+            keep_activations_mib: 1024,
             head_chunk_mib: 32,
             micro_batch_rows: 0,
             split_by_length: true,

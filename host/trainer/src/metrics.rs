@@ -36,6 +36,8 @@ pub struct StepMetrics {
     #[serde(with = "finite_or_string")]
     pub grad_norm: f64,
     pub updates_skipped: usize,
+    /// Groups trained layer by layer (`grpo.recompute_above_mib`), whatever of their layers
+    /// kept their graphs from the forward (`grpo.keep_activations_mib`).
     pub groups_recomputed: usize,
     /// Updates between the weights that sampled this step's groups and the ones its
     /// update started from (`grpo.generation_lag`; 0 for a run's first step, and for one
@@ -87,6 +89,8 @@ pub struct SkippedTaskEntry {
 }
 
 /// Peak resident memory in each phase of a step, in MiB (None where it was not measured).
+/// Resident memory includes what the allocator keeps for reuse: after the first update,
+/// a phase reads at least what the last update freed into it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PhasePeaks {

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use wirl_engine::{EngineHandle, Finished, GenerateRequest, InFlight, LoadOptions, Sampling, Tokenizer};
-use wirl_grpo::{GroupBatch, Learner, LossSettings, Net, Optimizer, Policy, UpdateSettings};
+use wirl_grpo::{GroupBatch, Learner, LossSettings, MemoryLimits, Net, Optimizer, Policy, UpdateSettings};
 use wirl_rollout::{RolloutGroup, SkippedTask, StepTasks, TaskSource, seed_for};
 use wirl_sandbox::{Sandbox, SandboxSettings, Task, printable};
 
@@ -903,15 +903,17 @@ impl Trainer {
             aggregation: g.aggregation,
             max_grad_norm: g.max_grad_norm,
             max_tokens: self.config.sampling.max_tokens,
-            // The default job's groups keep about 0.5 GiB and stay on the whole-graph path.
-            recompute_above_bytes: g.recompute_above_mib.saturating_mul(1 << 20),
+            memory: MemoryLimits {
+                recompute_above: g.recompute_above_mib.saturating_mul(1 << 20),
+                keep_layers: g.keep_activations_mib.saturating_mul(1 << 20),
+                head_chunk: match g.head_chunk_mib {
+                    0 => u64::MAX,
+                    mib => mib.saturating_mul(1 << 20),
+                },
+            },
             micro_batch_rows: g.micro_batch_rows,
             split_by_length: g.split_by_length,
             tis_cap: g.tis_cap,
-            head_chunk_bytes: match g.head_chunk_mib {
-                0 => u64::MAX,
-                mib => mib.saturating_mul(1 << 20),
-            },
         };
         let mut progress = |group, groups| {
             observer.event(Event::Phase { step: step + 1, steps, phase: Phase::Training { group, groups } })
@@ -951,9 +953,10 @@ impl Trainer {
         };
         let train_s = train_started.elapsed().as_secs_f64();
         let train_peak = memory.phase_end();
-        // The update's freed tensors go back to the system instead of staying in the
-        // allocator's arenas, where they would count as resident through the next phases.
-        release_free_memory();
+        // The update's freed tensors stay in the allocator for the next update to reuse:
+        // handing them back (malloc_trim) made every step fault its memory in again, page
+        // by page (docs/BENCHMARKS.md). They count as resident in the next phases, never
+        // above the training peak.
         self.peak_rss = memory.run_peak;
         self.weights_written += update.weight_writes;
 
@@ -1233,16 +1236,6 @@ fn rss_high_water_mib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib / 1024)
-}
-
-/// Hand the allocator's free memory back to the system (glibc keeps freed blocks below its
-/// mmap threshold — tensors up to 32 MB — in its arenas otherwise).
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory to the system; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// The memory resident now (Linux's VmRSS), in bytes.
