@@ -6,7 +6,8 @@ use wirl_test_artifacts::{ARITHMETIC, HOSTILE};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures");
 
-/// This CPU's data and unified cache sizes (`l1d48K-l21024K-l332768K`): the matrix
+/// This CPU's data and unified cache sizes, and AVX-512 where it has it
+/// (`l1d48K-l21024K-l332768K-avx512`): the matrix
 /// products block their sums by them, so another CPU generation adds f32 terms in another
 /// order and, from the first logit that moves a sample, draws other tokens.
 fn cache_fingerprint() -> String {
@@ -18,6 +19,11 @@ fn cache_fingerprint() -> String {
         if kind != "Instruction" {
             parts.push(format!("l{level}{}{size}", if kind == "Data" { "d" } else { "" }));
         }
+    }
+    // The products' kernels (gemm's AVX-512 ones where the CPU has it) sum in another order.
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        parts.push("avx512".to_string());
     }
     parts.join("-")
 }

@@ -16,18 +16,28 @@ use std::process::ExitCode;
 
 /// The tunable that makes glibc's allocator ask for transparent huge pages for its heap.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-const HUGE_PAGE_TUNABLES: &str = "glibc.malloc.hugetlb=1";
+const HUGE_PAGE_TUNABLE: &str = "glibc.malloc.hugetlb=1";
 
-/// Run this process again with glibc's allocator backing its heap with transparent huge
-/// pages (the `glibc.malloc.hugetlb` tunable, read only when a process starts). Training
-/// allocates and frees gigabytes of tensors a step; with 4 KiB pages each first touch is a
-/// page fault (~8 µs on a virtual machine: 2.5 M faults and 16 s of system time in four
-/// steps of the default job), with 2 MiB pages 512 times fewer (docs/BENCHMARKS.md).
-/// Nothing changes where `GLIBC_TUNABLES` is already set (the user's tunables win; an
-/// empty value opts out), where the kernel never gives huge pages, or where the exec
+/// The tunables that keep the allocator's memory in one heap it does not give back: one
+/// arena for every thread (a tensor freed by one thread is reused by the next that asks),
+/// no separate mapping for large blocks (glibc maps each block over 32 MiB on its own and
+/// unmaps it when freed, so the next step's tensors were fresh, zeroed pages again), no
+/// trimming of the heap's free top. A process keeps the memory of its peak until it ends.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const ONE_HEAP_TUNABLES: &str =
+    "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776";
+
+/// Run this process again with glibc's allocator tuned for training (tunables are read
+/// only when a process starts): the heap kept whole ([`ONE_HEAP_TUNABLES`]) and, where the
+/// kernel gives them on request, backed by transparent huge pages (`glibc.malloc.hugetlb`).
+/// Training allocates and frees gigabytes of tensors a step; each first touch of a page is
+/// a fault (~8 µs on a virtual machine: 2.5 M faults and 16 s of system time in four steps
+/// of the default job), with 2 MiB pages 512 times fewer, with a heap kept whole almost
+/// none after the first step (docs/BENCHMARKS.md). Nothing changes where `GLIBC_TUNABLES`
+/// is already set (the user's tunables win; an empty value opts out) or where the exec
 /// fails (the process goes on as it is). Called first in `main`, while there is one
 /// thread; the process keeps its id, arguments and the rest of its environment.
-fn start_with_huge_pages() {
+fn start_with_allocator_tunables() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         use std::os::unix::process::CommandExt;
@@ -35,14 +45,14 @@ fn start_with_huge_pages() {
             return;
         }
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-        if thp.is_empty() || thp.contains("[never]") {
-            return;
-        }
+        let huge_pages = !thp.is_empty() && !thp.contains("[never]");
+        let tunables =
+            if huge_pages { format!("{ONE_HEAP_TUNABLES}:{HUGE_PAGE_TUNABLE}") } else { ONE_HEAP_TUNABLES.to_string() };
         let Ok(exe) = std::env::current_exe() else { return };
         let mut args = std::env::args_os();
         let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
         // Returns only when the exec failed; then this process goes on unchanged.
-        let _ = std::process::Command::new(&exe).arg0(arg0).args(args).env("GLIBC_TUNABLES", HUGE_PAGE_TUNABLES).exec();
+        let _ = std::process::Command::new(&exe).arg0(arg0).args(args).env("GLIBC_TUNABLES", tunables).exec();
     }
 }
 
@@ -139,7 +149,7 @@ enum PluginCommand {
 }
 
 fn main() -> ExitCode {
-    start_with_huge_pages();
+    start_with_allocator_tunables();
     wirl_engine::pin_thread_count();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -151,10 +161,15 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.split(':').any(|t| t == HUGE_PAGE_TUNABLES)) {
-        tracing::debug!(
-            "the allocator's heap asks for transparent huge pages (GLIBC_TUNABLES has {HUGE_PAGE_TUNABLES})"
-        );
+    if let Ok(tunables) = std::env::var("GLIBC_TUNABLES") {
+        if tunables.split(':').any(|t| t == HUGE_PAGE_TUNABLE) {
+            tracing::debug!(
+                "the allocator's heap asks for transparent huge pages (GLIBC_TUNABLES has {HUGE_PAGE_TUNABLE})"
+            );
+        }
+        if tunables.contains(ONE_HEAP_TUNABLES) {
+            tracing::debug!("the allocator keeps its memory in one heap (GLIBC_TUNABLES has {ONE_HEAP_TUNABLES})");
+        }
     }
     let cli = Cli::parse();
     // Code runners with `workers` start children of this binary (`wirl code-worker`).
