@@ -89,8 +89,10 @@ pub struct SkippedTaskEntry {
 }
 
 /// Peak resident memory in each phase of a step, in MiB (None where it was not measured).
-/// Resident memory includes what the allocator keeps for reuse: after the first update,
-/// a phase reads at least what the last update freed into it.
+/// Resident memory includes what the allocator keeps for reuse, and the `wirl` binary's
+/// allocator keeps all it ever held (one heap, never trimmed: see `main`), so a phase
+/// reads at least the process's high-water mark so far; the first phase to rise above it
+/// is the one that needed more.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PhasePeaks {
