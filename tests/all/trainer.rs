@@ -7,10 +7,10 @@ use wirl_test_artifacts::{ARITHMETIC, HOSTILE};
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures");
 
 /// This CPU's data and unified cache sizes, and AVX-512 where it has it
-/// (`l1d48K-l21024K-l332768K-avx512`): the matrix
-/// products block their sums by them, so another CPU generation adds f32 terms in another
-/// order and, from the first logit that moves a sample, draws other tokens.
-fn cache_fingerprint() -> String {
+/// (`l1d48K-l21024K-l332768K-avx512`): the matrix products block their sums by the caches
+/// and pick their kernels by the vector width, so another CPU generation adds f32 terms in
+/// another order and, from the first logit that moves a sample, draws other tokens.
+fn cpu_fingerprint() -> String {
     let mut parts = Vec::new();
     for index in 0..8 {
         let dir = std::path::PathBuf::from(format!("/sys/devices/system/cpu/cpu0/cache/index{index}"));
@@ -20,7 +20,6 @@ fn cache_fingerprint() -> String {
             parts.push(format!("l{level}{}{size}", if kind == "Data" { "d" } else { "" }));
         }
     }
-    // The products' kernels (gemm's AVX-512 ones where the CPU has it) sum in another order.
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if std::arch::is_x86_feature_detected!("avx512f") {
         parts.push("avx512".to_string());
@@ -28,13 +27,13 @@ fn cache_fingerprint() -> String {
     parts.join("-")
 }
 
-/// The default job's fixture for this machine: the one made on a CPU with these caches
-/// (`default-job-2-steps.<caches>.json`) where there is one, else the first one made.
+/// The default job's fixture for this machine: the one made on a CPU with this fingerprint
+/// (`default-job-2-steps.<fingerprint>.json`) where there is one, else the first one made.
 /// `WIRL_WRITE_FIXTURE=1` rewrites the one this machine reads, `WIRL_WRITE_FIXTURE=machine`
-/// makes one for this machine's caches.
+/// makes one for this machine's fingerprint.
 fn fixture_path() -> std::path::PathBuf {
     let dir = Path::new(FIXTURES);
-    let this_machine = dir.join(format!("default-job-2-steps.{}.json", cache_fingerprint()));
+    let this_machine = dir.join(format!("default-job-2-steps.{}.json", cpu_fingerprint()));
     let writing_this_machine = std::env::var_os("WIRL_WRITE_FIXTURE").is_some_and(|v| v == "machine");
     if writing_this_machine || this_machine.exists() { this_machine } else { dir.join("default-job-2-steps.json") }
 }
@@ -127,7 +126,7 @@ fn assert_close(path: &str, expected: &serde_json::Value, actual: &serde_json::V
 
 /// The default job (real model, real plugins, KL reference on), 2 seeded steps and 4
 /// held-out tasks: the same completions, rewards and losses as the fixture ([`fixture_path`]:
-/// one per CPU cache layout). Regenerate it only on purpose, for a change meant to move the
+/// one per CPU fingerprint). Regenerate it only on purpose, for a change meant to move the
 /// numbers: `WIRL_WRITE_FIXTURE=1 cargo test default_job` (and so every fixture there is).
 #[test]
 fn the_default_jobs_numbers_hold() {
@@ -148,7 +147,7 @@ fn the_default_jobs_numbers_hold() {
     }
     let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fixture_path).unwrap()).unwrap();
     assert_eq!(record["rollouts"].as_array().unwrap().len(), 2 * 4 * 8);
-    eprintln!("fixture {} (this CPU's caches: {})", fixture_path.display(), cache_fingerprint());
+    eprintln!("fixture {} (this CPU: {})", fixture_path.display(), cpu_fingerprint());
     assert_close("run", &fixture, &record);
 }
 
