@@ -110,3 +110,53 @@ fn message_columns_jsonl_rows_and_bad_files() {
     let error = format!("{:#}", Dataset::open(&spec(dir.path().join("data.csv"), None)).err().unwrap());
     assert!(error.contains("unknown dataset format"), "{error}");
 }
+
+/// Hostile rows and files: a row of 3 MB of text is skipped and named before anything
+/// tokenizes it, a null prompt is skipped (not trained as an empty prompt), a FIFO is refused
+/// at once (not read forever), and a `save_to_disk` `state.json` cannot name files outside
+/// its directory.
+#[test]
+fn oversize_and_null_rows_fifos_and_escaping_state_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rows.jsonl");
+    let huge = "x".repeat(3 << 20);
+    let rows = [
+        serde_json::json!({"prompt": "2 + 2?", "answer": "4"}),
+        serde_json::json!({"prompt": huge, "answer": "1"}),
+        serde_json::json!({"prompt": null, "answer": "5"}),
+        serde_json::json!({"prompt": "3 + 3?", "answer": "6"}),
+    ];
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    let columns = Columns { prompt: Some("prompt".into()), answer: Some("answer".into()), ..Columns::default() };
+    let mut dataset =
+        Dataset::open(&DatasetSpec { path: path.clone(), columns: Some(columns), shuffle: false, seed: 0 }).unwrap();
+    assert_eq!(dataset.len(), 4);
+    assert_eq!(dataset.training(0).unwrap().messages[0].content, "2 + 2?");
+    let error = format!("{:#}", dataset.training(1).unwrap_err());
+    assert!(error.contains("line 2") && error.contains("per row"), "{error}");
+    let error = format!("{:#}", dataset.training(2).unwrap_err());
+    assert!(error.contains("line 3") && error.contains("null"), "{error}");
+    assert_eq!(dataset.training(3).unwrap().answer.as_deref(), Some("6"));
+
+    let fifo = dir.path().join("pipe.jsonl");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let error = Dataset::open(&DatasetSpec { path: fifo, columns: None, shuffle: false, seed: 0 }).err().unwrap();
+    assert!(format!("{error:#}").contains("not a regular file"), "{error:#}");
+
+    let hf = dir.path().join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    let outside = root().join("tests/fixtures/datasets/word-problems.arrow");
+    for name in ["../rows.jsonl", outside.to_str().unwrap()] {
+        let state = serde_json::json!({"_data_files": [{"filename": name}]});
+        std::fs::write(hf.join("state.json"), state.to_string()).unwrap();
+        let error =
+            Dataset::open(&DatasetSpec { path: hf.clone(), columns: None, shuffle: false, seed: 0 }).err().unwrap();
+        assert!(format!("{error:#}").contains("not a file inside its directory"), "{name}: {error:#}");
+    }
+    std::os::unix::fs::symlink(&outside, hf.join("data.arrow")).unwrap();
+    std::fs::write(hf.join("state.json"), r#"{"_data_files": [{"filename": "data.arrow"}]}"#).unwrap();
+    let error = Dataset::open(&DatasetSpec { path: hf, columns: None, shuffle: false, seed: 0 }).err().unwrap();
+    assert!(format!("{error:#}").contains("a link out of its directory"), "{error:#}");
+}

@@ -311,6 +311,46 @@ fn resume_passes_over_a_damaged_newest_checkpoint() {
     assert!(error.contains("step-000003 passed over") && error.contains("damaged"), "{error}");
 }
 
+/// Finite corruption of a checkpoint's weights (4 MiB of 1.0, a valid file still) is caught
+/// by its sha256 and the checkpoint passed over for the one before; only the newest
+/// `grpo.keep_checkpoints` are kept.
+#[test]
+fn resume_passes_over_changed_weights_and_old_checkpoints_are_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 4, 0.01);
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("seed = 3", "seed = 3\ncheckpoint_every = 1\nkeep_checkpoints = 2");
+    std::fs::write(&config, text).unwrap();
+    let run = dir.path().join("run");
+    assert!(train(&config, &run).status.success());
+    let kept: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(kept, ["step-000003", "step-000004"], "the newest two are kept");
+
+    let model = run.join("checkpoints/step-000004/model/model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let tail = bytes.len() - 64;
+    let span = (4 << 20).min(tail / 2);
+    for value in bytes[tail - span..tail].chunks_exact_mut(4) {
+        value.copy_from_slice(&1.0f32.to_le_bytes());
+    }
+    std::fs::write(&model, &bytes).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--steps", "5", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let error = stderr(&out);
+    assert!(out.status.success(), "{error}");
+    assert!(error.contains("step-000004 passed over") && error.contains("changed since it was written"), "{error}");
+    assert!(error.contains("from step 3"), "{error}");
+}
+
 /// The tiny model's config and weights (its directory kept alive by the first).
 fn tiny_weights() -> (tempfile::TempDir, wirl_engine::Config, std::collections::HashMap<String, candle_core::Tensor>) {
     let dir = tempfile::tempdir().unwrap();

@@ -68,6 +68,7 @@ learning_rate = 1e-3
 beta = 0.0
 seed = 1
 checkpoint_every = 1
+keep_checkpoints = 0
 
 [swap]
 rollback_window = 4
@@ -476,4 +477,82 @@ fn a_training_serves_its_policy_and_its_control_over_http() {
     assert_eq!(status, 200);
     let mut live = live;
     assert_eq!(live.child.wait().unwrap().code(), Some(130), "{}", live.log());
+}
+
+/// Five applies at once: exactly one is staged (and then takes effect), the others are
+/// refused saying why; none is answered "staged" and lost. An apply once the run is stopping
+/// says so, and is not blamed on the plugins.
+#[test]
+fn concurrent_applies_stage_one_and_refuse_the_rest() {
+    let live = Live::start();
+    live.hold_after(1);
+    std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
+    for i in 0..5 {
+        std::fs::write(live.path(&format!("swap{i}.toml")), tasks_toml((i + 2, 1), "")).unwrap();
+    }
+    let answers: Vec<(bool, String)> = std::thread::scope(|scope| {
+        let live = &live;
+        let calls: Vec<_> =
+            (0..5).map(|i| scope.spawn(move || live.ctl(&["apply", &format!("swap{i}.toml")]))).collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let staged: Vec<&String> = answers.iter().filter(|(ok, _)| *ok).map(|(_, said)| said).collect();
+    assert_eq!(staged.len(), 1, "{answers:#?}");
+    assert!(staged[0].contains("staged as generation 1"), "{answers:#?}");
+    for (ok, said) in &answers {
+        assert!(
+            *ok || said.contains("another apply is being checked") || said.contains("generation 1 is staged"),
+            "{said}"
+        );
+    }
+    // What was staged takes effect at the boundary.
+    assert!(live.ctl(&["resume"]).0);
+    live.wait_for("the switch", || live.status()["manifest"]["generation"] == 1);
+    // Stopping: an apply now is refused as the stop's, nothing staged.
+    assert!(live.ctl(&["stop"]).0);
+    let (ok, said) = live.apply("late.toml", &tasks_toml((9, 1), ""), &[]);
+    assert!(!ok && (said.contains("stopping") || said.contains("no training answers")), "{said}");
+    assert!(!said.contains("validation failed"), "{said}");
+}
+
+/// Kept plugin bytes that changed after the run kept them are never run on resume: the
+/// resume is refused naming the file; so is a manifest rewritten (with bytes to match) to
+/// name other bytes than the checkpoint was trained with.
+#[test]
+fn resume_refuses_tampered_plugin_bytes_and_manifests() {
+    let mut live = Live::start();
+    live.wait_for("a checkpoint", || live.run_dir.join("checkpoints/step-000001/state.json").is_file());
+    assert!(live.ctl(&["stop"]).0);
+    live.child.wait().unwrap();
+    let kept = live.run_dir.join(format!("plugins/{}.wasm", sha256_of(MATH_ANSWER)));
+    let original = std::fs::read(&kept).unwrap();
+    std::fs::copy(HOSTILE, &kept).unwrap();
+    let resume = || {
+        Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["train", "--resume"])
+            .arg(&live.run_dir)
+            .args(["--steps", "400"])
+            .output()
+            .unwrap()
+    };
+    let out = resume();
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{error}");
+    assert!(
+        error.contains(&kept.display().to_string()) && error.contains("changed after the run kept them"),
+        "{error}"
+    );
+
+    // Bytes and manifest rewritten together: the bytes match their new name, but the
+    // checkpoint was trained with others.
+    std::fs::write(&kept, &original).unwrap();
+    let hostile = sha256_of(HOSTILE);
+    std::fs::copy(HOSTILE, live.run_dir.join(format!("plugins/{hostile}.wasm"))).unwrap();
+    let manifest = live.run_dir.join("manifests/000000.json");
+    let text = std::fs::read_to_string(&manifest).unwrap().replace(&sha256_of(MATH_ANSWER), &hostile);
+    std::fs::write(&manifest, text).unwrap();
+    let out = resume();
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{error}");
+    assert!(error.contains("not those its checkpoint") && error.contains(&hostile), "{error}");
 }

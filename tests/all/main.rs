@@ -8,6 +8,7 @@ mod datasets;
 mod engine;
 mod grpo;
 mod hardening;
+mod hostile;
 mod hotswap;
 mod install;
 mod languages;

@@ -53,6 +53,11 @@ impl Server {
 }
 
 impl Server {
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// kill -9.
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();

@@ -134,8 +134,17 @@ fn call(run_dir: &Path, request: &Request) -> anyhow::Result<Reply> {
     stream.write_all(serde_json::to_string(request)?.as_bytes())?;
     stream.write_all(b"\n")?;
     stream.shutdown(std::net::Shutdown::Write)?;
-    let mut text = String::new();
-    stream.take(MAX_REQUEST_BYTES * 4).read_to_string(&mut text).context("reading the run's reply")?;
+    // The reply is one line. A run that answered without reading all of the request (busy)
+    // closes with bytes unread, which Linux reports to this side as a reset after the reply:
+    // a whole line read before it is the answer.
+    let mut text = Vec::new();
+    let read = BufReader::new(stream.take(MAX_REQUEST_BYTES * 4)).read_until(b'\n', &mut text);
+    if let Err(error) = read
+        && !text.ends_with(b"\n")
+    {
+        return Err(error).context("reading the run's reply");
+    }
+    let text = String::from_utf8_lossy(&text);
     serde_json::from_str(&text).with_context(|| format!("the run's reply is not understood: {:.200}", text))
 }
 
@@ -184,10 +193,15 @@ pub fn serve(run_dir: &Path, control: Control) -> anyhow::Result<Option<Served>>
                 continue;
             }
             if busy.load(std::sync::atomic::Ordering::SeqCst) >= MAX_CONNECTIONS {
-                let _ = reply(
-                    &stream,
-                    &Reply { message: Some("busy: too many control requests at once".into()), ..Default::default() },
-                );
+                // Answered without a thread; what the client sent is read first (as much as
+                // has arrived), since closing over unread bytes resets the connection, and
+                // the client could lose the answer.
+                drain_available(&stream);
+                let message =
+                    format!("busy: {MAX_CONNECTIONS} control requests are being answered; try again in a moment");
+                let _ = reply(&stream, &Reply { message: Some(message), ..Default::default() });
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+                drain_available(&stream);
                 continue;
             }
             let (control, busy) = (control.clone(), busy.clone());
@@ -255,6 +269,22 @@ fn act(request: Request, control: &Control) -> Reply {
             }
         }
     }
+}
+
+/// Read and drop what a client has sent so far, without waiting (at most a request's size).
+fn drain_available(stream: &UnixStream) {
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut buffer = [0u8; 8192];
+    let mut left = MAX_REQUEST_BYTES as usize;
+    while left > 0 {
+        match (&*stream).read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+    let _ = stream.set_nonblocking(false);
 }
 
 fn reply(mut stream: &UnixStream, reply: &Reply) -> std::io::Result<()> {

@@ -49,6 +49,22 @@ pub struct Args {
     /// [default: 300].
     #[arg(long)]
     timeout_s: Option<u64>,
+    /// Prompts longer than this many tokens are prefilled in slices of it, between other
+    /// requests' decode steps, so that a long prompt does not hold every client [default: 128].
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// Connections open at once; more are closed when accepted [default: 1024].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a request's headers may take to arrive (and an idle connection may wait for
+    /// its next request); its body gets three times as long, then 408 [default: 10].
+    #[arg(long)]
+    header_timeout_s: Option<u64>,
+    /// MiB of key/value cache the requests in flight may come to hold (each counted at its
+    /// prompt plus max_tokens); beyond it a request is answered 503 with Retry-After, and one
+    /// that alone needs more, 400 [default: 2048].
+    #[arg(long)]
+    kv_budget_mib: Option<usize>,
     /// The largest request body, in bytes [default: 1048576].
     #[arg(long)]
     max_body_bytes: Option<usize>,
@@ -76,6 +92,10 @@ struct ServeSection {
     max_tokens: Option<usize>,
     max_concurrent: Option<usize>,
     timeout_s: Option<u64>,
+    prefill_chunk: Option<usize>,
+    max_connections: Option<usize>,
+    header_timeout_s: Option<u64>,
+    kv_budget_mib: Option<usize>,
     max_body_bytes: Option<usize>,
     max_episodes: Option<usize>,
     episode_idle_s: Option<u64>,
@@ -168,7 +188,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let max_concurrent = setting(args.max_concurrent, section.max_concurrent, 64, "--max-concurrent")?;
     let max_body_bytes = setting(args.max_body_bytes, section.max_body_bytes, 1 << 20, "--max-body-bytes")?;
     let max_episodes = setting(args.max_episodes, section.max_episodes, 256, "--max-episodes")?;
+    let prefill_chunk = setting(args.prefill_chunk, section.prefill_chunk, 128, "--prefill-chunk")?;
+    let max_connections = setting(args.max_connections, section.max_connections, 1024, "--max-connections")?;
+    let kv_budget_mib = setting(args.kv_budget_mib, section.kv_budget_mib, 2048, "--kv-budget-mib")?;
     let timeout_s = args.timeout_s.or(section.timeout_s).unwrap_or(300).max(1);
+    let header_timeout_s = args.header_timeout_s.or(section.header_timeout_s).unwrap_or(10).max(1);
     let episode_idle_s = args.episode_idle_s.or(section.episode_idle_s).unwrap_or(600).max(1);
     let quantized = args.quantized || section.quantized.unwrap_or(false);
     let weights_dir = args.weights_dir.clone().or(section.weights_dir.clone());
@@ -188,8 +212,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => Vec::new(),
     };
     // Requests arrive one by one and share their chat preamble: each reuses the last one's
-    // shared prefix instead of recomputing it.
-    let options_engine = wirl_engine::EngineOptions { reuse_prefixes: true };
+    // shared prefix instead of recomputing it. Long prompts are prefilled in slices, very
+    // long ones decode in a lane of their own, and the cache in flight has a budget.
+    let options_engine = wirl_engine::EngineOptions {
+        reuse_prefixes: true,
+        prefill_chunk: Some(prefill_chunk),
+        max_lanes: 4,
+        kv_budget_bytes: Some((kv_budget_mib as u64) << 20),
+    };
     let (engine, _thread) =
         wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), options_engine)?;
     let config = wirl_server::ServeConfig {
@@ -199,6 +229,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_body_bytes,
         max_concurrent,
         request_timeout: Duration::from_secs(timeout_s),
+        body_timeout: Duration::from_secs(3 * header_timeout_s),
         weights_dir: match &weights_dir {
             Some(dir) if !dir.is_dir() => bail!("--weights-dir {}: not a directory", dir.display()),
             Some(dir) => Some(dir.canonicalize().with_context(|| format!("--weights-dir {}", dir.display()))?),
@@ -227,7 +258,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
         let router = wirl_server::router(engine, tokenizer, context, config, None, served);
-        wirl_server::serve(listener, router, shutdown_signal()).await.context("serving")?;
+        let limits =
+            wirl_server::ConnectionLimits { max_connections, header_timeout: Duration::from_secs(header_timeout_s) };
+        wirl_server::serve_with(listener, router, limits, shutdown_signal()).await.context("serving")?;
         eprintln!("wirl serve: stopped (requests in flight were finished)");
         anyhow::Ok(())
     })?;

@@ -61,8 +61,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let model = model::resolve(Some(&config.model.path))?;
             let trainer = Trainer::new(config, &model, run_dir, Some(&checkpoint), control.clone(), &mut terminal)?;
             let current = trainer.plugin_hashes();
-            if current != checkpoint.state.plugins {
+            if current != checkpoint.state.plugins && checkpoint.state.manifest_generation.is_none() {
                 tracing::warn!("the plugins changed since the checkpoint (by sha256): {current:?}");
+            } else if current != checkpoint.state.plugins {
+                // The manifest in force names other bytes than those the checkpoint was
+                // trained with: the manifests were rewritten after it.
+                anyhow::bail!(
+                    "{}: the plugins of manifest generation {} are not those its checkpoint of step {} was trained \
+                     with (by sha256: checkpoint {:?}, manifest {:?}); the run directory's manifests changed after \
+                     the checkpoint. Refusing to resume on other bytes: restore the run directory, or start a new run",
+                    run_dir.display(),
+                    checkpoint.state.manifest_generation.map_or("?".into(), |g| g.to_string()),
+                    checkpoint.state.step,
+                    checkpoint.state.plugins,
+                    current
+                );
             }
             (trainer, Some(checkpoint), run_dir.clone())
         }

@@ -6,11 +6,11 @@
 //! The model runs on a plain thread, not a tokio task: a decode step is seconds of CPU work
 //! that must not stall an async runtime. Callers await a tokio channel (or block on it).
 
-use crate::generate::{Batch, Completion, GenerateRequest, RequestId, validate};
+use crate::generate::{Batch, Completion, GenerateRequest, RequestId, extent, validate};
 use crate::llama::Model;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -26,6 +26,8 @@ enum Message {
         request: GenerateRequest,
         reply: oneshot::Sender<Result<Vec<Completion>>>,
         text: Option<mpsc::UnboundedSender<TextPiece>>,
+        /// Told once the request has joined a batch (dropped unsent if it is refused).
+        admitted: Option<oneshot::Sender<()>>,
     },
     /// Several requests that join the batch together (deterministic batch composition).
     GenerateAll { jobs: Vec<(GenerateRequest, oneshot::Sender<Result<Vec<Completion>>>)> },
@@ -55,6 +57,73 @@ pub struct EngineOptions {
     /// prefix ([`Batch::reuse_prefixes`]): for a server, whose requests share a system prompt
     /// and arrive one by one; not for a trainer, whose batches must not depend on history.
     pub reuse_prefixes: bool,
+    /// Prompts longer than this are prefilled in slices between decode steps
+    /// ([`Batch::prefill_in_slices`]): for a server, so that one long prompt does not hold
+    /// every other client; not for a trainer (a sliced prompt rounds differently).
+    pub prefill_chunk: Option<usize>,
+    /// Up to this many batches ("lanes") decode side by side, so that a request far longer
+    /// than the running ones does not pad every one of their cache rows to its length (a
+    /// 4,000-token prompt among 32 short chats would otherwise hold 33 rows of 4,000
+    /// positions). Each lane costs its own pass over the weights per step. 0 or 1: one batch.
+    pub max_lanes: usize,
+    /// The most bytes of keys and values the batches may come to hold (each request counted
+    /// at its prompt plus `max_tokens`, rows padded to their lane's longest, buffers with
+    /// their spare room): a request that would go past it beside the work in flight is
+    /// refused with [`Error::Busy`], one that alone would, with [`Error::Input`]. `None`:
+    /// unbounded (a trainer sizes its own batches).
+    pub kv_budget_bytes: Option<u64>,
+}
+
+/// Cache buffers grow with room to spare (half their length again, `llama::reserve_kv`):
+/// the budget counts them at that size.
+fn budgeted_bytes(positions: usize, bytes_per_position: usize) -> u64 {
+    (positions as u64 * 3 / 2 + 32) * bytes_per_position as u64
+}
+
+/// Where a request goes, given the lanes' loads `(rows, longest extent)`.
+enum Admission {
+    Lane(usize),
+    Refused(Error),
+}
+
+/// Choose a lane for a request of `rows` samples and `extent` positions: the one it pads
+/// least, or a new lane when joining would more than double what it adds by itself; then
+/// check the budget over every lane.
+fn admission(
+    loads: &[(usize, usize)],
+    rows: usize,
+    extent: usize,
+    options: &EngineOptions,
+    bytes_per_position: usize,
+) -> Admission {
+    let added = |&(r, longest): &(usize, usize)| (r + rows) * longest.max(extent) - r * longest;
+    let alone = rows * extent;
+    let (mut lane, mut cost) =
+        loads.iter().enumerate().map(|(i, load)| (i, added(load))).min_by_key(|&(_, c)| c).unwrap_or((0, alone));
+    if loads.is_empty() || (cost > 2 * alone && loads.len() < options.max_lanes.max(1)) {
+        (lane, cost) = (loads.len(), alone);
+    }
+    let Some(budget) = options.kv_budget_bytes else { return Admission::Lane(lane) };
+    let alone_bytes = budgeted_bytes(alone, bytes_per_position);
+    if alone_bytes > budget {
+        return Admission::Refused(Error::Input(format!(
+            "the request needs {} MiB of key/value cache ({rows} samples × {extent} positions: prompt and \
+             max_tokens), more than this engine's budget of {} MiB; ask for fewer samples, fewer max_tokens or a \
+             shorter prompt",
+            alone_bytes >> 20,
+            budget >> 20
+        )));
+    }
+    let now: usize = loads.iter().map(|(r, longest)| r * longest).sum();
+    let total = budgeted_bytes(now + cost, bytes_per_position);
+    if total > budget {
+        return Admission::Refused(Error::Busy(format!(
+            "the requests in flight hold the key/value cache's budget ({} MiB of {} MiB with this one)",
+            total >> 20,
+            budget >> 20
+        )));
+    }
+    Admission::Lane(lane)
 }
 
 /// Sends work to the engine thread. Cheap to clone; the thread ends when every handle is
@@ -96,6 +165,26 @@ impl EngineHandle {
         text: mpsc::UnboundedSender<TextPiece>,
     ) -> Result<Vec<Completion>> {
         self.submit(request, Some(text))?.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Like [`generate_streaming`](Self::generate_streaming), in two halves: this returns
+    /// once the request has joined a batch (or with the error that refused it: an invalid
+    /// request, [`Error::Busy`] beyond the memory budget), so that a server can still answer
+    /// with a status before it starts streaming; [`Streaming::finish`] then waits for the
+    /// completions. Dropping either gives the generation up.
+    pub async fn start_streaming(
+        &self,
+        request: GenerateRequest,
+        text: mpsc::UnboundedSender<TextPiece>,
+    ) -> Result<Streaming> {
+        let (reply, receiver) = oneshot::channel();
+        let (admitted, on_admission) = oneshot::channel();
+        let message = Message::Generate { request, reply, text: Some(text), admitted: Some(admitted) };
+        self.sender.send(message).map_err(|_| Error::Stopped)?;
+        match on_admission.await {
+            Ok(()) => Ok(Streaming { reply: receiver }),
+            Err(_) => Err(receiver.await.map_err(|_| Error::Stopped)?.err().unwrap_or(Error::Stopped)),
+        }
     }
 
     /// For callers outside an async runtime (a plugin's host call); must not be called from
@@ -198,13 +287,25 @@ impl EngineHandle {
         text: Option<mpsc::UnboundedSender<TextPiece>>,
     ) -> Result<oneshot::Receiver<Result<Vec<Completion>>>> {
         let (reply, receiver) = oneshot::channel();
-        self.sender.send(Message::Generate { request, reply, text }).map_err(|_| Error::Stopped)?;
+        self.sender.send(Message::Generate { request, reply, text, admitted: None }).map_err(|_| Error::Stopped)?;
         Ok(receiver)
     }
 }
 
 /// Where a request's completions arrive.
 type Receiver = oneshot::Receiver<Result<Vec<Completion>>>;
+
+/// A streaming request that has joined a batch ([`EngineHandle::start_streaming`]).
+pub struct Streaming {
+    reply: Receiver,
+}
+
+impl Streaming {
+    /// The completions, once every sample has finished.
+    pub async fn finish(self) -> Result<Vec<Completion>> {
+        self.reply.await.map_err(|_| Error::Stopped)?
+    }
+}
 
 /// Requests sent together by [`EngineHandle::send_all`], their completions taken in the
 /// order they finish.
@@ -288,11 +389,20 @@ fn run(
     let mut next_id: RequestId = 0;
     let mut version: u64 = 0;
     loop {
-        let mut batch = Batch::new(&model, &tokenizer);
-        batch.reuse_prefixes(options.reuse_prefixes);
+        let context = model.config().max_position_embeddings;
+        let bytes_per_position = model.kv_bytes_per_position();
+        let new_lane = || {
+            let mut batch = Batch::new(&model, &tokenizer);
+            batch.reuse_prefixes(options.reuse_prefixes);
+            batch.prefill_in_slices(options.prefill_chunk);
+            batch
+        };
+        // Lane 0 always exists; the others open for requests of a very different length and
+        // close when idle.
+        let mut lanes: Vec<Batch> = vec![new_lane()];
         let mut waiters: HashMap<RequestId, Waiter> = HashMap::new();
         let swap = loop {
-            if batch.is_idle() && queue.is_empty() {
+            if lanes.iter().all(Batch::is_idle) && queue.is_empty() {
                 match receiver.blocking_recv() {
                     Some(message) => queue.push_back(message),
                     None => return,
@@ -305,10 +415,13 @@ fn run(
             if queue.iter().any(|m| matches!(m, Message::GenerateAll { .. })) {
                 queue = queue.into_iter().flat_map(expand).collect();
             }
-            // Everything queued before the next model swap joins now.
-            let mut joining = Vec::new();
+            // Everything queued before the next model swap joins now, each request in its lane.
+            let mut loads: Vec<(usize, usize)> = lanes.iter().map(Batch::load).collect();
+            let mut joining: Vec<Vec<(RequestId, GenerateRequest)>> = vec![Vec::new(); lanes.len()];
             while matches!(queue.front(), Some(Message::Generate { .. })) {
-                let Some(Message::Generate { request, reply, text }) = queue.pop_front() else { unreachable!() };
+                let Some(Message::Generate { request, reply, text, admitted }) = queue.pop_front() else {
+                    unreachable!()
+                };
                 if reply.is_closed() {
                     continue; // the caller gave up before it started
                 }
@@ -316,16 +429,36 @@ fn run(
                     let _ = reply.send(Err(error));
                     continue;
                 }
+                let reach = extent(&request, context);
+                let lane = match admission(&loads, request.n, reach, &options, bytes_per_position) {
+                    Admission::Lane(lane) => lane,
+                    Admission::Refused(error) => {
+                        let _ = reply.send(Err(error));
+                        continue;
+                    }
+                };
+                if lane == lanes.len() {
+                    lanes.push(new_lane());
+                    loads.push((0, 0));
+                    joining.push(Vec::new());
+                }
+                loads[lane] = (loads[lane].0 + request.n, loads[lane].1.max(reach));
+                if let Some(admitted) = admitted {
+                    let _ = admitted.send(());
+                }
                 waiters.insert(next_id, Waiter { reply, text });
-                joining.push((next_id, request));
+                joining[lane].push((next_id, request));
                 next_id += 1;
             }
-            if !joining.is_empty()
-                && let Err(error) = batch.admit(joining)
-            {
-                fail_all(&mut batch, &mut waiters, &error);
+            for (batch, joining) in lanes.iter_mut().zip(joining) {
+                if !joining.is_empty()
+                    && let Err(error) = batch.admit(joining)
+                {
+                    fail_lane(batch, &mut waiters, &error);
+                }
             }
-            if batch.is_idle() {
+            if lanes.iter().all(Batch::is_idle) {
+                lanes.truncate(1);
                 match queue.pop_front() {
                     Some(Message::SetModel { model, reply }) => break (model, reply),
                     Some(Message::Hold { held, release }) => {
@@ -335,7 +468,7 @@ fn run(
                         if holder_waits {
                             let _ = release.blocking_recv();
                             version += 1;
-                            batch.forget_prefix();
+                            lanes[0].forget_prefix();
                         }
                     }
                     Some(other) => queue.push_front(other),
@@ -343,33 +476,46 @@ fn run(
                 }
                 continue;
             }
-            // Every caller of the running rows gave up (an interrupted trainer): drop them
-            // instead of decoding for no one.
-            if !waiters.is_empty() && waiters.values().all(|w| w.reply.is_closed()) {
-                batch.abandon();
-                waiters.clear();
-                continue;
-            }
-            let stepped = batch.step(|id, sample, piece| {
-                if let Some(text) = waiters.get(&id).and_then(|w| w.text.as_ref()) {
-                    let _ = text.send(TextPiece { sample, text: piece.to_string() });
-                }
-            });
-            match stepped {
-                Ok(done) => {
-                    for (id, mut completions) in done {
-                        for completion in &mut completions {
-                            completion.weights_version = version;
-                        }
-                        if let Some(waiter) = waiters.remove(&id) {
-                            let _ = waiter.reply.send(Ok(completions));
-                        }
+            // Callers that gave up (a client gone, an interrupted trainer): their rows are
+            // dropped instead of decoded for no one.
+            let gone: HashSet<RequestId> =
+                waiters.iter().filter(|(_, w)| w.reply.is_closed()).map(|(&id, _)| id).collect();
+            if !gone.is_empty() {
+                waiters.retain(|id, _| !gone.contains(id));
+                for batch in &mut lanes {
+                    if let Err(error) = batch.cancel(&gone) {
+                        fail_lane(batch, &mut waiters, &error);
                     }
                 }
-                Err(error) => fail_all(&mut batch, &mut waiters, &error),
             }
+            for batch in lanes.iter_mut().filter(|b| !b.is_idle()) {
+                let stepped = batch.step(|id, sample, piece| {
+                    if let Some(text) = waiters.get(&id).and_then(|w| w.text.as_ref()) {
+                        let _ = text.send(TextPiece { sample, text: piece.to_string() });
+                    }
+                });
+                match stepped {
+                    Ok(done) => {
+                        for (id, mut completions) in done {
+                            for completion in &mut completions {
+                                completion.weights_version = version;
+                            }
+                            if let Some(waiter) = waiters.remove(&id) {
+                                let _ = waiter.reply.send(Ok(completions));
+                            }
+                        }
+                    }
+                    Err(error) => fail_lane(batch, &mut waiters, &error),
+                }
+            }
+            // Lanes beyond the first close once idle.
+            let mut index = 0;
+            lanes.retain(|batch| {
+                index += 1;
+                index == 1 || !batch.is_idle()
+            });
         };
-        drop(batch);
+        drop(lanes);
         let (new_model, reply) = swap;
         model = new_model;
         version += 1;
@@ -379,18 +525,21 @@ fn run(
 
 fn expand(message: Message) -> Vec<Message> {
     match message {
-        Message::GenerateAll { jobs } => {
-            jobs.into_iter().map(|(request, reply)| Message::Generate { request, reply, text: None }).collect()
-        }
+        Message::GenerateAll { jobs } => jobs
+            .into_iter()
+            .map(|(request, reply)| Message::Generate { request, reply, text: None, admitted: None })
+            .collect(),
         other => vec![other],
     }
 }
 
-/// A step failed: every request in the batch gets the error; the engine goes on.
-fn fail_all(batch: &mut Batch, waiters: &mut HashMap<RequestId, Waiter>, error: &Error) {
-    tracing::error!("generation failed, {} requests dropped: {error}", waiters.len());
-    batch.abandon();
-    for (_, waiter) in waiters.drain() {
-        let _ = waiter.reply.send(Err(Error::Generation(error.to_string())));
+/// A lane's step failed: every request in it gets the error; the engine goes on.
+fn fail_lane(batch: &mut Batch, waiters: &mut HashMap<RequestId, Waiter>, error: &Error) {
+    let ids = batch.abandon();
+    tracing::error!("generation failed, {} requests dropped: {error}", ids.len());
+    for id in ids {
+        if let Some(waiter) = waiters.remove(&id) {
+            let _ = waiter.reply.send(Err(Error::Generation(error.to_string())));
+        }
     }
 }

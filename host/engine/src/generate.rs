@@ -10,7 +10,7 @@ use crate::tokenizer::{TextStream, Tokenizer};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// `n` completions of one prompt.
 #[derive(Clone, Debug)]
@@ -90,6 +90,23 @@ struct Open {
     done: Vec<Option<Completion>>,
 }
 
+/// A prompt prefilled slice by slice (chunked prefill): its own cache, filled up to `done`
+/// positions. It joins the decoding rows once its last slice is computed.
+struct Prefilling {
+    id: RequestId,
+    request: GenerateRequest,
+    cache: KvCache,
+    done: usize,
+    /// Whether it was admitted alone (its prefix is then kept for the next request).
+    alone: bool,
+}
+
+/// Cache positions a request may come to need: its prompt and every token it may generate,
+/// within the model's context.
+pub fn extent(request: &GenerateRequest, context: usize) -> usize {
+    (request.prompt.len() + request.sampling.max_tokens).min(context)
+}
+
 /// Rows decoding together, with their shared KV cache and the logits of their next token.
 pub struct Batch<'m> {
     model: &'m Model,
@@ -107,10 +124,21 @@ pub struct Batch<'m> {
     reuse_prefixes: bool,
     /// Prompt positions taken from a kept prefix instead of computed, so far.
     reused: usize,
+    /// Prompts longer than this are prefilled in slices of this many positions, one slice
+    /// per step, between the running rows' decode steps ([`Batch::prefill_in_slices`]).
+    prefill_chunk: Option<usize>,
+    /// Long prompts being prefilled slice by slice, first come first served.
+    prefilling: VecDeque<Prefilling>,
+    /// Cache positions each open request may come to need (see [`extent`]).
+    extents: HashMap<RequestId, usize>,
 }
 
 /// The shortest shared prefix worth reusing instead of recomputing.
 const MIN_PREFIX_REUSE: usize = 16;
+
+/// The longest prefix kept for reuse: a system prompt and a chat preamble, not a whole
+/// long document held in memory after its request is gone.
+const MAX_KEPT_PREFIX: usize = 1024;
 
 impl<'m> Batch<'m> {
     pub fn new(model: &'m Model, tokenizer: &'m Tokenizer) -> Self {
@@ -125,7 +153,34 @@ impl<'m> Batch<'m> {
             prefix: None,
             reuse_prefixes: false,
             reused: 0,
+            prefill_chunk: None,
+            prefilling: VecDeque::new(),
+            extents: HashMap::new(),
         }
+    }
+
+    /// Prefill prompts longer than `chunk` positions in slices of `chunk`, one slice per
+    /// [`step`](Self::step), between the decode steps of the rows already running (as vLLM's
+    /// and llama.cpp's servers do): a long prompt neither stalls every other client for its
+    /// whole prefill nor computes attention scores over all its positions at once (a slice's
+    /// scores are `chunk × prompt` instead of `prompt × prompt`). Off (`None`) by default: a
+    /// prompt computed in slices rounds differently from a whole one, and a trainer's
+    /// batches must not depend on it.
+    pub fn prefill_in_slices(&mut self, chunk: Option<usize>) {
+        self.prefill_chunk = chunk.map(|c| c.max(1));
+    }
+
+    /// What this batch may come to hold: its rows (with the prompts still being prefilled)
+    /// and the longest extent among its requests — cache positions are rows × longest, since
+    /// the rows share one left-padded cache. What a server's memory budget counts.
+    pub fn load(&self) -> (usize, usize) {
+        let rows = self.rows.len() + self.prefilling.iter().map(|p| p.request.n).sum::<usize>();
+        (rows, self.extents.values().copied().max().unwrap_or(0))
+    }
+
+    /// Requests admitted and not yet finished.
+    pub fn open_requests(&self) -> usize {
+        self.extents.len()
     }
 
     /// Reuse the keys and values of the last prompt admitted alone for the next one that
@@ -161,9 +216,9 @@ impl<'m> Batch<'m> {
         self.rows.len()
     }
 
-    /// Nothing left to decode or to hand back.
+    /// Nothing left to prefill, to decode or to hand back.
     pub fn is_idle(&self) -> bool {
-        self.rows.is_empty() && self.finished.is_empty()
+        self.rows.is_empty() && self.finished.is_empty() && self.prefilling.is_empty()
     }
 
     /// Cache positions per row, padding included (what one decode step attends over).
@@ -188,10 +243,44 @@ impl<'m> Batch<'m> {
         if live.is_empty() {
             return Ok(());
         }
-        let device = self.model.device();
+        let context = self.model.config().max_position_embeddings;
+        for (id, request) in &live {
+            self.extents.insert(*id, extent(request, context));
+        }
 
         let alone = self.reuse_prefixes && live.len() == 1;
         let reused = if alone { self.reusable(&live[0].1.prompt) } else { None };
+        if let Some(chunk) = self.prefill_chunk {
+            // Prompts with more than a slice left to compute are prefilled slice by slice.
+            let (long, short): (Vec<_>, Vec<_>) =
+                live.into_iter().partition(|(_, request)| request.prompt.len() - reused.unwrap_or(0) > chunk);
+            for (id, request) in long {
+                let (cache, done) = match (reused, &self.prefix) {
+                    (Some(reused), Some((_, kept))) => {
+                        self.reused += reused;
+                        (kept.prefix_copy(reused)?, reused)
+                    }
+                    _ => (self.model.new_cache(), 0),
+                };
+                self.prefilling.push_back(Prefilling { id, request, cache, done, alone });
+            }
+            if short.is_empty() {
+                return Ok(());
+            }
+            return self.prefill_whole(short, reused, alone);
+        }
+        self.prefill_whole(live, reused, alone)
+    }
+
+    /// Prefill `live` (each prompt once, together, left-padded to the longest; or, with
+    /// `reused`, the one prompt past the kept prefix) and let its rows join.
+    fn prefill_whole(
+        &mut self,
+        live: Vec<(RequestId, GenerateRequest)>,
+        reused: Option<usize>,
+        alone: bool,
+    ) -> Result<()> {
+        let device = self.model.device();
         let (logits, cache, prompt_pads) = match (reused, &self.prefix) {
             // Only the part past the kept prefix is computed.
             (Some(reused), Some((_, kept))) => {
@@ -220,9 +309,50 @@ impl<'m> Batch<'m> {
             }
         };
         if alone {
-            self.prefix = Some((live[0].1.prompt.clone(), cache.prefix_copy(cache.len())?));
+            self.keep_prefix(&live[0].1.prompt, &cache)?;
         }
+        self.join(live, logits, cache, prompt_pads)
+    }
 
+    /// Keep (at most [`MAX_KEPT_PREFIX`] positions of) a prompt admitted alone, for the next.
+    fn keep_prefix(&mut self, prompt: &[u32], cache: &KvCache) -> Result<()> {
+        let kept = cache.len().min(MAX_KEPT_PREFIX);
+        self.prefix = Some((prompt[..kept].to_vec(), cache.prefix_copy(kept)?));
+        Ok(())
+    }
+
+    /// Compute the next slice of the first prompt being prefilled in slices; once its last
+    /// slice is done, its rows join the batch.
+    fn prefill_slice(&mut self) -> Result<()> {
+        let Some(chunk) = self.prefill_chunk else { return Ok(()) };
+        let Some(mut prefilling) = self.prefilling.pop_front() else { return Ok(()) };
+        let prompt = &prefilling.request.prompt;
+        let end = (prefilling.done + chunk).min(prompt.len());
+        let tokens =
+            Tensor::from_vec(prompt[prefilling.done..end].to_vec(), (1, end - prefilling.done), self.model.device())?;
+        let logits = self.model.forward(&tokens, &[0], &mut prefilling.cache, false)?;
+        prefilling.done = end;
+        if end < prompt.len() {
+            self.prefilling.push_front(prefilling);
+            return Ok(());
+        }
+        let Prefilling { id, request, cache, alone, .. } = prefilling;
+        if alone && self.reuse_prefixes {
+            self.keep_prefix(&request.prompt, &cache)?;
+        }
+        self.join(vec![(id, request)], logits, cache, vec![0])
+    }
+
+    /// Let prefilled prompts' rows join the batch: `logits` and `cache` hold one row per
+    /// prompt, left-padded by `prompt_pads`.
+    fn join(
+        &mut self,
+        live: Vec<(RequestId, GenerateRequest)>,
+        logits: Tensor,
+        cache: KvCache,
+        prompt_pads: Vec<usize>,
+    ) -> Result<()> {
+        let device = self.model.device();
         // Each prompt's cache row and logits, repeated for its samples.
         let mut source_rows = Vec::new();
         let mut rows = Vec::new();
@@ -279,6 +409,7 @@ impl<'m> Batch<'m> {
         mut on_text: impl FnMut(RequestId, usize, &str),
     ) -> Result<Vec<(RequestId, Vec<Completion>)>> {
         let mut done = std::mem::take(&mut self.finished);
+        self.prefill_slice()?;
         let Some(logits) = self.logits.take() else {
             return Ok(done);
         };
@@ -332,6 +463,7 @@ impl<'m> Batch<'m> {
                     });
                     if open.done.iter().all(Option::is_some) {
                         let open = self.open.remove(&row.request).expect("request is open");
+                        self.extents.remove(&row.request);
                         done.push((row.request, open.done.into_iter().flatten().collect()));
                     }
                 }
@@ -367,9 +499,47 @@ impl<'m> Batch<'m> {
         self.rows.clear();
         self.logits = None;
         self.cache = self.model.new_cache();
+        self.extents.clear();
         let mut ids: Vec<RequestId> = self.open.drain().map(|(id, _)| id).collect();
         ids.extend(self.finished.drain(..).map(|(id, _)| id));
+        ids.extend(self.prefilling.drain(..).map(|p| p.id));
         ids
+    }
+
+    /// Drop the rows of `cancelled` requests (their callers went away), wherever they are:
+    /// decoding, waiting for a prefill slice, or finished and not yet handed back.
+    pub fn cancel(&mut self, cancelled: &HashSet<RequestId>) -> Result<()> {
+        if cancelled.is_empty() {
+            return Ok(());
+        }
+        self.prefilling.retain(|p| !cancelled.contains(&p.id));
+        self.finished.retain(|(id, _)| !cancelled.contains(id));
+        self.open.retain(|id, _| !cancelled.contains(id));
+        self.extents.retain(|id, _| !cancelled.contains(id));
+        let keep: Vec<u32> =
+            (0..self.rows.len() as u32).filter(|&i| !cancelled.contains(&self.rows[i as usize].request)).collect();
+        if keep.len() == self.rows.len() {
+            return Ok(());
+        }
+        self.rows.retain(|row| !cancelled.contains(&row.request));
+        if self.rows.is_empty() {
+            self.logits = None;
+            self.cache = self.model.new_cache();
+            return Ok(());
+        }
+        let index = Tensor::from_vec(keep, self.rows.len(), self.model.device())?;
+        self.cache = self.cache.select_rows(&index)?;
+        self.logits = match self.logits.take() {
+            Some(logits) => Some(logits.index_select(&index, 0)?),
+            None => None,
+        };
+        // Padding every remaining row shares is dead weight: drop it.
+        let common = self.rows.iter().map(|r| r.pad).min().unwrap_or(0);
+        if common > 0 {
+            self.cache = self.cache.drop_front(common)?;
+            self.rows.iter_mut().for_each(|r| r.pad -= common);
+        }
+        Ok(())
     }
 }
 

@@ -24,7 +24,7 @@ pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
     }
 }
 
-pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, TextPiece, WeightsHold};
+pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, TextPiece, WeightsHold};
 pub use candle_core::{DType, Device};
 pub use comm::{Comm, Solo, ThreadComm};
 pub use config::Config;
@@ -61,6 +61,9 @@ pub enum Error {
     Input(String),
     #[error("generation failed: {0}")]
     Generation(String),
+    /// The request fits, but not beside the work in flight now: retry shortly.
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("the engine has stopped")]
     Stopped,
     #[error("tensor: {0}")]

@@ -422,6 +422,12 @@ impl Model {
         self.dtype
     }
 
+    /// Bytes of keys and values one cache position takes (every layer, this rank's heads).
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let kv_heads = self.blocks.first().map_or(0, |b| b.attn.kv_heads);
+        self.blocks.len() * 2 * kv_heads * self.config.head_dim() * self.dtype.size_in_bytes()
+    }
+
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(self.blocks.len())
     }

@@ -14,6 +14,12 @@ pub struct ChatMessage {
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer reading special-token strings as plain text: for message content,
+    /// which must never become control tokens (see [`Tokenizer::escape`]).
+    plain: tokenizers::Tokenizer,
+    /// What [`Tokenizer::escape`] replaces in message content: every special token's text
+    /// (longest first), then the escape's own opening character.
+    escapable: Vec<String>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -47,7 +53,18 @@ impl Tokenizer {
         let bos_token = token_text("bos_token");
         let eos_token = token_text("eos_token");
         let eos_ids = eos_token.iter().filter_map(|t| inner.token_to_id(t)).collect();
-        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_ids, json })
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        let mut escapable: Vec<String> = inner
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|token| token.special && !token.content.is_empty())
+            .map(|token| token.content.clone())
+            .collect();
+        escapable.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        escapable.dedup();
+        escapable.push(ESCAPE_OPEN.to_string());
+        Ok(Tokenizer { inner, plain, escapable, chat_template, bos_token, eos_token, eos_ids, json })
     }
 
     /// Build a GPT-2-style byte-level BPE tokenizer from GGUF metadata
@@ -135,10 +152,70 @@ impl Tokenizer {
         Self::from_json(document.to_string(), Some(&serde_json::Value::Object(config)), origin)
     }
 
-    /// Token ids of `text`, special tokens written in it included, nothing added around it.
+    /// Token ids of `text`, special tokens written in it included, nothing added around it;
+    /// what [`escape`](Self::escape) marked is plain text (its special-token strings are
+    /// tokenized as the characters they are).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
+        let encode = |tokenizer: &tokenizers::Tokenizer, text: &str| -> Result<Vec<u32>> {
+            let encoding = tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+            Ok(encoding.get_ids().to_vec())
+        };
+        if !text.contains(ESCAPE_OPEN) {
+            return encode(&self.inner, text);
+        }
+        let mut ids = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find(ESCAPE_OPEN) {
+            let after = &rest[at + ESCAPE_OPEN.len_utf8()..];
+            let escaped = after.split_once(ESCAPE_CLOSE).and_then(|(index, tail)| {
+                let index: usize = index.parse().ok().filter(|_| index.len() <= 4)?;
+                Some((self.escapable.get(index)?, tail))
+            });
+            let Some((escaped, tail)) = escaped else {
+                // Not an escape: the character as it is, then on.
+                let (head, tail) = rest.split_at(at + ESCAPE_OPEN.len_utf8());
+                ids.extend(encode(&self.inner, head)?);
+                rest = tail;
+                continue;
+            };
+            if at > 0 {
+                ids.extend(encode(&self.inner, &rest[..at])?);
+            }
+            ids.extend(encode(&self.plain, escaped)?);
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            ids.extend(encode(&self.inner, rest)?);
+        }
+        Ok(ids)
+    }
+
+    /// `content` with every special token's text (`<|im_end|>`, `<|im_start|>`, …) marked as
+    /// plain text for [`encode`](Self::encode): message content from environments, agents,
+    /// datasets and HTTP clients is text, and must not end the turn or open another one in
+    /// the model's context. Content without such strings is returned unchanged (and encodes
+    /// exactly as before).
+    pub fn escape(&self, content: &str) -> String {
+        if !self.escapable.iter().any(|s| content.contains(s.as_str())) {
+            return content.to_string();
+        }
+        let mut escaped = String::with_capacity(content.len() + 16);
+        let mut rest = content;
+        'outer: while !rest.is_empty() {
+            for (index, special) in self.escapable.iter().enumerate() {
+                if let Some(tail) = rest.strip_prefix(special.as_str()) {
+                    escaped.push(ESCAPE_OPEN);
+                    escaped.push_str(&index.to_string());
+                    escaped.push(ESCAPE_CLOSE);
+                    rest = tail;
+                    continue 'outer;
+                }
+            }
+            let next = rest.chars().next().map_or(1, char::len_utf8);
+            escaped.push_str(&rest[..next]);
+            rest = &rest[next..];
+        }
+        escaped
     }
 
     /// Text of `ids`, special tokens skipped when `skip_special`.
@@ -184,7 +261,9 @@ impl Tokenizer {
     }
 
     /// Render `messages` with the model's chat template, as transformers'
-    /// `apply_chat_template(..., tokenize=False)` does.
+    /// `apply_chat_template(..., tokenize=False)` does; special-token strings inside the
+    /// messages' content are [escaped](Self::escape), so that [`encode`](Self::encode) keeps
+    /// them plain text while the template's own markup stays special.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let template = self
             .chat_template
@@ -196,8 +275,10 @@ impl Tokenizer {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
         });
         env.add_template("chat", template).map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
+        let escaped: Vec<ChatMessage> =
+            messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: self.escape(&m.content) }).collect();
         let context = minijinja::context! {
-            messages => messages,
+            messages => escaped,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
@@ -207,6 +288,11 @@ impl Tokenizer {
             .map_err(|e| Error::Tokenizer(format!("rendering the chat template: {e}")))
     }
 }
+
+/// Opens an escape in rendered text: a Unicode noncharacter, never meant for interchange.
+const ESCAPE_OPEN: char = '\u{FDD0}';
+/// Closes it, after the index of the escaped string.
+const ESCAPE_CLOSE: char = '\u{FDD1}';
 
 /// Turns a stream of token ids into text pieces that never split a UTF-8 character: a
 /// piece is released once the decoded text grows by complete characters.

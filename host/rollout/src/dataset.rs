@@ -64,6 +64,36 @@ enum Chunks {
 
 const JSONL_CHUNK: usize = 1024;
 
+/// The most bytes of text one row may hold (its messages, answer and metadata): a row is a
+/// prompt, not a document, and one 100 MB cell would otherwise be tokenized whole. A row over
+/// it is skipped and recorded, like any row that is not a task.
+pub const MAX_ROW_BYTES: usize = 1 << 20;
+
+/// A row's task, if within [`MAX_ROW_BYTES`] and with text in every message.
+fn bounded(task: Task) -> anyhow::Result<Task> {
+    let bytes = task.messages.iter().map(|m| m.content.len() + m.role.len()).sum::<usize>()
+        + task.answer.as_ref().map_or(0, String::len)
+        + task.metadata.as_ref().map_or(0, String::len)
+        + task.id.len();
+    if bytes > MAX_ROW_BYTES {
+        bail!(
+            "{bytes} bytes of text, over the limit of {MAX_ROW_BYTES} bytes per row (a row is a prompt, not a \
+             document); the row is skipped"
+        );
+    }
+    Ok(task)
+}
+
+/// Open `path` for reading only if it is a regular file: a FIFO or a device as a dataset
+/// would hang or never end.
+fn open_regular(path: &Path) -> anyhow::Result<std::fs::File> {
+    let metadata = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if !metadata.is_file() {
+        bail!("{}: not a regular file (a dataset is a file, or a save_to_disk directory)", path.display());
+    }
+    std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))
+}
+
 /// An opened dataset: its chunk sizes, and one decoded chunk kept.
 pub struct Dataset {
     spec: DatasetSpec,
@@ -84,6 +114,7 @@ impl Dataset {
         let (chunks, sizes) = if path.is_dir() {
             hf_directory(path)?
         } else {
+            open_regular(path)?;
             match extension.as_str() {
                 "jsonl" | "json" | "ndjson" => jsonl(path)?,
                 "parquet" => parquet(path)?,
@@ -169,13 +200,21 @@ impl Dataset {
         let columns = self.spec.columns.as_ref();
         let batch = match &self.chunks {
             Chunks::Jsonl { path, lines } => {
-                let mut file = std::io::BufReader::new(std::fs::File::open(path)?);
+                let mut file = std::io::BufReader::new(open_regular(path)?);
                 let mut tasks = Vec::new();
                 for (i, &offset) in lines.iter().enumerate().skip(chunk * JSONL_CHUNK).take(JSONL_CHUNK) {
                     file.seek(SeekFrom::Start(offset))?;
                     let mut line = Vec::new();
-                    file.read_until(b'\n', &mut line)?;
+                    // A line is read up to the row limit (and a little JSON around it), never whole.
+                    (&mut file).take(MAX_ROW_BYTES as u64 * 2).read_until(b'\n', &mut line)?;
                     let task = || -> anyhow::Result<Task> {
+                        if line.len() >= MAX_ROW_BYTES * 2 {
+                            bail!(
+                                "over {} bytes, past the limit of {MAX_ROW_BYTES} bytes of text per row; the row \
+                                 is skipped",
+                                MAX_ROW_BYTES * 2
+                            );
+                        }
                         let value: serde_json::Value = serde_json::from_slice(&line).context("not JSON")?;
                         match columns {
                             None => {
@@ -188,12 +227,14 @@ impl Dataset {
                             Some(columns) => json_row_task(&value, columns, &self.name, i),
                         }
                     };
-                    tasks.push(task().map_err(|e| format!("line {}: {e:#}", line_number(path, offset))));
+                    tasks.push(
+                        task().and_then(bounded).map_err(|e| format!("line {}: {e:#}", line_number(path, offset))),
+                    );
                 }
                 return Ok(tasks);
             }
             Chunks::Parquet { path } => {
-                let file = std::fs::File::open(path)?;
+                let file = open_regular(path)?;
                 let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
                     .with_row_groups(vec![chunk])
                     .build()?;
@@ -201,7 +242,7 @@ impl Dataset {
                 concat(batches)?
             }
             Chunks::IpcFile { path } => {
-                let mut reader = arrow_ipc::reader::FileReader::try_new(std::fs::File::open(path)?, None)?;
+                let mut reader = arrow_ipc::reader::FileReader::try_new(open_regular(path)?, None)?;
                 reader.set_index(chunk)?;
                 reader.next().context("a record batch")??
             }
@@ -209,7 +250,7 @@ impl Dataset {
                 let (path, start, end) = &chunks[chunk];
                 let schema = &schemas.iter().find(|(p, _)| p == path).context("the file's schema")?.1;
                 let mut bytes = schema.clone();
-                let mut file = std::fs::File::open(path)?;
+                let mut file = open_regular(path)?;
                 file.seek(SeekFrom::Start(*start))?;
                 let mut message = vec![0u8; (end - start) as usize];
                 file.read_exact(&mut message)?;
@@ -221,7 +262,7 @@ impl Dataset {
         };
         Ok(batch_tasks(&batch, columns, &self.name, first_row)?
             .into_iter()
-            .map(|r| r.map_err(|e| format!("{e:#}")))
+            .map(|r| r.and_then(bounded).map_err(|e| format!("{e:#}")))
             .collect())
     }
 }
@@ -244,18 +285,33 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
 }
 
 fn jsonl(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
-    let mut file =
-        std::io::BufReader::new(std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?);
+    let mut file = std::io::BufReader::new(open_regular(path)?);
     let mut lines = Vec::new();
     let mut offset = 0u64;
-    let mut line = Vec::new();
     loop {
-        line.clear();
-        let read = file.read_until(b'\n', &mut line)?;
+        // Only where lines start is kept: a line is scanned buffer by buffer, never held.
+        let mut read = 0usize;
+        let mut content = false;
+        loop {
+            let buffer = file.fill_buf()?;
+            if buffer.is_empty() {
+                break;
+            }
+            let (take, end) = match buffer.iter().position(|&b| b == b'\n') {
+                Some(at) => (at + 1, true),
+                None => (buffer.len(), false),
+            };
+            content |= buffer[..take].iter().any(|b| !b.is_ascii_whitespace());
+            file.consume(take);
+            read += take;
+            if end {
+                break;
+            }
+        }
         if read == 0 {
             break;
         }
-        if line.iter().any(|b| !b.is_ascii_whitespace()) {
+        if content {
             lines.push(offset);
         }
         offset += read as u64;
@@ -265,7 +321,7 @@ fn jsonl(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
 }
 
 fn parquet(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
-    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = open_regular(path)?;
     let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .with_context(|| format!("{}: not a Parquet file", path.display()))?;
     let sizes = builder.metadata().row_groups().iter().map(|rg| rg.num_rows() as usize).collect();
@@ -274,8 +330,7 @@ fn parquet(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
 
 fn ipc(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
     let mut magic = [0u8; 6];
-    std::fs::File::open(path)
-        .with_context(|| format!("reading {}", path.display()))?
+    open_regular(path)?
         .read_exact(&mut magic)
         .with_context(|| format!("{}: too short for Arrow IPC", path.display()))?;
     if &magic == b"ARROW1" {
@@ -297,8 +352,7 @@ fn ipc(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
 #[allow(clippy::type_complexity)]
 fn ipc_stream(path: &Path) -> anyhow::Result<(Vec<(PathBuf, u64, u64)>, Vec<u8>, Vec<usize>)> {
     let bad = |what: &str| anyhow::anyhow!("{}: not an Arrow IPC stream ({what})", path.display());
-    let mut file =
-        std::io::BufReader::new(std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?);
+    let mut file = std::io::BufReader::new(open_regular(path)?);
     let size = file.get_ref().metadata()?.len();
     // Each message: [0xFFFFFFFF] length, metadata, body. Only the metadata is read; bodies
     // are skipped, so opening a stream reads a few bytes per record batch.
@@ -368,8 +422,8 @@ fn hf_directory(dir: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
         .with_context(|| format!("{}: no `_data_files`", state_path.display()))?
         .iter()
         .filter_map(|f| f["filename"].as_str())
-        .map(|name| dir.join(name))
-        .collect();
+        .map(|name| confined(dir, name, &state_path))
+        .collect::<anyhow::Result<_>>()?;
     let (mut chunks, mut schemas, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
     for file in files {
         let (c, schema, s) = ipc_stream(&file)?;
@@ -378,6 +432,26 @@ fn hf_directory(dir: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
         schemas.push((file, schema));
     }
     Ok((Chunks::IpcStream { chunks, schemas }, sizes))
+}
+
+/// A file that a `save_to_disk` directory's `state.json` names: a plain name inside the
+/// directory (no `..`, no absolute path, no link out of it).
+fn confined(dir: &Path, name: &str, state_path: &Path) -> anyhow::Result<PathBuf> {
+    let plain = Path::new(name).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain || name.is_empty() {
+        bail!(
+            "{}: `_data_files` names {name:?}, which is not a file inside its directory; refused",
+            state_path.display()
+        );
+    }
+    let path = dir.join(name);
+    let (real, root) = (path.canonicalize(), dir.canonicalize());
+    if let (Ok(real), Ok(root)) = (&real, &root)
+        && !real.starts_with(root)
+    {
+        bail!("{}: `_data_files` names {name:?}, a link out of its directory; refused", state_path.display());
+    }
+    Ok(path)
 }
 
 fn concat(batches: Vec<RecordBatch>) -> anyhow::Result<RecordBatch> {
@@ -430,10 +504,11 @@ fn batch_tasks(
         if let Some(column) = messages {
             conversation.extend(message_list(batch.column(column).as_ref(), row, names[column])?);
         } else if let Some(column) = prompt {
-            let text = cell(column)?
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| cell(column).map(|v| v.to_string()).unwrap_or_default());
+            let text = match cell(column)? {
+                serde_json::Value::Null => bail!("the prompt (column `{}`) is null; the row is skipped", names[column]),
+                serde_json::Value::String(text) => text,
+                other => other.to_string(),
+            };
             conversation.push(Message { role: "user".into(), content: text });
         }
         let text_of = |v: serde_json::Value| match v {
@@ -532,6 +607,9 @@ fn json_row_task(row: &serde_json::Value, columns: &Columns, name: &str, index: 
             serde_json::from_value(list.clone()).context("`messages` is not a list of {role, content}")?;
         messages.extend(list);
     } else if let Some(prompt) = get(&columns.prompt, &["prompt", "question", "problem"]) {
+        if prompt.is_null() {
+            bail!("the prompt is null; the row is skipped");
+        }
         messages.push(Message { role: "user".into(), content: text(prompt) });
     } else {
         bail!("no prompt: name its column as `columns.prompt` (or `columns.messages`)");

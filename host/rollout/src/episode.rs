@@ -68,6 +68,8 @@ pub fn appended_text(
     };
     // The model's reply as sampled, after whatever the template puts between the generation
     // prompt and the content (only whitespace is allowed there).
+    // The rendering holds the reply as [escaped](Tokenizer::escape) text.
+    let reply = tokenizer.escape(reply);
     let (added, reply) = (added.trim_start(), reply.trim_start());
     let Some(mut rest) = added.strip_prefix(reply) else {
         return Err(TemplateDrift(format!(

@@ -50,6 +50,8 @@ pub struct ServeConfig {
     pub max_concurrent: usize,
     /// A request still generating after this is cut (504) and its generation cancelled.
     pub request_timeout: Duration,
+    /// A request's body must arrive within this, or it is answered 408.
+    pub body_timeout: Duration,
     /// Limits of the task endpoints (rewards, episodes, rollouts).
     pub task_limits: TaskLimits,
     /// Where `/v1/load_weights` may load checkpoints and models from (off when `None`: a
@@ -68,6 +70,7 @@ impl Default for ServeConfig {
             max_body_bytes: 1 << 20,
             max_concurrent: 64,
             request_timeout: Duration::from_secs(300),
+            body_timeout: Duration::from_secs(30),
             task_limits: TaskLimits::default(),
             weights_dir: None,
             load_options: wirl_engine::LoadOptions::default(),
@@ -201,7 +204,11 @@ pub fn router(
         .route("/liveness", get(|| async { Json(json!({"status": "ok"})) }))
         .merge(api)
         .fallback(|| async { ApiError::with_status(StatusCode::NOT_FOUND, "no such route".into()) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::with_status(StatusCode::METHOD_NOT_ALLOWED, "this route does not take that method".into())
+        })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state((state.config.body_timeout, body_limit), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
 }
@@ -283,13 +290,108 @@ async fn control_apply(State(state): State<Arc<AppState>>, body: Bytes) -> Resul
     })
 }
 
+/// How many connections the server holds, and how long it waits for a client.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Connections open at once; one more is closed as soon as it is accepted (a client that
+    /// opens connections without end cannot exhaust the process's file descriptors).
+    pub max_connections: usize,
+    /// A request's headers must arrive within this (a connection idle between requests
+    /// waits at most this for the next one): half-sent headers do not hold a connection.
+    pub header_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits { max_connections: 1024, header_timeout: Duration::from_secs(10) }
+    }
+}
+
 /// Serve `router` on `listener` until `shutdown` resolves; requests in flight then finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    serve_with(listener, router, ConnectionLimits::default(), shutdown).await
+}
+
+/// [`serve`] with `limits` on connections: at most `max_connections` open, headers within
+/// `header_timeout`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (closing, closing_seen) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, or a connection reset before it was taken:
+                    // wait a moment instead of spinning on the error.
+                    tracing::warn!("accepting a connection: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tracing::warn!("{} connections are open: one more refused", limits.max_connections);
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut closing = closing_seen.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = closing.wait_for(|closing| *closing) => connection.as_mut().graceful_shutdown(),
+            }
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Read a request's body within `timeout` and its size limit (408 and 413, in the JSON error
+/// shape), so that a client trickling its body cannot hold a handler without end.
+async fn read_body(State((timeout, limit)): State<(Duration, usize)>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => {
+            return ApiError::with_status(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {} s", timeout.as_secs()),
+            )
+            .into_response();
+        }
+        Ok(Err(_)) => {
+            return ApiError::with_status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body is over this server's limit of {limit} bytes (--max-body-bytes)"),
+            )
+            .into_response();
+        }
+        Ok(Ok(bytes)) => bytes,
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
 }
 
 async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
@@ -299,7 +401,7 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+        if !given.is_some_and(|given| same_secret(given.as_bytes(), key.as_bytes())) {
             let message = if given.is_some() {
                 "the API key is not valid"
             } else {
@@ -309,6 +411,13 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
         }
     }
     next.run(request).await
+}
+
+/// Whether `given` equals `secret`, in time that does not depend on where they first differ
+/// (a key compared byte by byte, stopping at the first difference, can be guessed byte by
+/// byte from response times). Only the length may show.
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    given.len() == secret.len() && given.iter().zip(secret).fold(0u8, |differ, (a, b)| differ | (a ^ b)) == 0
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
@@ -434,7 +543,7 @@ async fn generate(
     };
     let request = GenerateRequest { prompt: prompt.clone(), n: common.n, sampling: common.sampling.clone() };
     if common.stream {
-        return Ok(stream(state, slot, request, common, id, kind));
+        return stream(state, slot, request, common, id, kind).await;
     }
     let timeout = state.config.request_timeout;
     let generated = tokio::time::timeout(timeout, state.engine.generate(request)).await;
@@ -449,13 +558,7 @@ async fn generate(
                 ),
             ));
         }
-        Ok(Err(wirl_engine::Error::Input(message))) => return Err(ApiError::bad(None, &message)),
-        Ok(Err(error)) => {
-            return Err(ApiError::with_status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("generation failed: {error}"),
-            ));
-        }
+        Ok(Err(error)) => return Err(engine_error(error)),
         Ok(Ok(completions)) => completions,
     };
     let choices: Vec<Value> =
@@ -474,6 +577,21 @@ async fn generate(
         "weights_version": completions.first().map(|c| weights::label(&state, c.weights_version)),
     }))
     .into_response())
+}
+
+/// The engine's refusal or failure as an answer: bad input 400, its memory budget full 503
+/// with `Retry-After`, anything else 500.
+fn engine_error(error: wirl_engine::Error) -> ApiError {
+    match error {
+        wirl_engine::Error::Input(message) => ApiError::bad(None, &message),
+        wirl_engine::Error::Busy(message) => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!("{message}; retry shortly"),
+            param: None,
+            retry_after: Some(1),
+        },
+        error => ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("generation failed: {error}")),
+    }
 }
 
 /// A generation slot, or 503 with `Retry-After` when every one is busy.
@@ -557,19 +675,32 @@ fn token_logprobs(state: &AppState, kind: Kind, completion: &Completion) -> Valu
 }
 
 /// Server-sent events: a chunk per text piece, then each choice's last chunk (with its
-/// token ids), usage if asked, `[DONE]`. A client that goes away drops the stream, which
-/// drops the generation's receiver: the engine gives the rows up.
-fn stream(
+/// token ids), usage if asked, `[DONE]`. The stream starts once the engine has admitted the
+/// request (a refusal is still a status: 400, or 503 beyond the memory budget). A client
+/// that goes away drops the stream, which drops the generation's receiver: the engine gives
+/// the rows up.
+async fn stream(
     state: Arc<AppState>,
     slot: tokio::sync::OwnedSemaphorePermit,
     request: GenerateRequest,
     common: request::Common,
     id: String,
     kind: Kind,
-) -> Response {
+) -> Result<Response, ApiError> {
     let (pieces, mut receive_pieces) = mpsc::unbounded_channel();
     let (events, receive_events) = mpsc::channel::<Event>(64);
     let prompt_len = request.prompt.len();
+    let generation =
+        match tokio::time::timeout(state.config.request_timeout, state.engine.start_streaming(request, pieces)).await {
+            Ok(Ok(started)) => started.finish(),
+            Ok(Err(error)) => return Err(engine_error(error)),
+            Err(_) => {
+                return Err(ApiError::with_status(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the request waited past this server's deadline to start; it was cancelled".into(),
+                ));
+            }
+        };
     tokio::spawn(async move {
         let _slot = slot;
         let created = now();
@@ -587,7 +718,6 @@ fn stream(
             Kind::Chat => json!([{"index": index, "delta": {"content": text}, "finish_reason": null}]),
             Kind::Text => json!([{"index": index, "text": text, "finish_reason": null}]),
         };
-        let generation = state.engine.generate_streaming(request, pieces);
         tokio::pin!(generation);
         let deadline = tokio::time::sleep(state.config.request_timeout);
         tokio::pin!(deadline);
@@ -660,5 +790,16 @@ fn stream(
     });
     let mut response = Sse::new(stream).keep_alive(KeepAlive::default()).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keys_compare_whole() {
+        assert!(super::same_secret(b"sk-abc", b"sk-abc"));
+        assert!(!super::same_secret(b"sk-abd", b"sk-abc"));
+        assert!(!super::same_secret(b"sk-ab", b"sk-abc"));
+        assert!(!super::same_secret(b"", b"sk-abc"));
+    }
 }

@@ -216,7 +216,13 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
             };
             let content = match message.get("content") {
                 Some(Value::String(text)) => text.clone(),
-                None | Some(Value::Null) => String::new(),
+                None | Some(Value::Null) => {
+                    return Err(ApiError::bad(
+                        Some(&format!("{field}.content")),
+                        "is missing or null: every message needs its text (a string or text parts; null content is \
+                         for tool calls, which this server does not take)",
+                    ));
+                }
                 Some(Value::Array(parts)) => parts
                     .iter()
                     .map(|part| {

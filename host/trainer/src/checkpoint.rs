@@ -1,13 +1,17 @@
 //! Checkpoints: `RUN_DIR/checkpoints/step-NNNNNN/` holds the policy as an HF directory
 //! (`model/`, loadable by wirl and transformers), the optimizer's moments
 //! (`optimizer.safetensors`) and `state.json` (step, optimizer steps, the held-out score
-//! before training, plugin hashes). A checkpoint is written under a dot-name and renamed when
-//! complete, so a run killed mid-write leaves nothing that `--resume` would load.
+//! before training, plugin hashes), and `sha256.json`, the sha256 of every other file in it.
+//! A checkpoint is written under a dot-name and renamed when complete, so a run killed
+//! mid-write leaves nothing that `--resume` would load; `--resume` checks every file against
+//! `sha256.json` and passes over a checkpoint whose bytes changed since (bit rot, a bad copy,
+//! a hand edit) for the one before it.
 
 use anyhow::{Context, bail};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{Optimizer, Policy};
 
@@ -78,6 +82,8 @@ pub fn write(
     }
     candle_core::safetensors::save(&moments, partial.join("optimizer.safetensors"))?;
     std::fs::write(partial.join("state.json"), serde_json::to_string_pretty(state)?)?;
+    let sums = checksums(&partial)?;
+    std::fs::write(partial.join(CHECKSUMS), serde_json::to_string_pretty(&sums)?)?;
     if final_dir.exists() {
         std::fs::remove_dir_all(&final_dir)?;
     }
@@ -85,22 +91,113 @@ pub fn write(
     Ok(final_dir)
 }
 
-/// The newest complete and valid checkpoint of a run, if any. One that is damaged (no or
-/// unreadable `state.json`, a step that disagrees with its directory's name, no model or
-/// moments) is passed over with a warning for the one before it.
-pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
-    let root = run_dir.join("checkpoints");
-    if !root.is_dir() {
-        return Ok(None);
+/// The file in a checkpoint naming the sha256 of every other file in it.
+const CHECKSUMS: &str = "sha256.json";
+
+/// Every file under `dir` (but [`CHECKSUMS`]), by its path relative to `dir`: its sha256.
+fn checksums(dir: &Path) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut sums = BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).with_context(|| format!("reading {}", folder.display()))? {
+            let path = entry?.path();
+            let kind = std::fs::symlink_metadata(&path)?.file_type();
+            if kind.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let relative = path.strip_prefix(dir)?.to_string_lossy().replace('\\', "/");
+            if relative == CHECKSUMS {
+                continue;
+            }
+            if !kind.is_file() {
+                bail!("{}: not a regular file (a checkpoint holds only files it wrote)", path.display());
+            }
+            sums.insert(relative, sha256_file(&path)?);
+        }
     }
-    let mut steps: Vec<(usize, PathBuf)> = std::fs::read_dir(&root)?
+    Ok(sums)
+}
+
+fn sha256_file(path: &Path) -> anyhow::Result<String> {
+    let mut file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).with_context(|| format!("reading {}", path.display()))?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Check the files of the checkpoint in `dir` against its `sha256.json`: the same files,
+/// the same bytes. A checkpoint from before checksums (no `sha256.json`) passes with a warning.
+fn verify(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join(CHECKSUMS);
+    if !path.exists() {
+        tracing::warn!("{}: no {CHECKSUMS} (written before checksums): its bytes are not verified", dir.display());
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let expected: BTreeMap<String, String> =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a list of sha256 sums", path.display()))?;
+    let found = checksums(dir)?;
+    for (file, sum) in &expected {
+        match found.get(file) {
+            None => bail!("{file} is missing (named in {CHECKSUMS})"),
+            Some(actual) if actual != sum => {
+                bail!("{file} changed since it was written: its sha256 is {actual}, {CHECKSUMS} says {sum}")
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(extra) = found.keys().find(|f| !expected.contains_key(*f)) {
+        bail!("{extra} was not written with the checkpoint (not in {CHECKSUMS})");
+    }
+    Ok(())
+}
+
+/// Delete all but the newest `keep` checkpoints of a run (0: keep all). Only `step-N`
+/// directories are touched; a failure to delete is a warning (the run goes on).
+pub fn prune(run_dir: &Path, keep: usize) {
+    if keep == 0 {
+        return;
+    }
+    let mut steps = match step_dirs(&run_dir.join("checkpoints")) {
+        Ok(steps) => steps,
+        Err(error) => {
+            tracing::warn!("cannot list the checkpoints to prune: {error:#}");
+            return;
+        }
+    };
+    steps.sort();
+    let old = steps.len().saturating_sub(keep);
+    for (_, dir) in steps.into_iter().take(old) {
+        if let Err(error) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!("cannot delete the old checkpoint {}: {error}", dir.display());
+        }
+    }
+}
+
+/// The `step-N` directories under `root`, with their steps.
+fn step_dirs(root: &Path) -> anyhow::Result<Vec<(usize, PathBuf)>> {
+    Ok(std::fs::read_dir(root)?
         .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let step = name.strip_prefix("step-")?.parse::<usize>().ok()?;
             Some((step, e.path()))
         })
-        .collect();
+        .collect())
+}
+
+/// The newest complete and valid checkpoint of a run, if any. One that is damaged (no or
+/// unreadable `state.json`, a step that disagrees with its directory's name, no model or
+/// moments, a file whose sha256 is not the one written) is passed over with a warning for
+/// the one before it.
+pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
+    let root = run_dir.join("checkpoints");
+    if !root.is_dir() {
+        return Ok(None);
+    }
+    let mut steps = step_dirs(&root)?;
     steps.sort();
     while let Some((step, dir)) = steps.pop() {
         match validate(step, &dir) {
@@ -134,6 +231,7 @@ fn validate(step: usize, dir: &Path) -> anyhow::Result<State> {
         unsafe { candle_core::safetensors::MmapedSafetensors::new(dir.join(file)) }
             .with_context(|| format!("{file} is missing or damaged"))?;
     }
+    verify(dir)?;
     Ok(state)
 }
 

@@ -356,6 +356,10 @@ pub struct GrpoSection {
     pub seed: u64,
     /// Write a checkpoint every this many steps (0: only at the end and on Ctrl-C).
     pub checkpoint_every: usize,
+    /// Keep the newest this many checkpoints; older ones are deleted once a newer one is
+    /// complete and verified (0: keep every one; each holds the weights and the optimizer's
+    /// moments, 1.6 GB for the 135M model).
+    pub keep_checkpoints: usize,
     /// Updates in a row whose gradient is not finite (each skipped with a warning) after
     /// which the run stops, with a checkpoint of the last good weights.
     pub max_skipped_updates: usize,
@@ -415,6 +419,7 @@ impl Default for GrpoSection {
             pass_reward: 1.0,
             seed: 0,
             checkpoint_every: 10,
+            keep_checkpoints: 3,
             max_skipped_updates: 3,
             recompute_above_mib: 0,
             keep_activations_mib: 1024,

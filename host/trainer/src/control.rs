@@ -68,8 +68,30 @@ impl Control {
     /// Check a new task set beside training and stage it for the next step boundary (or,
     /// with `dry_run`, only report what it would change and how its checks went).
     pub fn apply(&self, tasks: TaskSet, options: &ApplyOptions) -> Result<Report, Refusal> {
+        let stopping = || Refusal {
+            message: "the run is stopping: nothing was staged (apply to the resumed run)".into(),
+            report: None,
+        };
+        if self.is_stopped() {
+            return Err(stopping());
+        }
         let swapper = self.swapper().map_err(|e| Refusal { message: e.to_string(), report: None })?;
-        swapper.apply(tasks, options)
+        let applied = swapper.apply(tasks, options);
+        // A stop during the checks cuts their plugin calls short: the refusal is the stop's,
+        // not the plugins'; and a set staged as the run stops would never be in force.
+        if self.is_stopped() {
+            let Ok(report) = &applied else { return Err(stopping()) };
+            if options.dry_run {
+                return applied;
+            }
+            let mut state = swapper.state();
+            // Already switched in at a boundary before the stop: it did take effect.
+            if state.staged.as_ref().is_some_and(|s| s.manifest.generation == report.generation) {
+                state.staged = None;
+                return Err(stopping());
+            }
+        }
+        applied
     }
 
     /// Go back to the task set in force before the last switch, at the next step boundary.

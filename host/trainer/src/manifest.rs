@@ -69,6 +69,9 @@ impl Manifest {
                         reference.display()
                     );
                 }
+                store.verify(sha256).with_context(|| {
+                    format!("the kept bytes of {} (manifest generation {})", reference.display(), self.generation)
+                })?;
                 *stored = Some(path);
             }
         }
@@ -157,6 +160,22 @@ impl PluginStore {
     /// Where the bytes of `sha256` are kept.
     pub fn path(&self, sha256: &str) -> PathBuf {
         self.dir.join(format!("{sha256}.wasm"))
+    }
+
+    /// Check that the kept file of `sha256` still holds those bytes: never run bytes that
+    /// changed after the run kept them (a tampered or damaged `RUN_DIR/plugins/` file).
+    pub fn verify(&self, sha256: &str) -> anyhow::Result<()> {
+        let path = self.path(sha256);
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let actual = hex::encode(Sha256::digest(&bytes));
+        if actual != sha256 {
+            bail!(
+                "{}: its bytes hash to sha256 {actual}, not the {sha256} its name and the manifest say; they changed \
+                 after the run kept them, and are not run. Restore the file from a copy of the run, or start a new run",
+                path.display()
+            );
+        }
+        Ok(())
     }
 
     /// The bytes of a plugin reference (a file, or a built-in) as they are now.

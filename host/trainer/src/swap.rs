@@ -191,6 +191,9 @@ pub(crate) struct Swapper {
     tokenizer: Arc<Tokenizer>,
     state: Mutex<SwapState>,
     events: Mutex<()>,
+    /// Held while an apply is checked: applies are answered one at a time, so two cannot
+    /// both be told "staged" when only one can be.
+    applying: Mutex<()>,
 }
 
 pub(crate) struct SwapState {
@@ -277,6 +280,7 @@ impl Swapper {
                 status,
             }),
             events: Mutex::new(()),
+            applying: Mutex::new(()),
         }
     }
 
@@ -317,6 +321,14 @@ impl Swapper {
     /// Check `set` and stage it for the next step boundary (or, dry, only report).
     pub fn apply(&self, set: TaskSet, options: &ApplyOptions) -> Result<Report, Refusal> {
         let step = self.state().status.step;
+        let Ok(_one_at_a_time) = self.applying.try_lock() else {
+            return Err(Refusal {
+                message: "another apply is being checked now: try again once it has been answered \
+                          (`wirl ctl RUN_DIR status` shows what is staged)"
+                    .into(),
+                report: None,
+            });
+        };
         let result = self.check_and_stage(set, options);
         if let Err(refusal) = &result
             && !options.dry_run
@@ -348,6 +360,13 @@ impl Swapper {
         }
         let (changes, changed_tasks, current, generation) = {
             let state = self.state();
+            if let (Some(staged), false) = (&state.staged, options.dry_run) {
+                return Err(refuse(format!(
+                    "generation {} is staged and switches in at the next step boundary; one change is staged at a \
+                     time: apply {origin} after that boundary (`wirl ctl RUN_DIR status` shows it), or roll back",
+                    staged.manifest.generation
+                )));
+            }
             if let Some(until) = state.replaying_until {
                 return Err(refuse(format!(
                     "the resumed run is replaying the task set changes recorded after its checkpoint (until step \
@@ -471,6 +490,17 @@ impl Swapper {
             });
         }
         Ok(report)
+    }
+
+    /// The run ends before its next step boundary: a staged change that will never be in
+    /// force is recorded as discarded (`events.jsonl`), so that no "staged" goes unanswered.
+    pub fn discard_staged(&self, step: usize, why: &str) {
+        let staged = self.state().staged.take();
+        if let Some(staged) = staged {
+            let mut event = SwapEvent::new(step, "discarded");
+            event.reason = Some(format!("generation {} was staged, but {why}", staged.manifest.generation));
+            self.record(&event);
+        }
     }
 
     /// Ask new environments for tasks and let new rewards re-score the recent rollouts.

@@ -537,6 +537,7 @@ impl Trainer {
             &self.tokenizer,
         )?;
         observer.event(Event::Checkpoint { dir: &dir });
+        checkpoint::prune(&self.run_dir, self.config.grpo.keep_checkpoints);
         Ok(())
     }
 
@@ -577,6 +578,7 @@ impl Trainer {
                 // Stopped while paused between steps: nothing of the next step began.
                 rollouts.flush()?;
                 self.checkpoint(step, &before, observer)?;
+                self.swapper.discard_staged(step, "the run stopped before its next step boundary");
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: false });
             }
             let Some(line) = self.step(step, &mut rollouts, observer)? else {
@@ -584,6 +586,7 @@ impl Trainer {
                 // are those of the last completed step.
                 rollouts.flush()?;
                 self.checkpoint(step, &before, observer)?;
+                self.swapper.discard_staged(step, "the run stopped before its next step boundary");
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: true });
             };
             step_times.push(line.time_s.total);
@@ -628,9 +631,11 @@ impl Trainer {
                 self.checkpoint(step + 1, &before, observer)?;
             }
             if stopped {
+                self.swapper.discard_staged(step + 1, "the run stopped before its next step boundary");
                 return Ok(Outcome::Stopped { steps_done: step + 1, abandoned: false });
             }
         }
+        self.swapper.discard_staged(steps, "the run ended (its last step done) before another step boundary");
         let after = self.evaluate()?;
         if let Some(pass_rate) = after.overall {
             observer.event(Event::HeldOut { after: true, pass_rate, problems: after.problems });
