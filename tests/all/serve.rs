@@ -74,8 +74,20 @@ impl Drop for Server {
 
 /// One request over a fresh connection to `address`: status, headers and body.
 pub fn http(address: &str, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String, String) {
+    http_waiting(address, method, path, headers, body, Duration::from_secs(120))
+}
+
+/// [`http`], waiting up to `patience` for the reply (long prompts on a busy machine).
+pub fn http_waiting(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &[u8],
+    patience: Duration,
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    stream.set_read_timeout(Some(patience)).unwrap();
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
     for header in headers {
         head.push_str(header);

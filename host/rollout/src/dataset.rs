@@ -114,7 +114,6 @@ impl Dataset {
         let (chunks, sizes) = if path.is_dir() {
             hf_directory(path)?
         } else {
-            open_regular(path)?;
             match extension.as_str() {
                 "jsonl" | "json" | "ndjson" => jsonl(path)?,
                 "parquet" => parquet(path)?,
