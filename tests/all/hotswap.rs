@@ -505,6 +505,30 @@ fn concurrent_applies_stage_one_and_refuse_the_rest() {
             "{said}"
         );
     }
+    // Many control connections at once: every one is answered (a status, or busy), none
+    // reset unanswered.
+    let socket = live.run_dir.join("control.sock");
+    let replies: Vec<String> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..100)
+            .map(|_| {
+                scope.spawn(|| {
+                    use std::io::{BufRead, Write};
+                    let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+                    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                    // A busy answer may come (and the socket close) before this is sent.
+                    let _ = stream.write_all(b"{\"op\": \"status\"}\n");
+                    let mut line = String::new();
+                    let _ = std::io::BufReader::new(stream).read_line(&mut line);
+                    line
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    for reply in &replies {
+        let reply: serde_json::Value = serde_json::from_str(reply).unwrap_or_else(|_| panic!("unanswered: {reply:?}"));
+        assert!(reply["ok"] == true || reply["message"].as_str().unwrap().starts_with("busy"), "{reply}");
+    }
     // What was staged takes effect at the boundary.
     assert!(live.ctl(&["resume"]).0);
     live.wait_for("the switch", || live.status()["manifest"]["generation"] == 1);

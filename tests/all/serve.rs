@@ -58,6 +58,24 @@ impl Server {
         self.child.id()
     }
 
+    /// A streaming completion that counts on for up to `max_tokens` tokens, once its stream
+    /// has started; dropping the connection gives it up.
+    pub(crate) fn start_counting(&self, max_tokens: usize) -> TcpStream {
+        let body = serde_json::json!({"prompt": "Count from 1 to 5000, one number per line:\n1\n2\n3\n",
+            "max_tokens": max_tokens, "temperature": 0, "stream": true})
+        .to_string();
+        let mut stream = TcpStream::connect(&self.address).unwrap();
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut buffer = [0u8; 256];
+        assert!(stream.read(&mut buffer).unwrap() > 0, "the stream started");
+        stream
+    }
+
     /// kill -9.
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
@@ -222,16 +240,7 @@ fn a_key_guards_everything_but_health_and_other_hosts_need_one() {
 #[test]
 fn a_busy_server_says_so_and_a_disconnect_cancels_its_generation() {
     let server = Server::start(&["--max-concurrent", "1"]);
-    let long = r#"{"prompt": "Count from 1 to 5000, one number per line:\n1\n2\n3\n", "max_tokens": 3000, "temperature": 0, "stream": true}"#;
-    let mut first = TcpStream::connect(&server.address).unwrap();
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}",
-        long.len()
-    );
-    first.write_all(head.as_bytes()).unwrap();
-    let mut buffer = [0u8; 256];
-    first.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    assert!(first.read(&mut buffer).unwrap() > 0, "the stream started");
+    let first = server.start_counting(3000);
 
     let (status, head, body) = server.http("POST", "/v1/completions", &[], br#"{"prompt": "hi", "max_tokens": 2}"#);
     assert_eq!(status, 503, "{body}");

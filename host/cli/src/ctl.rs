@@ -131,18 +131,20 @@ fn call(run_dir: &Path, request: &Request) -> anyhow::Result<Reply> {
     })?;
     // A swap's checks re-score recent rollouts: allow them time.
     stream.set_read_timeout(Some(Duration::from_secs(600)))?;
-    stream.write_all(serde_json::to_string(request)?.as_bytes())?;
-    stream.write_all(b"\n")?;
-    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut line = serde_json::to_string(request)?;
+    line.push('\n');
+    // A busy run answers without reading the request and closes: the write may then fail
+    // (a broken pipe) with the answer already waiting to be read, so a failed write is only
+    // the error when no answer follows.
+    let sent = stream.write_all(line.as_bytes()).and_then(|()| stream.shutdown(std::net::Shutdown::Write));
     // The reply is one line. A run that answered without reading all of the request (busy)
     // closes with bytes unread, which Linux reports to this side as a reset after the reply:
     // a whole line read before it is the answer.
     let mut text = Vec::new();
     let read = BufReader::new(stream.take(MAX_REQUEST_BYTES * 4)).read_until(b'\n', &mut text);
-    if let Err(error) = read
-        && !text.ends_with(b"\n")
-    {
-        return Err(error).context("reading the run's reply");
+    if !text.ends_with(b"\n") {
+        sent.context("sending the request to the run")?;
+        read.context("reading the run's reply")?;
     }
     let text = String::from_utf8_lossy(&text);
     serde_json::from_str(&text).with_context(|| format!("the run's reply is not understood: {:.200}", text))

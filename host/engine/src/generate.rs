@@ -178,11 +178,6 @@ impl<'m> Batch<'m> {
         (rows, self.extents.values().copied().max().unwrap_or(0))
     }
 
-    /// Requests admitted and not yet finished.
-    pub fn open_requests(&self) -> usize {
-        self.extents.len()
-    }
-
     /// Reuse the keys and values of the last prompt admitted alone for the next one that
     /// starts like it (a server's requests share their system prompt and chat preamble):
     /// only the rest of the prompt is computed. Off by default: a prefix computed apart
@@ -337,7 +332,7 @@ impl<'m> Batch<'m> {
             return Ok(());
         }
         let Prefilling { id, request, cache, alone, .. } = prefilling;
-        if alone && self.reuse_prefixes {
+        if alone {
             self.keep_prefix(&request.prompt, &cache)?;
         }
         self.join(vec![(id, request)], logits, cache, vec![0])
@@ -482,16 +477,22 @@ impl<'m> Batch<'m> {
         if keep.len() != logits_rows.len() {
             self.cache = self.cache.select_rows(&Tensor::from_vec(keep, self.rows.len(), device)?)?;
         }
-        // Padding every remaining row shares is dead weight: drop it.
+        self.drop_shared_padding()?;
+        let pads: Vec<usize> = self.rows.iter().map(|r| r.pad).collect();
+        let tokens = Tensor::from_vec(next, (self.rows.len(), 1), device)?;
+        self.logits = Some(self.model.forward(&tokens, &pads, &mut self.cache, false)?);
+        Ok(done)
+    }
+
+    /// Padding every row has at its front is dead weight once the rows that needed no
+    /// padding have left: drop it.
+    fn drop_shared_padding(&mut self) -> Result<()> {
         let common = self.rows.iter().map(|r| r.pad).min().unwrap_or(0);
         if common > 0 {
             self.cache = self.cache.drop_front(common)?;
             self.rows.iter_mut().for_each(|r| r.pad -= common);
         }
-        let pads: Vec<usize> = self.rows.iter().map(|r| r.pad).collect();
-        let tokens = Tensor::from_vec(next, (self.rows.len(), 1), device)?;
-        self.logits = Some(self.model.forward(&tokens, &pads, &mut self.cache, false)?);
-        Ok(done)
+        Ok(())
     }
 
     /// Drop every row and open request (after an error), returning the ids that were open.
@@ -533,12 +534,7 @@ impl<'m> Batch<'m> {
             Some(logits) => Some(logits.index_select(&index, 0)?),
             None => None,
         };
-        // Padding every remaining row shares is dead weight: drop it.
-        let common = self.rows.iter().map(|r| r.pad).min().unwrap_or(0);
-        if common > 0 {
-            self.cache = self.cache.drop_front(common)?;
-            self.rows.iter_mut().for_each(|r| r.pad -= common);
-        }
+        self.drop_shared_padding()?;
         Ok(())
     }
 }

@@ -153,9 +153,11 @@ fn verify(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Delete all but the newest `keep` checkpoints of a run (0: keep all). Only `step-N`
-/// directories are touched; a failure to delete is a warning (the run goes on).
-pub fn prune(run_dir: &Path, keep: usize) {
+/// Delete all but the newest `keep` checkpoints up to `written` (the step just written; 0
+/// for `keep`: keep all). Checkpoints of later steps (left by the run before a resume that
+/// passed over them) are not counted and not touched, so the one just written is never the
+/// one deleted. Only `step-N` directories are touched; a failure to delete is a warning.
+pub fn prune(run_dir: &Path, keep: usize, written: usize) {
     if keep == 0 {
         return;
     }
@@ -166,6 +168,7 @@ pub fn prune(run_dir: &Path, keep: usize) {
             return;
         }
     };
+    steps.retain(|(step, _)| *step <= written);
     steps.sort();
     let old = steps.len().saturating_sub(keep);
     for (_, dir) in steps.into_iter().take(old) {
@@ -273,4 +276,26 @@ pub fn truncate_jsonl(path: &Path, step: usize) -> anyhow::Result<()> {
         .collect();
     std::fs::write(path, kept)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The newest `keep` up to the step written stay; later (stale) ones are left alone.
+    #[test]
+    fn pruning_keeps_the_newest_up_to_the_step_written() {
+        let run = tempfile::tempdir().unwrap();
+        for step in 1..=5 {
+            std::fs::create_dir_all(run.path().join(format!("checkpoints/{}", super::name(step)))).unwrap();
+        }
+        std::fs::create_dir_all(run.path().join("checkpoints/.step-000006.partial")).unwrap();
+        super::prune(run.path(), 2, 3);
+        let mut left: Vec<String> = std::fs::read_dir(run.path().join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".step-000006.partial", "step-000002", "step-000003", "step-000004", "step-000005"]);
+        super::prune(run.path(), 0, 5);
+        assert_eq!(std::fs::read_dir(run.path().join("checkpoints")).unwrap().count(), 5, "0 keeps all");
+    }
 }

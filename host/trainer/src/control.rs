@@ -140,3 +140,16 @@ impl Control {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// An apply once the run is stopping is refused as the stop's, before any check runs
+    /// (whose plugin calls the stop would cut short, and whose failure would read as theirs).
+    #[test]
+    fn an_apply_after_stop_says_the_run_is_stopping() {
+        let control = super::Control::new();
+        control.stop();
+        let refusal = control.apply(Default::default(), &Default::default()).unwrap_err();
+        assert!(refusal.message.contains("the run is stopping: nothing was staged"), "{}", refusal.message);
+    }
+}

@@ -537,7 +537,7 @@ impl Trainer {
             &self.tokenizer,
         )?;
         observer.event(Event::Checkpoint { dir: &dir });
-        checkpoint::prune(&self.run_dir, self.config.grpo.keep_checkpoints);
+        checkpoint::prune(&self.run_dir, self.config.grpo.keep_checkpoints, step);
         Ok(())
     }
 
