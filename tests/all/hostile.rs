@@ -224,3 +224,49 @@ fn a_served_user_message_cannot_open_a_turn() {
     let (benign, hostile) = (ids("4"), ids(INJECTION));
     assert_eq!(control_tokens(&loaded.tokenizer, &hostile), control_tokens(&loaded.tokenizer, &benign));
 }
+
+/// `/resume` while a `/pause` still waits for the requests in flight: the pause ends (saying
+/// it was resumed) and later requests are served at once, not after the running ones (the
+/// pending pause held the slots' queue before).
+#[test]
+fn a_resume_during_a_pending_pause_lets_requests_through() {
+    let server = Server::start(&[]);
+    let mut running = server.start_counting(3000);
+    let address = server.address.clone();
+    let pausing = std::thread::spawn(move || http(&address, "POST", "/pause", &[], br#"{"timeout_s": 600}"#));
+    let paused = || server.http("GET", "/v1/weights", &[], b"").2.contains("\"paused\":true");
+    let started = Instant::now();
+    while !paused() {
+        assert!(started.elapsed() < Duration::from_secs(60), "never paused");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, resumed) = server.post("/resume", "");
+    assert_eq!(status, 200, "{resumed}");
+    let (status, _, pause) = pausing.join().unwrap();
+    assert_eq!(status, 200, "{pause}");
+    assert!(pause.contains("\"paused\":false") && pause.contains("resumed"), "{pause}");
+    let (status, _, body) = server.http("POST", "/v1/completions", &[], br#"{"prompt": "hi", "max_tokens": 2}"#);
+    assert_eq!(status, 200, "{body}");
+    // Answered while the long generation still runs.
+    let mut more = [0u8; 4096];
+    let read = running.read(&mut more).unwrap();
+    assert!(read > 0 && !String::from_utf8_lossy(&more[..read]).contains("[DONE]"), "the long one had finished");
+}
+
+/// Twelve episodes opened at once against `--max-episodes 4`: exactly four open, the rest are
+/// refused with 503 (the check and the opening raced before: 6 of 4 were seen open).
+#[test]
+fn concurrent_resets_never_open_more_episodes_than_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::serve_tasks::served_config(dir.path());
+    let server = Server::start(&["--config", config.to_str().unwrap(), "--max-episodes", "4"]);
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let calls: Vec<_> =
+            (0..12).map(|_| scope.spawn(|| server.post("/v1/episodes", r#"{"task": "retry"}"#).0)).collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 4, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 503).count(), 8, "{statuses:?}");
+    let (_, _, metrics) = server.http("GET", "/metrics", &[], b"");
+    assert!(metrics.lines().any(|l| l == "wirl_serve_episodes_open 4"), "{metrics}");
+}

@@ -344,8 +344,14 @@ fn weights_load_under_a_version_generation_pauses_and_replies_continue_from_thei
     let (status, answer) = server.post("/pause", r#"{"timeout_s": "soon"}"#);
     assert_eq!(status, 400, "{answer}");
     let outside = format!(r#"{{"path": {:?}}}"#, model.to_str().unwrap());
+    // A link in the directory to elsewhere: the same answer whether or not a file exists
+    // beyond it (no oracle for files outside).
+    std::os::unix::fs::symlink(model.parent().unwrap(), weights.path().join("elsewhere")).unwrap();
+    let beyond_link = format!(r#"{{"path": "elsewhere/{}"}}"#, model.file_name().unwrap().to_str().unwrap());
     for (body, status, says) in [
         (outside.as_str(), 403, "outside --weights-dir"),
+        (beyond_link.as_str(), 403, "outside --weights-dir"),
+        (r#"{"path": "elsewhere/no-such-file.gguf"}"#, 403, "outside --weights-dir"),
         (r#"{"path": "../../etc/passwd"}"#, 403, "outside --weights-dir"),
         (r#"{"path": "step-8.gguf"}"#, 400, "no such file"),
         (r#"{"path": "notes.txt"}"#, 422, "notes.txt"),

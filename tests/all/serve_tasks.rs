@@ -12,7 +12,7 @@ use wirl_test_artifacts::{ARITHMETIC, HOSTILE, MATH_ANSWER};
 
 /// Three tasks: arithmetic scored by math-answer; `flaky`, whose reward traps on every call
 /// (masked); `retry`, arithmetic's three-turn episodes.
-fn served_config(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn served_config(dir: &Path) -> std::path::PathBuf {
     let text = format!(
         r#"
 [[tasks]]

@@ -72,8 +72,27 @@ pub(crate) struct Tasks {
     /// A description of each task, made once (its plugins and their sha256).
     described: Vec<Value>,
     sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
+    /// Episodes being opened (their environment called outside the lock): counted against
+    /// `max_sessions` with the open ones, so concurrent resets never open more than it.
+    opening: AtomicU64,
     next_session: AtomicU64,
     limits: TaskLimits,
+}
+
+/// A place among the episodes, held while one opens; given back when dropped, once the
+/// episode is in the table (or failed to open).
+struct Opening(Arc<Tasks>);
+
+impl Opening {
+    fn open(self, id: String, session: Session) {
+        lock(&self.0.sessions).insert(id, Arc::new(Mutex::new(session)));
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.0.opening.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// An open episode.
@@ -105,6 +124,7 @@ impl Tasks {
             cursors,
             described,
             sessions: Mutex::default(),
+            opening: AtomicU64::new(0),
             next_session: AtomicU64::new(1),
             limits,
         });
@@ -139,6 +159,18 @@ impl Tasks {
             }),
             Some(_) => Err(ApiError::bad(Some(field), "must be a task's name (a string)")),
         }
+    }
+
+    /// A place for one more episode, if the limit leaves one (counting those opening).
+    fn reserve(self: &Arc<Self>) -> Option<Opening> {
+        let sessions = lock(&self.sessions);
+        let opening = self.opening.load(Ordering::SeqCst) as usize;
+        if sessions.len() + opening >= self.limits.max_sessions {
+            return None;
+        }
+        // Under the table's lock: a reservation and the check above cannot interleave.
+        self.opening.fetch_add(1, Ordering::SeqCst);
+        Some(Opening(self.clone()))
     }
 
     /// Close the episodes idle for longer than the limit; how many.
@@ -484,7 +516,7 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
     let seed = body.get("seed").filter(|v| !v.is_null()).map(|v| v.as_u64().ok_or(())).transpose();
     let seed = seed.map_err(|()| ApiError::bad(Some("seed"), "must be a non-negative integer"))?;
     tasks.sweep();
-    if tasks.sessions() >= tasks.limits.max_sessions {
+    let Some(place) = tasks.reserve() else {
         return Err(ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: format!(
@@ -495,7 +527,7 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
             param: None,
             retry_after: Some(1),
         });
-    }
+    };
     let task = tasks.tasks[t].clone();
     let session = blocking(move || {
         let mut task = lock(&task);
@@ -530,7 +562,7 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
         "max_turns": session.max_turns,
         "done": false,
     });
-    lock(&tasks.sessions).insert(id, Arc::new(Mutex::new(session)));
+    place.open(id, session);
     Ok((StatusCode::CREATED, Json(reply)).into_response())
 }
 

@@ -66,12 +66,23 @@ pub(crate) async fn pause(State(state): State<Arc<AppState>>, body: Bytes) -> Re
     };
     state.paused.send_replace(true);
     let all = state.config.max_concurrent.max(1) as u32;
-    let drained = tokio::time::timeout(Duration::from_secs_f64(timeout), state.slots.acquire_many(all)).await;
-    let in_flight = match drained {
-        Ok(Ok(_permits)) => 0,
-        _ => all as usize - state.slots.available_permits(),
-    };
-    Ok(Json(json!({"paused": true, "in_flight": in_flight})))
+    // Waiting for every slot queues ahead of later requests (the semaphore is fair): a
+    // `/resume` while this waits must end the wait, or requests after it would still wait.
+    let mut pause = state.paused.subscribe();
+    let drain = tokio::time::timeout(Duration::from_secs_f64(timeout), state.slots.acquire_many(all));
+    tokio::select! {
+        drained = drain => {
+            let in_flight = match drained {
+                Ok(Ok(_permits)) => 0,
+                _ => all as usize - state.slots.available_permits(),
+            };
+            Ok(Json(json!({"paused": true, "in_flight": in_flight})))
+        }
+        _ = pause.wait_for(|paused| !*paused) => {
+            let in_flight = all as usize - state.slots.available_permits();
+            Ok(Json(json!({"paused": false, "in_flight": in_flight, "resumed": "POST /resume came before the requests in flight finished"})))
+        }
+    }
 }
 
 pub(crate) async fn resume(State(state): State<Arc<AppState>>) -> Json<Value> {
@@ -119,28 +130,25 @@ pub(crate) async fn load(State(state): State<Arc<AppState>>, body: Bytes) -> Res
     };
     let requested = PathBuf::from(&path);
     let full = if requested.is_absolute() { requested } else { root.join(requested) };
-    let inside = |p: &std::path::Path| {
-        let (Ok(p), Ok(root)) = (p.canonicalize(), root.canonicalize()) else { return false };
-        p.starts_with(root)
+    let outside = || {
+        ApiError::with_status(
+            StatusCode::FORBIDDEN,
+            format!("`{field}`: {path} is outside --weights-dir; only models under it can be loaded"),
+        )
     };
     // Outside (lexically: `..`, another absolute path) is refused before anything is looked
     // at, so that answers do not tell which files exist elsewhere.
     let lexically_outside = full.components().any(|c| matches!(c, std::path::Component::ParentDir))
         || !full.starts_with(&root) && root.is_absolute();
     if lexically_outside {
-        return Err(ApiError::with_status(
-            StatusCode::FORBIDDEN,
-            format!("`{field}`: {path} is outside --weights-dir; only models under it can be loaded"),
-        ));
+        return Err(outside());
     }
-    if !full.exists() {
-        return Err(ApiError::bad(Some(field), &format!("{path}: no such file or directory under --weights-dir")));
-    }
-    if !inside(&full) {
-        return Err(ApiError::with_status(
-            StatusCode::FORBIDDEN,
-            format!("`{field}`: {path} is outside --weights-dir; only models under it can be loaded"),
-        ));
+    match place_under(&root, &full) {
+        Place::Inside => {}
+        Place::Missing => {
+            return Err(ApiError::bad(Some(field), &format!("{path}: no such file or directory under --weights-dir")));
+        }
+        Place::Outside => return Err(outside()),
     }
     let options = state.config.load_options.clone();
     let started = Instant::now();
@@ -180,4 +188,52 @@ pub(crate) async fn load(State(state): State<Arc<AppState>>, body: Bytes) -> Res
     tracing::info!("loaded {path} as version {version}");
     Ok(Json(json!({"version": version, "engine_version": engine, "path": path,
                    "seconds": started.elapsed().as_secs_f64()})))
+}
+
+/// Where a path under `--weights-dir` (lexically) really is.
+#[derive(Debug, PartialEq)]
+enum Place {
+    Inside,
+    Missing,
+    Outside,
+}
+
+/// Its longest existing prefix, with links resolved, decides: a link in the directory that
+/// points out of it makes all beneath it outside, whether or not the rest exists, so the
+/// answer never tells which files exist elsewhere.
+fn place_under(root: &std::path::Path, full: &std::path::Path) -> Place {
+    let Ok(root) = root.canonicalize() else { return Place::Outside };
+    let mut existing = full;
+    while !existing.exists() {
+        match existing.parent() {
+            Some(parent) => existing = parent,
+            None => return Place::Outside,
+        }
+    }
+    match existing.canonicalize() {
+        Ok(resolved) if !resolved.starts_with(&root) => Place::Outside,
+        Ok(_) if existing == full => Place::Inside,
+        Ok(_) => Place::Missing,
+        Err(_) => Place::Outside,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_out_of_the_directory_hides_whether_files_exist_beyond_it() {
+        let (root, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(elsewhere.path().join("secret"), "x").unwrap();
+        std::fs::write(root.path().join("model.gguf"), "x").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join("link")).unwrap();
+        let place = |relative: &str| place_under(root.path(), &root.path().join(relative));
+        assert_eq!(place("model.gguf"), Place::Inside);
+        assert_eq!(place("missing.gguf"), Place::Missing);
+        assert_eq!(place("sub/missing.gguf"), Place::Missing);
+        assert_eq!(place("link/secret"), Place::Outside);
+        assert_eq!(place("link/no-such-file"), Place::Outside, "the same answer whether or not it exists");
+        assert_eq!(place("link"), Place::Outside);
+    }
 }
