@@ -261,7 +261,7 @@ impl Dataset {
         };
         Ok(batch_tasks(&batch, columns, &self.name, first_row)?
             .into_iter()
-            .map(|r| r.and_then(bounded).map_err(|e| format!("{e:#}")))
+            .map(|r| r.map_err(|e| format!("{e:#}")))
             .collect())
     }
 }
@@ -530,7 +530,9 @@ fn batch_tasks(
             metadata: (!meta.is_empty()).then(|| serde_json::Value::Object(meta).to_string()),
         })
     };
-    Ok((0..batch.num_rows()).map(|row| task_of(row).with_context(|| format!("row {}", first_row + row))).collect())
+    Ok((0..batch.num_rows())
+        .map(|row| task_of(row).and_then(bounded).with_context(|| format!("row {}", first_row + row)))
+        .collect())
 }
 
 /// One cell as JSON: text, numbers and booleans; other types name the column.
@@ -621,4 +623,38 @@ fn json_row_task(row: &serde_json::Value, columns: &Columns, name: &str, index: 
         answer: get(&columns.answer, &["answer"]).filter(|v| !v.is_null()).map(text),
         metadata: (!metadata.is_empty()).then(|| serde_json::Value::Object(metadata).to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{ArrayRef, StringArray};
+    use std::sync::Arc;
+
+    /// A Parquet cell of several MiB is skipped (named, before it is tokenized) and a null
+    /// prompt refused; the rows around them read as ever.
+    #[test]
+    fn oversize_and_null_parquet_cells_are_refused_by_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.parquet");
+        let huge = "x".repeat(3 * MAX_ROW_BYTES);
+        let prompts: ArrayRef =
+            Arc::new(StringArray::from(vec![Some("2 + 2?"), Some(huge.as_str()), None, Some("3 + 3?")]));
+        let answers: ArrayRef = Arc::new(StringArray::from(vec!["4", "1", "5", "6"]));
+        let batch = RecordBatch::try_from_iter([("prompt", prompts), ("answer", answers)]).unwrap();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+
+        let columns = Columns { prompt: Some("prompt".into()), answer: Some("answer".into()), ..Columns::default() };
+        let mut dataset =
+            Dataset::open(&DatasetSpec { path, columns: Some(columns), shuffle: false, seed: 0 }).unwrap();
+        assert_eq!(dataset.training(0).unwrap().messages[0].content, "2 + 2?");
+        let error = format!("{:#}", dataset.training(1).unwrap_err());
+        assert!(error.contains("row 1") && error.contains("over the limit") && error.contains("per row"), "{error}");
+        let error = format!("{:#}", dataset.training(2).unwrap_err());
+        assert!(error.contains("row 2") && error.contains("null"), "{error}");
+        assert_eq!(dataset.training(3).unwrap().answer.as_deref(), Some("6"));
+    }
 }
