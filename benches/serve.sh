@@ -2,8 +2,9 @@
 # wirl serve beside llama.cpp's server (llama-cpp-python's, the same GGUF, 2 threads): 1, 8
 # and 32 concurrent streaming clients (the peer queues them: --interrupt_requests False, else
 # each new request cuts the one streaming), the same prompts and settings (chat, 64 new tokens,
-# temperature 0.8), one server at a time. Prints each run's JSON line and the ratios
-# (aggregate tokens/s, first-token latency).
+# temperature 0.8), one server at a time; then 8 clients again with one ~4,000-token prompt
+# sent just before them (head-of-line blocking: the short requests' first-token latency).
+# Prints each run's JSON line and the ratios (aggregate tokens/s, first-token latency).
 #   bash benches/serve.sh                 # PEERS_SERVE_VENV: a venv with llama-cpp-python[server]
 # The peer's venv: python3 -m venv ~/.cache/wirl-peers/serve-venv && CMAKE_ARGS="-DGGML_NATIVE=ON"
 #   ~/.cache/wirl-peers/serve-venv/bin/pip install --no-binary llama-cpp-python "llama-cpp-python[server]==0.3.36"
@@ -37,6 +38,8 @@ load() { # load NAME URL: the three client counts
     python3 benches/serve_load.py "$url" --name "$name" --clients 1 --requests 8 --max-tokens "$max_tokens" >> "$work/$name.jsonl"
     python3 benches/serve_load.py "$url" --name "$name" --clients 8 --requests 32 --max-tokens "$max_tokens" >> "$work/$name.jsonl"
     python3 benches/serve_load.py "$url" --name "$name" --clients 32 --requests 64 --max-tokens "$max_tokens" >> "$work/$name.jsonl"
+    python3 benches/serve_load.py "$url" --name "$name" --clients 8 --requests 32 --max-tokens "$max_tokens" \
+        --long-prompt-words 1400 >> "$work/$name-long.jsonl"
 }
 
 # wirl twice: its f32 weights (dequantized, what the trainer's log-probs match) and the
@@ -52,7 +55,7 @@ for mode in wirl wirl-quantized; do
 done
 
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import llama_cpp.server" 2>/dev/null; then
-    "$venv/bin/python" -m llama_cpp.server --model "$model" --n_threads 2 --n_threads_batch 2 --n_ctx 2048 \
+    "$venv/bin/python" -m llama_cpp.server --model "$model" --n_threads 2 --n_threads_batch 2 --n_ctx 8192 \
         --interrupt_requests False --host 127.0.0.1 --port 18602 > "$work/llama.log" 2>&1 &
     pids+=($!)
     wait_up http://127.0.0.1:18602
@@ -78,4 +81,13 @@ for name in ("wirl", "wirl-quantized"):
               f"{w['ttft_p50_s']:>8} {p['ttft_p50_s'] if p else '-':>10} "
               f"{str(w['latency_p50_s']) + '/' + str(w['latency_p99_s']):>13} "
               f"{(str(p['latency_p50_s']) + '/' + str(p['latency_p99_s'])) if p else '-':>15}")
+print()
+print("8 short clients with one ~4,000-token prompt sent just before them:")
+print(f"{'server':>15} {'tok/s':>7} {'TTFT p50/p99 s':>15} {'latency p50/p99 s':>18} {'long prompt':>30}")
+for name in ("wirl", "wirl-quantized", "llamacpp"):
+    for r in runs(f"{name}-long").values():
+        long = r["long_prompt"]
+        print(f"{name:>15} {r['tokens_per_s']:>7} {str(r['ttft_p50_s']) + '/' + str(r['ttft_p99_s']):>15} "
+              f"{str(r['latency_p50_s']) + '/' + str(r['latency_p99_s']):>18} "
+              f"{str(long.get('prompt_tokens')) + ' tokens, ' + str(long.get('latency_s')) + ' s':>30}")
 PY

@@ -3,6 +3,12 @@ streamed chat completions (the same prompts and settings to every server) and it
 JSON line: aggregate generated tokens/s, latency p50/p99, time to first token p50/p99.
 
     python3 benches/serve_load.py URL --clients 8 --requests 32 --max-tokens 64
+    python3 benches/serve_load.py URL --clients 8 --requests 32 --long-prompt-words 1400
+
+With --long-prompt-words, one more request with a long prompt (1,400 words ≈ 4,000 tokens of
+the default model) is sent just before the clients start; the figures are the short
+requests', with the long one's latency and prompt size beside them (head-of-line blocking
+shows as the short requests' first-token latency).
 
 Tokens are counted as the streamed content chunks (one per sampled token on both wirl and
 llama-cpp-python's server). Standard library only."""
@@ -63,6 +69,7 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--model", default=None, help="default: the first of the server's /v1/models")
     parser.add_argument("--name", default="server")
+    parser.add_argument("--long-prompt-words", type=int, default=0)
     args = parser.parse_args()
     if args.model is None:
         parsed = urllib.parse.urlparse(args.url)
@@ -86,13 +93,39 @@ def main():
                 with lock:
                     errors.append(str(error))
 
+    long = {}
+
+    def long_request():
+        parsed = urllib.parse.urlparse(args.url)
+        words = " ".join(f"word{i % 50}" for i in range(args.long_prompt_words))
+        body = json.dumps({"model": args.model, "messages": [{"role": "user", "content": words}],
+                           "max_tokens": 8, "temperature": 0.8, "seed": 0})
+        began = time.perf_counter()
+        try:
+            connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=900)
+            connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            answer = response.read()
+            long["status"] = response.status
+            long["prompt_tokens"] = json.loads(answer).get("usage", {}).get("prompt_tokens") \
+                if response.status == 200 else answer[:300].decode(errors="replace")
+        except Exception as error:  # noqa: BLE001 - reported below
+            long["status"] = str(error)
+        long["latency_s"] = round(time.perf_counter() - began, 2)
+
     started = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(args.clients)]
+    long_thread = threading.Thread(target=long_request) if args.long_prompt_words else None
+    if long_thread:
+        long_thread.start()
+        time.sleep(0.2)  # the long prompt is being computed when the short ones arrive
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
+    if long_thread:
+        long_thread.join()
     if not results:
         raise SystemExit(f"{args.name}: every request failed: {errors[:3]}")
     tokens = sum(r["tokens"] for r in results)
@@ -106,6 +139,7 @@ def main():
         "ttft_p50_s": round(percentile(ttft, 50), 3), "ttft_p99_s": round(percentile(ttft, 99), 3),
         "ttft_mean_s": round(statistics.fmean(ttft), 3),
         "tokens_per_request": [r["tokens"] for r in results],
+        **({"long_prompt": long} if long_thread else {}),
     }))
 
 
