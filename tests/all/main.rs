@@ -15,6 +15,7 @@ mod languages;
 mod multiturn;
 mod plugins;
 mod reference;
+mod runtime;
 mod sandbox;
 mod serve;
 mod serve_tasks;

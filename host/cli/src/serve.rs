@@ -208,7 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     let tokenizer = Arc::new(loaded.tokenizer);
     let served = match &run {
-        Some(run) => served_tasks(run)?,
+        Some(run) => served_tasks(run, &tokenizer)?,
         None => Vec::new(),
     };
     // Requests arrive one by one and share their chat preamble: each reuses the last one's
@@ -267,20 +267,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The config's tasks, loaded as `wirl train` loads them.
-fn served_tasks(run: &wirl_trainer::RunConfig) -> anyhow::Result<Vec<wirl_server::ServedTask>> {
+/// The config's tasks, loaded and checked as `wirl train` and `wirl eval` load them.
+fn served_tasks(
+    run: &wirl_trainer::RunConfig,
+    tokenizer: &wirl_engine::Tokenizer,
+) -> anyhow::Result<Vec<wirl_server::ServedTask>> {
     let sandbox = wirl_sandbox::Sandbox::new(wirl_sandbox::SandboxSettings::default())?;
     let mut served = Vec::new();
     for spec in &run.tasks {
-        let name = &spec.name;
-        let source =
-            wirl_rollout::TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
-        let scorers = wirl_rollout::Scorers::for_source(&sandbox, &source, &spec.rewards)
-            .with_context(|| format!("task `{name}`"))?;
+        let task = wirl_rollout::LoadedTask::load(&sandbox, spec, tokenizer)?;
         served.push(wirl_server::ServedTask {
-            name: name.clone(),
-            source,
-            scorers,
+            name: spec.name.clone(),
+            source: task.source,
+            scorers: task.scorers,
             sampling: spec.sampling,
             failures: spec.failures,
             max_turns: spec.max_turns,

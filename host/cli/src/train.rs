@@ -89,9 +89,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Some(dir) => dir.clone(),
                 None => run_dir::default_run_dir()?,
             };
+            let existed = run_dir.exists();
             run_dir::create(&run_dir, &text, &config)?;
-            let model = model::resolve(Some(&config.model.path))?;
-            let trainer = Trainer::new(config, &model, &run_dir, None, control.clone(), &mut terminal)?;
+            let started = model::resolve(Some(&config.model.path))
+                .and_then(|model| Trainer::new(config, &model, &run_dir, None, control.clone(), &mut terminal));
+            let trainer = match started {
+                Ok(trainer) => trainer,
+                Err(error) => {
+                    // Nothing trained: the directory must not refuse the corrected retry.
+                    run_dir::abandon(&run_dir, existed);
+                    return Err(error);
+                }
+            };
             (trainer, None, run_dir)
         }
     };

@@ -18,6 +18,7 @@ pub mod scorer;
 pub mod seed;
 pub mod source;
 pub mod spec;
+pub mod task;
 
 pub use agent::{AgentCall, AgentLimits, EngineInference, agent_groups};
 pub use dataset::{Columns, Dataset, DatasetSpec};
@@ -31,3 +32,4 @@ pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
 pub use scorer::{FailurePolicy, OnFailure, Scored, Scorers, Status};
 pub use source::TaskSource;
 pub use spec::{CodeRunnerRef, PluginRef, RewardSpec, SourceSpec};
+pub use task::{LoadedTask, TaskSpec};

@@ -469,22 +469,8 @@ pub struct RunConfig {
     pub eval: EvalSection,
 }
 
-/// A task of the run, validated.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TaskSpec {
-    pub name: String,
-    /// Its share of the groups: 0 for a task never trained on (`eval_only`, or weight 0).
-    pub weight: f64,
-    pub source: SourceSpec,
-    pub rewards: Vec<RewardSpec>,
-    pub sampling: SamplingSpec,
-    /// How its reward plugins' (or episodes') failures are handled.
-    pub failures: FailurePolicy,
-    /// Model turns per episode; 1: single-turn, scored by `rewards`.
-    pub max_turns: usize,
-    /// A trajectory passes when its reward is at least this.
-    pub pass_reward: f32,
-}
+/// A task of the run, validated (the task runtime's own type: train, eval and serve load it alike).
+pub use wirl_rollout::TaskSpec;
 
 impl RunConfig {
     /// Groups per step for each task, by Megatron's rule (checked on load).

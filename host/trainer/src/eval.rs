@@ -12,7 +12,8 @@ use std::path::Path;
 use std::time::Instant;
 use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
 use wirl_rollout::{
-    EpisodeGroup, SamplingSpec, Scored, Scorers, TaskSource, fitting_prompt, prompt_ids, run_episodes, seed_for,
+    EpisodeGroup, LoadedTask, SamplingSpec, Scored, Scorers, TaskSource, fitting_prompt, prompt_ids, run_episodes,
+    seed_for,
 };
 use wirl_sandbox::{Sandbox, SandboxSettings};
 use wirl_sandbox::{Task, printable};
@@ -86,15 +87,13 @@ pub fn evaluate(
     // Every task's held-out problems, in task order; one whose prompt does not fit the
     // context is left out, as in training.
     let context = loaded.config.max_position_embeddings;
-    let mut scorers = Vec::new();
-    let mut sources = Vec::new();
+    let mut loaded = Vec::new();
     let mut tasks: Vec<(usize, Task)> = Vec::new();
     for (t, spec) in config.tasks.iter().enumerate() {
-        let name = &spec.name;
-        let mut source = TaskSource::load(&sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
-        let held_out = source.held_out(config.eval.first_index, config.eval.tasks);
-        if held_out.is_empty() && !matches!(source, TaskSource::Agent { .. }) {
-            tracing::warn!("task `{name}`: no held-out problems (a dataset needs an `eval` file)");
+        let mut task = LoadedTask::load(&sandbox, spec, &tokenizer)?;
+        let held_out = task.source.held_out(config.eval.first_index, config.eval.tasks);
+        if held_out.is_empty() && !matches!(task.source, TaskSource::Agent { .. }) {
+            tracing::warn!("task `{}`: no held-out problems (a dataset needs an `eval` file)", spec.name);
         }
         for problem in held_out {
             match fitting_prompt(&tokenizer, &problem, spec.sampling.max_tokens, context) {
@@ -104,12 +103,10 @@ pub fn evaluate(
                 }
             }
         }
-        scorers.push(Scorers::for_source(&sandbox, &source, &spec.rewards).with_context(|| format!("task `{name}`"))?);
-        if spec.max_turns > 1 {
-            wirl_rollout::check_template(&tokenizer).with_context(|| format!("task `{name}`"))?;
-        }
-        sources.push(source);
+        loaded.push(task);
     }
+    let (sources, mut scorers): (Vec<TaskSource>, Vec<Scorers>) =
+        loaded.into_iter().map(|task| (task.source, task.scorers)).unzip();
     // Agent tasks make their own held-out rollouts.
     let mut agent_tallies = Vec::new();
     for (t, (spec, source)) in config.tasks.iter().zip(&sources).enumerate() {

@@ -31,6 +31,17 @@ pub fn create(run_dir: &Path, text: &str, config: &TrainConfig) -> anyhow::Resul
     Ok(())
 }
 
+/// Undo [`create`] for a run that failed to start (nothing trained): the directory goes if
+/// this run made it, else only the files that mark it as a run's.
+pub fn abandon(run_dir: &Path, existed: bool) {
+    if existed {
+        let _ = std::fs::remove_file(run_dir.join("config.toml"));
+        let _ = std::fs::remove_file(run_dir.join(RESOLVED));
+    } else {
+        let _ = std::fs::remove_dir_all(run_dir);
+    }
+}
+
 /// The config of the run in `run_dir`.
 pub fn config(run_dir: &Path) -> anyhow::Result<TrainConfig> {
     let path = run_dir.join(RESOLVED);

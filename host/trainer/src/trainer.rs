@@ -257,8 +257,8 @@ impl Trainer {
     /// `(name, sha256)` of every task's environment and reward plugins, each once.
     pub fn plugin_hashes(&self) -> Vec<(String, String)> {
         let mut hashes: Vec<(String, String)> = Vec::new();
-        for hash in self.tasks.iter().flat_map(|t| &t.hashes) {
-            let pair = (hash.name.clone(), hash.sha256.clone());
+        for hash in self.tasks.iter().flat_map(crate::tasks::plugin_hashes) {
+            let pair = (hash.name, hash.sha256);
             if !hashes.contains(&pair) {
                 hashes.push(pair);
             }
@@ -977,6 +977,7 @@ impl Trainer {
             serde_json::to_writer(&mut *rollouts, &record)?;
             writeln!(rollouts)?;
         }
+        let hashes: Vec<_> = self.tasks.iter().map(crate::tasks::plugin_hashes).collect();
         for (group, &t) in groups.iter().zip(&owners) {
             for (sample, (trajectory, score)) in group.trajectories.iter().zip(&group.scores).enumerate() {
                 let record = RolloutRecord {
@@ -998,7 +999,7 @@ impl Trainer {
                     parts: score.parts.clone(),
                     failures: score.failures.clone(),
                     notes: score.notes.clone(),
-                    plugins: self.tasks[t].hashes.clone(),
+                    plugins: hashes[t].clone(),
                     weights_version: self.weights_base + trajectory.weights_version,
                     manifest_generation: self.manifest.generation,
                 };

@@ -1,0 +1,97 @@
+//! One task runtime: `wirl train`, `wirl eval` and `wirl serve --config` load and check a
+//! config's tasks through the same path (`wirl_rollout::LoadedTask::load`), so they accept
+//! and refuse the same configs, with the same message. `wirl serve` accepted multi-turn
+//! tasks that training refused before.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use wirl_test_artifacts::{HOSTILE_ENVIRONMENT, MATH_ANSWER};
+
+fn wirl() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wirl"))
+}
+
+/// `wirl serve --config`, which runs until stopped when it accepts: its output once it has
+/// exited, or None if it is still serving after a while.
+fn serve_refusal(config: &Path) -> Option<Output> {
+    let mut child = wirl()
+        .args(["serve", "--port", "0", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(300) {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// What each of train, eval and serve says of `config`: `(command, refused, stderr)`.
+fn verdicts(dir: &Path, config: &Path) -> Vec<(&'static str, bool, String)> {
+    let train = wirl()
+        .arg("train")
+        .arg(config)
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .args(["--steps", "1", "--eval-tasks", "0"])
+        .output()
+        .unwrap();
+    // A refused start leaves no run directory behind to refuse the corrected retry.
+    assert!(train.status.success() || !dir.join("run").exists(), "a refused run left its directory");
+    let eval =
+        wirl().arg("eval").arg(config).args(["--tasks", "1", "--output"]).arg(dir.join("eval.jsonl")).output().unwrap();
+    let serve = serve_refusal(config);
+    let said = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    vec![
+        ("train", !train.status.success(), said(&train)),
+        ("eval", !eval.status.success(), said(&eval)),
+        (
+            "serve",
+            serve.as_ref().is_some_and(|out| !out.status.success()),
+            serve.as_ref().map(said).unwrap_or_default(),
+        ),
+    ]
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn train_eval_and_serve_refuse_the_same_tasks_with_the_same_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = r#"{"prompt": "What is 2 + 2?", "answer": "4"}"#;
+    write(dir.path(), "rows.jsonl", &format!("{rows}\n{rows}\n"));
+    let no_episodes =
+        format!("[[tasks]]\nname = \"talk\"\nmax_turns = 3\n[tasks.environment]\nplugin = {HOSTILE_ENVIRONMENT:?}\n");
+    let rows_in_turns = format!(
+        "[[tasks]]\nname = \"rows\"\nmax_turns = 3\n[tasks.dataset]\ntrain = \"rows.jsonl\"\neval = \"rows.jsonl\"\n\
+         [[tasks.rewards]]\nplugin = {MATH_ANSWER:?}\n"
+    );
+    let wrong_kind = format!(
+        "[[tasks]]\nname = \"swapped\"\n[tasks.environment]\nplugin = {MATH_ANSWER:?}\n[[tasks.rewards]]\nplugin = \
+         {MATH_ANSWER:?}\n"
+    );
+    let model = format!("[model]\npath = {:?}\n\n", crate::engine::default_model());
+    for (name, text, says) in [
+        ("no-episodes.toml", no_episodes, "has no episodes"),
+        ("rows-in-turns.toml", rows_in_turns, "a dataset task is single-turn"),
+        ("wrong-kind.toml", wrong_kind, "but an environment-plugin is needed here"),
+    ] {
+        let config = write(dir.path(), name, &format!("{model}{text}"));
+        for (command, refused, stderr) in verdicts(dir.path(), &config) {
+            assert!(refused, "{name}: `wirl {command}` accepted it: {stderr}");
+            assert!(stderr.contains(says), "{name}: `wirl {command}` said: {stderr}");
+        }
+    }
+}
