@@ -199,11 +199,30 @@ fn served_tasks_score_draw_step_episodes_and_roll_out() {
             400,
             "rollouts_per_group",
         ),
+        // The engine's rule set, word for word, as for a chat request and a config.
         (
             "/grouped_rollouts/",
-            json!({"task": "arithmetic", "num_groups": 1, "generation_args": {"temperature": 9}}),
+            json!({"task": "arithmetic", "num_groups": 1, "generation_args": {"temperature": 2.5}}),
             400,
-            "temperature",
+            "`generation_args.temperature` must be from 0 to 2",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 2.5}),
+            400,
+            "`temperature` must be from 0 to 2",
+        ),
+        (
+            "/grouped_rollouts/",
+            json!({"task": "arithmetic", "num_groups": 1, "generation_args": {"top_k": 1.5}}),
+            400,
+            "`generation_args.top_k` must be a whole number",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "min_p": 1.0}),
+            400,
+            "`min_p` must be from 0 up to (not including) 1",
         ),
         (
             "/grouped_rollouts/",

@@ -50,17 +50,47 @@ impl Sampling {
         self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
     }
 
+    /// Every field within [`rules`]; the message names the field and its range.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..1.0).contains(&self.min_p) {
-            return Err(format!("min_p must be in [0, 1), got {}", self.min_p));
-        }
+        let named = |field: &str, value: f32, rule: Result<f32, &str>| {
+            rule.map(drop).map_err(|range| format!("{field} {range}, got {value}"))
+        };
+        named("temperature", self.temperature, rules::temperature(self.temperature.into()))?;
+        named("top_p", self.top_p, rules::top_p(self.top_p.into()))?;
+        named("min_p", self.min_p, rules::min_p(self.min_p.into()))?;
         Ok(())
+    }
+}
+
+/// The one rule set for sampling settings. The engine checks every request by it
+/// ([`Sampling::validate`]); a training config's `[sampling]`, the HTTP API's fields and a
+/// served task's `generation_args` read their values through it, so that a value is
+/// accepted or refused alike everywhere, with the same words. `Err` is the allowed range.
+pub mod rules {
+    /// OpenAI's bound: past it sampling is close to uniform over the vocabulary.
+    pub const MAX_TEMPERATURE: f64 = 2.0;
+
+    pub fn temperature(t: f64) -> Result<f32, &'static str> {
+        if (0.0..=MAX_TEMPERATURE).contains(&t) { Ok(t as f32) } else { Err("must be from 0 to 2") }
+    }
+
+    pub fn top_p(p: f64) -> Result<f32, &'static str> {
+        if p > 0.0 && p <= 1.0 { Ok(p as f32) } else { Err("must be in (0, 1]") }
+    }
+
+    /// vLLM's -1 (and 0) keep every token.
+    pub fn top_k(k: i64) -> Result<usize, &'static str> {
+        if k >= -1 { Ok(k.max(0) as usize) } else { Err("must be -1, 0 (all tokens) or a positive count") }
+    }
+
+    /// 1 would keep no token but the likeliest only when it has all the mass: refused.
+    pub fn min_p(p: f64) -> Result<f32, &'static str> {
+        if (0.0..1.0).contains(&p) { Ok(p as f32) } else { Err("must be from 0 up to (not including) 1") }
+    }
+
+    /// At least one token, at most `limit`.
+    pub fn max_tokens(m: i64, limit: usize) -> Result<usize, String> {
+        if m >= 1 && m as u64 <= limit as u64 { Ok(m as usize) } else { Err(format!("must be from 1 to {limit}")) }
     }
 }
 
@@ -240,5 +270,25 @@ mod tests {
         };
         assert_eq!(draw(0), draw(0));
         assert_ne!(draw(0), draw(1));
+    }
+
+    #[test]
+    fn one_rule_set_names_each_field_and_its_range() {
+        use super::{Sampling, rules};
+        assert_eq!(rules::temperature(2.0), Ok(2.0));
+        for t in [2.01, -0.1, f64::NAN, f64::INFINITY] {
+            assert_eq!(rules::temperature(t), Err("must be from 0 to 2"), "{t}");
+        }
+        assert_eq!(
+            (rules::top_p(1.0), rules::top_p(0.0).is_err(), rules::top_p(f64::NAN).is_err()),
+            (Ok(1.0), true, true)
+        );
+        assert_eq!((rules::top_k(-1), rules::top_k(7), rules::top_k(-2).is_err()), (Ok(0), Ok(7), true));
+        assert_eq!((rules::min_p(0.0), rules::min_p(1.0).is_err()), (Ok(0.0), true));
+        assert_eq!(rules::max_tokens(8, 8), Ok(8));
+        assert_eq!(rules::max_tokens(0, 8), Err("must be from 1 to 8".to_string()));
+        assert_eq!(rules::max_tokens(9, 8), Err("must be from 1 to 8".to_string()));
+        let error = Sampling { temperature: 3.0, ..Default::default() }.validate().unwrap_err();
+        assert_eq!(error, "temperature must be from 0 to 2, got 3");
     }
 }

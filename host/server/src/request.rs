@@ -5,6 +5,7 @@
 use crate::ApiError;
 use serde_json::{Map, Value};
 use wirl_engine::Sampling;
+use wirl_engine::sampling::rules;
 
 /// The limits a request is held to (from `wirl serve`'s options).
 #[derive(Clone, Debug)]
@@ -89,37 +90,24 @@ pub fn common(body: &Map<String, Value>, limits: &Limits, logprobs: bool) -> Res
         (None, Some(tokens)) => Some(("max_tokens", tokens)),
         (None, None) => None,
     };
+    // The ranges are the engine's (`wirl_engine::sampling::rules`), as for configs.
     sampling.max_tokens = match max_tokens {
         None => limits.max_tokens.min(256),
-        Some((field, tokens)) if tokens < 1 || tokens as usize > limits.max_tokens => {
-            return Err(ApiError::bad(Some(field), &format!("must be from 1 to {}", limits.max_tokens)));
+        Some((field, tokens)) => {
+            rules::max_tokens(tokens, limits.max_tokens).map_err(|range| ApiError::bad(Some(field), &range))?
         }
-        Some((_, tokens)) => tokens as usize,
     };
     if let Some(t) = number(body, "temperature")? {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(ApiError::bad(Some("temperature"), "must be from 0 to 2"));
-        }
-        sampling.temperature = t as f32;
+        sampling.temperature = rules::temperature(t).map_err(|range| ApiError::bad(Some("temperature"), range))?;
     }
     if let Some(p) = number(body, "top_p")? {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::bad(Some("top_p"), "must be in (0, 1]"));
-        }
-        sampling.top_p = p as f32;
+        sampling.top_p = rules::top_p(p).map_err(|range| ApiError::bad(Some("top_p"), range))?;
     }
     if let Some(k) = integer(body, "top_k")? {
-        // vLLM's -1 (and 0) keep every token.
-        if k < -1 {
-            return Err(ApiError::bad(Some("top_k"), "must be -1, 0 (all tokens) or a positive count"));
-        }
-        sampling.top_k = k.max(0) as usize;
+        sampling.top_k = rules::top_k(k).map_err(|range| ApiError::bad(Some("top_k"), range))?;
     }
     if let Some(p) = number(body, "min_p")? {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(ApiError::bad(Some("min_p"), "must be from 0 to 1"));
-        }
-        sampling.min_p = p as f32;
+        sampling.min_p = rules::min_p(p).map_err(|range| ApiError::bad(Some("min_p"), range))?;
     }
     if let Some(seed) = integer(body, "seed")? {
         sampling.seed = Some(seed as u64);

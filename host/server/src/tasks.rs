@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+use wirl_engine::sampling::rules;
 use wirl_engine::{FinishReason, GenerateRequest};
 use wirl_rollout::{FailurePolicy, RolloutGroup, SamplingSpec, Scored, Scorers, Status, TaskSource, Trajectory};
 use wirl_sandbox::{Message, StepResult, Task, printable};
@@ -683,32 +684,23 @@ fn sampling(body: &Map<String, Value>, task: SamplingSpec, limits: &request::Lim
                 .ok_or_else(|| ApiError::bad(Some(&format!("generation_args.{key}")), "must be a finite number")),
         }
     };
+    // The ranges are the engine's (`wirl_engine::sampling::rules`), as for requests and configs.
+    let field = |key: &str| format!("generation_args.{key}");
+    let whole = |key: &str, x: f64| {
+        if x.fract() == 0.0 { Ok(x as i64) } else { Err(ApiError::bad(Some(&field(key)), "must be a whole number")) }
+    };
     if let Some(t) = number("temperature")? {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(ApiError::bad(Some("generation_args.temperature"), "must be from 0 to 2"));
-        }
-        spec.temperature = t as f32;
+        spec.temperature = rules::temperature(t).map_err(|range| ApiError::bad(Some(&field("temperature")), range))?;
     }
     if let Some(p) = number("top_p")? {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::bad(Some("generation_args.top_p"), "must be in (0, 1]"));
-        }
-        spec.top_p = p as f32;
+        spec.top_p = rules::top_p(p).map_err(|range| ApiError::bad(Some(&field("top_p")), range))?;
     }
     if let Some(k) = number("top_k")? {
-        if k < -1.0 || k.fract() != 0.0 {
-            return Err(ApiError::bad(Some("generation_args.top_k"), "must be -1, 0 (all tokens) or a positive count"));
-        }
-        spec.top_k = k.max(0.0) as usize;
+        spec.top_k = rules::top_k(whole("top_k", k)?).map_err(|range| ApiError::bad(Some(&field("top_k")), range))?;
     }
     if let Some(m) = number("max_tokens")? {
-        if m < 1.0 || m.fract() != 0.0 || m as usize > limits.max_tokens {
-            return Err(ApiError::bad(
-                Some("generation_args.max_tokens"),
-                &format!("must be from 1 to {}", limits.max_tokens),
-            ));
-        }
-        spec.max_tokens = m as usize;
+        spec.max_tokens = rules::max_tokens(whole("max_tokens", m)?, limits.max_tokens)
+            .map_err(|range| ApiError::bad(Some(&field("max_tokens")), &range))?;
     }
     Ok(spec)
 }

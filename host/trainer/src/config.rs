@@ -1265,23 +1265,59 @@ impl From<SamplingSection> for SamplingOverrides {
     }
 }
 
-/// The sampling keys under `prefix` that are set: in range, finite, named on error.
+/// The sampling keys under `prefix` that are set: in the engine's ranges
+/// (`wirl_engine::sampling::rules`, as for the HTTP API), named on error; and a temperature
+/// above 0, which training needs.
 fn check_sampling(origin: &str, prefix: &str, sampling: &SamplingOverrides) -> anyhow::Result<()> {
-    if sampling.max_tokens == Some(0) {
-        bail!("{origin}: `{prefix}max_tokens` must be at least 1");
+    use wirl_engine::sampling::rules;
+    if let Some(max_tokens) = sampling.max_tokens {
+        rules::max_tokens(i64::try_from(max_tokens).unwrap_or(i64::MAX), usize::MAX)
+            .map_err(|_| anyhow::anyhow!("{origin}: `{prefix}max_tokens` must be at least 1"))?;
     }
-    if let Some(top_p) = sampling.top_p
-        && !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0)
-    {
-        bail!("{origin}: `{prefix}top_p` = {top_p}: it must be in (0, 1]");
+    if let Some(top_p) = sampling.top_p {
+        rules::top_p(top_p.into())
+            .map_err(|range| anyhow::anyhow!("{origin}: `{prefix}top_p` = {top_p}: it {range}"))?;
     }
-    if let Some(temperature) = sampling.temperature
-        && !(temperature.is_finite() && temperature > 0.0)
-    {
-        bail!(
-            "{origin}: `{prefix}temperature` = {temperature}: training needs a positive temperature (at 0 every \
-             sample of a group is the same, so no group carries a signal)"
-        );
+    if let Some(temperature) = sampling.temperature {
+        rules::temperature(temperature.into())
+            .map_err(|range| anyhow::anyhow!("{origin}: `{prefix}temperature` = {temperature}: it {range}"))?;
+        if temperature == 0.0 {
+            bail!(
+                "{origin}: `{prefix}temperature` = {temperature}: training needs a positive temperature (at 0 every \
+                 sample of a group is the same, so no group carries a signal)"
+            );
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default config with its `[sampling]` keys replaced.
+    fn with_sampling(keys: &str) -> anyhow::Result<TrainConfig> {
+        let default = "[sampling]\nmax_tokens = 64\ntemperature = 1.0\n";
+        assert!(DEFAULT_TOML.contains(default), "the default config's [sampling] changed: update this test");
+        let text = DEFAULT_TOML.replace(default, &format!("[sampling]\n{keys}\n"));
+        TrainConfig::parse(&text, "test.toml", Path::new("."))
+    }
+
+    #[test]
+    fn sampling_keys_follow_the_engines_rules_and_training_needs_a_temperature() {
+        with_sampling("max_tokens = 64\ntemperature = 2.0\ntop_p = 1.0").unwrap();
+        for (keys, says) in [
+            ("temperature = 2.5", "`sampling.temperature` = 2.5: it must be from 0 to 2"),
+            ("temperature = nan", "`sampling.temperature` = NaN: it must be from 0 to 2"),
+            ("temperature = inf", "`sampling.temperature` = inf: it must be from 0 to 2"),
+            ("temperature = -1.0", "it must be from 0 to 2"),
+            ("temperature = 0.0", "training needs a positive temperature"),
+            ("top_p = 0.0", "`sampling.top_p` = 0: it must be in (0, 1]"),
+            ("top_p = 1.5", "`sampling.top_p` = 1.5: it must be in (0, 1]"),
+            ("max_tokens = 0", "`sampling.max_tokens` must be at least 1"),
+        ] {
+            let error = format!("{:#}", with_sampling(keys).unwrap_err());
+            assert!(error.contains(says) && error.contains("test.toml"), "{keys}: {error}");
+        }
+    }
 }
