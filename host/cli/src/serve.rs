@@ -116,7 +116,7 @@ struct ConfigFile {
 /// Read `--config`: a `[serve]` table, and a training config, a task set, or only `[model]`.
 fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
     if path.as_os_str() == "default" {
-        return Ok(ConfigFile { tasks: Some(crate::train::default_config()?), ..Default::default() });
+        return Ok(ConfigFile { tasks: Some(wirl_trainer::TrainConfig::embedded_default()?), ..Default::default() });
     }
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {origin}"))?;
@@ -142,7 +142,7 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
         Some(wirl_trainer::TrainConfig::parse(&rest, &origin, base)?)
     } else {
         let set = wirl_trainer::TrainConfig::parse_task_set(&rest, &origin, base)?;
-        Some(crate::train::default_config()?.with_task_set(set, &origin, base)?)
+        Some(wirl_trainer::TrainConfig::embedded_default()?.with_task_set(set, &origin, base)?)
     };
     Ok(ConfigFile { serve, tasks, model })
 }

@@ -46,8 +46,6 @@ pub struct Args {
     set: Vec<String>,
 }
 
-const DEFAULT_ORIGIN: &str = "the embedded default config (examples/train/default.toml)";
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let control = Control::new();
     forward_interrupts(control.clone());
@@ -82,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => {
             let (mut config, text) = match &args.config {
                 Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
-                None => (default_config()?, DEFAULT_TOML.into()),
+                None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
             };
             apply_overrides(&mut config, &args)?;
             let run_dir = match &args.run_dir {
@@ -155,7 +153,7 @@ pub struct EvalArgs {
 pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let mut config = match &args.config {
         Some(path) => TrainConfig::load(path)?,
-        None => default_config()?,
+        None => TrainConfig::embedded_default()?,
     };
     if let Some(model) = &args.model {
         config.model.path = model.clone();
@@ -214,11 +212,6 @@ fn forward_interrupts(control: Control) {
     if let Err(error) = spawned {
         tracing::warn!("Ctrl-C will wait for plugin calls to end: cannot start its thread ({error})");
     }
-}
-
-/// The embedded default: its plugins are built in, so it runs from any folder.
-pub(crate) fn default_config() -> anyhow::Result<TrainConfig> {
-    TrainConfig::parse(DEFAULT_TOML, DEFAULT_ORIGIN, Path::new("."))
 }
 
 /// `--watch`: every second, compare each plugin file of the manifest in force with the

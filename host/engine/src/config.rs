@@ -76,6 +76,38 @@ pub struct RopeScaling {
 }
 
 impl Config {
+    /// The HF names of every tensor a Llama-family model of this config stores (what loading
+    /// reads and export writes).
+    pub fn tensor_names(&self) -> Vec<String> {
+        let mut names = vec!["model.embed_tokens.weight".to_string()];
+        for i in 0..self.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            for part in [
+                "input_layernorm",
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "post_attention_layernorm",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            ] {
+                names.push(format!("{p}.{part}.weight"));
+            }
+            if self.qkv_bias() {
+                for part in ["q_proj", "k_proj", "v_proj"] {
+                    names.push(format!("{p}.self_attn.{part}.bias"));
+                }
+            }
+        }
+        names.push("model.norm.weight".into());
+        if !self.tie_word_embeddings {
+            names.push("lm_head.weight".into());
+        }
+        names
+    }
+
     pub fn num_kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }

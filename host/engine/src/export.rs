@@ -9,37 +9,6 @@ use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// The HF names of every tensor a Llama-family model of `config` stores.
-pub fn tensor_names(config: &Config) -> Vec<String> {
-    let mut names = vec!["model.embed_tokens.weight".to_string()];
-    for i in 0..config.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        for part in [
-            "input_layernorm",
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-            "post_attention_layernorm",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        ] {
-            names.push(format!("{p}.{part}.weight"));
-        }
-        if config.qkv_bias() {
-            for part in ["q_proj", "k_proj", "v_proj"] {
-                names.push(format!("{p}.self_attn.{part}.bias"));
-            }
-        }
-    }
-    names.push("model.norm.weight".into());
-    if !config.tie_word_embeddings {
-        names.push("lm_head.weight".into());
-    }
-    names
-}
-
 /// Write `dir` (which must not exist yet) from a config, a tokenizer and HF-named tensors.
 /// The directory appears whole or not at all: it is written beside `dir` and renamed.
 pub fn write_hf_dir(

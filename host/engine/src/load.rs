@@ -62,7 +62,7 @@ pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Token
     let options = LoadOptions { quantized: false, ..options.clone() };
     let (config, tokenizer, mut source) = open(path, &options)?;
     let mut tensors = HashMap::new();
-    for name in crate::export::tensor_names(&config) {
+    for name in config.tensor_names() {
         let tensor = match source.linear_weight(&name)? {
             Weight::Dense(t) => t,
             Weight::Quantized(_) | Weight::Blocks(_) => unreachable!("opened without quantization"),

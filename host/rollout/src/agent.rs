@@ -12,7 +12,7 @@
 use crate::episode::appended_text;
 use crate::group::{RolloutGroup, SamplingSpec, Trajectory};
 use crate::prompt::prompt_ids;
-use crate::scorer::{FailurePolicy, Scored};
+use crate::score::{FailurePolicy, Scored};
 use crate::seed::seed_for;
 pub use crate::spec::AgentLimits;
 use std::collections::{BTreeMap, HashMap};

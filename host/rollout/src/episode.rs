@@ -12,7 +12,7 @@
 //! turn), so runs are reproducible.
 
 use crate::group::{SamplingSpec, Trajectory};
-use crate::scorer::{FailurePolicy, OnFailure, Scored, Status};
+use crate::score::{FailurePolicy, OnFailure, Scored, Status};
 use std::collections::BTreeMap;
 use wirl_engine::{ChatMessage, EngineHandle, GenerateRequest, Tokenizer};
 use wirl_sandbox::{EnvironmentPlugin, Message, StepResult, Task, printable};

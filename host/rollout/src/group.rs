@@ -1,7 +1,7 @@
 //! A step's rollouts: G samples per prompt through the engine's batching actor, kept as the
 //! sampler produced them (token ids, log-probs, the weights version), then scored.
 
-use crate::scorer::Scored;
+use crate::score::Scored;
 use wirl_engine::{Completion, EngineHandle, FinishReason, GenerateRequest, Sampling};
 use wirl_sandbox::{Message, Task};
 

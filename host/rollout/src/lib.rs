@@ -14,6 +14,7 @@ pub mod group;
 pub mod mixture;
 pub mod prompt;
 pub mod remote;
+pub mod score;
 pub mod scorer;
 pub mod seed;
 pub mod source;
@@ -29,7 +30,8 @@ pub use group::{RolloutGroup, SamplingSpec, Trajectory, sample_groups, seed_for}
 pub use mixture::{Allocation, MixtureError, allocate};
 pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, prompt_ids, step_tasks};
 pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
-pub use scorer::{FailurePolicy, OnFailure, Scored, Scorers, Status};
+pub use score::{FailurePolicy, OnFailure, Scored, Status};
+pub use scorer::Scorers;
 pub use source::TaskSource;
 pub use spec::{CodeRunnerRef, PluginRef, RewardSpec, SourceSpec};
 pub use task::{LoadedTask, TaskSpec};

@@ -9,7 +9,7 @@
 //! recorded with the reason), or its completions failed trajectories (`remote`, under the
 //! task's `on_failure`).
 
-use crate::scorer::{FailurePolicy, Scored, Status};
+use crate::score::{FailurePolicy, Scored, Status};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

@@ -696,6 +696,12 @@ impl TrainConfig {
         })
     }
 
+    /// The embedded default ([`DEFAULT_TOML`]): its plugins are built in, so it runs from any
+    /// folder.
+    pub fn embedded_default() -> anyhow::Result<Self> {
+        Self::parse(DEFAULT_TOML, "the embedded default config (examples/train/default.toml)", Path::new("."))
+    }
+
     /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
     pub fn parse(text: &str, origin: &str, base: &Path) -> anyhow::Result<Self> {
         let config: TrainConfig = toml::from_str(text).map_err(|e| {
