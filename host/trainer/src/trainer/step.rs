@@ -1,0 +1,722 @@
+//! One training step, in named stages: draw → generate → episodes → score → agents →
+//! advantages → update → record → probation → metrics. `Trainer::step` reads as that list;
+//! each stage below says what it takes and what it gives the next.
+
+use super::{Ahead, Drawn, PhaseMemory, Trainer, draw_tasks, rss_high_water_mib};
+use crate::metrics::{
+    ConversationMessage, PhasePeaks, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes,
+    TaskMetrics,
+};
+use crate::observer::{Event, Observer, Phase};
+use crate::swap::RecentGroup;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::time::Instant;
+use wirl_engine::{Finished, GenerateRequest, InFlight};
+use wirl_grpo::{GroupBatch, LossSettings, MemoryLimits, UpdateSettings, UpdateStats};
+use wirl_rollout::{EpisodeOutcome, EpisodeTimes, RolloutGroup, Scored, SkippedTask, TaskSource, Trajectory, seed_for};
+use wirl_sandbox::{Task, printable};
+
+/// A picked task: its index in the run, the problem, its prompt's ids.
+type Picked = (usize, Task, Vec<u32>);
+
+/// Requests already sampling (a generation lag's, sent by the previous step), and since when.
+type Lagged = (InFlight, Instant);
+
+/// Whether the run was told to stop (checked between and inside stages).
+type Stopped<'a> = &'a (dyn Fn() -> bool + Sync);
+
+/// Seconds spent by stage.
+#[derive(Default)]
+struct Clock {
+    draw: f64,
+    generate: f64,
+    /// Since the requests were sent (with a lag, by the previous step).
+    sampling_span: f64,
+    episodes: f64,
+    score: f64,
+    agents: f64,
+    train: f64,
+}
+
+/// What sampling gave each picked task: its trajectories, and their scores where they were
+/// scored while the rest generated (`grpo.overlap`).
+struct Sampled {
+    generated: Vec<Option<Vec<Trajectory>>>,
+    scored: Vec<Option<Vec<Scored>>>,
+}
+
+/// The step's groups, each with the task (index in the run) it belongs to.
+#[derive(Default)]
+struct Groups {
+    groups: Vec<RolloutGroup>,
+    owners: Vec<usize>,
+}
+
+impl Groups {
+    fn push(&mut self, task: usize, group: RolloutGroup) {
+        self.groups.push(group);
+        self.owners.push(task);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&RolloutGroup, usize)> {
+        self.groups.iter().zip(self.owners.iter().copied())
+    }
+}
+
+/// Where a step's time and memory went.
+struct Measured {
+    peaks: PhasePeaks,
+    clock: Clock,
+    episodes: EpisodeTimes,
+    started: Instant,
+}
+
+/// The learner's batches, and per task how many groups were kept and how many could not be.
+struct Advantaged {
+    batches: Vec<GroupBatch>,
+    kept_of_task: Vec<usize>,
+    unusable_of_task: Vec<usize>,
+    /// Whether the groups were sampled by the weights before the previous update (a lag).
+    sampler_lag: u64,
+}
+
+impl Trainer {
+    /// One GRPO step: its metrics, or `None` when a stop came before its first update
+    /// (generating, scoring, or training its first epoch), which abandons it unrecorded.
+    pub(super) fn step(
+        &mut self,
+        step: usize,
+        rollouts: &mut impl Write,
+        observer: &mut dyn Observer,
+    ) -> anyhow::Result<Option<StepMetrics>> {
+        let started = Instant::now();
+        let stop = self.control.clone();
+        let stopped = move || stop.is_stopped();
+        let mut clock = Clock::default();
+
+        let Some((Drawn { picked, skipped, placeholders }, lagged)) = self.draw(step, &stopped, &mut clock)? else {
+            return Ok(None);
+        };
+        for (t, skip) in &skipped {
+            tracing::warn!("step {}, task `{}`: {}", step + 1, self.tasks[*t].spec.name, printable(&skip.to_string()));
+        }
+        let group_size = self.config.grpo.group_size;
+        self.phase(observer, step, Phase::Generating { prompts: picked.len(), group_size });
+        let mut memory = PhaseMemory::start(self.peak_rss);
+        let sampler_lag = u64::from(lagged.is_some());
+        let Some(mut sampled) = self.generate(step, &picked, lagged, &stopped, &mut clock)? else {
+            return Ok(None);
+        };
+        let Some((outcomes, episode_times)) =
+            self.episodes(step, &picked, &mut sampled, &stopped, observer, &mut clock)?
+        else {
+            return Ok(None);
+        };
+        let generate_peak = memory.phase_end();
+        self.phase(observer, step, Phase::Scoring);
+        self.score(&picked, &mut sampled, &outcomes, &mut clock);
+        let mut groups = self.assemble(picked, sampled, outcomes, placeholders);
+        self.agents(step, &stopped, observer, &mut groups, &mut clock);
+        let score_peak = memory.phase_end();
+        if stopped() {
+            // The calls were cut short: their verdicts are not the plugins', so nothing of
+            // this step is learned from or recorded.
+            return Ok(None);
+        }
+        let advantaged = self.advantages(&groups, sampler_lag);
+        let Some((update, learning_rate)) = self.update(step, &advantaged.batches, &stopped, observer, &mut clock)?
+        else {
+            return Ok(None);
+        };
+        let train_peak = memory.phase_end();
+        // The update's freed tensors stay in the allocator for the next update to reuse:
+        // handing them back (malloc_trim) made every step fault its memory in again, page
+        // by page (docs/BENCHMARKS.md). They count as resident in the next phases, never
+        // above the training peak.
+        self.peak_rss = memory.run_peak;
+        self.weights_written += update.weight_writes;
+        self.record(step, rollouts, &skipped, &groups)?;
+        self.probation(step, &groups);
+        let measured = Measured {
+            peaks: PhasePeaks { generate: generate_peak, score: score_peak, train: train_peak },
+            clock,
+            episodes: episode_times,
+            started,
+        };
+        Ok(Some(self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured)))
+    }
+
+    fn phase(&self, observer: &mut dyn Observer, step: usize, phase: Phase) {
+        observer.event(Event::Phase { step: step + 1, steps: self.config.grpo.steps, phase });
+    }
+
+    /// Draw: this step's tasks — drawn during the previous update (and, with a generation
+    /// lag, sampled then too) unless a swap came in between. With them, a lagged sampling
+    /// already in flight.
+    fn draw(
+        &mut self,
+        step: usize,
+        stopped: Stopped,
+        clock: &mut Clock,
+    ) -> anyhow::Result<Option<(Drawn, Option<Lagged>)>> {
+        let ahead = self.ahead.take().filter(|a| a.step == step && a.generation == self.manifest.generation);
+        if let Some(Ahead { drawn, sampling, .. }) = ahead {
+            return Ok(Some((drawn, sampling)));
+        }
+        let started = Instant::now();
+        let context = self.model_config.max_position_embeddings;
+        let group_size = self.config.grpo.group_size;
+        let drawn = draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, step, group_size, stopped)?;
+        clock.draw = started.elapsed().as_secs_f64();
+        Ok(drawn.map(|drawn| (drawn, None)))
+    }
+
+    /// Generate: each picked task's group, as its samples finish. A single-turn group is
+    /// scored at once (while the rest generate) under `grpo.overlap`; a multi-turn group goes
+    /// on to its episode.
+    fn generate(
+        &mut self,
+        step: usize,
+        picked: &[Picked],
+        lagged: Option<Lagged>,
+        stopped: Stopped,
+        clock: &mut Clock,
+    ) -> anyhow::Result<Option<Sampled>> {
+        let started = Instant::now();
+        let (mut in_flight, sent) = match lagged {
+            Some(lagged) => lagged,
+            None => (self.engine.send_all(self.requests(step, picked)), started),
+        };
+        let mut sampled = Sampled {
+            generated: (0..picked.len()).map(|_| None).collect(),
+            scored: (0..picked.len()).map(|_| None).collect(),
+        };
+        loop {
+            match in_flight.next_finished(stopped) {
+                Finished::Request(i, result) => {
+                    let trajectories: Vec<Trajectory> = result?.into_iter().map(Trajectory::from).collect();
+                    let (t, task, _) = &picked[i];
+                    let owner = &mut self.tasks[*t];
+                    if self.config.grpo.overlap && owner.spec.max_turns <= 1 {
+                        let scoring = Instant::now();
+                        let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
+                        sampled.scored[i] = Some(owner.scorers.score_group(task, &texts, owner.spec.failures));
+                        clock.score += scoring.elapsed().as_secs_f64();
+                    }
+                    sampled.generated[i] = Some(trajectories);
+                }
+                Finished::All => break,
+                Finished::Stopped => return Ok(None),
+            }
+        }
+        clock.generate = started.elapsed().as_secs_f64();
+        clock.sampling_span = sent.elapsed().as_secs_f64();
+        Ok(Some(sampled))
+    }
+
+    /// Episodes: multi-turn tasks go on from their first replies, every live episode's next
+    /// turn admitted together; the environment scores them. By picked index.
+    #[allow(clippy::type_complexity)]
+    fn episodes(
+        &self,
+        step: usize,
+        picked: &[Picked],
+        sampled: &mut Sampled,
+        stopped: Stopped,
+        observer: &mut dyn Observer,
+        clock: &mut Clock,
+    ) -> anyhow::Result<Option<(BTreeMap<usize, Vec<EpisodeOutcome>>, EpisodeTimes)>> {
+        let started = Instant::now();
+        let g = &self.config.grpo;
+        let episodic: Vec<usize> = (0..picked.len()).filter(|&i| self.tasks[picked[i].0].spec.max_turns > 1).collect();
+        let mut outcomes = BTreeMap::new();
+        let mut times = EpisodeTimes::default();
+        if !episodic.is_empty() {
+            self.phase(observer, step, Phase::Episodes { groups: episodic.len() });
+            let mut runs = Vec::new();
+            for &i in &episodic {
+                let (t, task, prompt) = &picked[i];
+                let owner = &self.tasks[*t];
+                let TaskSource::Environment { plugin, .. } = &owner.source else { unreachable!("checked on load") };
+                runs.push(wirl_rollout::EpisodeGroup {
+                    environment: plugin,
+                    task,
+                    prompt,
+                    first: sampled.generated[i].take().unwrap_or_default(),
+                    sampling: owner.spec.sampling,
+                    seed: seed_for(g.seed, (step * g.prompts_per_step + i) as u64),
+                    max_turns: owner.spec.max_turns,
+                    failures: owner.spec.failures,
+                });
+            }
+            let context = self.model_config.max_position_embeddings;
+            let Some(ran) = wirl_rollout::run_episodes(&self.engine, &self.tokenizer, context, runs, stopped) else {
+                return Ok(None);
+            };
+            let ran = ran?;
+            times = ran.times;
+            outcomes = episodic.iter().copied().zip(ran.groups).collect();
+        }
+        clock.episodes = started.elapsed().as_secs_f64();
+        Ok(Some((outcomes, times)))
+    }
+
+    /// Score: the single-turn groups not scored yet (all of them without `grpo.overlap`) by
+    /// their task's reward plugins, a task's groups together: at once where its graders run
+    /// programs in worker processes.
+    fn score(
+        &mut self,
+        picked: &[Picked],
+        sampled: &mut Sampled,
+        episodes: &BTreeMap<usize, Vec<EpisodeOutcome>>,
+        clock: &mut Clock,
+    ) {
+        let started = Instant::now();
+        let unscored: Vec<usize> =
+            (0..picked.len()).filter(|i| sampled.scored[*i].is_none() && !episodes.contains_key(i)).collect();
+        let owners: BTreeSet<usize> = unscored.iter().map(|&i| picked[i].0).collect();
+        for t in owners {
+            let members: Vec<usize> = unscored.iter().copied().filter(|&i| picked[i].0 == t).collect();
+            let texts: Vec<Vec<String>> = members
+                .iter()
+                .map(|&i| sampled.generated[i].iter().flatten().map(|trajectory| trajectory.text.clone()).collect())
+                .collect();
+            let groups: Vec<(&Task, &[String])> =
+                members.iter().zip(&texts).map(|(&i, texts)| (&picked[i].1, texts.as_slice())).collect();
+            let owner = &mut self.tasks[t];
+            for (i, scores) in members.iter().zip(owner.scorers.score_groups(&groups, owner.spec.failures)) {
+                sampled.scored[*i] = Some(scores);
+            }
+        }
+        clock.score += started.elapsed().as_secs_f64();
+    }
+
+    /// The step's groups in picked order (sampled and scored, or run as episodes), then the
+    /// placeholders of tasks whose server failed.
+    fn assemble(
+        &self,
+        picked: Vec<Picked>,
+        mut sampled: Sampled,
+        mut episodes: BTreeMap<usize, Vec<EpisodeOutcome>>,
+        placeholders: Vec<(usize, RolloutGroup)>,
+    ) -> Groups {
+        let mut groups = Groups::default();
+        for (i, (t, task, prompt)) in picked.into_iter().enumerate() {
+            let (trajectories, scores) = match (episodes.remove(&i), sampled.generated[i].take()) {
+                (Some(outcomes), _) => outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip(),
+                (None, Some(trajectories)) => {
+                    (trajectories, sampled.scored[i].take().expect("every single-turn group is scored"))
+                }
+                (None, None) => unreachable!("every group is either an episode group or sampled"),
+            };
+            let task_name = self.tasks[t].spec.name.clone();
+            groups.push(t, RolloutGroup { task_name, task, prompt, trajectories, scores });
+        }
+        for (t, group) in placeholders {
+            groups.push(t, group);
+        }
+        groups
+    }
+
+    /// Agents: each produces its groups itself, calling the engine; one after another, after
+    /// the rest of the step's generation, so that every batch is reproducible.
+    fn agents(
+        &self,
+        step: usize,
+        stopped: Stopped,
+        observer: &mut dyn Observer,
+        groups: &mut Groups,
+        clock: &mut Clock,
+    ) {
+        let started = Instant::now();
+        let g = &self.config.grpo;
+        for (t, task) in self.tasks.iter().enumerate() {
+            let TaskSource::Agent { agent, limits } = &task.source else { continue };
+            if self.allocation[t] == 0 || stopped() {
+                continue;
+            }
+            self.phase(observer, step, Phase::Agent { task: t });
+            let call = wirl_rollout::AgentCall {
+                agent,
+                engine: &self.engine,
+                tokenizer: &self.tokenizer,
+                context: self.model_config.max_position_embeddings,
+                groups: self.allocation[t],
+                group_size: g.group_size,
+                sampling: task.spec.sampling,
+                seed: seed_for(g.seed, (step * g.prompts_per_step + t) as u64 ^ (1 << 62)),
+                cursor: (step * self.allocation[t]) as u64,
+                limits: *limits,
+                failures: task.spec.failures,
+                task_name: &task.spec.name,
+            };
+            for group in wirl_rollout::agent_groups(&call) {
+                groups.push(t, group);
+            }
+        }
+        clock.agents = started.elapsed().as_secs_f64();
+    }
+
+    /// Advantages over each group's usable trajectories (masked ones carry no gradient); a
+    /// group with fewer than two cannot compare, one whose rewards are all equal carries no
+    /// signal.
+    fn advantages(&self, groups: &Groups, sampler_lag: u64) -> Advantaged {
+        let mut kept_of_task = vec![0usize; self.tasks.len()];
+        let mut unusable_of_task = vec![0usize; self.tasks.len()];
+        let batches: Vec<GroupBatch> = groups
+            .iter()
+            .filter_map(|(group, t)| {
+                let usable: Vec<usize> = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).collect();
+                if usable.len() < 2 || group.prompt.is_empty() {
+                    unusable_of_task[t] += 1;
+                    return None;
+                }
+                let rewards: Vec<f32> = usable.iter().map(|&i| group.scores[i].reward).collect();
+                let advantages = wirl_grpo::group_advantages(&rewards, self.config.grpo.advantage)?;
+                kept_of_task[t] += 1;
+                let multi_turn = usable.iter().any(|&i| !group.trajectories[i].trainable.is_empty());
+                Some(GroupBatch {
+                    prompt: group.prompt.clone(),
+                    completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
+                    advantages,
+                    trainable: if multi_turn {
+                        usable
+                            .iter()
+                            .map(|&i| {
+                                let t = &group.trajectories[i];
+                                if t.trainable.is_empty() { vec![true; t.tokens.len()] } else { t.trainable.clone() }
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    // Sampled this step by the weights this update starts from.
+                    sampler_logprobs: usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect(),
+                    sampler_lag,
+                })
+            })
+            .collect();
+        Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag }
+    }
+
+    /// The learner's settings for `step` (its learning rate by the schedule).
+    fn update_settings(&self, step: usize) -> UpdateSettings {
+        let g = &self.config.grpo;
+        UpdateSettings {
+            learning_rate: wirl_grpo::optim::learning_rate(g.learning_rate, step, g.warmup_steps, g.steps, g.schedule),
+            loss: LossSettings { clip_low: g.clip_low, clip_high: g.clip_high, beta: g.beta, entropy: g.entropy },
+            inner_epochs: g.inner_epochs,
+            aggregation: g.aggregation,
+            max_grad_norm: g.max_grad_norm,
+            max_tokens: self.config.sampling.max_tokens,
+            memory: MemoryLimits {
+                recompute_above: g.recompute_above_mib.saturating_mul(1 << 20),
+                keep_layers: g.keep_activations_mib.saturating_mul(1 << 20),
+                head_chunk: match g.head_chunk_mib {
+                    0 => u64::MAX,
+                    mib => mib.saturating_mul(1 << 20),
+                },
+            },
+            micro_batch_rows: g.micro_batch_rows,
+            split_by_length: g.split_by_length,
+            tis_cap: g.tis_cap,
+        }
+    }
+
+    /// Update: the learner's step on `batches`, with the next step begun meanwhile — with a
+    /// generation lag its groups are sampled during this update by these weights (the
+    /// update's write waits for them at the barrier); else, under `grpo.overlap`, its tasks
+    /// are drawn. A swap at the next boundary makes either stale (dropped: the step draws
+    /// and samples afresh). The update's figures and its learning rate.
+    fn update(
+        &mut self,
+        step: usize,
+        batches: &[GroupBatch],
+        stopped: Stopped,
+        observer: &mut dyn Observer,
+        clock: &mut Clock,
+    ) -> anyhow::Result<Option<(UpdateStats, f64)>> {
+        let started = Instant::now();
+        let settings = self.update_settings(step);
+        let g = self.config.grpo.clone();
+        let context = self.model_config.max_position_embeddings;
+        let steps = g.steps;
+        let mut progress = |group, groups| {
+            observer.event(Event::Phase { step: step + 1, steps, phase: Phase::Training { group, groups } })
+        };
+        let next = step + 1;
+        let lag_next = g.generation_lag > 0 && next < steps && !stopped();
+        if lag_next {
+            let drawn =
+                draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, g.group_size, stopped);
+            // On an error (or a stop) the next step draws again and meets it itself.
+            if let Ok(Some(drawn)) = drawn {
+                let in_flight = self.engine.send_all(self.requests(next, &drawn.picked));
+                let sampling = Some((in_flight, Instant::now()));
+                self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling });
+            }
+        }
+        let draw_next = g.overlap && !lag_next && next < steps;
+        let (update, drawn_next) = std::thread::scope(|scope| {
+            let drawing = draw_next.then(|| {
+                let (tasks, allocation, tokenizer) = (&mut self.tasks, &self.allocation, &self.tokenizer);
+                scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, g.group_size, stopped))
+            });
+            let update = self.learner.update(batches, &settings, Some(&self.engine), stopped, &mut progress);
+            let drawn = drawing.map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            (update, drawn)
+        });
+        if let Some(Ok(Some(drawn))) = drawn_next {
+            self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling: None });
+        }
+        let Some(update) = update? else {
+            return Ok(None);
+        };
+        clock.train = started.elapsed().as_secs_f64();
+        Ok(Some((update, settings.learning_rate)))
+    }
+
+    /// Record: the tasks skipped, then every trajectory, in `rollouts.jsonl`.
+    fn record(
+        &self,
+        step: usize,
+        rollouts: &mut impl Write,
+        skipped: &[(usize, SkippedTask)],
+        groups: &Groups,
+    ) -> anyhow::Result<()> {
+        for (t, skip) in skipped {
+            let record = SkippedTaskRecord {
+                step: step + 1,
+                task_name: self.tasks[*t].spec.name.clone(),
+                skipped_task: skip.index,
+                task: skip.id.clone(),
+                reason: skip.reason.clone(),
+            };
+            serde_json::to_writer(&mut *rollouts, &record)?;
+            writeln!(rollouts)?;
+        }
+        let hashes: Vec<_> = self.tasks.iter().map(crate::tasks::plugin_hashes).collect();
+        for (group, t) in groups.iter() {
+            for (sample, (trajectory, score)) in group.trajectories.iter().zip(&group.scores).enumerate() {
+                let record = RolloutRecord {
+                    step: step + 1,
+                    status: score.status,
+                    task_name: group.task_name.clone(),
+                    task: group.task.id.clone(),
+                    turns: trajectory.turns,
+                    conversation: trajectory
+                        .conversation
+                        .iter()
+                        .map(|m| ConversationMessage { role: m.role.clone(), content: m.content.clone() })
+                        .collect(),
+                    sample,
+                    completion: trajectory.text.clone(),
+                    // The model's tokens (a multi-turn ledger's environment tokens left out).
+                    tokens: trajectory.model_tokens(),
+                    reward: score.reward,
+                    parts: score.parts.clone(),
+                    failures: score.failures.clone(),
+                    notes: score.notes.clone(),
+                    plugins: hashes[t].clone(),
+                    weights_version: self.weights_base + trajectory.weights_version,
+                    manifest_generation: self.manifest.generation,
+                };
+                serde_json::to_writer(&mut *rollouts, &record)?;
+                writeln!(rollouts)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Probation: a task set on probation is judged by its first trajectories; the groups
+    /// are kept for a later swap's rewards to re-score.
+    fn probation(&mut self, step: usize, groups: &Groups) {
+        let outcomes: Vec<(String, bool, Vec<String>)> = groups
+            .groups
+            .iter()
+            .flat_map(|g| {
+                g.scores.iter().map(move |s| (g.task_name.clone(), !s.failures.is_empty(), s.failures.clone()))
+            })
+            .collect();
+        if self.scheduled.is_empty()
+            && let Some(reason) = self.swapper.watch_probation(&outcomes)
+        {
+            self.swapper.state().rollback = Some(reason);
+        }
+        let recent = groups
+            .groups
+            .iter()
+            .filter(|g| g.trajectories.iter().all(|t| t.turns <= 1))
+            .map(|g| {
+                let group = RecentGroup {
+                    step: step + 1,
+                    task: g.task.clone(),
+                    completions: g.trajectories.iter().map(|t| t.text.clone()).collect(),
+                    rewards: g.scores.iter().map(|s| s.failures.is_empty().then_some(s.reward)).collect(),
+                };
+                (g.task_name.clone(), group)
+            })
+            .collect();
+        self.swapper.remember(step + 1, recent);
+    }
+
+    /// Metrics: the step's figures, overall and per task, and where its time went.
+    #[allow(clippy::too_many_arguments)]
+    fn metrics(
+        &self,
+        step: usize,
+        learning_rate: f64,
+        groups: &Groups,
+        advantaged: &Advantaged,
+        update: &UpdateStats,
+        skipped: &[(usize, SkippedTask)],
+        measured: Measured,
+    ) -> StepMetrics {
+        let figures = Figures::of(groups.iter().map(|(g, t)| (g, self.tasks[t].spec.pass_reward)));
+        let mut per_task = BTreeMap::new();
+        for (t, task) in self.tasks.iter().enumerate() {
+            if self.allocation[t] == 0 {
+                continue;
+            }
+            let own = Figures::of(groups.iter().filter(|(_, o)| *o == t).map(|(g, _)| (g, task.spec.pass_reward)));
+            per_task.insert(
+                task.spec.name.clone(),
+                TaskMetrics {
+                    groups: self.allocation[t],
+                    groups_kept: advantaged.kept_of_task[t],
+                    reward_mean: own.reward_mean,
+                    pass_rate: own.pass_rate,
+                    completion_tokens_mean: own.tokens_mean,
+                    tasks_skipped: skipped.iter().filter(|(o, _)| *o == t).count(),
+                    trajectories_masked: own.masked,
+                    groups_unusable: advantaged.unusable_of_task[t],
+                },
+            );
+        }
+        let step_tokens: usize = advantaged.batches.iter().flat_map(|b| b.completions.iter().map(Vec::len)).sum();
+        StepMetrics {
+            step: step + 1,
+            manifest_generation: self.manifest.generation,
+            learning_rate,
+            reward_mean: figures.reward_mean,
+            reward_std: figures.reward_std,
+            parts: figures.parts,
+            pass_rate: figures.pass_rate,
+            groups_kept: advantaged.batches.len(),
+            groups_unusable: advantaged.unusable_of_task.iter().sum(),
+            trajectories_masked: figures.masked,
+            loss: update.loss,
+            kl: if step_tokens > 0 && self.config.grpo.beta > 0.0 { update.kl } else { 0.0 },
+            entropy: update.entropy,
+            clip_fraction: update.clip_fraction,
+            grad_norm: update.grad_norm,
+            updates_skipped: update.updates_skipped,
+            groups_recomputed: update.groups_recomputed,
+            sampler_lag: advantaged.sampler_lag,
+            tis_truncated: update.tis_truncated,
+            peak_rss_mib: self.peak_rss.or_else(rss_high_water_mib),
+            peak_rss_mib_by_phase: measured.peaks,
+            tasks_skipped: skipped
+                .iter()
+                .map(|(t, s)| SkippedTaskEntry {
+                    task_name: self.tasks[*t].spec.name.clone(),
+                    index: s.index,
+                    task: s.id.clone(),
+                    reason: s.reason.clone(),
+                })
+                .collect(),
+            completion_tokens_mean: figures.tokens_mean,
+            completion_tokens_max: figures.tokens_max,
+            failures: figures.failures,
+            generate_tokens_per_s: figures.tokens as f64
+                / (measured.clock.sampling_span + measured.episodes.generate_s).max(1e-9),
+            episode_turns: measured.episodes.turns,
+            time_s: StepTimes {
+                generate: measured.clock.generate,
+                episodes: measured.clock.episodes,
+                episodes_host: measured.episodes.host_s,
+                agents: measured.clock.agents,
+                score: measured.clock.score,
+                draw: measured.clock.draw,
+                train: measured.clock.train,
+                total: measured.started.elapsed().as_secs_f64(),
+                reference_forward: update.time.reference_forward,
+                policy_forward: update.time.policy_forward,
+                backward: update.time.backward,
+                optimizer: update.time.optimizer,
+            },
+            tasks: per_task,
+        }
+    }
+
+    /// Step `step`'s sampling requests, one per picked task: its group's size and its seed.
+    fn requests(&self, step: usize, picked: &[Picked]) -> Vec<GenerateRequest> {
+        let g = &self.config.grpo;
+        picked
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _, prompt))| GenerateRequest {
+                prompt: prompt.clone(),
+                n: g.group_size,
+                sampling: self.tasks[*t].spec.sampling.seeded(seed_for(g.seed, (step * g.prompts_per_step + i) as u64)),
+            })
+            .collect()
+    }
+}
+
+/// Reward and length figures over some groups' completions (rewards over the usable ones).
+struct Figures {
+    masked: usize,
+    reward_mean: f32,
+    reward_std: f32,
+    pass_rate: f32,
+    parts: BTreeMap<String, f32>,
+    failures: BTreeMap<String, usize>,
+    tokens: usize,
+    tokens_mean: f32,
+    tokens_max: usize,
+}
+
+impl Figures {
+    /// Over `groups`, each with the reward at which its trajectories pass.
+    fn of<'a>(groups: impl Iterator<Item = (&'a RolloutGroup, f32)>) -> Figures {
+        let groups: Vec<(&RolloutGroup, f32)> = groups.collect();
+        let passed = groups
+            .iter()
+            .flat_map(|(g, pass)| g.scores.iter().filter(move |s| s.status.usable() && s.reward >= *pass))
+            .count();
+        let groups: Vec<&RolloutGroup> = groups.into_iter().map(|(g, _)| g).collect();
+        let all: Vec<&wirl_rollout::Scored> = groups.iter().flat_map(|g| &g.scores).collect();
+        let masked = all.iter().filter(|s| !s.status.usable()).count();
+        let rewards: Vec<f32> = all.iter().filter(|s| s.status.usable()).map(|s| s.reward).collect();
+        let n = rewards.len().max(1) as f32;
+        let mean = rewards.iter().sum::<f32>() / n;
+        let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / n).sqrt();
+        let mut parts: BTreeMap<String, f32> = BTreeMap::new();
+        for s in all.iter().filter(|s| s.status.usable()) {
+            for (name, value) in &s.parts {
+                *parts.entry(name.clone()).or_default() += value / n;
+            }
+        }
+        let mut failures: BTreeMap<String, usize> = BTreeMap::new();
+        for s in &all {
+            for kind in &s.failures {
+                *failures.entry(kind.clone()).or_default() += 1;
+            }
+        }
+        let lengths: Vec<usize> = groups.iter().flat_map(|g| g.trajectories.iter().map(|t| t.model_tokens())).collect();
+        let tokens: usize = lengths.iter().sum();
+        Figures {
+            masked,
+            reward_mean: mean,
+            reward_std: std,
+            pass_rate: passed as f32 / n,
+            parts,
+            failures,
+            tokens,
+            tokens_mean: tokens as f32 / lengths.len().max(1) as f32,
+            tokens_max: lengths.iter().max().copied().unwrap_or(0),
+        }
+    }
+}
