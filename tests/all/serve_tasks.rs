@@ -178,6 +178,17 @@ fn served_tasks_score_draw_step_episodes_and_roll_out() {
     assert_eq!(evaluation["env_id"], "arithmetic");
     assert_eq!(evaluation["results"].as_array().unwrap().len(), 3, "{evaluation}");
     assert!(evaluation["pass_rate"].is_number(), "{evaluation}");
+    // Held-out rollouts from an offset: the held-out range's tasks from it, as many as asked
+    // (the offset was applied twice before: 1 group of 3).
+    let validation = ok(
+        &server,
+        "/grouped_rollouts/",
+        json!({"task": "arithmetic", "num_groups": 3, "rollouts_per_group": 1, "validation": true,
+               "start_index": 2, "generation_args": {"max_tokens": 4}}),
+    );
+    let ids: Vec<&str> = validation.as_array().unwrap().iter().map(|g| g[0]["problem_id"].as_str().unwrap()).collect();
+    let held = 1u64 << 40;
+    assert_eq!(ids, [2, 3, 4].map(|k| format!("arithmetic/0/{}", held + k)), "{validation}");
 
     // Hostile bodies: a 4xx naming the field, never a 5xx.
     let cases = [

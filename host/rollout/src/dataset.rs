@@ -149,7 +149,12 @@ impl Dataset {
 
     /// The first `count` rows, in file order.
     pub fn first(&mut self, count: usize) -> anyhow::Result<Vec<Task>> {
-        (0..(count as u64).min(self.total))
+        self.rows(0, count)
+    }
+
+    /// Rows `start .. start + count`, in file order (fewer past the end).
+    pub fn rows(&mut self, start: u64, count: usize) -> anyhow::Result<Vec<Task>> {
+        (start.min(self.total)..start.saturating_add(count as u64).min(self.total))
             .map(|i| {
                 let (chunk, row) = self.locate(i);
                 self.task(chunk, row)

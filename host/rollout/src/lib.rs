@@ -28,7 +28,7 @@ pub use episode::{
 };
 pub use group::{RolloutGroup, SamplingSpec, Trajectory, sample_groups, seed_for};
 pub use mixture::{Allocation, MixtureError, allocate};
-pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, prompt_ids, step_tasks};
+pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, held_out_prompts, prompt_ids, step_tasks};
 pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
 pub use score::{FailurePolicy, OnFailure, Scored, Status};
 pub use scorer::Scorers;

@@ -35,6 +35,36 @@ pub fn fitting_prompt(
     Ok(prompt)
 }
 
+/// Held-out tasks `offset .. offset + count` of task `name` ([`TaskSource::held_out`]) with
+/// their prompts; one whose prompt leaves no room for `room` new tokens in `context` is left
+/// out, as in training (warned, like a task source without held-out tasks).
+#[allow(clippy::too_many_arguments)]
+pub fn held_out_prompts(
+    name: &str,
+    source: &mut TaskSource,
+    first_index: u64,
+    offset: u64,
+    count: usize,
+    tokenizer: &Tokenizer,
+    room: usize,
+    context: usize,
+) -> Vec<(Task, Vec<u32>)> {
+    let held_out = source.held_out(first_index, offset, count);
+    if held_out.is_empty() && count > 0 && !matches!(source, TaskSource::Agent { .. }) {
+        tracing::warn!("task `{name}`: no held-out problems (a dataset needs an `eval` file)");
+    }
+    held_out
+        .into_iter()
+        .filter_map(|problem| match fitting_prompt(tokenizer, &problem, room, context) {
+            Ok(prompt) => Some((problem, prompt)),
+            Err(failure) => {
+                tracing::warn!("held-out task `{}` left out: {}", problem.id, wirl_sandbox::printable(&failure.reason));
+                None
+            }
+        })
+        .collect()
+}
+
 /// Tries per task slot of a step before the source counts as broken.
 pub const MAX_TASK_TRIES: u64 = 8;
 /// Where replacement tasks' indices start: far above training's and the default held-out

@@ -202,10 +202,10 @@ impl RemoteTasks {
         task.map_err(|reason| anyhow::anyhow!("remote task {index}: {reason}"))
     }
 
-    /// `count` held-out tasks from the server's held-out range; one it cannot give is left
-    /// out, with a warning.
-    pub fn held_out(&self, count: usize) -> Vec<Task> {
-        match self.draw(0, count, true) {
+    /// `count` held-out tasks from `offset` in the server's held-out range; one it cannot
+    /// give is left out, with a warning.
+    pub fn held_out(&self, offset: u64, count: usize) -> Vec<Task> {
+        match self.draw(offset, count, true) {
             Ok(tasks) => tasks
                 .into_iter()
                 .filter_map(|t| t.inspect_err(|e| tracing::warn!("remote held-out task skipped: {e}")).ok())

@@ -71,14 +71,16 @@ impl TaskSource {
         }
     }
 
-    /// `count` held-out tasks: an environment's from `first_index` on (one it cannot give is
-    /// left out, with a warning), a dataset's first of its `eval` file, a remote task's first
-    /// held-out ones there.
-    pub fn held_out(&mut self, first_index: u64, count: usize) -> Vec<Task> {
+    /// Held-out tasks `offset .. offset + count`: an environment's indices from
+    /// `first_index` (`eval.first_index`) plus `offset` (one it cannot give is left out, with
+    /// a warning), a dataset's rows of its `eval` file from `offset`, a remote task's held-out
+    /// ones there from `offset`. The one held-out selection: training's evaluation, `wirl
+    /// eval` and a server's validation rollouts all draw through it.
+    pub fn held_out(&mut self, first_index: u64, offset: u64, count: usize) -> Vec<Task> {
         match self {
             TaskSource::Environment { .. } => (0..count as u64)
                 .filter_map(|i| {
-                    let index = first_index.saturating_add(i);
+                    let index = first_index.saturating_add(offset).saturating_add(i);
                     self.training(index)
                         .inspect_err(|e| {
                             tracing::warn!("held-out task {index} skipped: {}", printable(&format!("{e:#}")))
@@ -86,7 +88,7 @@ impl TaskSource {
                         .ok()
                 })
                 .collect(),
-            TaskSource::Dataset { eval: Some(eval), .. } => eval.first(count).unwrap_or_else(|error| {
+            TaskSource::Dataset { eval: Some(eval), .. } => eval.rows(offset, count).unwrap_or_else(|error| {
                 tracing::warn!("held-out tasks: {}", printable(&format!("{error:#}")));
                 Vec::new()
             }),
@@ -94,7 +96,7 @@ impl TaskSource {
             // Evaluated through its own rollouts instead.
             TaskSource::Agent { .. } => Vec::new(),
             // The server's own held-out range.
-            TaskSource::Remote(remote) => remote.held_out(count),
+            TaskSource::Remote(remote) => remote.held_out(offset, count),
         }
     }
 }

@@ -378,11 +378,10 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
                 })
                 .collect(),
             (source @ TaskSource::Dataset { .. }, true) => source
-                .held_out(0, index as usize + n)
+                .held_out(0, index, n)
                 .into_iter()
-                .enumerate()
-                .skip(index as usize)
-                .map(|(i, problem)| json!({"index": i, "task": problem}))
+                .zip(index..)
+                .map(|(problem, i)| json!({"index": i, "task": problem}))
                 .collect(),
         };
         Ok(out)
@@ -731,23 +730,19 @@ fn roll(
     let tokenizer = state.tokenizer.clone();
     let room = ask.sampling.max_tokens;
     let (problems, prompts) = if ask.validation {
-        let skip = ask.first as usize;
-        let held: Vec<Task> = if matches!(owner.source, TaskSource::Dataset { .. }) {
-            // A dataset's held-out tasks are its `eval` file's first ones.
-            owner.source.held_out(0, skip + ask.groups).into_iter().skip(skip).collect()
-        } else {
-            let first = owner.eval_first_index.saturating_add(ask.first);
-            owner.source.held_out(first, ask.groups)
-        };
-        let mut problems = Vec::new();
-        let mut prompts = Vec::new();
-        for problem in held.into_iter().skip(skip) {
-            if let Ok(prompt) = wirl_rollout::fitting_prompt(&tokenizer, &problem, room, context) {
-                problems.push(problem);
-                prompts.push(prompt);
-            }
-        }
-        (problems, prompts)
+        let (first, name) = (owner.eval_first_index, owner.name.clone());
+        wirl_rollout::held_out_prompts(
+            &name,
+            &mut owner.source,
+            first,
+            ask.first,
+            ask.groups,
+            &tokenizer,
+            room,
+            context,
+        )
+        .into_iter()
+        .unzip()
     } else {
         let drawn = wirl_rollout::step_tasks(&mut owner.source, ask.first..ask.first + ask.groups as u64, |p| {
             wirl_rollout::fitting_prompt(&tokenizer, p, room, context)

@@ -12,11 +12,11 @@ use std::path::Path;
 use std::time::Instant;
 use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
 use wirl_rollout::{
-    EpisodeGroup, LoadedTask, SamplingSpec, Scored, Scorers, TaskSource, fitting_prompt, prompt_ids, run_episodes,
+    EpisodeGroup, LoadedTask, SamplingSpec, Scored, Scorers, TaskSource, held_out_prompts, prompt_ids, run_episodes,
     seed_for,
 };
+use wirl_sandbox::Task;
 use wirl_sandbox::{Sandbox, SandboxSettings};
-use wirl_sandbox::{Task, printable};
 
 /// An agent task's held-out score: it is asked greedily for one group of one rollout per
 /// index of `indices`; `(passed, rollouts)`.
@@ -91,18 +91,9 @@ pub fn evaluate(
     let mut tasks: Vec<(usize, Task)> = Vec::new();
     for (t, spec) in config.tasks.iter().enumerate() {
         let mut task = LoadedTask::load(&sandbox, spec, &tokenizer)?;
-        let held_out = task.source.held_out(config.eval.first_index, config.eval.tasks);
-        if held_out.is_empty() && !matches!(task.source, TaskSource::Agent { .. }) {
-            tracing::warn!("task `{}`: no held-out problems (a dataset needs an `eval` file)", spec.name);
-        }
-        for problem in held_out {
-            match fitting_prompt(&tokenizer, &problem, spec.sampling.max_tokens, context) {
-                Ok(_) => tasks.push((t, problem)),
-                Err(failure) => {
-                    tracing::warn!("held-out task `{}` left out: {}", problem.id, printable(&failure.reason))
-                }
-            }
-        }
+        let (first, count, room) = (config.eval.first_index, config.eval.tasks, spec.sampling.max_tokens);
+        let held_out = held_out_prompts(&spec.name, &mut task.source, first, 0, count, &tokenizer, room, context);
+        tasks.extend(held_out.into_iter().map(|(problem, _)| (t, problem)));
         loaded.push(task);
     }
     let (sources, mut scorers): (Vec<TaskSource>, Vec<Scorers>) =

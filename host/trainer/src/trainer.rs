@@ -417,26 +417,21 @@ impl Trainer {
         let mut problems = Vec::new();
         let mut requests = Vec::new();
         for (t, task) in self.tasks.iter_mut().enumerate() {
-            let held_out = task.source.held_out(self.config.eval.first_index, count);
-            if held_out.is_empty() && !matches!(task.source, TaskSource::Agent { .. }) {
-                tracing::warn!("task `{}`: no held-out problems (a dataset without `eval`)", task.spec.name);
-            }
             let max_tokens = task.spec.sampling.max_tokens;
-            // A held-out problem whose prompt does not fit is left out, as in training.
-            for problem in held_out {
-                match wirl_rollout::fitting_prompt(&self.tokenizer, &problem, max_tokens, context) {
-                    Ok(prompt) => {
-                        requests.push(GenerateRequest {
-                            prompt: prompt.clone(),
-                            n: 1,
-                            sampling: Sampling::greedy(max_tokens),
-                        });
-                        problems.push((t, problem, prompt));
-                    }
-                    Err(failure) => {
-                        tracing::warn!("held-out task `{}` skipped: {}", problem.id, printable(&failure.reason))
-                    }
-                }
+            let first = self.config.eval.first_index;
+            let held_out = wirl_rollout::held_out_prompts(
+                &task.spec.name,
+                &mut task.source,
+                first,
+                0,
+                count,
+                &self.tokenizer,
+                max_tokens,
+                context,
+            );
+            for (problem, prompt) in held_out {
+                requests.push(GenerateRequest { prompt: prompt.clone(), n: 1, sampling: Sampling::greedy(max_tokens) });
+                problems.push((t, problem, prompt));
             }
         }
         let agents = self.tasks.iter().any(|t| matches!(t.source, TaskSource::Agent { .. }));
