@@ -95,3 +95,47 @@ fn train_eval_and_serve_refuse_the_same_tasks_with_the_same_message() {
         }
     }
 }
+
+/// Errors by layer: a served task's failures answer with the status of their cause — its
+/// remote task server gone is upstream's (502), its dataset file gone is the host's (500), a
+/// row that is not a task is the task's own (422). All were 422 before.
+#[test]
+fn a_served_tasks_failures_answer_by_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream_config = crate::serve_tasks::served_config(dir.path());
+    let mut upstream = crate::serve::Server::start(&["--config", upstream_config.to_str().unwrap()]);
+    let row = r#"{"id": "r0", "messages": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}"#;
+    // Past the first chunk of rows (1,024), a row is read from the file when first asked for.
+    write(dir.path(), "rows.jsonl", &format!("{row}\nnot json\n{}", format!("{row}\n").repeat(1100)));
+    let config = write(
+        dir.path(),
+        "downstream.toml",
+        &format!(
+            "[[tasks]]\nname = \"math\"\nremote = {{ url = \"http://{}\", task = \"arithmetic\", timeout_s = 5, retries = 1 \
+             }}\n\n[[tasks]]\nname = \"rows\"\n[tasks.dataset]\ntrain = \"rows.jsonl\"\n[[tasks.rewards]]\nplugin = \
+             {MATH_ANSWER:?}\n",
+            upstream.address
+        ),
+    );
+    let server = crate::serve::Server::start(&["--config", config.to_str().unwrap()]);
+    let status = |path: &str, body: &str| {
+        let (status, answer) = server.post(path, body);
+        (status, answer.to_string())
+    };
+    let (ok, answer) = status("/v1/episodes", r#"{"task": "rows", "index": 0}"#);
+    assert_eq!(ok, 201, "{answer}");
+    let (code, answer) = status("/v1/episodes", r#"{"task": "rows", "index": 1}"#);
+    assert_eq!(code, 422, "a row that is not a task: {answer}");
+
+    upstream.kill();
+    let (code, answer) = status("/v1/episodes", r#"{"task": "math", "index": 0}"#);
+    assert_eq!(code, 502, "the remote server is gone: {answer}");
+    let rollouts =
+        r#"{"task": "math", "num_groups": 1, "rollouts_per_group": 1, "generation_args": {"max_tokens": 4}}"#;
+    let (code, answer) = status("/grouped_rollouts/", rollouts);
+    assert_eq!(code, 502, "the remote server is gone: {answer}");
+
+    std::fs::remove_file(dir.path().join("rows.jsonl")).unwrap();
+    let (code, answer) = status("/v1/episodes", r#"{"task": "rows", "index": 1100}"#);
+    assert_eq!(code, 500, "the dataset file is gone: {answer}");
+}

@@ -2,7 +2,6 @@
 //! completion in the model's context, failures skipped, recorded and replaced.
 
 use crate::source::TaskSource;
-use anyhow::bail;
 use wirl_engine::{ChatMessage, Tokenizer};
 use wirl_sandbox::Task;
 
@@ -124,10 +123,18 @@ pub fn step_tasks(
     let (mut tasks, mut prompts, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     for index in indices {
         let mut found = false;
+        // The source's own error of the last try, kept whole: its cause (a remote server
+        // down, an I/O error) is the caller's to tell apart.
+        let mut last_error = None;
         for attempt in 0..MAX_TASK_TRIES {
             // Replacements come from a range of their own, the same on every resume.
             let index = if attempt == 0 { index } else { REPLACEMENT_INDICES + index * MAX_TASK_TRIES + attempt };
-            let task = source.training(index).map_err(|e| TaskFailure { id: None, reason: format!("{e:#}") });
+            last_error = None;
+            let task = source.training(index).map_err(|e| {
+                let failure = TaskFailure { id: None, reason: format!("{e:#}") };
+                last_error = Some(e);
+                failure
+            });
             match task.and_then(|task| Ok((fit(&task)?, task))) {
                 Ok((prompt, task)) => {
                     tasks.push(task);
@@ -139,11 +146,17 @@ pub fn step_tasks(
             }
         }
         if !found {
-            let last = skipped.last().map(|s| s.reason.clone()).unwrap_or_default();
-            bail!(
-                "the task source failed {MAX_TASK_TRIES} tasks in a row (index {index} and its replacements); \
-                 the last: {last}. Fix the environment or dataset, then `wirl train --resume`"
+            let head = format!(
+                "the task source failed {MAX_TASK_TRIES} tasks in a row (index {index} and its replacements; fix the \
+                 environment, dataset or task server, then `wirl train --resume`); the last"
             );
+            return Err(match last_error {
+                Some(error) => error.context(head),
+                None => {
+                    let last = skipped.last().map(|s| s.reason.clone()).unwrap_or_default();
+                    anyhow::anyhow!("{head}: {last}")
+                }
+            });
         }
     }
     Ok(StepTasks { tasks, prompts, skipped })

@@ -536,9 +536,9 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
             (None, TaskSource::Environment { plugin, seed: own }) => plugin
                 .task_at(seed.unwrap_or(*own), index)
                 .map_err(|f| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("task {index}: {f}")))?,
-            (None, source @ (TaskSource::Dataset { .. } | TaskSource::Remote(_))) => source
-                .training(index)
-                .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?,
+            (None, source @ (TaskSource::Dataset { .. } | TaskSource::Remote(_))) => {
+                source.training(index).map_err(|e| source_failure(&e))?
+            }
             (None, TaskSource::Agent { .. }) => {
                 return Err(ApiError::bad(Some("task"), "is an agent's: it has no episodes to step"));
             }
@@ -564,6 +564,20 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
     });
     place.open(id, session);
     Ok((StatusCode::CREATED, Json(reply)).into_response())
+}
+
+/// A task source's error, answered with the status its cause calls for: the remote task
+/// server failing is upstream's (502), an I/O error the host's (500), anything else the
+/// task's own (422: the source cannot give that task).
+fn source_failure(error: &anyhow::Error) -> ApiError {
+    let status = if error.chain().any(|cause| cause.is::<wirl_rollout::RemoteError>()) {
+        StatusCode::BAD_GATEWAY
+    } else if error.chain().any(|cause| cause.is::<std::io::Error>()) {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::UNPROCESSABLE_ENTITY
+    };
+    ApiError::with_status(status, format!("{error:#}"))
 }
 
 /// A session id's suffix that cannot be guessed from another's: `number` hashed under a
@@ -747,7 +761,7 @@ fn roll(
         let drawn = wirl_rollout::step_tasks(&mut owner.source, ask.first..ask.first + ask.groups as u64, |p| {
             wirl_rollout::fitting_prompt(&tokenizer, p, room, context)
         })
-        .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+        .map_err(|e| source_failure(&e))?;
         (drawn.tasks, drawn.prompts)
     };
     if problems.is_empty() {
