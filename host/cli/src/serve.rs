@@ -242,7 +242,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ..Default::default()
         },
     };
-    let names: Vec<String> = served.iter().map(|t| t.name.clone()).collect();
+    let names: Vec<String> = served.iter().map(|t| t.loaded.spec.name.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))
@@ -275,18 +275,8 @@ fn served_tasks(
     let sandbox = wirl_sandbox::Sandbox::new(wirl_sandbox::SandboxSettings::default())?;
     let mut served = Vec::new();
     for spec in &run.tasks {
-        let task = wirl_rollout::LoadedTask::load(&sandbox, spec, tokenizer)?;
-        served.push(wirl_server::ServedTask {
-            name: spec.name.clone(),
-            source: task.source,
-            scorers: task.scorers,
-            sampling: spec.sampling,
-            failures: spec.failures,
-            max_turns: spec.max_turns,
-            pass_reward: spec.pass_reward,
-            eval_first_index: run.eval.first_index,
-            seed: run.grpo.seed,
-        });
+        let loaded = wirl_rollout::LoadedTask::load(&sandbox, spec, tokenizer)?;
+        served.push(wirl_server::ServedTask { loaded, eval_first_index: run.eval.first_index, seed: run.grpo.seed });
     }
     Ok(served)
 }

@@ -24,21 +24,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use wirl_engine::sampling::rules;
 use wirl_engine::{FinishReason, GenerateRequest};
-use wirl_rollout::{FailurePolicy, RolloutGroup, SamplingSpec, Scored, Scorers, Status, TaskSource, Trajectory};
+use wirl_rollout::{LoadedTask, RolloutGroup, SamplingSpec, Scored, Status, TaskSource, Trajectory};
 use wirl_sandbox::{Message, StepResult, Task, printable};
 
-/// One task of the served config, loaded: its source, its reward plugins, how it samples.
+/// One task of the served config, loaded through the task runtime (as `wirl train` and
+/// `wirl eval` load it), with what serving adds.
 pub struct ServedTask {
-    /// Its `[[tasks]]` name (Megatron's `env_id`).
-    pub name: String,
-    pub source: TaskSource,
-    pub scorers: Scorers,
-    pub sampling: SamplingSpec,
-    pub failures: FailurePolicy,
-    /// Model turns per episode; 1: single-turn, scored by the reward plugins.
-    pub max_turns: usize,
-    /// A response passes (`/evaluation/`) when its reward is at least this.
-    pub pass_reward: f32,
+    pub loaded: LoadedTask,
     /// Where an environment's held-out tasks start (`eval.first_index`).
     pub eval_first_index: u64,
     /// Seeds the samples of rollouts (the config's `grpo.seed`).
@@ -117,7 +109,7 @@ impl Tasks {
     /// The served tasks; a thread closes idle episodes for as long as they are served.
     pub(crate) fn new(tasks: Vec<ServedTask>, limits: TaskLimits) -> Arc<Self> {
         let described = tasks.iter().map(describe).collect();
-        let names = tasks.iter().map(|t| t.name.clone()).collect();
+        let names = tasks.iter().map(|t| t.loaded.spec.name.clone()).collect();
         let cursors = tasks.iter().map(|_| AtomicU64::new(0)).collect();
         let tasks = Arc::new(Tasks {
             tasks: tasks.into_iter().map(|t| Arc::new(Mutex::new(t))).collect(),
@@ -198,21 +190,21 @@ fn reap(tasks: Weak<Tasks>, period: Duration) {
 
 fn describe(task: &ServedTask) -> Value {
     let plugin = |p: &Arc<wirl_sandbox::Plugin>| json!({"name": p.name(), "sha256": p.sha256()});
-    let kind = match &task.source {
+    let kind = match &task.loaded.source {
         TaskSource::Environment { .. } => "environment",
         TaskSource::Dataset { .. } => "dataset",
         TaskSource::Agent { .. } => "agent",
         TaskSource::Remote(_) => "remote",
     };
     json!({
-        "name": task.name,
+        "name": task.loaded.spec.name,
         "source": kind,
-        "source_plugin": task.source.plugin().map(plugin),
-        "rewards": task.scorers.plugins().map(plugin).collect::<Vec<_>>(),
-        "max_turns": task.max_turns,
-        "sampling": {"max_tokens": task.sampling.max_tokens, "temperature": task.sampling.temperature,
-                     "top_p": task.sampling.top_p, "top_k": task.sampling.top_k},
-        "on_failure": task.failures.on_failure,
+        "source_plugin": task.loaded.source.plugin().map(plugin),
+        "rewards": task.loaded.scorers.plugins().map(plugin).collect::<Vec<_>>(),
+        "max_turns": task.loaded.spec.max_turns,
+        "sampling": {"max_tokens": task.loaded.spec.sampling.max_tokens, "temperature": task.loaded.spec.sampling.temperature,
+                     "top_p": task.loaded.spec.sampling.top_p, "top_k": task.loaded.spec.sampling.top_k},
+        "on_failure": task.loaded.spec.failures.on_failure,
     })
 }
 
@@ -347,7 +339,7 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
     let drawn = blocking(move || {
         let mut task = lock(&task);
         let first = task.eval_first_index;
-        let out: Vec<Value> = match (&mut task.source, eval) {
+        let out: Vec<Value> = match (&mut task.loaded.source, eval) {
             (TaskSource::Agent { .. }, _) => {
                 return Err(ApiError::bad(Some("task"), "is an agent's: it makes rollouts, not tasks"));
             }
@@ -423,10 +415,11 @@ pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Re
     let task = tasks.tasks[t].clone();
     let results = blocking(move || {
         let mut task = lock(&task);
-        let policy = task.failures;
+        let policy = task.loaded.spec.failures;
         // At once where the task's graders run programs in worker processes.
         let asked: Vec<(&Task, &[String])> = groups.iter().map(|(p, c)| (p, c.as_slice())).collect();
         Ok(task
+            .loaded
             .scorers
             .score_groups(&asked, policy)
             .into_iter()
@@ -478,7 +471,7 @@ pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) 
     let task = tasks.tasks[t].clone();
     let results: Vec<Scored> = blocking(move || {
         let mut task = lock(&task);
-        let policy = task.failures;
+        let policy = task.loaded.spec.failures;
         Ok(queries
             .iter()
             .enumerate()
@@ -491,7 +484,7 @@ pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) 
                     answer: labels.as_ref().map(|l| l[i].clone()),
                     metadata: None,
                 };
-                task.scorers.score_group(&problem, &[response], policy).remove(0)
+                task.loaded.scorers.score_group(&problem, &[response], policy).remove(0)
             })
             .collect())
     })
@@ -531,7 +524,7 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
     let task = tasks.tasks[t].clone();
     let session = blocking(move || {
         let mut task = lock(&task);
-        let problem = match (given, &mut task.source) {
+        let problem = match (given, &mut task.loaded.source) {
             (Some(problem), _) => problem,
             (None, TaskSource::Environment { plugin, seed: own }) => plugin
                 .task_at(seed.unwrap_or(*own), index)
@@ -543,13 +536,13 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
                 return Err(ApiError::bad(Some("task"), "is an agent's: it has no episodes to step"));
             }
         };
-        let episode = match (&task.source, task.max_turns > 1) {
+        let episode = match (&task.loaded.source, task.loaded.spec.max_turns > 1) {
             (TaskSource::Environment { plugin, .. }, true) => Some(plugin.start_episode(&problem).map_err(|f| {
                 ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the episode cannot start: {f}"))
             })?),
             _ => None,
         };
-        let max_turns = task.max_turns.max(1);
+        let max_turns = task.loaded.spec.max_turns.max(1);
         Ok(Session { task: t, problem, episode, turns: 0, max_turns, done: false, last_used: Instant::now() })
     })
     .await?;
@@ -629,8 +622,9 @@ pub(crate) async fn episode_step(
         let reply = match session.episode.as_mut() {
             None => {
                 let mut task = lock(&task);
-                let policy = task.failures;
-                let score = task.scorers.score_group(&session.problem, std::slice::from_ref(&action), policy).remove(0);
+                let policy = task.loaded.spec.failures;
+                let score =
+                    task.loaded.scorers.score_group(&session.problem, std::slice::from_ref(&action), policy).remove(0);
                 json!({"observation": {"messages": []}, "done": true, "turns": turns, "score": scored(&score),
                        "reward": scored(&score)["reward"]})
             }
@@ -744,10 +738,10 @@ fn roll(
     let tokenizer = state.tokenizer.clone();
     let room = ask.sampling.max_tokens;
     let (problems, prompts) = if ask.validation {
-        let (first, name) = (owner.eval_first_index, owner.name.clone());
+        let (first, name) = (owner.eval_first_index, owner.loaded.spec.name.clone());
         wirl_rollout::held_out_prompts(
             &name,
-            &mut owner.source,
+            &mut owner.loaded.source,
             first,
             ask.first,
             ask.groups,
@@ -758,7 +752,7 @@ fn roll(
         .into_iter()
         .unzip()
     } else {
-        let drawn = wirl_rollout::step_tasks(&mut owner.source, ask.first..ask.first + ask.groups as u64, |p| {
+        let drawn = wirl_rollout::step_tasks(&mut owner.loaded.source, ask.first..ask.first + ask.groups as u64, |p| {
             wirl_rollout::fitting_prompt(&tokenizer, p, room, context)
         })
         .map_err(|e| source_failure(&e))?;
@@ -785,7 +779,7 @@ fn roll(
             .map(Some)
             .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("generation failed: {e:#}")))
     };
-    let generated = if owner.max_turns > 1 {
+    let generated = if owner.loaded.spec.max_turns > 1 {
         // Episodes go on in the environment's plugin: the task stays held throughout.
         generate(requests)?
     } else {
@@ -796,10 +790,11 @@ fn roll(
         generated
     };
     let Some(generated) = generated else { return Ok(None) };
-    let policy = owner.failures;
+    let policy = owner.loaded.spec.failures;
+    let name = owner.loaded.spec.name.clone();
     let mut groups = Vec::new();
-    if owner.max_turns > 1 {
-        let TaskSource::Environment { plugin, .. } = &owner.source else {
+    if owner.loaded.spec.max_turns > 1 {
+        let TaskSource::Environment { plugin, .. } = &owner.loaded.source else {
             return Err(ApiError::bad(Some("task"), "is multi-turn without an environment"));
         };
         let runs = problems
@@ -814,7 +809,7 @@ fn roll(
                 first,
                 sampling: ask.sampling,
                 seed: wirl_rollout::seed_for(owner.seed, ask.first + i as u64),
-                max_turns: owner.max_turns,
+                max_turns: owner.loaded.spec.max_turns,
                 failures: policy,
             })
             .collect();
@@ -824,13 +819,13 @@ fn roll(
         let ran = ran.map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
         for ((problem, prompt), outcomes) in problems.into_iter().zip(prompts).zip(ran.groups) {
             let (trajectories, scores) = outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip();
-            groups.push(RolloutGroup { task_name: owner.name.clone(), task: problem, prompt, trajectories, scores });
+            groups.push(RolloutGroup { task_name: name.clone(), task: problem, prompt, trajectories, scores });
         }
     } else {
         for ((problem, prompt), trajectories) in problems.into_iter().zip(prompts).zip(generated) {
             let texts: Vec<String> = trajectories.iter().map(|t: &Trajectory| t.text.clone()).collect();
-            let scores = owner.scorers.score_group(&problem, &texts, policy);
-            groups.push(RolloutGroup { task_name: owner.name.clone(), task: problem, prompt, trajectories, scores });
+            let scores = owner.loaded.scorers.score_group(&problem, &texts, policy);
+            groups.push(RolloutGroup { task_name: name.clone(), task: problem, prompt, trajectories, scores });
         }
     }
     if ask.filter_same_reward {
@@ -899,7 +894,7 @@ async fn rollouts_of(
     let group_size = if per_group { count(body, "rollouts_per_group", 1, tasks.limits.max_group_size)? } else { 1 };
     let validation = body.get("validation").and_then(Value::as_bool).unwrap_or(false);
     let filter_same_reward = body.get("filter_groups_with_same_reward").and_then(Value::as_bool).unwrap_or(false);
-    let own = lock(&tasks.tasks[t]).sampling;
+    let own = lock(&tasks.tasks[t]).loaded.spec.sampling;
     let sampling = sampling(body, own, &state.config.limits)?;
     let first = match body.get("start_index") {
         None | Some(Value::Null) if validation => 0,
@@ -989,7 +984,7 @@ pub(crate) async fn evaluation(State(state): State<Arc<AppState>>, body: Bytes) 
     let pass = {
         let tasks = served(&state)?;
         let t = tasks.find(&body, "task")?;
-        lock(&tasks.tasks[t]).pass_reward
+        lock(&tasks.tasks[t]).loaded.spec.pass_reward
     };
     let (t, groups) = rollouts_of(state.clone(), &body, "num_groups", false).await?;
     let results: Vec<Value> = groups
