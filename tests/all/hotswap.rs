@@ -515,7 +515,9 @@ fn concurrent_applies_stage_one_and_refuse_the_rest() {
     assert!(staged < 5, "at least one of five applies at once is refused: {answers:#?}");
     for (ok, said) in &answers {
         assert!(
-            *ok || said.contains("another apply is being checked") || said.contains("generation 1 is staged"),
+            *ok || said.contains("another apply is being checked")
+                || said.contains("is staged and switches in")
+                || said.contains("is being switched in"),
             "{said}"
         );
     }

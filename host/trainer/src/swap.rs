@@ -210,6 +210,9 @@ pub(crate) struct SwapState {
     recent: BTreeMap<String, VecDeque<RecentGroup>>,
     /// A resumed run replaying the swaps recorded after its checkpoint, until this step.
     pub replaying_until: Option<usize>,
+    /// The generation being switched in: taken off `staged`, not yet in `current`. An apply
+    /// then would be checked against the set going out and given its generation number.
+    pub switching: Option<u64>,
     pub status: RunStatus,
 }
 
@@ -277,6 +280,7 @@ impl Swapper {
                 probation: None,
                 recent: BTreeMap::new(),
                 replaying_until: None,
+                switching: None,
                 status,
             }),
             events: Mutex::new(()),
@@ -365,6 +369,12 @@ impl Swapper {
                     "generation {} is staged and switches in at the next step boundary; one change is staged at a \
                      time: apply {origin} after that boundary (`wirl ctl RUN_DIR status` shows it), or roll back",
                     staged.manifest.generation
+                )));
+            }
+            if let (Some(switching), false) = (state.switching, options.dry_run) {
+                return Err(refuse(format!(
+                    "generation {switching} is being switched in at this step boundary: apply {origin} again in a \
+                     moment"
                 )));
             }
             if let Some(until) = state.replaying_until {
@@ -476,6 +486,15 @@ impl Swapper {
         }
         if let Some(manifest) = manifest {
             let mut state = self.state();
+            // What was checked against must still be in force: a rollback (or a switch) while
+            // this apply was checked takes that generation number and changes the set.
+            if state.current.generation != current.generation || state.next_generation != generation {
+                return Err(refuse(format!(
+                    "{origin}: the task set in force changed while it was checked (now generation {}): apply it \
+                     again to check it against that one",
+                    state.current.generation
+                )));
+            }
             for plugin in tasks.iter().flat_map(LoadedTask::plugins) {
                 state.imports.insert(plugin.sha256().to_string(), plugin.imports().to_vec());
             }
@@ -614,6 +633,7 @@ impl Swapper {
         let mut state = self.state();
         state.next_generation = state.next_generation.max(manifest.generation + 1);
         state.current = manifest.clone();
+        state.switching = None;
         state.previous = previous;
         state.probation = probation.map(|(tasks, new_plugins)| Probation {
             generation: manifest.generation,

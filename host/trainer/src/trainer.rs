@@ -280,9 +280,18 @@ impl Trainer {
             if let Some(reason) = rollback {
                 self.roll_back(step, &reason, observer)?;
             } else {
-                let staged = self.swapper.state().staged.take();
+                // Taken and marked as switching in one hold of the lock: no apply sees it
+                // neither staged nor in force.
+                let staged = {
+                    let mut state = self.swapper.state();
+                    let staged = state.staged.take();
+                    state.switching = staged.as_ref().map(|s| s.manifest.generation);
+                    staged
+                };
                 if let Some(staged) = staged {
-                    self.switch(step, staged, true, observer)?;
+                    let switched = self.switch(step, staged, true, observer);
+                    self.swapper.state().switching = None;
+                    switched?;
                 }
             }
             self.swapper.state().replaying_until = self.scheduled.back().map(|m| m.from_step);
