@@ -499,7 +499,7 @@ fn concurrent_applies_stage_one_and_refuse_the_rest() {
     // While the run is held, a staged set is switched in within ~20 ms, so an apply that
     // arrives after that is checked and staged in turn: each "staged" names a generation of
     // its own, one after another, and every one takes effect (before, all five said
-    // "staged as generation 3" and four vanished).
+    // "staged as generation 3" and four vanished). How many are refused depends on timing.
     let mut generations: Vec<u64> = answers
         .iter()
         .filter(|(ok, _)| *ok)
@@ -512,7 +512,6 @@ fn concurrent_applies_stage_one_and_refuse_the_rest() {
     generations.sort_unstable();
     let staged = generations.len() as u64;
     assert!(staged >= 1 && generations == (1..=staged).collect::<Vec<_>>(), "{answers:#?}");
-    assert!(staged < 5, "at least one of five applies at once is refused: {answers:#?}");
     for (ok, said) in &answers {
         assert!(
             *ok || said.contains("another apply is being checked")
@@ -551,7 +550,10 @@ fn concurrent_applies_stage_one_and_refuse_the_rest() {
     // Stopping: an apply now is refused as the stop's, nothing staged.
     assert!(live.ctl(&["stop"]).0);
     let (ok, said) = live.apply("late.toml", &tasks_toml((9, 1), ""), &[]);
-    assert!(!ok && (said.contains("stopping") || said.contains("no training answers")), "{said}");
+    // Refused by the stopping run, or the run is gone (its socket removed, or it ended
+    // between accepting the connection and answering).
+    let gone = said.contains("no training answers") || said.contains("without answering (it was ending)");
+    assert!(!ok && (said.contains("stopping") || gone), "{said}");
     assert!(!said.contains("validation failed"), "{said}");
 }
 

@@ -146,6 +146,14 @@ fn call(run_dir: &Path, request: &Request) -> anyhow::Result<Reply> {
         sent.context("sending the request to the run")?;
         read.context("reading the run's reply")?;
     }
+    if text.is_empty() {
+        // Accepted, then the process ended before answering: a run that was stopping.
+        bail!(
+            "the run in {} closed the connection without answering (it was ending): `wirl ctl {0} status` tells \
+             whether it still runs",
+            run_dir.display()
+        );
+    }
     let text = String::from_utf8_lossy(&text);
     serde_json::from_str(&text).with_context(|| format!("the run's reply is not understood: {:.200}", text))
 }

@@ -196,15 +196,16 @@ fn describe(task: &ServedTask) -> Value {
         TaskSource::Agent { .. } => "agent",
         TaskSource::Remote(_) => "remote",
     };
+    let (spec, sampling) = (&task.loaded.spec, &task.loaded.spec.sampling);
     json!({
-        "name": task.loaded.spec.name,
+        "name": spec.name,
         "source": kind,
         "source_plugin": task.loaded.source.plugin().map(plugin),
         "rewards": task.loaded.scorers.plugins().map(plugin).collect::<Vec<_>>(),
-        "max_turns": task.loaded.spec.max_turns,
-        "sampling": {"max_tokens": task.loaded.spec.sampling.max_tokens, "temperature": task.loaded.spec.sampling.temperature,
-                     "top_p": task.loaded.spec.sampling.top_p, "top_k": task.loaded.spec.sampling.top_k},
-        "on_failure": task.loaded.spec.failures.on_failure,
+        "max_turns": spec.max_turns,
+        "sampling": {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                     "top_p": sampling.top_p, "top_k": sampling.top_k},
+        "on_failure": spec.failures.on_failure,
     })
 }
 

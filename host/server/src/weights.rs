@@ -80,7 +80,8 @@ pub(crate) async fn pause(State(state): State<Arc<AppState>>, body: Bytes) -> Re
         }
         _ = pause.wait_for(|paused| !*paused) => {
             let in_flight = all as usize - state.slots.available_permits();
-            Ok(Json(json!({"paused": false, "in_flight": in_flight, "resumed": "POST /resume came before the requests in flight finished"})))
+            let resumed = "POST /resume came before the requests in flight finished";
+            Ok(Json(json!({"paused": false, "in_flight": in_flight, "resumed": resumed})))
         }
     }
 }
@@ -203,8 +204,10 @@ enum Place {
 /// answer never tells which files exist elsewhere.
 fn place_under(root: &std::path::Path, full: &std::path::Path) -> Place {
     let Ok(root) = root.canonicalize() else { return Place::Outside };
+    // An entry that is there, followed or not: a dangling link counts as there (and, not
+    // resolving, as outside), so that a link's target does not tell by its absence either.
     let mut existing = full;
-    while !existing.exists() {
+    while existing.symlink_metadata().is_err() {
         match existing.parent() {
             Some(parent) => existing = parent,
             None => return Place::Outside,
@@ -228,6 +231,7 @@ mod tests {
         std::fs::write(elsewhere.path().join("secret"), "x").unwrap();
         std::fs::write(root.path().join("model.gguf"), "x").unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), root.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("gone"), root.path().join("dangling")).unwrap();
         let place = |relative: &str| place_under(root.path(), &root.path().join(relative));
         assert_eq!(place("model.gguf"), Place::Inside);
         assert_eq!(place("missing.gguf"), Place::Missing);
@@ -235,5 +239,6 @@ mod tests {
         assert_eq!(place("link/secret"), Place::Outside);
         assert_eq!(place("link/no-such-file"), Place::Outside, "the same answer whether or not it exists");
         assert_eq!(place("link"), Place::Outside);
+        assert_eq!(place("dangling/x"), Place::Outside, "a link whose target is gone answers as a live one");
     }
 }

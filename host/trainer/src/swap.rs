@@ -211,7 +211,8 @@ pub(crate) struct SwapState {
     /// A resumed run replaying the swaps recorded after its checkpoint, until this step.
     pub replaying_until: Option<usize>,
     /// The generation being switched in: taken off `staged`, not yet in `current`. An apply
-    /// then would be checked against the set going out and given its generation number.
+    /// then would be checked against the set going out and given its generation number. Set
+    /// and cleared by the step boundary only.
     pub switching: Option<u64>,
     pub status: RunStatus,
 }
@@ -633,7 +634,6 @@ impl Swapper {
         let mut state = self.state();
         state.next_generation = state.next_generation.max(manifest.generation + 1);
         state.current = manifest.clone();
-        state.switching = None;
         state.previous = previous;
         state.probation = probation.map(|(tasks, new_plugins)| Probation {
             generation: manifest.generation,
