@@ -6,7 +6,7 @@ use crate::engine::write_tiny_model;
 use std::path::Path;
 use std::sync::Arc;
 use wirl_engine::{LoadOptions, Tokenizer};
-use wirl_rollout::{EpisodeGroup, FailurePolicy, SamplingSpec, TaskSource, run_episodes, sample_groups};
+use wirl_rollout::{EpisodeGroup, FailurePolicy, SamplingSpec, TaskSource, Trajectory, run_episodes};
 use wirl_sandbox::{PluginSpec, SandboxSettings};
 use wirl_test_artifacts::ARITHMETIC;
 
@@ -74,7 +74,14 @@ fn the_ledger_of_a_three_turn_episode_trains_on_exactly_the_sampled_tokens() {
     let prompt = wirl_rollout::fitting_prompt(&tokenizer, &task, 8, 1024).unwrap();
     let sampling = SamplingSpec { max_tokens: 8, temperature: 1.0, top_p: 1.0, top_k: 0 };
     let request = wirl_engine::GenerateRequest { prompt: prompt.clone(), n: 3, sampling: sampling.seeded(7) };
-    let first = sample_groups(&engine, vec![request], || false).unwrap().unwrap().remove(0);
+    let first: Vec<Trajectory> = engine
+        .generate_all_until(vec![request], || false)
+        .unwrap()
+        .remove(0)
+        .unwrap()
+        .into_iter()
+        .map(Into::into)
+        .collect();
     let TaskSource::Environment { plugin, .. } = &tasks else { unreachable!() };
     let group = EpisodeGroup {
         environment: plugin,

@@ -1,8 +1,8 @@
-//! A step's rollouts: G samples per prompt through the engine's batching actor, kept as the
+//! A step's rollouts: a group's samples (`collect` rolls them), kept as the
 //! sampler produced them (token ids, log-probs, the weights version), then scored.
 
 use crate::score::Scored;
-use wirl_engine::{Completion, EngineHandle, FinishReason, GenerateRequest, Sampling};
+use wirl_engine::{Completion, FinishReason, Sampling};
 use wirl_sandbox::{Message, Task};
 
 pub use crate::seed::seed_for;
@@ -117,21 +117,4 @@ impl SamplingSpec {
             ..Default::default()
         }
     }
-}
-
-/// Each request's `n` samples (a group). All requests are admitted to the engine's batch in
-/// one go, so that the batch (and so every sample) does not depend on thread timing. `None`
-/// when `stop()` said so first (the engine drops the rows).
-pub fn sample_groups(
-    engine: &EngineHandle,
-    requests: Vec<GenerateRequest>,
-    stop: impl Fn() -> bool,
-) -> Option<anyhow::Result<Vec<Vec<Trajectory>>>> {
-    let generated = engine.generate_all_until(requests, stop)?;
-    Some(
-        generated
-            .into_iter()
-            .map(|group| Ok(group?.into_iter().map(Trajectory::from).collect()))
-            .collect::<anyhow::Result<Vec<_>>>(),
-    )
 }

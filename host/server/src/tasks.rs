@@ -22,9 +22,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+use wirl_engine::FinishReason;
 use wirl_engine::sampling::rules;
-use wirl_engine::{FinishReason, GenerateRequest};
-use wirl_rollout::{LoadedTask, RolloutGroup, SamplingSpec, Scored, Status, TaskSource, Trajectory};
+use wirl_rollout::collect;
+use wirl_rollout::{GroupAsk, LoadedTask, RolloutGroup, SamplingSpec, Scored, Status, TaskSource};
 use wirl_sandbox::{Message, StepResult, Task, printable};
 
 /// One task of the served config, loaded through the task runtime (as `wirl train` and
@@ -726,7 +727,8 @@ struct RolloutAsk {
     filter_same_reward: bool,
 }
 
-/// Draw the tasks, sample, run episodes, score: the groups, in order; `None` if cancelled.
+/// Draw the tasks, then roll them through the one rolling path (sample, run episodes,
+/// score): the groups, in order; `None` if cancelled.
 fn roll(
     state: &AppState,
     task: &Arc<Mutex<ServedTask>>,
@@ -735,26 +737,44 @@ fn roll(
 ) -> Result<Option<Vec<RolloutGroup>>, ApiError> {
     let stop = || cancelled.load(Ordering::Relaxed);
     let mut owner = lock(task);
-    let context = state.context;
-    let tokenizer = state.tokenizer.clone();
-    let room = ask.sampling.max_tokens;
-    let (problems, prompts) = if ask.validation {
+    let asks = draw_asks(state, &mut owner, ask)?;
+    let engine = wirl_rollout::Engine { handle: &state.engine, tokenizer: &state.tokenizer, context: state.context };
+    let rolled = if owner.loaded.spec.max_turns > 1 {
+        // Episodes go on in the environment's plugin: the task stays held throughout.
+        collect::collect_groups(engine, std::slice::from_mut(&mut owner.loaded), asks, &stop)
+    } else {
+        // Single-turn: the task is free for other requests while the engine samples.
+        drop(owner);
+        let in_flight = collect::send(&state.engine, &asks);
+        let Some(sampled) = collect::receive(in_flight, &asks, None, &stop) else { return Ok(None) };
+        let sampled = sampled.map_err(roll_failure)?;
+        owner = lock(task);
+        collect::finish(engine, std::slice::from_mut(&mut owner.loaded), asks, sampled, &stop)
+    };
+    let Some(groups) = rolled else { return Ok(None) };
+    let mut groups = groups.map_err(roll_failure)?;
+    if ask.filter_same_reward {
+        groups.retain(|g| {
+            let rewards: Vec<f32> = g.scores.iter().filter(|s| s.status.usable()).map(|s| s.reward).collect();
+            rewards.windows(2).any(|w| (w[0] - w[1]).abs() > 1e-6)
+        });
+    }
+    Ok(Some(groups))
+}
+
+/// A rollout request's groups: its training (or held-out) problems from `ask.first` on, whose
+/// prompts fit, each seeded by its index (the rolling path's rule, slot = problem index).
+fn draw_asks(state: &AppState, owner: &mut ServedTask, ask: &RolloutAsk) -> Result<Vec<GroupAsk>, ApiError> {
+    let (context, tokenizer, room) = (state.context, &state.tokenizer, ask.sampling.max_tokens);
+    let (problems, prompts): (Vec<_>, Vec<_>) = if ask.validation {
         let (first, name) = (owner.eval_first_index, owner.loaded.spec.name.clone());
-        wirl_rollout::held_out_prompts(
-            &name,
-            &mut owner.loaded.source,
-            first,
-            ask.first,
-            ask.groups,
-            &tokenizer,
-            room,
-            context,
-        )
-        .into_iter()
-        .unzip()
+        let source = &mut owner.loaded.source;
+        wirl_rollout::held_out_prompts(&name, source, first, ask.first, ask.groups, tokenizer, room, context)
+            .into_iter()
+            .unzip()
     } else {
         let drawn = wirl_rollout::step_tasks(&mut owner.loaded.source, ask.first..ask.first + ask.groups as u64, |p| {
-            wirl_rollout::fitting_prompt(&tokenizer, p, room, context)
+            wirl_rollout::fitting_prompt(tokenizer, p, room, context)
         })
         .map_err(|e| source_failure(&e))?;
         (drawn.tasks, drawn.prompts)
@@ -765,77 +785,24 @@ fn roll(
             "the task source gave no task whose prompt fits the model's context".into(),
         ));
     }
-    let requests: Vec<GenerateRequest> = prompts
-        .iter()
+    Ok(problems
+        .into_iter()
+        .zip(prompts)
         .enumerate()
-        .map(|(i, prompt)| GenerateRequest {
-            prompt: prompt.clone(),
-            n: ask.group_size,
-            sampling: ask.sampling.seeded(wirl_rollout::seed_for(owner.seed, ask.first + i as u64)),
+        .map(|(i, (problem, prompt))| {
+            GroupAsk::new(0, problem, prompt, ask.group_size, ask.sampling, owner.seed, ask.first + i as u64)
         })
-        .collect();
-    let generate = |requests| {
-        let Some(generated) = wirl_rollout::sample_groups(&state.engine, requests, stop) else { return Ok(None) };
-        generated
-            .map(Some)
-            .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("generation failed: {e:#}")))
+        .collect())
+}
+
+/// A roll's failure as an answer: the engine's is the server's own (500); a chat template
+/// that cannot hold the task's ledger is the task's (422).
+fn roll_failure(error: wirl_rollout::RollError) -> ApiError {
+    let status = match error {
+        wirl_rollout::RollError::Generation(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        wirl_rollout::RollError::Template(_) => StatusCode::UNPROCESSABLE_ENTITY,
     };
-    let generated = if owner.loaded.spec.max_turns > 1 {
-        // Episodes go on in the environment's plugin: the task stays held throughout.
-        generate(requests)?
-    } else {
-        // Single-turn: the task is free for other requests while the engine samples.
-        drop(owner);
-        let generated = generate(requests)?;
-        owner = lock(task);
-        generated
-    };
-    let Some(generated) = generated else { return Ok(None) };
-    let policy = owner.loaded.spec.failures;
-    let name = owner.loaded.spec.name.clone();
-    let mut groups = Vec::new();
-    if owner.loaded.spec.max_turns > 1 {
-        let TaskSource::Environment { plugin, .. } = &owner.loaded.source else {
-            return Err(ApiError::bad(Some("task"), "is multi-turn without an environment"));
-        };
-        let runs = problems
-            .iter()
-            .zip(&prompts)
-            .zip(generated)
-            .enumerate()
-            .map(|(i, ((task, prompt), first))| wirl_rollout::EpisodeGroup {
-                environment: plugin,
-                task,
-                prompt,
-                first,
-                sampling: ask.sampling,
-                seed: wirl_rollout::seed_for(owner.seed, ask.first + i as u64),
-                max_turns: owner.loaded.spec.max_turns,
-                failures: policy,
-            })
-            .collect();
-        let Some(ran) = wirl_rollout::run_episodes(&state.engine, &tokenizer, context, runs, &stop) else {
-            return Ok(None);
-        };
-        let ran = ran.map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
-        for ((problem, prompt), outcomes) in problems.into_iter().zip(prompts).zip(ran.groups) {
-            let (trajectories, scores) = outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip();
-            groups.push(RolloutGroup { task_name: name.clone(), task: problem, prompt, trajectories, scores });
-        }
-    } else {
-        for ((problem, prompt), trajectories) in problems.into_iter().zip(prompts).zip(generated) {
-            let texts: Vec<String> = trajectories.iter().map(|t: &Trajectory| t.text.clone()).collect();
-            let scores = owner.loaded.scorers.score_group(&problem, &texts, policy);
-            groups.push(RolloutGroup { task_name: name.clone(), task: problem, prompt, trajectories, scores });
-        }
-    }
-    if ask.filter_same_reward {
-        groups.retain(|g| {
-            let rewards: Vec<f32> = g.scores.iter().filter(|s| s.status.usable()).map(|s| s.reward).collect();
-            rewards.windows(2).any(|w| (w[0] - w[1]).abs() > 1e-6)
-        });
-    }
-    Ok(Some(groups))
+    ApiError::with_status(status, error.to_string())
 }
 
 /// One trajectory as Megatron-RL's `TokenRollout`: `trajectory` (prompt and every token after

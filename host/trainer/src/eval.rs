@@ -2,20 +2,16 @@
 //! pass rate, and with `eval.samples = n` the unbiased pass@k over n samples per task — with
 //! one JSONL line per task. Needs only the inference model, not the learner.
 
-use crate::config::{RunConfig, TaskSpec};
+use crate::config::{EvalSection, RunConfig, TaskSpec};
 use crate::observer::{Event, Observer};
 use anyhow::Context;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::{GenerateRequest, LoadOptions, Sampling};
-use wirl_rollout::{
-    EpisodeGroup, LoadedTask, SamplingSpec, Scored, Scorers, TaskSource, held_out_prompts, prompt_ids, run_episodes,
-    seed_for,
-};
-use wirl_sandbox::Task;
+use wirl_engine::LoadOptions;
+use wirl_rollout::{Engine, GroupAsk, LoadedTask, RolloutGroup, Scored, TaskSource};
 use wirl_sandbox::{Sandbox, SandboxSettings};
 
 /// An agent task's held-out score: it is asked greedily for one group of one rollout per
@@ -36,7 +32,7 @@ pub(crate) fn agent_held_out(
         context,
         groups: (indices.end - indices.start) as usize,
         group_size: 1,
-        sampling: SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..spec.sampling },
+        sampling: wirl_rollout::collect::greedy(spec.sampling),
         seed: 0,
         cursor: indices.start,
         limits,
@@ -48,10 +44,6 @@ pub(crate) fn agent_held_out(
     let passed = scores.iter().filter(|s| s.status.usable() && s.reward >= spec.pass_reward).count();
     (passed, scores.len())
 }
-
-/// A held-out trajectory judged: its score, its (last) completion, and for an episode the
-/// messages after the prompt.
-type Judged = (Scored, String, Vec<wirl_sandbox::Message>);
 
 fn conversation_json(messages: &[wirl_sandbox::Message]) -> serde_json::Value {
     messages.iter().map(|m| json!({ "role": m.role, "content": m.content })).collect()
@@ -75,47 +67,39 @@ pub fn evaluate(
     observer: &mut dyn Observer,
 ) -> anyhow::Result<serde_json::Value> {
     let started = Instant::now();
-    if let Some(k) = config.eval.k.iter().find(|&&k| config.eval.samples > 0 && k > config.eval.samples) {
-        anyhow::bail!("pass@{k} needs at least {k} samples per task, but `eval.samples` is {}", config.eval.samples);
+    let eval = &config.eval;
+    if let Some(k) = eval.k.iter().find(|&&k| eval.samples > 0 && k > eval.samples) {
+        anyhow::bail!("pass@{k} needs at least {k} samples per task, but `eval.samples` is {}", eval.samples);
     }
     observer.event(Event::Loading { path: model });
     let loaded = wirl_engine::load(model, &LoadOptions::default())?;
-    let (model, tokenizer) = (std::sync::Arc::new(loaded.model), std::sync::Arc::new(loaded.tokenizer));
-    // Episodes (multi-turn tasks) generate their later turns through the batching actor.
-    let (engine, _thread) = wirl_engine::EngineHandle::spawn(model.clone(), tokenizer.clone())?;
-    let sandbox = Sandbox::new(SandboxSettings::default())?;
-    // Every task's held-out problems, in task order; one whose prompt does not fit the
-    // context is left out, as in training.
     let context = loaded.config.max_position_embeddings;
-    let mut loaded = Vec::new();
-    let mut tasks: Vec<(usize, Task)> = Vec::new();
-    for (t, spec) in config.tasks.iter().enumerate() {
-        let mut task = LoadedTask::load(&sandbox, spec, &tokenizer)?;
-        let (first, count, room) = (config.eval.first_index, config.eval.tasks, spec.sampling.max_tokens);
-        let held_out = held_out_prompts(&spec.name, &mut task.source, first, 0, count, &tokenizer, room, context);
-        tasks.extend(held_out.into_iter().map(|(problem, _)| (t, problem)));
-        loaded.push(task);
-    }
-    let (sources, mut scorers): (Vec<TaskSource>, Vec<Scorers>) =
-        loaded.into_iter().map(|task| (task.source, task.scorers)).unzip();
-    // Agent tasks make their own held-out rollouts.
-    let mut agent_tallies = Vec::new();
-    for (t, (spec, source)) in config.tasks.iter().zip(&sources).enumerate() {
-        if let TaskSource::Agent { agent, limits } = source {
-            let (passed, count) = agent_held_out(
-                spec,
-                agent,
-                *limits,
-                &engine,
-                &tokenizer,
-                context,
-                config.eval.first_index..config.eval.first_index.saturating_add(config.eval.tasks as u64),
-            );
-            agent_tallies.push((t, passed, count));
+    let tokenizer = Arc::new(loaded.tokenizer);
+    // Every group goes through the batching actor, first turns and episodes alike.
+    let (engine, _thread) = wirl_engine::EngineHandle::spawn(Arc::new(loaded.model), tokenizer.clone())?;
+    let engine = Engine { handle: &engine, tokenizer: &tokenizer, context };
+    let sandbox = Sandbox::new(SandboxSettings::default())?;
+    let mut tasks = config
+        .tasks
+        .iter()
+        .map(|spec| LoadedTask::load(&sandbox, spec, &tokenizer))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Every task's held-out problems, in task order; one whose prompt does not fit the
+    // context is left out, as in training. Agent tasks make their own.
+    let problems =
+        crate::trainer::held_out_asks(&mut tasks, eval.first_index, eval.tasks, &tokenizer, context, config.grpo.seed);
+    let mut tallies: Vec<Tally> = config.tasks.iter().map(|_| Tally::new(eval.k.len())).collect();
+    for (t, task) in tasks.iter().enumerate() {
+        if let TaskSource::Agent { agent, limits } = &task.source {
+            let indices = eval.first_index..eval.first_index.saturating_add(eval.tasks as u64);
+            let (passed, count) =
+                agent_held_out(&task.spec, agent, *limits, engine.handle, &tokenizer, context, indices);
+            tallies[t].problems += count;
+            tallies[t].greedy_passed += passed;
         }
     }
     anyhow::ensure!(
-        !tasks.is_empty() || !agent_tallies.is_empty(),
+        !problems.is_empty() || tallies.iter().any(|t| t.problems > 0),
         "no held-out task to evaluate (a dataset needs an `eval` file; prompts must fit the model's context of \
          {context} tokens)"
     );
@@ -125,137 +109,116 @@ pub fn evaluate(
     let mut lines = std::io::BufWriter::new(
         std::fs::File::create(output).with_context(|| format!("cannot create {}", output.display()))?,
     );
-
-    let eval = &config.eval;
-    // Per task: problems, greedy passes, pass@k estimates summed.
-    let mut tallies: Vec<(usize, usize, Vec<f64>)> =
-        config.tasks.iter().map(|_| (0, 0, vec![0.0; eval.k.len()])).collect();
-    for &(t, passed, count) in &agent_tallies {
-        tallies[t].0 += count;
-        tallies[t].1 += passed;
-    }
     let mut done = 0usize;
-    for (chunk_index, chunk) in tasks.chunks(eval.batch_tasks).enumerate() {
-        let mut requests = Vec::new();
-        for (i, (t, task)) in chunk.iter().enumerate() {
-            let sampling_spec = &config.tasks[*t].sampling;
-            let prompt = prompt_ids(&tokenizer, task)?;
-            requests.push(GenerateRequest {
-                prompt: prompt.clone(),
-                n: 1,
-                sampling: Sampling::greedy(sampling_spec.max_tokens),
-            });
+    for chunk in problems.chunks(eval.batch_tasks) {
+        // Each problem's greedy group of one, then (for pass@k) its samples, seeded alike.
+        let mut asks = Vec::new();
+        for greedy in chunk {
+            asks.push(greedy.clone());
             if eval.samples > 0 {
-                // Seeded per task, so a task's samples do not depend on the batch it ran in.
-                let sampling =
-                    sampling_spec.seeded(seed_for(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64));
-                requests.push(GenerateRequest { prompt, n: eval.samples, sampling });
+                let sampling = config.tasks[greedy.task].sampling;
+                asks.push(GroupAsk { size: eval.samples, sampling, ..greedy.clone() });
             }
         }
-        let prompts: Vec<Vec<u32>> =
-            requests.iter().step_by(1 + usize::from(eval.samples > 0)).map(|r| r.prompt.clone()).collect();
-        let mut outputs = wirl_engine::generate(&model, &tokenizer, &requests, |_, _, _| {})?.into_iter();
-        let mut generated = Vec::with_capacity(chunk.len());
-        for _ in chunk {
-            let greedy = outputs.next().context("one greedy completion per task")?;
-            let sampled = if eval.samples > 0 { Some(outputs.next().context("samples per task")?) } else { None };
-            generated.push((greedy, sampled));
-        }
-        let mut prescored = score_single_turn(chunk, &generated, &config.tasks, &mut scorers);
-        for (i, (((t, task), prompt), (greedy, sampled))) in chunk.iter().zip(&prompts).zip(generated).enumerate() {
-            let spec = &config.tasks[*t];
-            // A masked verdict (a plugin failed) is not a pass.
-            let pass = |score: &Scored| score.status.usable() && score.reward >= spec.pass_reward;
-            // Scored, with each trajectory's conversation after the prompt (episodes only).
-            let (greedy, sampled): (Judged, Option<Vec<Judged>>) = if spec.max_turns > 1 {
-                let TaskSource::Environment { plugin, .. } = &sources[*t] else {
-                    anyhow::bail!("task `{}`: max_turns needs an environment plugin", spec.name);
-                };
-                let group = |first: Vec<wirl_engine::Completion>, sampling, seed| EpisodeGroup {
-                    environment: plugin,
-                    task,
-                    prompt,
-                    first: first.into_iter().map(Into::into).collect(),
-                    sampling,
-                    seed,
-                    max_turns: spec.max_turns,
-                    failures: spec.failures,
-                };
-                let greedy_spec = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..spec.sampling };
-                let mut groups = vec![group(greedy, greedy_spec, 0)];
-                if let Some(sampled) = sampled {
-                    let seed = seed_for(config.grpo.seed, (chunk_index * eval.batch_tasks + i) as u64);
-                    groups.push(group(sampled, spec.sampling, seed));
-                }
-                let never = || false;
-                let ran = run_episodes(&engine, &tokenizer, context, groups, &never).expect("never stopped")?;
-                let mut ran = ran.groups.into_iter().map(|outcomes| {
-                    outcomes
-                        .into_iter()
-                        .map(|o| (o.score, o.trajectory.text, o.trajectory.conversation))
-                        .collect::<Vec<_>>()
-                });
-                let greedy = ran.next().context("the greedy episode")?.remove(0);
-                (greedy, ran.next())
-            } else {
-                let (score, scores) = prescored.remove(&i).context("every single-turn task is scored above")?;
-                let text = greedy[0].text.clone();
-                let sampled = sampled.zip(scores).map(|(sampled, scores)| {
-                    scores.into_iter().zip(sampled).map(|(s, c)| (s, c.text, Vec::new())).collect()
-                });
-                ((score, text, Vec::new()), sampled)
-            };
-            let tally = &mut tallies[*t];
-            let (greedy_score, greedy_text, greedy_conversation) = &greedy;
-            tally.0 += 1;
-            tally.1 += usize::from(pass(greedy_score));
-            let mut line = json!({
-                "task_name": spec.name,
-                "task_id": task.id,
-                "greedy": { "passed": pass(greedy_score), "reward": greedy_score.reward,
-                            "notes": greedy_score.notes, "completion": greedy_text },
-            });
-            if !greedy_conversation.is_empty() {
-                line["greedy"]["conversation"] = conversation_json(greedy_conversation);
-            }
-            let mut passed_samples = None;
-            if let Some(sampled) = &sampled {
-                let c = sampled.iter().filter(|(s, _, _)| pass(s)).count();
-                passed_samples = Some(c);
-                let mut per_k = serde_json::Map::new();
-                for (k, estimate) in eval.k.iter().zip(&mut tally.2) {
-                    let p = pass_at_k(sampled.len(), c, *k);
-                    *estimate += p;
-                    per_k.insert(format!("pass@{k}"), p.into());
-                }
-                line["samples"] = sampled.len().into();
-                line["passed"] = c.into();
-                line["pass_at_k"] = per_k.into();
-                line["completions"] = sampled
-                    .iter()
-                    .map(|(s, text, conversation)| {
-                        let mut one = json!({ "passed": pass(s), "notes": s.notes, "completion": text });
-                        if !conversation.is_empty() {
-                            one["conversation"] = conversation_json(conversation);
-                        }
-                        one
-                    })
-                    .collect();
-            }
-            serde_json::to_writer(&mut lines, &line)?;
+        let never = || false;
+        let mut groups =
+            wirl_rollout::collect_groups(engine, &mut tasks, asks, &never).expect("never stopped")?.into_iter();
+        for ask in chunk {
+            let greedy = groups.next().context("a greedy group per problem")?;
+            let sampled = if eval.samples > 0 { Some(groups.next().context("samples per problem")?) } else { None };
+            let spec = &config.tasks[ask.task];
+            let judged = judge(spec, eval, &greedy, sampled.as_ref(), &mut tallies[ask.task]);
+            serde_json::to_writer(&mut lines, &judged.line)?;
             writeln!(lines)?;
             done += 1;
             observer.event(Event::EvalTask {
                 done,
-                total: tasks.len(),
-                task: &task.id,
-                greedy_passed: pass(&greedy.0),
-                samples: passed_samples.map(|c| (c, eval.samples)),
+                total: problems.len(),
+                task: &ask.problem.id,
+                greedy_passed: judged.greedy_passed,
+                samples: judged.samples_passed.map(|c| (c, eval.samples)),
             });
         }
         lines.flush()?;
     }
-    // Over all problems together, and per task.
+    Ok(summary(config, output, &tallies, started))
+}
+
+/// A task's held-out figures so far: problems, greedy passes, pass@k estimates summed.
+struct Tally {
+    problems: usize,
+    greedy_passed: usize,
+    estimates: Vec<f64>,
+}
+
+impl Tally {
+    fn new(ks: usize) -> Self {
+        Tally { problems: 0, greedy_passed: 0, estimates: vec![0.0; ks] }
+    }
+}
+
+/// A problem judged: its JSONL line, whether its greedy completion passed, how many samples did.
+struct Judged {
+    line: serde_json::Value,
+    greedy_passed: bool,
+    samples_passed: Option<usize>,
+}
+
+/// Judge one problem's greedy group (and samples), adding it to its task's tally.
+fn judge(
+    spec: &TaskSpec,
+    eval: &EvalSection,
+    greedy: &RolloutGroup,
+    sampled: Option<&RolloutGroup>,
+    tally: &mut Tally,
+) -> Judged {
+    // A masked verdict (a plugin failed) is not a pass.
+    let pass = |score: &Scored| score.status.usable() && score.reward >= spec.pass_reward;
+    let (greedy_score, greedy_trajectory) = (&greedy.scores[0], &greedy.trajectories[0]);
+    let greedy_passed = pass(greedy_score);
+    tally.problems += 1;
+    tally.greedy_passed += usize::from(greedy_passed);
+    let mut line = json!({
+        "task_name": spec.name,
+        "task_id": greedy.task.id,
+        "greedy": { "passed": greedy_passed, "reward": greedy_score.reward,
+                    "notes": greedy_score.notes, "completion": greedy_trajectory.text },
+    });
+    if !greedy_trajectory.conversation.is_empty() {
+        line["greedy"]["conversation"] = conversation_json(&greedy_trajectory.conversation);
+    }
+    let mut samples_passed = None;
+    if let Some(sampled) = sampled {
+        let c = sampled.scores.iter().filter(|s| pass(s)).count();
+        samples_passed = Some(c);
+        let mut per_k = serde_json::Map::new();
+        for (k, estimate) in eval.k.iter().zip(&mut tally.estimates) {
+            let p = pass_at_k(sampled.scores.len(), c, *k);
+            *estimate += p;
+            per_k.insert(format!("pass@{k}"), p.into());
+        }
+        line["samples"] = sampled.scores.len().into();
+        line["passed"] = c.into();
+        line["pass_at_k"] = per_k.into();
+        line["completions"] = sampled
+            .scores
+            .iter()
+            .zip(&sampled.trajectories)
+            .map(|(s, trajectory)| {
+                let mut one = json!({ "passed": pass(s), "notes": s.notes, "completion": trajectory.text });
+                if !trajectory.conversation.is_empty() {
+                    one["conversation"] = conversation_json(&trajectory.conversation);
+                }
+                one
+            })
+            .collect();
+    }
+    Judged { line, greedy_passed, samples_passed }
+}
+
+/// The summary: over all problems together, and per task.
+fn summary(config: &RunConfig, output: &Path, tallies: &[Tally], started: Instant) -> serde_json::Value {
+    let eval = &config.eval;
     let figures = |count: usize, passed: usize, estimates: &[f64]| {
         let mut figures = json!({ "tasks": count, "greedy_pass_rate": passed as f64 / count.max(1) as f64 });
         if eval.samples > 0 {
@@ -265,8 +228,9 @@ pub fn evaluate(
         }
         figures
     };
-    let (count, passed) = tallies.iter().fold((0, 0), |(n, p), t| (n + t.0, p + t.1));
-    let estimates: Vec<f64> = (0..eval.k.len()).map(|i| tallies.iter().map(|t| t.2[i]).sum()).collect();
+    let count = tallies.iter().map(|t| t.problems).sum();
+    let passed = tallies.iter().map(|t| t.greedy_passed).sum();
+    let estimates: Vec<f64> = (0..eval.k.len()).map(|i| tallies.iter().map(|t| t.estimates[i]).sum()).collect();
     let mut summary = figures(count, passed, &estimates);
     summary["model"] = config.model.clone().into();
     summary["samples"] = eval.samples.into();
@@ -275,49 +239,12 @@ pub fn evaluate(
     summary["by_task"] = config
         .tasks
         .iter()
-        .zip(&tallies)
-        .filter(|(_, tally)| tally.0 > 0)
-        .map(|(spec, (n, p, e))| (spec.name.clone(), figures(*n, *p, e)))
+        .zip(tallies)
+        .filter(|(_, tally)| tally.problems > 0)
+        .map(|(spec, t)| (spec.name.clone(), figures(t.problems, t.greedy_passed, &t.estimates)))
         .collect::<serde_json::Map<_, _>>()
         .into();
-    Ok(summary)
-}
-
-/// The verdicts of a chunk's single-turn tasks (by position in the chunk): the greedy
-/// completion's and, with samples, theirs. A task's groups are scored together, at once
-/// where its graders run programs in worker processes.
-fn score_single_turn(
-    chunk: &[(usize, wirl_sandbox::Task)],
-    generated: &[(Vec<wirl_engine::Completion>, Option<Vec<wirl_engine::Completion>>)],
-    specs: &[TaskSpec],
-    scorers: &mut [Scorers],
-) -> BTreeMap<usize, (Scored, Option<Vec<Scored>>)> {
-    let mut verdicts = BTreeMap::new();
-    let single_turn: BTreeSet<usize> = chunk.iter().map(|(t, _)| *t).filter(|&t| specs[t].max_turns <= 1).collect();
-    for t in single_turn {
-        let members: Vec<usize> = (0..chunk.len()).filter(|&i| chunk[i].0 == t).collect();
-        // Each member's greedy group, then its sampled group.
-        let texts: Vec<(Vec<String>, Option<Vec<String>>)> = members
-            .iter()
-            .map(|&i| {
-                let (greedy, sampled) = &generated[i];
-                let text = |c: &[wirl_engine::Completion]| c.iter().map(|c| c.text.clone()).collect::<Vec<_>>();
-                (text(&greedy[..1]), sampled.as_deref().map(text))
-            })
-            .collect();
-        let mut groups: Vec<(&wirl_sandbox::Task, &[String])> = Vec::new();
-        for (&i, (greedy, sampled)) in members.iter().zip(&texts) {
-            groups.push((&chunk[i].1, greedy));
-            groups.extend(sampled.as_deref().map(|sampled| (&chunk[i].1, sampled)));
-        }
-        let mut scored = scorers[t].score_groups(&groups, specs[t].failures).into_iter();
-        for (&i, (_, sampled)) in members.iter().zip(&texts) {
-            let greedy = scored.next().and_then(|mut one| one.pop()).expect("a verdict per completion");
-            let sampled = sampled.as_ref().map(|_| scored.next().expect("a verdict per group"));
-            verdicts.insert(i, (greedy, sampled));
-        }
-    }
-    verdicts
+    summary
 }
 
 #[cfg(test)]

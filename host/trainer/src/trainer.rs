@@ -12,7 +12,7 @@
 mod step;
 
 use crate::checkpoint::{self, Checkpoint};
-use crate::config::{RunConfig, TaskSpec, TrainConfig};
+use crate::config::{GrpoSection, RunConfig, TaskSpec, TrainConfig};
 use crate::control::Control;
 use crate::manifest::{self, Manifest, PluginStore};
 use crate::observer::{Event, Observer};
@@ -25,9 +25,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::{EngineHandle, GenerateRequest, InFlight, LoadOptions, Sampling, Tokenizer};
+use wirl_engine::{EngineHandle, InFlight, LoadOptions, Tokenizer};
 use wirl_grpo::{Learner, Net, Optimizer, Policy};
-use wirl_rollout::{RolloutGroup, SkippedTask, StepTasks, TaskSource};
+use wirl_rollout::{GroupAsk, RolloutGroup, SkippedTask, StepTasks, TaskSource};
 use wirl_sandbox::{Sandbox, SandboxSettings, printable};
 
 /// How a run ended, when it did not fail.
@@ -69,7 +69,6 @@ pub struct Trainer {
     run_dir: PathBuf,
     tokenizer: Arc<Tokenizer>,
     learner: Learner,
-    inference: Arc<wirl_engine::Model>,
     engine: EngineHandle,
     tasks: Vec<LoadedTask>,
     /// Groups per step for each task.
@@ -98,8 +97,8 @@ pub struct Trainer {
 
 /// A step's tasks, drawn and their prompts fitted to the model, before any sampling.
 struct Drawn {
-    /// Task index in the run, the problem, its prompt's ids.
-    picked: Vec<(usize, wirl_sandbox::Task, Vec<u32>)>,
+    /// The step's groups to roll, seeded by their place in the step.
+    picked: Vec<wirl_rollout::GroupAsk>,
     skipped: Vec<(usize, SkippedTask)>,
     /// Groups that cannot be sampled: a remote task whose server failed.
     placeholders: Vec<(usize, RolloutGroup)>,
@@ -182,7 +181,7 @@ impl Trainer {
         let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
         let tokenizer = Arc::new(tokenizer);
-        let (engine, _thread) = EngineHandle::spawn(inference.clone(), tokenizer.clone())?;
+        let (engine, _thread) = EngineHandle::spawn(inference, tokenizer.clone())?;
 
         let sandbox = Sandbox::new(SandboxSettings::default())?;
         control.watch(sandbox.interrupter());
@@ -222,7 +221,6 @@ impl Trainer {
             run_dir: run_dir.to_path_buf(),
             tokenizer,
             learner: Learner { policy, reference, optimizer },
-            inference,
             engine,
             tasks,
             allocation: allocation.groups,
@@ -423,75 +421,21 @@ impl Trainer {
             return Ok(HeldOut::default());
         }
         let context = self.model_config.max_position_embeddings;
-        let mut problems = Vec::new();
-        let mut requests = Vec::new();
-        for (t, task) in self.tasks.iter_mut().enumerate() {
-            let max_tokens = task.spec.sampling.max_tokens;
-            let first = self.config.eval.first_index;
-            let held_out = wirl_rollout::held_out_prompts(
-                &task.spec.name,
-                &mut task.source,
-                first,
-                0,
-                count,
-                &self.tokenizer,
-                max_tokens,
-                context,
-            );
-            for (problem, prompt) in held_out {
-                requests.push(GenerateRequest { prompt: prompt.clone(), n: 1, sampling: Sampling::greedy(max_tokens) });
-                problems.push((t, problem, prompt));
-            }
-        }
+        let first = self.config.eval.first_index;
+        let asks = held_out_asks(&mut self.tasks, first, count, &self.tokenizer, context, self.config.grpo.seed);
         let agents = self.tasks.iter().any(|t| matches!(t.source, TaskSource::Agent { .. }));
-        if problems.is_empty() && !agents {
+        if asks.is_empty() && !agents {
             tracing::warn!("no held-out task could be used: evaluation skipped");
             return Ok(HeldOut::default());
         }
-        let outputs = wirl_engine::generate(&self.inference, &self.tokenizer, &requests, |_, _, _| {})?;
-        let mut scored: Vec<Option<wirl_rollout::Scored>> = Vec::new();
-        let mut firsts = Vec::new();
-        for ((t, problem, _), mut out) in problems.iter().zip(outputs) {
-            let task = &mut self.tasks[*t];
-            let first = out.remove(0);
-            if task.spec.max_turns > 1 {
-                scored.push(None);
-                firsts.push(Some(first));
-            } else {
-                scored.push(Some(task.scorers.score_group(problem, &[first.text], task.spec.failures).remove(0)));
-                firsts.push(None);
-            }
-        }
-        let mut episodes = Vec::new();
-        let mut episodic = Vec::new();
-        for (i, ((t, problem, prompt), first)) in problems.iter().zip(firsts).enumerate() {
-            let Some(first) = first else { continue };
-            let task = &self.tasks[*t];
-            let TaskSource::Environment { plugin, .. } = &task.source else { unreachable!("checked on load") };
-            episodes.push(wirl_rollout::EpisodeGroup {
-                environment: plugin,
-                task: problem,
-                prompt,
-                first: vec![first.into()],
-                sampling: wirl_rollout::SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..task.spec.sampling },
-                seed: 0,
-                max_turns: task.spec.max_turns,
-                failures: task.spec.failures,
-            });
-            episodic.push(i);
-        }
-        if !episodes.is_empty() {
-            let never = || false;
-            let ran = wirl_rollout::run_episodes(&self.engine, &self.tokenizer, context, episodes, &never)
-                .expect("not stoppable")?;
-            for (i, mut outcomes) in episodic.into_iter().zip(ran.groups) {
-                scored[i] = Some(outcomes.remove(0).score);
-            }
-        }
+        let owners: Vec<usize> = asks.iter().map(|ask| ask.task).collect();
+        let engine = wirl_rollout::Engine { handle: &self.engine, tokenizer: &self.tokenizer, context };
+        let never = || false;
+        let groups = wirl_rollout::collect_groups(engine, &mut self.tasks, asks, &never).expect("never stopped")?;
         let mut passed = vec![(0usize, 0usize); self.tasks.len()];
         for (t, task) in self.tasks.iter().enumerate() {
             if let TaskSource::Agent { agent, limits } = &task.source {
-                let first = self.config.eval.first_index;
+                let indices = first..first.saturating_add(count as u64);
                 let (p, n) = crate::eval::agent_held_out(
                     &task.spec,
                     agent,
@@ -499,16 +443,16 @@ impl Trainer {
                     &self.engine,
                     &self.tokenizer,
                     context,
-                    first..first.saturating_add(count as u64),
+                    indices,
                 );
                 passed[t] = (p, n);
             }
         }
-        for ((t, _, _), score) in problems.iter().zip(scored) {
-            let score = score.expect("every problem scored");
+        for (group, t) in groups.iter().zip(owners) {
+            let pass_reward = self.tasks[t].spec.pass_reward;
             // A masked verdict (a plugin failed) is not a pass.
-            passed[*t].0 += usize::from(score.status.usable() && score.reward >= self.tasks[*t].spec.pass_reward);
-            passed[*t].1 += 1;
+            passed[t].0 += group.scores.iter().filter(|s| s.status.usable() && s.reward >= pass_reward).count();
+            passed[t].1 += group.scores.len();
         }
         let (all_passed, all) = passed.iter().fold((0, 0), |(p, n), (tp, tn)| (p + tp, n + tn));
         let by_task = self
@@ -664,18 +608,46 @@ impl Trainer {
     }
 }
 
-/// Step `step`'s problems and prompts, in task order: task t's k-th group of step s is its
-/// problem s × groups(t) + k, the same on every resume and whenever it is drawn. `None`
-/// when a stop cut the sources' calls short (their failures are not their own).
+/// Every task's held-out problems (from `first_index`, `count` each, in task order; one
+/// whose prompt does not fit the context is left out) as greedy groups of one, seeded by
+/// their place in that list.
+pub(crate) fn held_out_asks(
+    tasks: &mut [LoadedTask],
+    first_index: u64,
+    count: usize,
+    tokenizer: &Tokenizer,
+    context: usize,
+    run_seed: u64,
+) -> Vec<GroupAsk> {
+    let mut asks = Vec::new();
+    for (t, task) in tasks.iter_mut().enumerate() {
+        let sampling = wirl_rollout::collect::greedy(task.spec.sampling);
+        let name = &task.spec.name;
+        let room = sampling.max_tokens;
+        let held_out =
+            wirl_rollout::held_out_prompts(name, &mut task.source, first_index, 0, count, tokenizer, room, context);
+        for (problem, prompt) in held_out {
+            let slot = asks.len() as u64;
+            asks.push(GroupAsk::new(t, problem, prompt, 1, sampling, run_seed, slot));
+        }
+    }
+    asks
+}
+
+/// Step `step`'s groups, in task order: task t's k-th group of step s is its problem
+/// s × groups(t) + k, the same on every resume and whenever it is drawn; the i-th group
+/// picked is seeded by slot `step × prompts_per_step + i`. `None` when a stop cut the
+/// sources' calls short (their failures are not their own).
 fn draw_tasks(
     tasks: &mut [LoadedTask],
     allocation: &[usize],
     tokenizer: &Tokenizer,
     context: usize,
     step: usize,
-    group_size: usize,
+    grpo: &GrpoSection,
     stopped: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Option<Drawn>> {
+    let group_size = grpo.group_size;
     let mut drawn = Drawn { picked: Vec::new(), skipped: Vec::new(), placeholders: Vec::new() };
     for (t, task) in tasks.iter_mut().enumerate() {
         let groups = allocation[t] as u64;
@@ -706,7 +678,11 @@ fn draw_tasks(
             return Ok(None);
         }
         let StepTasks { tasks, prompts, skipped } = fitted.with_context(|| format!("task `{}`", task.spec.name))?;
-        drawn.picked.extend(tasks.into_iter().zip(prompts).map(|(problem, prompt)| (t, problem, prompt)));
+        for (problem, prompt) in tasks.into_iter().zip(prompts) {
+            let slot = (step * grpo.prompts_per_step + drawn.picked.len()) as u64;
+            let sampling = task.spec.sampling;
+            drawn.picked.push(GroupAsk::new(t, problem, prompt, group_size, sampling, grpo.seed, slot));
+        }
         drawn.skipped.extend(skipped.into_iter().map(|skip| (t, skip)));
     }
     Ok(Some(drawn))

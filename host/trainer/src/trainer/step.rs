@@ -9,16 +9,14 @@ use crate::metrics::{
 };
 use crate::observer::{Event, Observer, Phase};
 use crate::swap::RecentGroup;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
-use wirl_engine::{Finished, GenerateRequest, InFlight};
+use wirl_engine::InFlight;
 use wirl_grpo::{GroupBatch, LossSettings, MemoryLimits, UpdateSettings, UpdateStats};
-use wirl_rollout::{EpisodeOutcome, EpisodeTimes, RolloutGroup, Scored, SkippedTask, TaskSource, Trajectory, seed_for};
-use wirl_sandbox::{Task, printable};
-
-/// A picked task: its index in the run, the problem, its prompt's ids.
-type Picked = (usize, Task, Vec<u32>);
+use wirl_rollout::collect::{self, Episodes, Sampled};
+use wirl_rollout::{EpisodeTimes, GroupAsk, RolloutGroup, SkippedTask, TaskSource, seed_for};
+use wirl_sandbox::printable;
 
 /// Requests already sampling (a generation lag's, sent by the previous step), and since when.
 type Lagged = (InFlight, Instant);
@@ -37,13 +35,6 @@ struct Clock {
     score: f64,
     agents: f64,
     train: f64,
-}
-
-/// What sampling gave each picked task: its trajectories, and their scores where they were
-/// scored while the rest generated (`grpo.overlap`).
-struct Sampled {
-    generated: Vec<Option<Vec<Trajectory>>>,
-    scored: Vec<Option<Vec<Scored>>>,
 }
 
 /// The step's groups, each with the task (index in the run) it belongs to.
@@ -105,18 +96,17 @@ impl Trainer {
         self.phase(observer, step, Phase::Generating { prompts: picked.len(), group_size });
         let mut memory = PhaseMemory::start(self.peak_rss);
         let sampler_lag = u64::from(lagged.is_some());
-        let Some(mut sampled) = self.generate(step, &picked, lagged, &stopped, &mut clock)? else {
+        let Some(mut sampled) = self.generate(&picked, lagged, &stopped, &mut clock)? else {
             return Ok(None);
         };
-        let Some((outcomes, episode_times)) =
-            self.episodes(step, &picked, &mut sampled, &stopped, observer, &mut clock)?
-        else {
+        let Some(episodes) = self.episodes(step, &picked, &mut sampled, &stopped, observer, &mut clock)? else {
             return Ok(None);
         };
+        let episode_times = episodes.times;
         let generate_peak = memory.phase_end();
         self.phase(observer, step, Phase::Scoring);
-        self.score(&picked, &mut sampled, &outcomes, &mut clock);
-        let mut groups = self.assemble(picked, sampled, outcomes, placeholders);
+        self.score(&picked, &mut sampled, &episodes, &mut clock);
+        let mut groups = self.assemble(picked, sampled, episodes, placeholders);
         self.agents(step, &stopped, observer, &mut groups, &mut clock);
         let score_peak = memory.phase_end();
         if stopped() {
@@ -166,129 +156,67 @@ impl Trainer {
         }
         let started = Instant::now();
         let context = self.model_config.max_position_embeddings;
-        let group_size = self.config.grpo.group_size;
-        let drawn = draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, step, group_size, stopped)?;
+        let drawn =
+            draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, step, &self.config.grpo, stopped)?;
         clock.draw = started.elapsed().as_secs_f64();
         Ok(drawn.map(|drawn| (drawn, None)))
     }
 
-    /// Generate: each picked task's group, as its samples finish. A single-turn group is
-    /// scored at once (while the rest generate) under `grpo.overlap`; a multi-turn group goes
-    /// on to its episode.
+    /// Generate: each picked group's first turn, as its samples finish. A single-turn group
+    /// is scored at once (while the rest generate) under `grpo.overlap`; a multi-turn group
+    /// goes on to its episode.
     fn generate(
         &mut self,
-        step: usize,
-        picked: &[Picked],
+        picked: &[GroupAsk],
         lagged: Option<Lagged>,
         stopped: Stopped,
         clock: &mut Clock,
     ) -> anyhow::Result<Option<Sampled>> {
         let started = Instant::now();
-        let (mut in_flight, sent) = match lagged {
+        let (in_flight, sent) = match lagged {
             Some(lagged) => lagged,
-            None => (self.engine.send_all(self.requests(step, picked)), started),
+            None => (collect::send(&self.engine, picked), started),
         };
-        let mut sampled = Sampled {
-            generated: (0..picked.len()).map(|_| None).collect(),
-            scored: (0..picked.len()).map(|_| None).collect(),
+        let score_on_arrival = self.config.grpo.overlap.then_some(self.tasks.as_mut_slice());
+        let Some(sampled) = collect::receive(in_flight, picked, score_on_arrival, stopped) else {
+            return Ok(None);
         };
-        loop {
-            match in_flight.next_finished(stopped) {
-                Finished::Request(i, result) => {
-                    let trajectories: Vec<Trajectory> = result?.into_iter().map(Trajectory::from).collect();
-                    let (t, task, _) = &picked[i];
-                    let owner = &mut self.tasks[*t];
-                    if self.config.grpo.overlap && owner.spec.max_turns <= 1 {
-                        let scoring = Instant::now();
-                        let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
-                        sampled.scored[i] = Some(owner.scorers.score_group(task, &texts, owner.spec.failures));
-                        clock.score += scoring.elapsed().as_secs_f64();
-                    }
-                    sampled.generated[i] = Some(trajectories);
-                }
-                Finished::All => break,
-                Finished::Stopped => return Ok(None),
-            }
-        }
+        let sampled = sampled?;
+        clock.score += sampled.score_s;
         clock.generate = started.elapsed().as_secs_f64();
         clock.sampling_span = sent.elapsed().as_secs_f64();
         Ok(Some(sampled))
     }
 
-    /// Episodes: multi-turn tasks go on from their first replies, every live episode's next
-    /// turn admitted together; the environment scores them. By picked index.
-    #[allow(clippy::type_complexity)]
+    /// Episodes: multi-turn groups go on from their first replies, every live episode's next
+    /// turn admitted together; the environment scores them.
     fn episodes(
         &self,
         step: usize,
-        picked: &[Picked],
+        picked: &[GroupAsk],
         sampled: &mut Sampled,
         stopped: Stopped,
         observer: &mut dyn Observer,
         clock: &mut Clock,
-    ) -> anyhow::Result<Option<(BTreeMap<usize, Vec<EpisodeOutcome>>, EpisodeTimes)>> {
+    ) -> anyhow::Result<Option<Episodes>> {
         let started = Instant::now();
-        let g = &self.config.grpo;
-        let episodic: Vec<usize> = (0..picked.len()).filter(|&i| self.tasks[picked[i].0].spec.max_turns > 1).collect();
-        let mut outcomes = BTreeMap::new();
-        let mut times = EpisodeTimes::default();
-        if !episodic.is_empty() {
-            self.phase(observer, step, Phase::Episodes { groups: episodic.len() });
-            let mut runs = Vec::new();
-            for &i in &episodic {
-                let (t, task, prompt) = &picked[i];
-                let owner = &self.tasks[*t];
-                let TaskSource::Environment { plugin, .. } = &owner.source else { unreachable!("checked on load") };
-                runs.push(wirl_rollout::EpisodeGroup {
-                    environment: plugin,
-                    task,
-                    prompt,
-                    first: sampled.generated[i].take().unwrap_or_default(),
-                    sampling: owner.spec.sampling,
-                    seed: seed_for(g.seed, (step * g.prompts_per_step + i) as u64),
-                    max_turns: owner.spec.max_turns,
-                    failures: owner.spec.failures,
-                });
-            }
-            let context = self.model_config.max_position_embeddings;
-            let Some(ran) = wirl_rollout::run_episodes(&self.engine, &self.tokenizer, context, runs, stopped) else {
-                return Ok(None);
-            };
-            let ran = ran?;
-            times = ran.times;
-            outcomes = episodic.iter().copied().zip(ran.groups).collect();
+        let episodic = picked.iter().filter(|ask| self.tasks[ask.task].spec.max_turns > 1).count();
+        if episodic > 0 {
+            self.phase(observer, step, Phase::Episodes { groups: episodic });
         }
+        let engine = self.rolling_engine();
+        let Some(episodes) = collect::run_episode_groups(engine, &self.tasks, picked, sampled, stopped) else {
+            return Ok(None);
+        };
         clock.episodes = started.elapsed().as_secs_f64();
-        Ok(Some((outcomes, times)))
+        Ok(Some(episodes?))
     }
 
     /// Score: the single-turn groups not scored yet (all of them without `grpo.overlap`) by
-    /// their task's reward plugins, a task's groups together: at once where its graders run
-    /// programs in worker processes.
-    fn score(
-        &mut self,
-        picked: &[Picked],
-        sampled: &mut Sampled,
-        episodes: &BTreeMap<usize, Vec<EpisodeOutcome>>,
-        clock: &mut Clock,
-    ) {
+    /// their task's reward plugins, a task's groups together.
+    fn score(&mut self, picked: &[GroupAsk], sampled: &mut Sampled, episodes: &Episodes, clock: &mut Clock) {
         let started = Instant::now();
-        let unscored: Vec<usize> =
-            (0..picked.len()).filter(|i| sampled.scored[*i].is_none() && !episodes.contains_key(i)).collect();
-        let owners: BTreeSet<usize> = unscored.iter().map(|&i| picked[i].0).collect();
-        for t in owners {
-            let members: Vec<usize> = unscored.iter().copied().filter(|&i| picked[i].0 == t).collect();
-            let texts: Vec<Vec<String>> = members
-                .iter()
-                .map(|&i| sampled.generated[i].iter().flatten().map(|trajectory| trajectory.text.clone()).collect())
-                .collect();
-            let groups: Vec<(&Task, &[String])> =
-                members.iter().zip(&texts).map(|(&i, texts)| (&picked[i].1, texts.as_slice())).collect();
-            let owner = &mut self.tasks[t];
-            for (i, scores) in members.iter().zip(owner.scorers.score_groups(&groups, owner.spec.failures)) {
-                sampled.scored[*i] = Some(scores);
-            }
-        }
+        collect::score_rest(&mut self.tasks, picked, sampled, episodes);
         clock.score += started.elapsed().as_secs_f64();
     }
 
@@ -296,27 +224,29 @@ impl Trainer {
     /// placeholders of tasks whose server failed.
     fn assemble(
         &self,
-        picked: Vec<Picked>,
-        mut sampled: Sampled,
-        mut episodes: BTreeMap<usize, Vec<EpisodeOutcome>>,
+        picked: Vec<GroupAsk>,
+        sampled: Sampled,
+        episodes: Episodes,
         placeholders: Vec<(usize, RolloutGroup)>,
     ) -> Groups {
+        let owners: Vec<usize> = picked.iter().map(|ask| ask.task).collect();
         let mut groups = Groups::default();
-        for (i, (t, task, prompt)) in picked.into_iter().enumerate() {
-            let (trajectories, scores) = match (episodes.remove(&i), sampled.generated[i].take()) {
-                (Some(outcomes), _) => outcomes.into_iter().map(|o| (o.trajectory, o.score)).unzip(),
-                (None, Some(trajectories)) => {
-                    (trajectories, sampled.scored[i].take().expect("every single-turn group is scored"))
-                }
-                (None, None) => unreachable!("every group is either an episode group or sampled"),
-            };
-            let task_name = self.tasks[t].spec.name.clone();
-            groups.push(t, RolloutGroup { task_name, task, prompt, trajectories, scores });
+        for (t, group) in owners.into_iter().zip(collect::assemble(&self.tasks, picked, sampled, episodes)) {
+            groups.push(t, group);
         }
         for (t, group) in placeholders {
             groups.push(t, group);
         }
         groups
+    }
+
+    /// The engine as the rolling path calls it.
+    fn rolling_engine(&self) -> collect::Engine<'_> {
+        collect::Engine {
+            handle: &self.engine,
+            tokenizer: &self.tokenizer,
+            context: self.model_config.max_position_embeddings,
+        }
     }
 
     /// Agents: each produces its groups itself, calling the engine; one after another, after
@@ -448,11 +378,10 @@ impl Trainer {
         let next = step + 1;
         let lag_next = g.generation_lag > 0 && next < steps && !stopped();
         if lag_next {
-            let drawn =
-                draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, g.group_size, stopped);
+            let drawn = draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, &g, stopped);
             // On an error (or a stop) the next step draws again and meets it itself.
             if let Ok(Some(drawn)) = drawn {
-                let in_flight = self.engine.send_all(self.requests(next, &drawn.picked));
+                let in_flight = collect::send(&self.engine, &drawn.picked);
                 let sampling = Some((in_flight, Instant::now()));
                 self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling });
             }
@@ -461,7 +390,7 @@ impl Trainer {
         let (update, drawn_next) = std::thread::scope(|scope| {
             let drawing = draw_next.then(|| {
                 let (tasks, allocation, tokenizer) = (&mut self.tasks, &self.allocation, &self.tokenizer);
-                scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, g.group_size, stopped))
+                scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, &g, stopped))
             });
             let update = self.learner.update(batches, &settings, Some(&self.engine), stopped, &mut progress);
             let drawn = drawing.map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
@@ -648,20 +577,6 @@ impl Trainer {
             },
             tasks: per_task,
         }
-    }
-
-    /// Step `step`'s sampling requests, one per picked task: its group's size and its seed.
-    fn requests(&self, step: usize, picked: &[Picked]) -> Vec<GenerateRequest> {
-        let g = &self.config.grpo;
-        picked
-            .iter()
-            .enumerate()
-            .map(|(i, (t, _, prompt))| GenerateRequest {
-                prompt: prompt.clone(),
-                n: g.group_size,
-                sampling: self.tasks[*t].spec.sampling.seeded(seed_for(g.seed, (step * g.prompts_per_step + i) as u64)),
-            })
-            .collect()
     }
 }
 
