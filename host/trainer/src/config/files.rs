@@ -1,0 +1,168 @@
+//! Reading a config or a task set: parse, resolve relative paths (from the file's
+//! directory), check, and make them absolute for the run directory.
+
+use super::*;
+
+impl TrainConfig {
+    /// The embedded default ([`DEFAULT_TOML`]): its plugins are built in, so it runs from any
+    /// folder.
+    pub fn embedded_default() -> anyhow::Result<Self> {
+        Self::parse(DEFAULT_TOML, "the embedded default config (examples/train/default.toml)", Path::new("."))
+    }
+
+    /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
+    pub fn parse(text: &str, origin: &str, base: &Path) -> anyhow::Result<Self> {
+        let config: TrainConfig = toml::from_str(text).map_err(|e| {
+            anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
+                .context("the training config is not valid; see examples/train/default.toml for every key")
+        })?;
+        config.resolved(origin, base)
+    }
+
+    /// Files (not built-ins) joined to `base`, checked, then absolute: the run directory
+    /// keeps the config for `--resume`.
+    fn resolved(mut self, origin: &str, base: &Path) -> anyhow::Result<Self> {
+        for path in self.paths() {
+            *path = base.join(&*path);
+        }
+        self.check(origin)?;
+        for path in self.paths() {
+            *path = std::fs::canonicalize(&*path).with_context(|| format!("{origin}: {}", path.display()))?;
+        }
+        Ok(self)
+    }
+
+    /// The run's tasks as a task set: `[[tasks]]` as given, or the one task of the
+    /// single-source keys as a `[[tasks]]` entry (same name, same specs).
+    pub fn task_set(&self) -> TaskSet {
+        if !self.tasks.is_empty() {
+            return TaskSet { tasks: self.tasks.clone(), rewards: self.rewards.clone() };
+        }
+        let view = &self.task_views()[0];
+        let task = TaskSection {
+            name: view.name.clone(),
+            weight: 1.0,
+            eval_only: false,
+            environment: self.environment.clone(),
+            dataset: self.dataset.clone(),
+            agent: None,
+            remote: None,
+            rewards: Vec::new(),
+            sampling: SamplingOverrides::default(),
+            on_failure: None,
+            max_turns: 1,
+            pass_reward: None,
+        };
+        TaskSet { tasks: vec![task], rewards: self.rewards.clone() }
+    }
+
+    /// This config with its tasks replaced by `set` (read from `origin`; its relative paths
+    /// from `base`), checked as a whole.
+    pub fn with_task_set(&self, set: TaskSet, origin: &str, base: &Path) -> anyhow::Result<Self> {
+        if set.tasks.is_empty() {
+            bail!("{origin}: no [[tasks]]: a task set names every task of the run as a [[tasks]] table");
+        }
+        let config =
+            TrainConfig { tasks: set.tasks, rewards: set.rewards, environment: None, dataset: None, ..self.clone() };
+        config.resolved(origin, base)
+    }
+
+    /// A run directory's resolved config (absolute paths): its plugin files need not exist
+    /// any more, the run keeps their bytes.
+    pub fn parse_resolved(text: &str, origin: &str) -> anyhow::Result<Self> {
+        let config: TrainConfig =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()))?;
+        config.check_with(origin, false)?;
+        Ok(config)
+    }
+
+    /// This config with the task set of a run manifest (absolute paths; its plugins are the
+    /// bytes the run keeps, so their files need not exist any more).
+    pub fn with_manifest_tasks(&self, set: &TaskSet) -> anyhow::Result<Self> {
+        let config = TrainConfig {
+            tasks: set.tasks.clone(),
+            rewards: set.rewards.clone(),
+            environment: None,
+            dataset: None,
+            ..self.clone()
+        };
+        config.check_with("the run manifest", false)?;
+        Ok(config)
+    }
+
+    /// Read a task set file (`[[tasks]]`, shared `[[rewards]]`; paths relative to it).
+    pub fn read_task_set(path: &Path) -> anyhow::Result<TaskSet> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Self::parse_task_set(&text, &path.display().to_string(), parent)
+    }
+
+    /// A task set's text (from `origin`), its relative paths from `parent`.
+    pub fn parse_task_set(text: &str, origin: &str, parent: &Path) -> anyhow::Result<TaskSet> {
+        let mut set: TaskSet = toml::from_str(text).map_err(|e| {
+            anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
+                .context("not a task set: [[tasks]] tables (and shared [[rewards]]), as in a training config")
+        })?;
+        // Relative paths from the file's directory, as in a config; built-ins stay names.
+        let base = std::fs::canonicalize(parent).with_context(|| format!("{}", parent.display()))?;
+        let mut probe = TrainConfig {
+            tasks: std::mem::take(&mut set.tasks),
+            rewards: std::mem::take(&mut set.rewards),
+            ..Self::minimal()
+        };
+        for path in probe.paths() {
+            *path = base.join(&*path);
+        }
+        Ok(TaskSet { tasks: probe.tasks, rewards: probe.rewards })
+    }
+
+    /// A config with no task, for path handling.
+    pub(super) fn minimal() -> Self {
+        TrainConfig {
+            model: ModelSection { path: String::new() },
+            tasks: Vec::new(),
+            environment: None,
+            dataset: None,
+            rewards: Vec::new(),
+            sampling: SamplingSection::default(),
+            grpo: GrpoSection::default(),
+            eval: EvalSection::default(),
+            swap: SwapSection::default(),
+        }
+    }
+
+    /// Every file the config names (not the built-in plugins it names).
+    pub(super) fn paths(&mut self) -> Vec<&mut PathBuf> {
+        fn of<'a>(
+            paths: &mut Vec<&'a mut PathBuf>,
+            environment: Option<&'a mut PluginSection>,
+            dataset: Option<&'a mut DatasetSection>,
+            rewards: &'a mut [RewardSection],
+        ) {
+            for reward in rewards {
+                paths.push(&mut reward.plugin);
+                paths.extend(reward.code_runner.as_mut().map(|r| &mut r.plugin));
+            }
+            paths.extend(environment.map(|e| &mut e.plugin));
+            if let Some(dataset) = dataset {
+                paths.extend(dataset.train.as_mut());
+                paths.extend(dataset.eval.as_mut());
+            }
+        }
+        let mut paths: Vec<&mut PathBuf> = Vec::new();
+        of(&mut paths, self.environment.as_mut(), self.dataset.as_mut(), &mut self.rewards);
+        for task in &mut self.tasks {
+            of(&mut paths, task.environment.as_mut(), task.dataset.as_mut(), &mut task.rewards);
+            paths.extend(task.agent.as_mut().map(|a| &mut a.plugin));
+        }
+        paths.retain(|path| !wirl_builtins::is_builtin(path));
+        paths
+    }
+
+    /// Load from a TOML file.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, &path.display().to_string(), base)
+    }
+}

@@ -1,0 +1,237 @@
+//! A checked config lowered into the [`RunConfig`] the trainer runs on: each task (of
+//! `[[tasks]]` or the single-source keys) as a `TaskSpec` whose source is an enum.
+
+use super::*;
+
+/// A TOML table as the plugin's JSON config.
+fn json_config(table: &toml::Table) -> serde_json::Map<String, serde_json::Value> {
+    table.iter().map(|(key, value)| (key.clone(), serde_json::to_value(value).unwrap_or_default())).collect()
+}
+
+/// One task as the config gives it, `[[tasks]]` or the single-source keys alike, with the
+/// key prefix that its errors name.
+pub(super) struct TaskView<'a> {
+    /// `tasks[1].` or empty.
+    pub(super) key: String,
+    pub(super) name: String,
+    pub(super) weight: f64,
+    pub(super) eval_only: bool,
+    pub(super) environment: Option<&'a PluginSection>,
+    pub(super) dataset: Option<&'a DatasetSection>,
+    pub(super) agent: Option<&'a AgentSection>,
+    pub(super) remote: Option<&'a RemoteSection>,
+    pub(super) rewards: &'a [RewardSection],
+    /// `tasks[1].rewards` or `rewards`.
+    pub(super) rewards_key: String,
+    pub(super) sampling: &'a SamplingOverrides,
+    pub(super) on_failure: Option<OnFailure>,
+    pub(super) max_turns: usize,
+    pub(super) pass_reward: Option<f32>,
+    /// Whether the task named rewards of its own (not the shared ones).
+    pub(super) own_rewards: bool,
+}
+
+static NO_OVERRIDES: SamplingOverrides =
+    SamplingOverrides { max_tokens: None, temperature: None, top_p: None, top_k: None };
+
+impl TaskView<'_> {
+    fn sampling(&self, run: &SamplingSection) -> SamplingSpec {
+        let own = self.sampling;
+        SamplingSpec {
+            max_tokens: own.max_tokens.unwrap_or(run.max_tokens),
+            temperature: own.temperature.unwrap_or(run.temperature),
+            top_p: own.top_p.unwrap_or(run.top_p),
+            top_k: own.top_k.unwrap_or(run.top_k),
+        }
+    }
+}
+
+/// A plugin's name as its file would give it: `arithmetic` for `.../arithmetic.wasm` and for
+/// `builtin:arithmetic`.
+fn plugin_stem(reference: &Path) -> String {
+    match wirl_builtins::lookup(reference) {
+        Ok(Some(builtin)) => builtin.spec().name,
+        _ => reference.file_stem().map_or("plugin".into(), |s| s.to_string_lossy().into_owned()),
+    }
+}
+
+/// A plugin entry of any section (environment, reward, agent) as the rollout layer's spec.
+fn plugin_ref(path: &Path, config: &toml::Table, deadline_ms: Option<u64>, memory_mib: Option<u64>) -> PluginRef {
+    PluginRef { path: path.to_path_buf(), stored: None, config: json_config(config), deadline_ms, memory_mib }
+}
+
+impl TrainConfig {
+    /// The tasks, `[[tasks]]` or the one of the single-source keys (named after its
+    /// environment plugin's file, or `dataset`).
+    pub(super) fn task_views(&self) -> Vec<TaskView<'_>> {
+        if self.tasks.is_empty() {
+            let name = match &self.environment {
+                Some(environment) => plugin_stem(&environment.plugin),
+                None => "dataset".to_string(),
+            };
+            return vec![TaskView {
+                key: String::new(),
+                name,
+                weight: 1.0,
+                eval_only: false,
+                environment: self.environment.as_ref(),
+                dataset: self.dataset.as_ref(),
+                agent: None,
+                remote: None,
+                rewards: &self.rewards,
+                rewards_key: "rewards".into(),
+                sampling: &NO_OVERRIDES,
+                on_failure: None,
+                max_turns: 1,
+                pass_reward: None,
+                own_rewards: true,
+            }];
+        }
+        self.tasks
+            .iter()
+            .enumerate()
+            .map(|(i, task)| {
+                let (rewards, rewards_key) = if task.rewards.is_empty() {
+                    (&self.rewards[..], "rewards".to_string())
+                } else {
+                    (&task.rewards[..], format!("tasks[{i}].rewards"))
+                };
+                TaskView {
+                    key: format!("tasks[{i}]."),
+                    name: task.name.clone(),
+                    weight: task.weight,
+                    eval_only: task.eval_only,
+                    environment: task.environment.as_ref(),
+                    dataset: task.dataset.as_ref(),
+                    agent: task.agent.as_ref(),
+                    remote: task.remote.as_ref(),
+                    rewards,
+                    rewards_key,
+                    sampling: &task.sampling,
+                    on_failure: task.on_failure,
+                    max_turns: task.max_turns,
+                    pass_reward: task.pass_reward,
+                    own_rewards: !task.rewards.is_empty(),
+                }
+            })
+            .collect()
+    }
+
+    /// The validated form. Only for a config that `parse` (or `check_numbers`, after an
+    /// override) accepted.
+    pub fn run_config(&self) -> anyhow::Result<RunConfig> {
+        let mut tasks = Vec::new();
+        for view in self.task_views() {
+            let source = view.source_spec()?;
+            // A multi-turn task is scored by its episodes, an agent by itself.
+            let rewards = if view.max_turns > 1 || view.agent.is_some() { Vec::new() } else { view.reward_specs() };
+            tasks.push(TaskSpec {
+                max_turns: view.max_turns,
+                pass_reward: view.pass_reward.unwrap_or(self.grpo.pass_reward),
+                failures: FailurePolicy {
+                    on_failure: view.on_failure.unwrap_or(self.grpo.on_failure),
+                    failure_reward: self.grpo.failure_reward,
+                },
+                weight: if view.eval_only { 0.0 } else { view.weight },
+                sampling: view.sampling(&self.sampling),
+                name: view.name,
+                source,
+                rewards,
+            });
+        }
+        let s = &self.sampling;
+        Ok(RunConfig {
+            model: self.model.path.clone(),
+            tasks,
+            sampling: SamplingSpec {
+                max_tokens: s.max_tokens,
+                temperature: s.temperature,
+                top_p: s.top_p,
+                top_k: s.top_k,
+            },
+            grpo: self.grpo.clone(),
+            eval: self.eval.clone(),
+        })
+    }
+}
+
+impl TaskView<'_> {
+    /// Where the task's problems come from: exactly one source (checked on load).
+    fn source_spec(&self) -> anyhow::Result<SourceSpec> {
+        if let Some(remote) = self.remote {
+            return self.remote_spec(remote);
+        }
+        Ok(match (self.environment, self.dataset, self.agent) {
+            (Some(e), None, None) => SourceSpec::Environment {
+                plugin: plugin_ref(&e.plugin, &e.config, e.deadline_ms, e.memory_mib),
+                seed: e.seed,
+            },
+            (None, Some(dataset), None) => SourceSpec::Dataset {
+                train: dataset_spec(dataset, &dataset.train),
+                eval: dataset_spec(dataset, &dataset.eval),
+            },
+            (None, None, Some(agent)) => SourceSpec::Agent {
+                plugin: plugin_ref(&agent.plugin, &agent.config, agent.deadline_ms, agent.memory_mib),
+                limits: AgentLimits { generate_calls: agent.max_generate_calls, tokens: agent.max_tokens },
+            },
+            _ => bail!("task `{}` needs exactly one source: an environment, a dataset or an agent", self.name),
+        })
+    }
+
+    /// A remote task, its API key read from the environment variable the config names.
+    fn remote_spec(&self, remote: &RemoteSection) -> anyhow::Result<SourceSpec> {
+        let api_key = match &remote.api_key_env {
+            None => None,
+            Some(variable) => Some(std::env::var(variable).map_err(|_| {
+                anyhow::anyhow!(
+                    "task `{}`: remote.api_key_env names {variable}, which is not set: export it with the server's key",
+                    self.name
+                )
+            })?),
+        };
+        Ok(SourceSpec::Remote(wirl_rollout::RemoteSpec {
+            url: remote.url.clone(),
+            task: remote.task.clone(),
+            timeout: std::time::Duration::from_secs_f64(remote.timeout_s),
+            retries: remote.retries,
+            api_key,
+        }))
+    }
+
+    /// The task's reward plugins (its own, or the shared ones).
+    fn reward_specs(&self) -> Vec<RewardSpec> {
+        self.rewards
+            .iter()
+            .map(|reward| RewardSpec {
+                plugin: plugin_ref(&reward.plugin, &reward.config, reward.deadline_ms, reward.memory_mib),
+                weight: reward.weight,
+                code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
+                    path: runner.plugin.clone(),
+                    stored: None,
+                    deadline_ms: runner.deadline_ms,
+                    memory_mib: runner.memory_mib,
+                    workers: runner.workers,
+                }),
+            })
+            .collect()
+    }
+}
+
+/// One of a dataset's files (`train` or `eval`) as the rollout layer's spec.
+fn dataset_spec(dataset: &DatasetSection, path: &Option<PathBuf>) -> Option<Box<DatasetSpec>> {
+    path.as_ref().map(|path| {
+        Box::new(DatasetSpec {
+            path: path.clone(),
+            columns: dataset.columns.as_ref().map(|c| Columns {
+                prompt: c.prompt.clone(),
+                messages: c.messages.clone(),
+                system: c.system.clone(),
+                answer: c.answer.clone(),
+                id: c.id.clone(),
+                metadata: c.metadata.clone(),
+            }),
+            shuffle: dataset.shuffle,
+            seed: dataset.seed,
+        })
+    })
+}

@@ -1,0 +1,485 @@
+//! A run's configuration: a TOML file parsed raw ([`TrainConfig`], what the run directory
+//! keeps), checked once on load — an unknown key, a wrong type, a number out of range or a
+//! missing plugin file is an error naming the file, the key and what to do — and converted
+//! into the validated [`RunConfig`] that the trainer runs on, where a task source is an enum.
+//!
+//! By concern: this file is the schema (the TOML's sections and their defaults, and the
+//! validated form); `files` reads a config or task set and resolves its paths; `validate`
+//! holds every rule a config must meet; `lower` turns a checked config into a
+//! [`RunConfig`]; `set` is the `--set KEY=VALUE` editor.
+
+mod files;
+mod lower;
+mod set;
+mod validate;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
+use wirl_rollout::{
+    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec,
+    SourceSpec,
+};
+
+/// The default run, embedded so that `wirl train` needs no file.
+pub const DEFAULT_TOML: &str = include_str!("../../../../examples/train/default.toml");
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    pub model: ModelSection,
+    /// Several tasks mixed by weight, each with its source, rewards and sampling. Without
+    /// them, the one task of `environment` or `dataset` with `rewards`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskSection>,
+    /// Where tasks come from: an environment plugin, or (instead) a JSONL dataset.
+    #[serde(default)]
+    pub environment: Option<PluginSection>,
+    #[serde(default)]
+    pub dataset: Option<DatasetSection>,
+    /// The reward plugins of the task; with `[[tasks]]`, those of every task that names none.
+    #[serde(default)]
+    pub rewards: Vec<RewardSection>,
+    #[serde(default)]
+    pub sampling: SamplingSection,
+    #[serde(default)]
+    pub grpo: GrpoSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+    /// Hot swap: how a new task set is validated and when it is rolled back.
+    #[serde(default)]
+    pub swap: SwapSection,
+}
+
+/// A running training's tasks, as `wirl ctl RUN_DIR apply TASKS.toml` gives them: `[[tasks]]`
+/// and the `[[rewards]]` that tasks naming none share. Also the task set of a run manifest.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSet {
+    #[serde(default)]
+    pub tasks: Vec<TaskSection>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rewards: Vec<RewardSection>,
+}
+
+/// `[swap]`: the checks a task set passes before it replaces the running one, and the
+/// automatic rollback after.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwapSection {
+    /// Validation refuses a swap when more than this share of its checks fail (plugin calls
+    /// re-scoring recent rollouts, tasks asked of an environment).
+    pub max_failure_rate: f64,
+    /// A swapped-in plugin's first `rollback_window` trajectories: when more than this share
+    /// of them fail, the previous task set comes back.
+    pub rollback_failure_rate: f64,
+    pub rollback_window: usize,
+    /// Seconds a rolled-back version must wait before it may be applied again; doubled on
+    /// each further rollback of the same bytes.
+    pub backoff_s: f64,
+    /// Recent steps whose rollouts a new reward re-scores.
+    pub rescore_steps: usize,
+    /// Let a replaced plugin import interfaces its previous version did not.
+    pub allow_new_capabilities: bool,
+}
+
+impl Default for SwapSection {
+    fn default() -> Self {
+        SwapSection {
+            max_failure_rate: 0.25,
+            rollback_failure_rate: 0.5,
+            rollback_window: 16,
+            backoff_s: 60.0,
+            rescore_steps: 2,
+            allow_new_capabilities: false,
+        }
+    }
+}
+
+/// One task of a weighted mixture.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSection {
+    /// Unique; names the task in metrics, rollouts and plots (letters, digits, `-`, `_`, `.`).
+    pub name: String,
+    /// Its share of each step's groups, relative to the other tasks' (0: never trained on).
+    #[serde(default = "one_f64")]
+    pub weight: f64,
+    /// Only in the held-out evaluation, never trained on.
+    #[serde(default)]
+    pub eval_only: bool,
+    #[serde(default)]
+    pub environment: Option<PluginSection>,
+    #[serde(default)]
+    pub dataset: Option<DatasetSection>,
+    /// An agent plugin that produces the task's scored rollouts itself, calling the model.
+    #[serde(default)]
+    pub agent: Option<AgentSection>,
+    /// A task served by another `wirl serve --config`: its tasks and scores over HTTP.
+    #[serde(default)]
+    pub remote: Option<RemoteSection>,
+    /// Its reward plugins (default: the top-level `[[rewards]]`).
+    #[serde(default)]
+    pub rewards: Vec<RewardSection>,
+    /// Its sampling, where it differs from `[sampling]`.
+    #[serde(default)]
+    pub sampling: SamplingOverrides,
+    /// What a trajectory whose scoring fails becomes (default: `grpo.on_failure`).
+    #[serde(default)]
+    pub on_failure: Option<OnFailure>,
+    /// Above 1: the environment's episodes, up to this many model turns each, scored by the
+    /// environment (its rewards are not used). 1: single-turn tasks scored by its rewards.
+    #[serde(default = "one_usize")]
+    pub max_turns: usize,
+    /// A trajectory of this task passes when its reward is at least this (default:
+    /// `grpo.pass_reward`).
+    #[serde(default)]
+    pub pass_reward: Option<f32>,
+}
+
+fn one_usize() -> usize {
+    1
+}
+
+/// The most model turns an episode may be given.
+pub const MAX_TURNS: usize = 64;
+
+/// An agent plugin and what it may use.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    pub plugin: PathBuf,
+    #[serde(default)]
+    pub config: toml::Table,
+    /// The agent's own compute per `rollouts` call (time waiting for the engine not counted).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// `generate` calls per rollout asked for (default 8).
+    #[serde(default = "default_generate_calls")]
+    pub max_generate_calls: u64,
+    /// Tokens generated per rollout asked for (default 2048).
+    #[serde(default = "default_agent_tokens")]
+    pub max_tokens: u64,
+}
+
+/// A task served by another `wirl serve --config` process: its tasks drawn and its
+/// completions scored there; sampled here, by the policy.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteSection {
+    /// The server, `http://HOST:PORT`.
+    pub url: String,
+    /// The task's name there (default: the only one it serves).
+    #[serde(default)]
+    pub task: Option<String>,
+    /// Seconds per call (default 30).
+    #[serde(default = "default_remote_timeout")]
+    pub timeout_s: f64,
+    /// Further tries after a failed call (default 2).
+    #[serde(default = "default_remote_retries")]
+    pub retries: u32,
+    /// The environment variable that holds the server's API key, if it needs one.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+}
+
+fn default_remote_timeout() -> f64 {
+    30.0
+}
+
+fn default_remote_retries() -> u32 {
+    2
+}
+
+fn default_generate_calls() -> u64 {
+    8
+}
+
+fn default_agent_tokens() -> u64 {
+    2048
+}
+
+/// `[sampling]` keys that a task sets for itself.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingOverrides {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub path: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSection {
+    pub plugin: PathBuf,
+    /// The environment's task-set seed.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub config: toml::Table,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+}
+
+/// Tasks from dataset files: JSONL (one task per line, as `{"task": {...}}` — what `wirl
+/// tasks` writes — or the task object itself; or rows, with `columns`), Parquet, Arrow IPC,
+/// or a Hugging Face `save_to_disk` directory.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSection {
+    /// Training tasks, by index, cycled over epochs (needed to train, not to evaluate).
+    #[serde(default)]
+    pub train: Option<PathBuf>,
+    /// Held-out tasks for the evaluation (the first `eval.tasks` of them).
+    #[serde(default)]
+    pub eval: Option<PathBuf>,
+    /// Which columns make a task (default: `prompt` / `question` / `problem`, `answer`, `id`;
+    /// JSONL lines without it are task objects).
+    #[serde(default)]
+    pub columns: Option<ColumnsSection>,
+    /// Visit the training rows in a seeded order, another each epoch.
+    #[serde(default)]
+    pub shuffle: bool,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// A dataset's column mapping.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnsSection {
+    /// A text column: the user's message.
+    pub prompt: Option<String>,
+    /// A list of `{role, content}` column: the conversation (instead of `prompt`).
+    pub messages: Option<String>,
+    /// A system message before the prompt (the text itself).
+    pub system: Option<String>,
+    pub answer: Option<String>,
+    pub id: Option<String>,
+    /// Columns kept in the task's metadata.
+    #[serde(default)]
+    pub metadata: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    pub plugin: PathBuf,
+    #[serde(default = "one")]
+    pub weight: f32,
+    #[serde(default)]
+    pub config: toml::Table,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// For a grader: the interpreter its programs run in.
+    #[serde(default)]
+    pub code_runner: Option<CodeRunnerSection>,
+}
+
+/// The code-runner component of a grader, with the most one program may use.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CodeRunnerSection {
+    pub plugin: PathBuf,
+    /// Wall-clock limit per program (default 10 s).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// Memory limit per program (default 512 MiB).
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// Worker processes the programs run in (default 0: in the training process). Programs
+    /// of groups scored at once then scale with cores as subprocesses do.
+    #[serde(default)]
+    pub workers: usize,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingSection {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+}
+
+impl Default for SamplingSection {
+    fn default() -> Self {
+        SamplingSection { max_tokens: 64, temperature: 1.0, top_p: 1.0, top_k: 0 }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpoSection {
+    pub steps: usize,
+    pub prompts_per_step: usize,
+    pub group_size: usize,
+    pub learning_rate: f64,
+    pub warmup_steps: usize,
+    pub schedule: Schedule,
+    pub weight_decay: f64,
+    pub max_grad_norm: Option<f64>,
+    /// KL coefficient; 0 keeps no reference model.
+    pub beta: f64,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub entropy: f64,
+    /// μ: updates per batch of rollouts (old log-probs from before the first).
+    pub inner_epochs: usize,
+    pub advantage: AdvantageMode,
+    pub aggregation: Aggregation,
+    /// What a trajectory whose scoring fails becomes: `mask` (no gradient, counted) or
+    /// `reward` (trained on, with `failure_reward` for the failed plugin's reward).
+    pub on_failure: OnFailure,
+    /// The reward that stands for a failed plugin call's under `on_failure = "reward"`.
+    pub failure_reward: f32,
+    /// A completion passes when its reward is at least this.
+    pub pass_reward: f32,
+    pub seed: u64,
+    /// Write a checkpoint every this many steps (0: only at the end and on Ctrl-C).
+    pub checkpoint_every: usize,
+    /// Keep the newest this many checkpoints; older ones are deleted once a newer one is
+    /// complete and verified (0: keep every one; each holds the weights and the optimizer's
+    /// moments, 1.6 GB for the 135M model).
+    pub keep_checkpoints: usize,
+    /// Updates in a row whose gradient is not finite (each skipped with a warning) after
+    /// which the run stops, with a checkpoint of the last good weights.
+    pub max_skipped_updates: usize,
+    /// Above this many MiB of attention intermediates a group's backward would keep, the
+    /// layers are recomputed one at a time instead (peak memory of one layer's graph, one
+    /// more forward of time). The default, 0, always recomputes: on the default job it takes
+    /// the training peak from 5.9 to 4.7 GiB for ~7 % more step time (docs/BENCHMARKS.md).
+    pub recompute_above_mib: u64,
+    /// When the layers go one at a time, the top layers whose graphs fit in this many MiB
+    /// keep them from the forward instead of running again in the backward (0: every layer
+    /// runs again, one layer's graph alive at a time). Each kept layer saves a layer's
+    /// forward; the default job's widest groups need ~1.5 GiB to keep all 30.
+    pub keep_activations_mib: u64,
+    /// The head's vocabulary-wide tensors are computed a chunk of positions at a time, each
+    /// `[rows, positions, vocab]` tensor at most this many MiB (0: the whole group at once).
+    pub head_chunk_mib: u64,
+    /// Completions per forward and backward: larger groups are split into micro-batches of
+    /// this many, their gradients summed (0: a whole group at once).
+    pub micro_batch_rows: usize,
+    /// Train a group's completions in micro-batches of similar length where that trains
+    /// fewer padded positions (one long completion no longer pads every row to its
+    /// length); the gradients are the whole group's.
+    pub split_by_length: bool,
+    /// Overlap a step's phases where the result cannot change: a group is scored as soon
+    /// as its samples finish (while others still generate) and the next step's tasks are
+    /// drawn while this step trains. `false` runs them one after another (same metrics).
+    pub overlap: bool,
+    /// 1: the next step's groups are sampled while this step trains, by the weights before
+    /// its update (one update stale, corrected by the truncated importance weight); 0: each
+    /// step samples with its own weights (the default: on the CPU both phases use every
+    /// core, docs/BENCHMARKS.md).
+    pub generation_lag: usize,
+    /// The cap C of the importance weight min(π_old / π_sampler, C) of lagged groups.
+    pub tis_cap: f64,
+}
+
+impl Default for GrpoSection {
+    fn default() -> Self {
+        GrpoSection {
+            steps: 20,
+            prompts_per_step: 4,
+            group_size: 8,
+            learning_rate: 1e-5,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+            weight_decay: 0.0,
+            max_grad_norm: Some(1.0),
+            beta: 0.04,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            entropy: 0.0,
+            inner_epochs: 1,
+            advantage: AdvantageMode::Grpo,
+            aggregation: Aggregation::TokenMean,
+            on_failure: OnFailure::Mask,
+            failure_reward: 0.0,
+            pass_reward: 1.0,
+            seed: 0,
+            checkpoint_every: 10,
+            keep_checkpoints: 3,
+            max_skipped_updates: 3,
+            recompute_above_mib: 0,
+            keep_activations_mib: 1024,
+            head_chunk_mib: 32,
+            micro_batch_rows: 0,
+            split_by_length: true,
+            overlap: true,
+            generation_lag: 0,
+            tis_cap: 2.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Held-out tasks scored greedily before and after training (0: none).
+    pub tasks: usize,
+    /// Held-out tasks are taken from this index on; training uses the indices below it.
+    pub first_index: u64,
+    /// `wirl eval` only: completions sampled per task (at `[sampling]`'s temperature) for
+    /// pass@k; 0 for the greedy pass rate alone.
+    pub samples: usize,
+    /// The k of pass@k (each at most `samples`).
+    pub k: Vec<usize>,
+    /// Tasks generated together (more is faster, up to memory).
+    pub batch_tasks: usize,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection { tasks: 50, first_index: 1 << 40, samples: 0, k: vec![1], batch_tasks: 4 }
+    }
+}
+
+/// A checked configuration, in the types the trainer runs on.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// A GGUF file, an HF directory or the default model's name (the caller resolves it).
+    pub model: String,
+    /// At least one; the trained ones' weights allocate at least one group each.
+    pub tasks: Vec<TaskSpec>,
+    /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the
+    /// `constant` aggregation's divisor.
+    pub sampling: SamplingSpec,
+    pub grpo: GrpoSection,
+    pub eval: EvalSection,
+}
+
+/// A task of the run, validated (the task runtime's own type: train, eval and serve load it alike).
+pub use wirl_rollout::TaskSpec;
+
+impl RunConfig {
+    /// Groups per step for each task, by Megatron's rule (checked on load).
+    pub fn allocation(&self) -> anyhow::Result<wirl_rollout::Allocation> {
+        let weights: Vec<f64> = self.tasks.iter().map(|t| t.weight).collect();
+        Ok(wirl_rollout::allocate(&weights, self.grpo.prompts_per_step)?)
+    }
+}

@@ -1,0 +1,591 @@
+//! Every rule a config must meet, each error naming the file (or `--set`), the key and what
+//! to do: the shape of its tasks and their plugins (`check_with`), then every number
+//! (`check_numbers`, run again after command-line overrides).
+
+use super::lower::TaskView;
+use super::*;
+use std::collections::BTreeSet;
+
+/// A float setting: its key, value, what it must be, and the test of that.
+type FloatRule = (&'static str, f64, &'static str, fn(f64) -> bool);
+
+/// The largest plugin memory a config may ask for: the sandbox's `max_memory_bytes`.
+const MAX_MEMORY_MIB: u64 = 4 << 10;
+
+impl TrainConfig {
+    pub(super) fn check(&self, origin: &str) -> anyhow::Result<()> {
+        self.check_with(origin, true)
+    }
+
+    /// [`TrainConfig::check`]; without `plugins_on_disk`, plugin files need not exist (a
+    /// manifest's plugins are loaded from the bytes the run keeps).
+    pub(super) fn check_with(&self, origin: &str, plugins_on_disk: bool) -> anyhow::Result<()> {
+        // A file's path is read from the config's directory; one given by `--set`, from here.
+        let relative_to = if origin.starts_with("--set") { "the current directory" } else { "the config's directory" };
+        let files = Files { origin, relative_to, plugins_on_disk };
+        if !self.tasks.is_empty() && (self.environment.is_some() || self.dataset.is_some()) {
+            bail!(
+                "{origin}: with [[tasks]], each task names its own source: move [environment] into a task as \
+                 [tasks.environment] (or [dataset] as [tasks.dataset])"
+            );
+        }
+        let mut names = BTreeSet::new();
+        for view in self.task_views() {
+            check_task_name(origin, &view, &mut names)?;
+            if let Some(remote) = view.remote {
+                check_remote_task(origin, &view, remote)?;
+            } else if let Some(agent) = view.agent {
+                check_agent_task(&files, &view, agent)?;
+            } else {
+                check_task_source(&files, &view)?;
+                check_task_scoring(&files, &view)?;
+            }
+        }
+        self.check_numbers(origin)
+    }
+
+    /// Every number of the config finite and in range, the error naming the key. Run on
+    /// load and again after command-line overrides.
+    pub fn check_numbers(&self, origin: &str) -> anyhow::Result<()> {
+        self.check_counts(origin)?;
+        self.check_swap_numbers(origin)?;
+        self.check_grpo_floats(origin)?;
+        check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
+        let views = self.task_views();
+        self.check_generation_lag(origin, &views)?;
+        for view in &views {
+            check_task_numbers(origin, view)?;
+        }
+        self.check_mixture(origin, &views)
+    }
+
+    /// Counts of `[grpo]` and `[sampling]` that must be at least 1 (a group: 2).
+    fn check_counts(&self, origin: &str) -> anyhow::Result<()> {
+        let g = &self.grpo;
+        let positive = [
+            ("grpo.steps", g.steps),
+            ("grpo.prompts_per_step", g.prompts_per_step),
+            ("grpo.inner_epochs", g.inner_epochs),
+            ("grpo.max_skipped_updates", g.max_skipped_updates),
+            ("sampling.max_tokens", self.sampling.max_tokens),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                bail!("{origin}: `{key}` must be at least 1");
+            }
+        }
+        if g.group_size < 2 {
+            bail!("{origin}: `grpo.group_size` must be at least 2 (advantages compare samples of a group)");
+        }
+        Ok(())
+    }
+
+    /// `[swap]`'s window and rates.
+    fn check_swap_numbers(&self, origin: &str) -> anyhow::Result<()> {
+        let w = &self.swap;
+        if w.rollback_window == 0 {
+            bail!("{origin}: `swap.rollback_window` must be at least 1");
+        }
+        let swap_floats: [FloatRule; 3] = [
+            ("swap.max_failure_rate", w.max_failure_rate, "in [0, 1]", |x| (0.0..=1.0).contains(&x)),
+            ("swap.rollback_failure_rate", w.rollback_failure_rate, "in [0, 1]", |x| (0.0..=1.0).contains(&x)),
+            ("swap.backoff_s", w.backoff_s, "a number of seconds >= 0", |x| (0.0..=1e7).contains(&x)),
+        ];
+        for (key, value, wanted, ok) in swap_floats {
+            if !(value.is_finite() && ok(value)) {
+                bail!("{origin}: `{key}` = {value}: it must be {wanted}");
+            }
+        }
+        Ok(())
+    }
+
+    /// `[grpo]`'s real numbers: finite, each in its range.
+    fn check_grpo_floats(&self, origin: &str) -> anyhow::Result<()> {
+        let g = &self.grpo;
+        // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
+        let floats: [FloatRule; 9] = [
+            ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
+            ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
+            ("grpo.beta", g.beta, "a number >= 0", |x| x >= 0.0),
+            ("grpo.clip_low", g.clip_low, "in [0, 1)", |x| (0.0..1.0).contains(&x)),
+            ("grpo.clip_high", g.clip_high, "a number >= 0", |x| x >= 0.0),
+            ("grpo.entropy", g.entropy, "a finite number", |_| true),
+            ("grpo.failure_reward", f64::from(g.failure_reward), "a finite number", |_| true),
+            ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
+            ("grpo.tis_cap", g.tis_cap, "a number >= 1", |x| x >= 1.0),
+        ];
+        for (key, value, wanted, ok) in floats {
+            if !(value.is_finite() && ok(value)) {
+                bail!("{origin}: `{key}` = {value}: it must be {wanted}");
+            }
+        }
+        if let Some(norm) = g.max_grad_norm
+            && !(norm.is_finite() && norm > 0.0)
+        {
+            bail!(
+                "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
+            );
+        }
+        Ok(())
+    }
+
+    /// `grpo.generation_lag`: 0 or 1, and 1 only where every trained task is single-turn.
+    fn check_generation_lag(&self, origin: &str, views: &[TaskView<'_>]) -> anyhow::Result<()> {
+        let g = &self.grpo;
+        if g.generation_lag > 1 {
+            bail!(
+                "{origin}: `grpo.generation_lag` = {}: it must be 0 (sample with the step's own weights) or 1 (sample the \
+                 next step while this one trains)",
+                g.generation_lag
+            );
+        }
+        if g.generation_lag > 0
+            && let Some(view) = views.iter().find(|v| !v.eval_only && (v.max_turns > 1 || v.agent.is_some()))
+        {
+            let what = if view.agent.is_some() { "an agent task" } else { "a multi-turn task" };
+            bail!(
+                "{origin}: `grpo.generation_lag` = 1 samples single-turn tasks only, and task `{}` ({}) is {what} \
+                 (its later turns would be sampled by newer weights than its first): set `grpo.generation_lag = 0`",
+                view.name,
+                if view.key.is_empty() { "the top-level task" } else { view.key.trim_end_matches('.') }
+            );
+        }
+        Ok(())
+    }
+
+    /// The task mixture and the evaluation: a failure reward used somewhere, at least one
+    /// group per trained task, training indices below the held-out ones, `[eval]`'s counts.
+    fn check_mixture(&self, origin: &str, views: &[TaskView<'_>]) -> anyhow::Result<()> {
+        let g = &self.grpo;
+        if g.failure_reward != 0.0 && views.iter().all(|v| v.on_failure.unwrap_or(g.on_failure) == OnFailure::Mask) {
+            bail!(
+                "{origin}: `grpo.failure_reward` = {} is used only where failures are rewarded: set \
+                 `grpo.on_failure = \"reward\"` (or a task's `on_failure`), or leave it out (failed trajectories are \
+                 masked by default)",
+                g.failure_reward
+            );
+        }
+        // Each trained task gets at least one group a step (Megatron's rule).
+        let weights: Vec<f64> = views.iter().map(|v| if v.eval_only { 0.0 } else { v.weight }).collect();
+        if let Err(error) = wirl_rollout::allocate(&weights, g.prompts_per_step) {
+            let error = match error {
+                wirl_rollout::MixtureError::NothingToSample => {
+                    "no task is trained on: give at least one task a positive weight and no `eval_only`".to_string()
+                }
+                other => other.to_string(),
+            };
+            bail!("{origin}: {error}");
+        }
+        let training_tasks = (g.steps as u64).checked_mul(g.prompts_per_step as u64);
+        let Some(training_tasks) = training_tasks.filter(|&n| n < 1 << 40) else {
+            bail!("{origin}: `grpo.steps` x `grpo.prompts_per_step` is too large (at most 2^40 tasks)");
+        };
+        if views.iter().any(|v| v.environment.is_some()) && self.eval.first_index < training_tasks {
+            bail!("{origin}: `eval.first_index` overlaps the training tasks; raise it above steps x prompts_per_step");
+        }
+        if let Some(&k) = self.eval.k.iter().find(|&&k| k == 0 || (self.eval.samples > 0 && k > self.eval.samples)) {
+            bail!("{origin}: `eval.k` = {k}: each k must be between 1 and `eval.samples` ({})", self.eval.samples);
+        }
+        if self.eval.batch_tasks == 0 {
+            bail!("{origin}: `eval.batch_tasks` must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Where a config's files are read from, and whether plugin files must exist.
+struct Files<'a> {
+    origin: &'a str,
+    relative_to: &'a str,
+    plugins_on_disk: bool,
+}
+
+impl Files<'_> {
+    /// A plugin is a file, or a built-in named `builtin:NAME`.
+    fn plugin(&self, key: &str, path: &Path) -> anyhow::Result<()> {
+        let (origin, relative_to) = (self.origin, self.relative_to);
+        match wirl_builtins::lookup(path) {
+            Err(message) => bail!("{origin}: `{key}`: {message}"),
+            Ok(Some(_)) => Ok(()),
+            Ok(None) if path.is_file() || !self.plugins_on_disk => Ok(()),
+            Ok(None) => bail!(
+                "{origin}: `{key}`: plugin file {} does not exist (build the plugins with scripts/build-plugins, \
+                 name a built-in such as builtin:math-answer, or fix the path; relative paths are from \
+                 {relative_to})",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// ` of `tasks[1].name` = "…"` for a `[[tasks]]` entry; empty for the single-source keys.
+fn where_of(view: &TaskView<'_>) -> String {
+    let key = &view.key;
+    if key.is_empty() { String::new() } else { format!(" of `{key}name` = {:?}", view.name) }
+}
+
+/// A `[[tasks]]` entry's name: 1 to 64 safe characters, unique.
+fn check_task_name(origin: &str, view: &TaskView<'_>, names: &mut BTreeSet<String>) -> anyhow::Result<()> {
+    let key = &view.key;
+    if key.is_empty() {
+        return Ok(());
+    }
+    let fine = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    if view.name.is_empty() || view.name.len() > 64 || !view.name.chars().all(fine) {
+        bail!("{origin}: `{key}name` = {:?}: a task's name is 1 to 64 letters, digits, `-`, `_` or `.`", view.name);
+    }
+    if !names.insert(view.name.clone()) {
+        bail!("{origin}: `{key}name`: two tasks are named {:?}; names must be unique", view.name);
+    }
+    Ok(())
+}
+
+/// A task served by another `wirl serve`: its only source, scored there, single-turn.
+fn check_remote_task(origin: &str, view: &TaskView<'_>, remote: &RemoteSection) -> anyhow::Result<()> {
+    let key = &view.key;
+    if view.agent.is_some() || view.environment.is_some() || view.dataset.is_some() {
+        bail!("{origin}: give one of [{key}environment], [{key}dataset], [{key}agent] or [{key}remote], not several");
+    }
+    if view.own_rewards {
+        bail!("{origin}: `{key}rewards`: a remote task is scored by its server; remove its [[{key}rewards]]");
+    }
+    if view.max_turns > 1 {
+        bail!("{origin}: `{key}max_turns`: remote tasks are single-turn (max_turns = 1)");
+    }
+    let url = remote.url.trim_end_matches('/');
+    let host = url.strip_prefix("http://").unwrap_or_default();
+    if host.is_empty() || host.contains(['/', '?', '#', ' ']) {
+        bail!(
+            "{origin}: `{key}remote.url` = {:?}: give the server as http://HOST:PORT (as `wirl serve` prints it)",
+            remote.url
+        );
+    }
+    if !(remote.timeout_s.is_finite() && remote.timeout_s > 0.0 && remote.timeout_s <= 3600.0) {
+        bail!("{origin}: `{key}remote.timeout_s` must be a number of seconds above 0, at most 3600");
+    }
+    if remote.retries > 10 {
+        bail!("{origin}: `{key}remote.retries` must be at most 10");
+    }
+    Ok(())
+}
+
+/// An agent task: its plugin, and nothing it does itself (scoring, turns).
+fn check_agent_task(files: &Files<'_>, view: &TaskView<'_>, agent: &AgentSection) -> anyhow::Result<()> {
+    let (origin, key) = (files.origin, &view.key);
+    if view.environment.is_some() || view.dataset.is_some() {
+        let where_ = where_of(view);
+        bail!("{origin}: give one of [{key}environment], [{key}dataset] or [{key}agent]{where_}, not several");
+    }
+    files.plugin(&format!("{key}agent.plugin"), &agent.plugin)?;
+    if view.own_rewards {
+        bail!("{origin}: `{key}rewards`: an agent scores its own rollouts; remove its [[{key}rewards]]");
+    }
+    if view.max_turns > 1 {
+        bail!("{origin}: `{key}max_turns`: an agent decides its turns itself; leave max_turns out");
+    }
+    for (name, value) in [("max_generate_calls", agent.max_generate_calls), ("max_tokens", agent.max_tokens)] {
+        if value == 0 {
+            bail!("{origin}: `{key}agent.{name}` must be at least 1");
+        }
+    }
+    Ok(())
+}
+
+/// An environment's plugin or a dataset's files: exactly one of the two.
+fn check_task_source(files: &Files<'_>, view: &TaskView<'_>) -> anyhow::Result<()> {
+    let (origin, relative_to, key) = (files.origin, files.relative_to, &view.key);
+    let where_ = where_of(view);
+    match (view.environment, view.dataset) {
+        (Some(environment), None) => files.plugin(&format!("{key}environment.plugin"), &environment.plugin),
+        (None, Some(dataset)) => {
+            if dataset.train.is_none() && dataset.eval.is_none() {
+                bail!("{origin}: [{key}dataset] names no file: set `train` (to train) and/or `eval` (held-out tasks)");
+            }
+            if dataset.train.is_none() && !view.eval_only && view.weight > 0.0 && !key.is_empty() {
+                bail!(
+                    "{origin}: `{key}dataset` has no `train` file but the task trains (weight {}): name one, or set \
+                     `{key}eval_only = true`",
+                    view.weight
+                );
+            }
+            let named = dataset.train.iter().map(|p| ("train", p)).chain(dataset.eval.iter().map(|p| ("eval", p)));
+            for (name, path) in named {
+                if !path.exists() {
+                    bail!(
+                        "{origin}: `{key}dataset.{name}`: {} does not exist (relative paths are from {relative_to})",
+                        path.display()
+                    );
+                }
+            }
+            Ok(())
+        }
+        (Some(_), Some(_)) => bail!("{origin}: give either [{key}environment] or [{key}dataset]{where_}, not both"),
+        (None, None) if key.is_empty() => bail!(
+            "{origin}: no task source: add an [environment] table (a plugin) or a [dataset] table (JSONL), or \
+             [[tasks]]"
+        ),
+        (None, None) => bail!(
+            "{origin}: `{key}`: the task {:?} has no source: add [{key}environment], [{key}dataset] or [{key}agent]",
+            view.name
+        ),
+    }
+}
+
+/// How the task is scored: a multi-turn task by its environment's episodes, a single-turn
+/// one by at least one reward plugin.
+fn check_task_scoring(files: &Files<'_>, view: &TaskView<'_>) -> anyhow::Result<()> {
+    let (origin, key) = (files.origin, &view.key);
+    if view.max_turns > 1 {
+        if view.environment.is_none() {
+            bail!(
+                "{origin}: `{key}max_turns` = {}: episodes come from an environment plugin; a dataset task is \
+                 single-turn (max_turns = 1)",
+                view.max_turns
+            );
+        }
+        if view.own_rewards && !key.is_empty() {
+            bail!(
+                "{origin}: `{key}rewards`: a multi-turn task (max_turns = {}) is scored by its environment's \
+                 episodes; remove its [[{key}rewards]] or set max_turns = 1",
+                view.max_turns
+            );
+        }
+        return Ok(());
+    }
+    if view.rewards.is_empty() {
+        bail!(
+            "{origin}: `{}`: at least one reward plugin is needed{} (a [[rewards]] table{})",
+            view.rewards_key,
+            where_of(view),
+            if key.is_empty() { String::new() } else { format!(", shared, or [[{key}rewards]]") }
+        );
+    }
+    for (i, reward) in view.rewards.iter().enumerate() {
+        let rkey = &view.rewards_key;
+        files.plugin(&format!("{rkey}[{i}].plugin"), &reward.plugin)?;
+        if let Some(runner) = &reward.code_runner {
+            files.plugin(&format!("{rkey}[{i}].code_runner.plugin"), &runner.plugin)?;
+        }
+    }
+    Ok(())
+}
+
+/// One task's numbers: its pass reward, turns, sampling, weight, reward weights, workers and
+/// plugin memories.
+fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> anyhow::Result<()> {
+    let key = &view.key;
+    if let Some(pass) = view.pass_reward
+        && !pass.is_finite()
+    {
+        bail!("{origin}: `{key}pass_reward` = {pass}: it must be a finite number");
+    }
+    if !(1..=MAX_TURNS).contains(&view.max_turns) {
+        bail!("{origin}: `{key}max_turns` = {}: it must be between 1 and {MAX_TURNS}", view.max_turns);
+    }
+    if !key.is_empty() {
+        check_sampling(origin, &format!("{key}sampling."), view.sampling)?;
+        if !(view.weight.is_finite() && view.weight >= 0.0) {
+            bail!("{origin}: `{key}weight` = {}: it must be a finite number >= 0", view.weight);
+        }
+    }
+    for (i, reward) in view.rewards.iter().enumerate() {
+        if !reward.weight.is_finite() {
+            bail!("{origin}: `{}[{i}].weight` = {}: it must be a finite number", view.rewards_key, reward.weight);
+        }
+        if let Some(runner) = &reward.code_runner
+            && runner.workers > wirl_sandbox::MAX_WORKERS
+        {
+            bail!(
+                "{origin}: `{}[{i}].code_runner.workers` = {}: it must be between 0 (programs run in \
+                 process) and {}",
+                view.rewards_key,
+                runner.workers,
+                wirl_sandbox::MAX_WORKERS
+            );
+        }
+    }
+    // Memory in MiB becomes bytes: a value that cannot is refused, not wrapped.
+    let mut memories: Vec<(String, Option<u64>)> = Vec::new();
+    if let Some(environment) = view.environment {
+        memories.push((format!("{key}environment.memory_mib"), environment.memory_mib));
+    }
+    if let Some(agent) = view.agent {
+        memories.push((format!("{key}agent.memory_mib"), agent.memory_mib));
+    }
+    for (i, reward) in view.rewards.iter().enumerate() {
+        let rkey = &view.rewards_key;
+        memories.push((format!("{rkey}[{i}].memory_mib"), reward.memory_mib));
+        if let Some(runner) = &reward.code_runner {
+            memories.push((format!("{rkey}[{i}].code_runner.memory_mib"), runner.memory_mib));
+        }
+    }
+    for (key, mib) in memories {
+        if let Some(mib) = mib
+            && !(1..=MAX_MEMORY_MIB).contains(&mib)
+        {
+            bail!("{origin}: `{key}` = {mib}: it must be between 1 and {MAX_MEMORY_MIB} (the sandbox's maximum)");
+        }
+    }
+    Ok(())
+}
+
+impl From<SamplingSection> for SamplingOverrides {
+    fn from(s: SamplingSection) -> Self {
+        SamplingOverrides {
+            max_tokens: Some(s.max_tokens),
+            temperature: Some(s.temperature),
+            top_p: Some(s.top_p),
+            top_k: Some(s.top_k),
+        }
+    }
+}
+
+/// The sampling keys under `prefix` that are set: in the engine's ranges
+/// (`wirl_engine::sampling::rules`, as for the HTTP API), named on error; and a temperature
+/// above 0, which training needs.
+fn check_sampling(origin: &str, prefix: &str, sampling: &SamplingOverrides) -> anyhow::Result<()> {
+    use wirl_engine::sampling::rules;
+    if let Some(max_tokens) = sampling.max_tokens {
+        rules::max_tokens(i64::try_from(max_tokens).unwrap_or(i64::MAX), usize::MAX)
+            .map_err(|_| anyhow::anyhow!("{origin}: `{prefix}max_tokens` must be at least 1"))?;
+    }
+    if let Some(top_p) = sampling.top_p {
+        rules::top_p(top_p.into())
+            .map_err(|range| anyhow::anyhow!("{origin}: `{prefix}top_p` = {top_p}: it {range}"))?;
+    }
+    if let Some(temperature) = sampling.temperature {
+        rules::temperature(temperature.into())
+            .map_err(|range| anyhow::anyhow!("{origin}: `{prefix}temperature` = {temperature}: it {range}"))?;
+        if temperature == 0.0 {
+            bail!(
+                "{origin}: `{prefix}temperature` = {temperature}: training needs a positive temperature (at 0 every \
+                 sample of a group is the same, so no group carries a signal)"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default config with its `[sampling]` keys replaced.
+    fn with_sampling(keys: &str) -> anyhow::Result<TrainConfig> {
+        let default = "[sampling]\nmax_tokens = 64\ntemperature = 1.0\n";
+        assert!(DEFAULT_TOML.contains(default), "the default config's [sampling] changed: update this test");
+        let text = DEFAULT_TOML.replace(default, &format!("[sampling]\n{keys}\n"));
+        TrainConfig::parse(&text, "test.toml", Path::new("."))
+    }
+
+    #[test]
+    fn sampling_keys_follow_the_engines_rules_and_training_needs_a_temperature() {
+        with_sampling("max_tokens = 64\ntemperature = 2.0\ntop_p = 1.0").unwrap();
+        for (keys, says) in [
+            ("temperature = 2.5", "`sampling.temperature` = 2.5: it must be from 0 to 2"),
+            ("temperature = nan", "`sampling.temperature` = NaN: it must be from 0 to 2"),
+            ("temperature = inf", "`sampling.temperature` = inf: it must be from 0 to 2"),
+            ("temperature = -1.0", "it must be from 0 to 2"),
+            ("temperature = 0.0", "training needs a positive temperature"),
+            ("top_p = 0.0", "`sampling.top_p` = 0: it must be in (0, 1]"),
+            ("top_p = 1.5", "`sampling.top_p` = 1.5: it must be in (0, 1]"),
+            ("max_tokens = 0", "`sampling.max_tokens` must be at least 1"),
+        ] {
+            let error = format!("{:#}", with_sampling(keys).unwrap_err());
+            assert!(error.contains(says) && error.contains("test.toml"), "{keys}: {error}");
+        }
+    }
+
+    /// A config of `[[tasks]]` (built-in plugins, so no file is needed) with `extra` after
+    /// them; the error, if any, in full.
+    fn tasks_config(tasks: &str, extra: &str) -> Result<TrainConfig, String> {
+        let text =
+            format!("[model]\npath = \"m\"\n\n[[rewards]]\nplugin = \"builtin:math-answer\"\n\n{tasks}\n{extra}");
+        TrainConfig::parse(&text, "t.toml", Path::new(".")).map_err(|e| format!("{e:#}"))
+    }
+
+    const ARITHMETIC: &str = "[[tasks]]\nname = \"a\"\nenvironment = { plugin = \"builtin:arithmetic\" }\n";
+
+    fn refused(tasks: &str, extra: &str, says: &str) {
+        let error = tasks_config(tasks, extra).map(|_| ()).expect_err(says);
+        assert!(error.contains(says) && error.contains("t.toml"), "wanted {says:?}, got: {error}");
+    }
+
+    #[test]
+    fn a_good_multitask_config_passes() {
+        let two = format!("{ARITHMETIC}\n{}", ARITHMETIC.replace("\"a\"", "\"b\""));
+        tasks_config(&two, "").unwrap();
+    }
+
+    #[test]
+    fn task_names_are_safe_and_unique() {
+        refused(&ARITHMETIC.replace("\"a\"", "\"a b\""), "", "`tasks[0].name` = \"a b\": a task's name is 1 to 64");
+        refused(&ARITHMETIC.replace("\"a\"", "\"\""), "", "a task's name is 1 to 64");
+        refused(&format!("{ARITHMETIC}{ARITHMETIC}"), "", "`tasks[1].name`: two tasks are named \"a\"");
+    }
+
+    #[test]
+    fn a_task_has_exactly_one_source_and_is_scored_one_way() {
+        let both = "[[tasks]]\nname = \"x\"\nenvironment = { plugin = \"builtin:arithmetic\" }\n\
+                    agent = { plugin = \"builtin:arithmetic\" }\n";
+        refused(both, "", "give one of [tasks[0].environment], [tasks[0].dataset] or [tasks[0].agent]");
+        refused("[[tasks]]\nname = \"x\"\n", "", "`tasks[0].`: the task \"x\" has no source");
+        let remote =
+            "[[tasks]]\nname = \"r\"\nremote = { url = \"http://127.0.0.1:1\", task = \"t\" }\nmax_turns = 2\n";
+        refused(remote, "", "`tasks[0].max_turns`: remote tasks are single-turn");
+        let url = "[[tasks]]\nname = \"r\"\nremote = { url = \"ftp://h/x\", task = \"t\" }\n";
+        refused(url, "", "`tasks[0].remote.url` = \"ftp://h/x\": give the server as http://HOST:PORT");
+        let slow = "[[tasks]]\nname = \"r\"\nremote = { url = \"http://h:1\", task = \"t\", timeout_s = nan }\n";
+        refused(slow, "", "`tasks[0].remote.timeout_s` must be a number of seconds above 0");
+        let agent = "[[tasks]]\nname = \"g\"\nagent = { plugin = \"builtin:arithmetic\", max_tokens = 0 }\n";
+        refused(agent, "", "`tasks[0].agent.max_tokens` must be at least 1");
+        let episodes = ARITHMETIC.to_string() + "max_turns = 3\n[[tasks.rewards]]\nplugin = \"builtin:math-answer\"\n";
+        refused(&episodes, "", "`tasks[0].rewards`: a multi-turn task (max_turns = 3) is scored by its environment");
+        let dataset = "[[tasks]]\nname = \"d\"\ndataset = {}\n";
+        refused(dataset, "", "[tasks[0].dataset] names no file");
+        let missing = "[[tasks]]\nname = \"d\"\ndataset = { train = \"no-such-file.jsonl\" }\n";
+        refused(missing, "", "`tasks[0].dataset.train`: ");
+        let plugin = "[[tasks]]\nname = \"p\"\nenvironment = { plugin = \"no-such-plugin.wasm\" }\n";
+        refused(plugin, "", "`tasks[0].environment.plugin`: plugin file");
+    }
+
+    #[test]
+    fn every_number_is_finite_and_in_range_and_named() {
+        for (extra, says) in [
+            ("[grpo]\ngroup_size = 1", "`grpo.group_size` must be at least 2"),
+            ("[grpo]\nsteps = 0", "`grpo.steps` must be at least 1"),
+            ("[grpo]\nlearning_rate = nan", "`grpo.learning_rate` = NaN: it must be a positive number"),
+            ("[grpo]\nclip_low = 1.0", "`grpo.clip_low` = 1: it must be in [0, 1)"),
+            ("[grpo]\ntis_cap = 0.5", "`grpo.tis_cap` = 0.5: it must be a number >= 1"),
+            ("[grpo]\nmax_grad_norm = -1.0", "`grpo.max_grad_norm` = -1: it must be a positive number"),
+            ("[grpo]\ngeneration_lag = 2", "`grpo.generation_lag` = 2: it must be 0"),
+            ("[grpo]\nfailure_reward = -1.0", "`grpo.failure_reward` = -1 is used only where failures are rewarded"),
+            ("[grpo]\nsteps = 1099511627776", "`grpo.steps` x `grpo.prompts_per_step` is too large"),
+            ("[swap]\nmax_failure_rate = 2.0", "`swap.max_failure_rate` = 2: it must be in [0, 1]"),
+            ("[swap]\nrollback_window = 0", "`swap.rollback_window` must be at least 1"),
+            ("[eval]\nsamples = 2\nk = [3]", "`eval.k` = 3: each k must be between 1 and `eval.samples` (2)"),
+            ("[eval]\nbatch_tasks = 0", "`eval.batch_tasks` must be at least 1"),
+            ("[eval]\nfirst_index = 3", "`eval.first_index` overlaps the training tasks"),
+        ] {
+            refused(ARITHMETIC, extra, says);
+        }
+    }
+
+    #[test]
+    fn a_tasks_own_numbers_are_checked_by_its_key() {
+        for (lines, says) in [
+            ("weight = -1.0", "`tasks[0].weight` = -1: it must be a finite number >= 0"),
+            ("weight = 0.0", "no task is trained on"),
+            ("max_turns = 0", "`tasks[0].max_turns` = 0: it must be between 1 and 64"),
+            ("max_turns = 65", "`tasks[0].max_turns` = 65: it must be between 1 and 64"),
+            ("pass_reward = inf", "`tasks[0].pass_reward` = inf: it must be a finite number"),
+            ("sampling = { temperature = 3.0 }", "`tasks[0].sampling.temperature` = 3: it must be from 0 to 2"),
+        ] {
+            refused(&format!("{ARITHMETIC}{lines}\n"), "", says);
+        }
+        let memory = ARITHMETIC.replace("builtin:arithmetic\"", "builtin:arithmetic\", memory_mib = 999999");
+        refused(&memory, "", "`tasks[0].environment.memory_mib` = 999999: it must be between 1 and 4096");
+        let lagged = ARITHMETIC.to_string() + "max_turns = 2\n";
+        refused(&lagged, "[grpo]\ngeneration_lag = 1", "`grpo.generation_lag` = 1 samples single-turn tasks only");
+    }
+}
