@@ -139,3 +139,53 @@ fn a_served_tasks_failures_answer_by_their_cause() {
     let (code, answer) = status("/v1/episodes", r#"{"task": "rows", "index": 1100}"#);
     assert_eq!(code, 500, "the dataset file is gone: {answer}");
 }
+
+/// A task server that lists one task (`slow`) and then answers nothing: every later request
+/// is read and held, unanswered, for `hold`. Serves `connections` connections, then ends.
+fn silent_task_server(connections: usize, hold: Duration) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(connections) {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = [0u8; 4096];
+                let read = stream.read(&mut head).unwrap_or(0);
+                if head[..read].starts_with(b"GET /v1/tasks ") {
+                    let body = r#"{"object": "list", "data": [{"name": "slow"}]}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: \
+                         close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(answer.as_bytes());
+                } else {
+                    std::thread::sleep(hold);
+                }
+            });
+        }
+    });
+    address
+}
+
+/// Errors by layer, upstream's silence: a remote task whose server does not answer within
+/// its `timeout_s` answers 504 (a dead one 502, above), naming the timeout.
+#[test]
+fn a_remote_task_server_that_does_not_answer_in_time_is_a_gateway_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = silent_task_server(8, Duration::from_secs(6));
+    let config = write(
+        dir.path(),
+        "downstream.toml",
+        &format!(
+            "[[tasks]]\nname = \"slow\"\nremote = {{ url = \"http://{upstream}\", timeout_s = 1, retries = 0 }}\n"
+        ),
+    );
+    let server = crate::serve::Server::start(&["--config", config.to_str().unwrap()]);
+    let started = Instant::now();
+    let (code, answer) = server.post("/v1/episodes", r#"{"task": "slow", "index": 0}"#);
+    assert_eq!(code, 504, "{answer}");
+    assert!(answer.to_string().contains("timeout_s"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+}

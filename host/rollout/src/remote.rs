@@ -33,8 +33,10 @@ pub struct RemoteSpec {
 /// Why a remote call failed.
 #[derive(Debug)]
 pub enum RemoteError {
-    /// The server could not be reached or did not answer in time, after every retry.
+    /// The server could not be reached, or failed (5xx, 429), after every retry.
     Unreachable(String),
+    /// It did not answer within the task's `timeout_s`, on the last try.
+    TimedOut(String),
     /// It answered, refusing (a 4xx), or with something that is not the expected JSON.
     Refused(String),
 }
@@ -43,6 +45,7 @@ impl std::fmt::Display for RemoteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RemoteError::Unreachable(message) | RemoteError::Refused(message) => f.write_str(message),
+            RemoteError::TimedOut(message) => write!(f, "{message} (no answer within the task's timeout_s)"),
         }
     }
 }
@@ -102,6 +105,7 @@ impl RemoteTasks {
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, RemoteError> {
         let url = format!("{}{path}", self.spec.url.trim_end_matches('/'));
         let mut last = String::new();
+        let mut timed_out = false;
         for attempt in 0..=self.spec.retries {
             if attempt > 0 {
                 // 0.2 s, 0.4 s, 0.8 s, … at most 5 s between tries.
@@ -117,6 +121,7 @@ impl RemoteTasks {
             let mut response = match sent {
                 Ok(response) => response,
                 Err(error) => {
+                    timed_out = matches!(error, ureq::Error::Timeout(_));
                     last = format!("{method} {url}: {error}");
                     continue;
                 }
@@ -126,6 +131,7 @@ impl RemoteTasks {
             let text = match text {
                 Ok(text) => text,
                 Err(error) => {
+                    timed_out = matches!(error, ureq::Error::Timeout(_));
                     last = format!("{method} {url}: reading the answer: {error}");
                     continue;
                 }
@@ -143,11 +149,15 @@ impl RemoteTasks {
                     return parsed.map_err(|e| RemoteError::Refused(format!("{method} {url}: not JSON: {e}")));
                 }
                 // Busy or failing: another try may do.
-                429 | 500..=599 => last = format!("{method} {url}: {status}: {}", message()),
+                429 | 500..=599 => {
+                    timed_out = false;
+                    last = format!("{method} {url}: {status}: {}", message());
+                }
                 _ => return Err(RemoteError::Refused(format!("{method} {url}: {status}: {}", message()))),
             }
         }
-        Err(RemoteError::Unreachable(format!("{last} (after {} tries)", self.spec.retries + 1)))
+        let last = format!("{last} (after {} tries)", self.spec.retries + 1);
+        Err(if timed_out { RemoteError::TimedOut(last) } else { RemoteError::Unreachable(last) })
     }
 
     fn authorized_get(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {

@@ -562,15 +562,17 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
 }
 
 /// A task source's error, answered with the status its cause calls for: the remote task
-/// server failing is upstream's (502), an I/O error the host's (500), anything else the
-/// task's own (422: the source cannot give that task).
+/// server failing or refusing is upstream's (502), its silence past `timeout_s` too (504),
+/// an I/O error the host's (500), anything else the task's own (422: the source cannot give
+/// that task).
 fn source_failure(error: &anyhow::Error) -> ApiError {
-    let status = if error.chain().any(|cause| cause.is::<wirl_rollout::RemoteError>()) {
-        StatusCode::BAD_GATEWAY
-    } else if error.chain().any(|cause| cause.is::<std::io::Error>()) {
-        StatusCode::INTERNAL_SERVER_ERROR
-    } else {
-        StatusCode::UNPROCESSABLE_ENTITY
+    use wirl_rollout::RemoteError;
+    let remote = error.chain().find_map(|cause| cause.downcast_ref::<RemoteError>());
+    let status = match remote {
+        Some(RemoteError::TimedOut(_)) => StatusCode::GATEWAY_TIMEOUT,
+        Some(RemoteError::Unreachable(_) | RemoteError::Refused(_)) => StatusCode::BAD_GATEWAY,
+        None if error.chain().any(|cause| cause.is::<std::io::Error>()) => StatusCode::INTERNAL_SERVER_ERROR,
+        None => StatusCode::UNPROCESSABLE_ENTITY,
     };
     ApiError::with_status(status, format!("{error:#}"))
 }
