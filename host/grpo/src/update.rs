@@ -6,7 +6,7 @@
 //! rollout layer turns scored trajectories into [`GroupBatch`]es.
 
 use crate::grads::Gradients;
-use crate::loss::{Aggregation, LossSettings, grpo_loss, masked_token_weights, token_weights};
+use crate::loss::{Aggregation, LossParts, LossSettings, grpo_loss, masked_token_weights, token_weights};
 use crate::optim::Optimizer;
 use crate::policy::{MemoryLimits, Net, Policy, TokenStats};
 use anyhow::bail;
@@ -213,10 +213,65 @@ impl Learner {
         }
         let step_tokens: usize = groups.iter().map(GroupBatch::trainable_tokens).sum();
         let step_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
-        // The micro-batches of every group, in order; `spans[g]`: group g's among them, and
-        // whether they share one pass of the prompt: a group split only by length, on the
-        // recomputing backward (micro-batches of at most N rows exist to bound memory, and
-        // sharing the prompt keeps all of a layer's rows alive at once).
+        let (split, spans) = self.micro_batches(groups, settings);
+        let groups = &split[..];
+        let timer = Instant::now();
+        let Some((old, reference)) = self.before_update(groups, &spans, settings, stop)? else {
+            return Ok(None);
+        };
+        stats.time.reference_forward = timer.elapsed().as_secs_f64();
+        // The behaviour policy's log-probs of groups sampled by older weights.
+        let behaviour: Vec<Option<Tensor>> = groups
+            .iter()
+            .map(|g| if g.sampler_lag > 0 { g.sampled_logprobs(&self.policy) } else { Ok(None) })
+            .collect::<candle_core::Result<_>>()?;
+        let inputs = LossInputs {
+            groups,
+            old: &old,
+            reference: &reference,
+            behaviour: &behaviour,
+            settings,
+            step_tokens,
+            step_sequences,
+        };
+        let mut sums = Sums::default();
+        for epoch in 0..settings.inner_epochs {
+            let mut grads = Gradients::new();
+            for (span, shared) in &spans {
+                // Until the first update the step can still be abandoned whole.
+                if epoch == 0 && stop() {
+                    return Ok(None);
+                }
+                progress(span.start, groups.len());
+                let micro = Micro { span: span.clone(), shared: *shared };
+                self.train_micro_batches(&inputs, micro, epoch, &mut grads, &mut sums, &mut stats)?;
+            }
+            let timer = Instant::now();
+            if !grads.is_empty() {
+                // No row samples while the weights change (they are the engine's too).
+                let hold = engine.map(EngineHandle::hold_weights).transpose()?;
+                stats.weight_writes += u64::from(hold.is_some());
+                let update = self.optimizer.step(&grads, settings.learning_rate, settings.max_grad_norm)?;
+                drop(hold);
+                stats.grad_norm = update.grad_norm;
+                stats.updates_skipped += usize::from(!update.applied);
+            }
+            stats.time.optimizer += timer.elapsed().as_secs_f64();
+        }
+        let epochs = settings.inner_epochs as f32;
+        stats.loss = sums.loss / epochs;
+        stats.kl = sums.kl / epochs;
+        stats.entropy = sums.entropy / epochs;
+        stats.clip_fraction = sums.clip / epochs;
+        stats.tis_truncated = if sums.lagged_tokens > 0.0 { sums.truncated / sums.lagged_tokens } else { 0.0 };
+        Ok(Some(stats))
+    }
+
+    /// The micro-batches of every group, in order, and each group's span among them, with
+    /// whether they share one pass of the prompt: a group split only by length, on the
+    /// recomputing backward (micro-batches of at most N rows exist to bound memory, and
+    /// sharing the prompt keeps all of a layer's rows alive at once).
+    fn micro_batches(&self, groups: &[GroupBatch], settings: &UpdateSettings) -> (Vec<GroupBatch>, Vec<Span>) {
         let mut split: Vec<GroupBatch> = Vec::new();
         let mut spans = Vec::with_capacity(groups.len());
         for group in groups {
@@ -229,11 +284,20 @@ impl Learner {
             split.extend(group.split(settings.micro_batch_rows, settings.split_by_length, shared));
             spans.push((start..split.len(), shared));
         }
-        let groups = &split[..];
-        // Old log-probs (μ > 1) and the reference's, before any update of this step.
+        (split, spans)
+    }
+
+    /// Old log-probs (μ > 1) and the reference's, per micro-batch, before any update of this
+    /// step. `None` when `stop()` said so.
+    #[allow(clippy::type_complexity)]
+    fn before_update(
+        &self,
+        groups: &[GroupBatch],
+        spans: &[Span],
+        settings: &UpdateSettings,
+        stop: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Option<(Vec<Option<Tensor>>, Vec<Option<Tensor>>)>> {
         let mut old = Vec::new();
-        let mut reference = Vec::new();
-        let timer = Instant::now();
         for group in groups {
             if stop() {
                 return Ok(None);
@@ -253,7 +317,8 @@ impl Learner {
             }
         }
         // The reference's: a group's micro-batches share one pass of its prompt.
-        for (span, _) in &spans {
+        let mut reference = Vec::new();
+        for (span, _) in spans {
             if stop() {
                 return Ok(None);
             }
@@ -267,147 +332,160 @@ impl Learner {
                 None => reference.extend(micro.iter().map(|_| None)),
             }
         }
-        stats.time.reference_forward = timer.elapsed().as_secs_f64();
-        // The behaviour policy's log-probs of groups sampled by older weights.
-        let behaviour: Vec<Option<Tensor>> = groups
-            .iter()
-            .map(|g| if g.sampler_lag > 0 { g.sampled_logprobs(&self.policy) } else { Ok(None) })
-            .collect::<candle_core::Result<_>>()?;
-        let (mut truncated, mut lagged_tokens) = (0f32, 0f32);
-        let (mut loss_sum, mut kl_sum, mut entropy_sum, mut clip_sum) = (0f32, 0f32, 0f32, 0f32);
-        for epoch in 0..settings.inner_epochs {
-            let mut grads = Gradients::new();
-            for (span, shared) in &spans {
-                // Until the first update the step can still be abandoned whole.
-                if epoch == 0 && stop() {
-                    return Ok(None);
-                }
-                progress(span.start, groups.len());
-                let timer = Instant::now();
-                let mut forward_time = None;
-                // Micro-batch k's loss from its token stats.
-                let mut loss_of = |k: usize, token_stats: &TokenStats| {
-                    // The forward ends where the first loss begins (when recomputing, that is
-                    // the graph-free pass and the head).
-                    forward_time.get_or_insert_with(|| timer.elapsed());
-                    let group = &groups[k];
-                    let lengths: Vec<usize> = group.completions.iter().map(Vec::len).collect();
-                    let width = token_stats.logp.dim(1)?;
-                    let weights = if group.trainable.is_empty() {
-                        token_weights(
-                            &lengths,
-                            width,
-                            settings.aggregation,
-                            step_tokens,
-                            step_sequences,
-                            settings.max_tokens,
-                        )
-                    } else {
-                        masked_token_weights(
-                            &group.trainable,
-                            width,
-                            settings.aggregation,
-                            step_tokens,
-                            step_sequences,
-                            settings.max_tokens,
-                        )
-                    };
-                    let device = token_stats.logp.device();
-                    let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
-                    let advantages = Tensor::from_vec(group.advantages.clone(), lengths.len(), device)?;
-                    let old_logp = match &old[k] {
-                        Some(old) => old.clone(),
-                        None => token_stats.logp.detach(),
-                    };
-                    // Sampled by older weights: each token's advantage carries the truncated
-                    // importance weight (a weight ≥ 0 commutes with the clipped minimum).
-                    let (advantages, cut) = match &behaviour[k] {
-                        Some(behaviour) => {
-                            let ratio = (&old_logp - behaviour)?.exp()?;
-                            let weight = ratio.clamp(0.0, settings.tis_cap)?;
-                            let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
-                            let cut = (ratio.gt(settings.tis_cap)?.to_dtype(weights.dtype())? * &active)?
-                                .sum_all()?
-                                .to_scalar::<f32>()?;
-                            let tokens = active.sum_all()?.to_scalar::<f32>()?;
-                            (weight.broadcast_mul(&advantages.unsqueeze(1)?)?, Some((cut, tokens)))
-                        }
-                        None => (advantages, None),
-                    };
-                    let parts = grpo_loss(
-                        &token_stats.logp,
-                        &old_logp,
-                        reference[k].as_ref(),
-                        Some(&token_stats.entropy),
-                        &advantages,
-                        &weights,
-                        &settings.loss,
-                    )?;
-                    Ok((parts.loss.clone(), (parts, cut)))
-                };
-                let micro = &groups[span.clone()];
-                let results = if *shared && micro.len() > 1 {
-                    let parts: Vec<&[Vec<u32>]> = micro.iter().map(|g| g.completions.as_slice()).collect();
-                    let results = self.policy.parts_loss_and_grads(
-                        &micro[0].prompt,
-                        &parts,
-                        &settings.memory,
-                        &mut grads,
-                        |j, stats| loss_of(span.start + j, stats),
-                    )?;
-                    stats.groups_recomputed += micro.len();
-                    results
-                } else {
-                    let mut results = Vec::with_capacity(micro.len());
-                    for k in span.clone() {
-                        let (result, recomputed) = self.policy.loss_and_grads(
-                            &groups[k].prompt,
-                            &groups[k].completions,
-                            &settings.memory,
-                            &mut grads,
-                            |stats| loss_of(k, stats),
-                        )?;
-                        stats.groups_recomputed += usize::from(recomputed);
-                        results.push(result);
-                    }
-                    results
-                };
-                if grads.is_empty() {
-                    bail!("the loss has no gradient with respect to the policy's weights");
-                }
-                for (parts, cut) in results {
-                    if let (Some((cut, tokens)), 0) = (cut, epoch) {
-                        truncated += cut;
-                        lagged_tokens += tokens;
-                    }
-                    loss_sum += parts.loss.to_scalar::<f32>()?;
-                    kl_sum += parts.kl;
-                    entropy_sum += parts.entropy;
-                    clip_sum += parts.clip_fraction / groups.len() as f32;
-                }
-                let forward_time = forward_time.unwrap_or_default();
-                stats.time.policy_forward += forward_time.as_secs_f64();
-                stats.time.backward += (timer.elapsed() - forward_time).as_secs_f64();
+        Ok(Some((old, reference)))
+    }
+
+    /// One group's micro-batches: forward, loss, backward, gradients summed into `grads`;
+    /// the loss figures into `sums`, the time and recomputations into `stats`.
+    fn train_micro_batches(
+        &self,
+        inputs: &LossInputs<'_>,
+        micro: Micro,
+        epoch: usize,
+        grads: &mut Gradients,
+        sums: &mut Sums,
+        stats: &mut UpdateStats,
+    ) -> anyhow::Result<()> {
+        let (groups, settings) = (inputs.groups, inputs.settings);
+        let timer = Instant::now();
+        let mut forward_time = None;
+        // Micro-batch k's loss from its token stats; the forward ends where the first loss
+        // begins (when recomputing, that is the graph-free pass and the head).
+        let mut loss_of = |k: usize, token_stats: &TokenStats| {
+            forward_time.get_or_insert_with(|| timer.elapsed());
+            inputs.loss(k, token_stats)
+        };
+        let span = micro.span;
+        let batches = &groups[span.clone()];
+        let results = if micro.shared && batches.len() > 1 {
+            let parts: Vec<&[Vec<u32>]> = batches.iter().map(|g| g.completions.as_slice()).collect();
+            let results = self.policy.parts_loss_and_grads(
+                &batches[0].prompt,
+                &parts,
+                &settings.memory,
+                grads,
+                |j, token_stats| loss_of(span.start + j, token_stats),
+            )?;
+            stats.groups_recomputed += batches.len();
+            results
+        } else {
+            let mut results = Vec::with_capacity(batches.len());
+            for k in span {
+                let (result, recomputed) = self.policy.loss_and_grads(
+                    &groups[k].prompt,
+                    &groups[k].completions,
+                    &settings.memory,
+                    grads,
+                    |token_stats| loss_of(k, token_stats),
+                )?;
+                stats.groups_recomputed += usize::from(recomputed);
+                results.push(result);
             }
-            let timer = Instant::now();
-            if !grads.is_empty() {
-                // No row samples while the weights change (they are the engine's too).
-                let hold = engine.map(EngineHandle::hold_weights).transpose()?;
-                stats.weight_writes += u64::from(hold.is_some());
-                let update = self.optimizer.step(&grads, settings.learning_rate, settings.max_grad_norm)?;
-                drop(hold);
-                stats.grad_norm = update.grad_norm;
-                stats.updates_skipped += usize::from(!update.applied);
-            }
-            stats.time.optimizer += timer.elapsed().as_secs_f64();
+            results
+        };
+        if grads.is_empty() {
+            bail!("the loss has no gradient with respect to the policy's weights");
         }
-        let epochs = settings.inner_epochs as f32;
-        stats.loss = loss_sum / epochs;
-        stats.kl = kl_sum / epochs;
-        stats.entropy = entropy_sum / epochs;
-        stats.clip_fraction = clip_sum / epochs;
-        stats.tis_truncated = if lagged_tokens > 0.0 { truncated / lagged_tokens } else { 0.0 };
-        Ok(Some(stats))
+        for (parts, cut) in results {
+            if let (Some((cut, tokens)), 0) = (cut, epoch) {
+                sums.truncated += cut;
+                sums.lagged_tokens += tokens;
+            }
+            sums.loss += parts.loss.to_scalar::<f32>()?;
+            sums.kl += parts.kl;
+            sums.entropy += parts.entropy;
+            sums.clip += parts.clip_fraction / groups.len() as f32;
+        }
+        let forward_time = forward_time.unwrap_or_default();
+        stats.time.policy_forward += forward_time.as_secs_f64();
+        stats.time.backward += (timer.elapsed() - forward_time).as_secs_f64();
+        Ok(())
+    }
+}
+
+/// A group's micro-batches (a range of them) and whether they share one pass of its prompt.
+type Span = (std::ops::Range<usize>, bool);
+
+/// One group's micro-batches, as [`Learner::train_micro_batches`] takes them.
+struct Micro {
+    span: std::ops::Range<usize>,
+    shared: bool,
+}
+
+/// The loss figures of an update, summed over its epochs; and over the first epoch, the
+/// tokens of lagged groups and how many of them the importance weight's cap truncated.
+#[derive(Default)]
+struct Sums {
+    loss: f32,
+    kl: f32,
+    entropy: f32,
+    clip: f32,
+    truncated: f32,
+    lagged_tokens: f32,
+}
+
+/// What the loss of a micro-batch needs beyond its token stats, by micro-batch.
+struct LossInputs<'a> {
+    groups: &'a [GroupBatch],
+    old: &'a [Option<Tensor>],
+    reference: &'a [Option<Tensor>],
+    behaviour: &'a [Option<Tensor>],
+    settings: &'a UpdateSettings,
+    step_tokens: usize,
+    step_sequences: usize,
+}
+
+impl LossInputs<'_> {
+    /// Micro-batch k's loss (the tensor to differentiate) and its parts, with, for a group
+    /// sampled by older weights, (tokens truncated, tokens) of its importance weights.
+    #[allow(clippy::type_complexity)]
+    fn loss(
+        &self,
+        k: usize,
+        token_stats: &TokenStats,
+    ) -> candle_core::Result<(Tensor, (LossParts, Option<(f32, f32)>))> {
+        let (group, settings) = (&self.groups[k], self.settings);
+        let lengths: Vec<usize> = group.completions.iter().map(Vec::len).collect();
+        let width = token_stats.logp.dim(1)?;
+        let (aggregation, tokens, sequences, max_tokens) =
+            (settings.aggregation, self.step_tokens, self.step_sequences, settings.max_tokens);
+        let weights = if group.trainable.is_empty() {
+            token_weights(&lengths, width, aggregation, tokens, sequences, max_tokens)
+        } else {
+            masked_token_weights(&group.trainable, width, aggregation, tokens, sequences, max_tokens)
+        };
+        let device = token_stats.logp.device();
+        let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
+        let advantages = Tensor::from_vec(group.advantages.clone(), lengths.len(), device)?;
+        let old_logp = match &self.old[k] {
+            Some(old) => old.clone(),
+            None => token_stats.logp.detach(),
+        };
+        // Sampled by older weights: each token's advantage carries the truncated importance
+        // weight (a weight ≥ 0 commutes with the clipped minimum).
+        let (advantages, cut) = match &self.behaviour[k] {
+            Some(behaviour) => {
+                let ratio = (&old_logp - behaviour)?.exp()?;
+                let weight = ratio.clamp(0.0, settings.tis_cap)?;
+                let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
+                let cut = (ratio.gt(settings.tis_cap)?.to_dtype(weights.dtype())? * &active)?
+                    .sum_all()?
+                    .to_scalar::<f32>()?;
+                let tokens = active.sum_all()?.to_scalar::<f32>()?;
+                (weight.broadcast_mul(&advantages.unsqueeze(1)?)?, Some((cut, tokens)))
+            }
+            None => (advantages, None),
+        };
+        let parts = grpo_loss(
+            &token_stats.logp,
+            &old_logp,
+            self.reference[k].as_ref(),
+            Some(&token_stats.entropy),
+            &advantages,
+            &weights,
+            &settings.loss,
+        )?;
+        Ok((parts.loss.clone(), (parts, cut)))
     }
 }
 

@@ -165,23 +165,8 @@ pub fn run_episodes(
 ) -> Option<Result<EpisodeRun, TemplateDrift>> {
     let started = std::time::Instant::now();
     let mut times = EpisodeTimes::default();
-    let name_of = |g: &EpisodeGroup<'_>| g.environment.plugin().name().to_string();
-    let mut lives: Vec<Vec<Live>> = Vec::new();
-    for group in &groups {
-        let mut live = Vec::new();
-        for first in &group.first {
-            let mut trajectory = first.clone();
-            trajectory.trainable = vec![true; trajectory.tokens.len()];
-            trajectory.turns = 1;
-            let (episode, outcome) = match group.environment.start_episode(group.task) {
-                Ok(episode) => (Some(episode), None),
-                Err(failure) => (None, Some(Err((failure.kind.name().to_string(), failure.to_string())))),
-            };
-            let conversation = group.task.messages.clone();
-            live.push(Live { episode, prompt_messages: conversation.len(), conversation, trajectory, outcome });
-        }
-        lives.push(live);
-    }
+    let mut lives: Vec<Vec<Live>> =
+        groups.iter().map(|group| group.first.iter().map(|first| Live::start(group, first)).collect()).collect();
     // The reply of the latest turn of each live episode: (group, sample, text, eos).
     let mut replies: Vec<(usize, usize, String, Option<u32>)> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
@@ -194,61 +179,15 @@ pub fn run_episodes(
         let mut requests = Vec::new();
         let mut asking = Vec::new();
         for (g, j, reply, eos) in replies.drain(..) {
-            let group = &groups[g];
-            let live = &mut lives[g][j];
-            let Some(episode) = live.episode.as_mut() else { continue };
-            if live.outcome.is_some() {
-                continue;
-            }
-            let messages = match episode.step(&reply) {
-                Ok(StepResult::Done(score)) => {
-                    live.outcome = Some(Ok(score));
-                    continue;
+            let reply = Reply { text: reply, eos, turn, sample: j };
+            match lives[g][j].answer(&groups[g], reply, tokenizer, context) {
+                Ok(Some(request)) => {
+                    requests.push(request);
+                    asking.push((g, j));
                 }
-                Ok(StepResult::Continue(messages)) => messages,
-                Err(failure) => {
-                    live.outcome = Some(Err((failure.kind.name().to_string(), failure.to_string())));
-                    continue;
-                }
-            };
-            if turn >= group.max_turns {
-                live.outcome = Some(Err((
-                    "max_turns".into(),
-                    format!("the episode was not over after max_turns = {} model turns", group.max_turns),
-                )));
-                continue;
-            }
-            let text = match appended_text(tokenizer, &live.conversation, &reply, eos, &messages) {
-                Ok(text) => text,
+                Ok(None) => {}
                 Err(drift) => return Some(Err(drift)),
-            };
-            let added = match tokenizer.encode(&text) {
-                Ok(ids) => ids,
-                Err(error) => return Some(Err(TemplateDrift(format!("the appended text does not tokenize: {error}")))),
-            };
-            live.conversation.push(Message { role: "assistant".into(), content: reply });
-            live.conversation.extend(messages);
-            let t = &mut live.trajectory;
-            t.logprobs.extend(std::iter::repeat_n(0.0, added.len()));
-            t.trainable.extend(std::iter::repeat_n(false, added.len()));
-            t.tokens.extend(added);
-            let ledger = group.prompt.len() + t.tokens.len();
-            if ledger + group.sampling.max_tokens > context {
-                live.outcome = Some(Err((
-                    "context".into(),
-                    format!(
-                        "after {} turns the conversation is {ledger} tokens; with max_tokens = {} it does not fit \
-                         the model's context of {context}",
-                        t.turns, group.sampling.max_tokens
-                    ),
-                )));
-                continue;
             }
-            let mut prompt = group.prompt.to_vec();
-            prompt.extend_from_slice(&t.tokens);
-            let seed = crate::seed::seed_for(group.seed, ((turn as u64) << 20) | j as u64);
-            requests.push(GenerateRequest { prompt, n: 1, sampling: group.sampling.seeded(seed) });
-            asking.push((g, j));
         }
         if requests.is_empty() {
             break;
@@ -257,36 +196,127 @@ pub fn run_episodes(
         let generated = engine.generate_all_until(requests, stop)?;
         times.generate_s += generating.elapsed().as_secs_f64();
         for ((g, j), result) in asking.into_iter().zip(generated) {
-            let live = &mut lives[g][j];
-            let completion = match result {
-                Ok(mut completions) if !completions.is_empty() => completions.remove(0),
-                Ok(_) => {
-                    live.outcome = Some(Err(("generation".into(), "the engine returned no completion".into())));
-                    continue;
-                }
-                Err(error) => {
-                    live.outcome = Some(Err(("generation".into(), error.to_string())));
-                    continue;
-                }
-            };
-            let t = &mut live.trajectory;
-            times.turns += 1;
-            t.turns += 1;
-            t.trainable.extend(std::iter::repeat_n(true, completion.tokens.len()));
-            t.logprobs.extend_from_slice(&completion.logprobs);
-            t.tokens.extend_from_slice(&completion.tokens);
-            t.finish = completion.finish;
-            replies.push((g, j, completion.text.clone(), ended_on_eos(tokenizer, &completion.tokens)));
-            t.text = completion.text;
+            if let Some((text, eos)) = lives[g][j].take_turn(result, tokenizer) {
+                times.turns += 1;
+                replies.push((g, j, text, eos));
+            }
         }
     }
     let mut out = Vec::new();
     for (group, lives) in groups.iter().zip(lives) {
-        let name = name_of(group);
+        let name = group.environment.plugin().name().to_string();
         out.push(lives.into_iter().map(|live| finish(live, &name, group.failures)).collect());
     }
     times.host_s = started.elapsed().as_secs_f64() - times.generate_s;
     Some(Ok(EpisodeRun { groups: out, times }))
+}
+
+/// A model turn's reply, for the environment: its text, the end-of-sequence token it ended
+/// on (if it did), the turn it was, and which sample of its group said it.
+struct Reply {
+    text: String,
+    eos: Option<u32>,
+    turn: usize,
+    sample: usize,
+}
+
+impl Live {
+    /// An episode begun from a sample's first reply.
+    fn start(group: &EpisodeGroup<'_>, first: &Trajectory) -> Live {
+        let mut trajectory = first.clone();
+        trajectory.trainable = vec![true; trajectory.tokens.len()];
+        trajectory.turns = 1;
+        let (episode, outcome) = match group.environment.start_episode(group.task) {
+            Ok(episode) => (Some(episode), None),
+            Err(failure) => (None, Some(Err((failure.kind.name().to_string(), failure.to_string())))),
+        };
+        let conversation = group.task.messages.clone();
+        Live { episode, prompt_messages: conversation.len(), conversation, trajectory, outcome }
+    }
+
+    /// The environment's answer to `reply`, appended to the ledger: the request for the
+    /// model's next turn, or `None` when the episode ended here (its outcome set).
+    fn answer(
+        &mut self,
+        group: &EpisodeGroup<'_>,
+        reply: Reply,
+        tokenizer: &Tokenizer,
+        context: usize,
+    ) -> Result<Option<GenerateRequest>, TemplateDrift> {
+        let Some(episode) = self.episode.as_mut() else { return Ok(None) };
+        if self.outcome.is_some() {
+            return Ok(None);
+        }
+        let messages = match episode.step(&reply.text) {
+            Ok(StepResult::Done(score)) => {
+                self.outcome = Some(Ok(score));
+                return Ok(None);
+            }
+            Ok(StepResult::Continue(messages)) => messages,
+            Err(failure) => {
+                self.outcome = Some(Err((failure.kind.name().to_string(), failure.to_string())));
+                return Ok(None);
+            }
+        };
+        if reply.turn >= group.max_turns {
+            let message = format!("the episode was not over after max_turns = {} model turns", group.max_turns);
+            self.outcome = Some(Err(("max_turns".into(), message)));
+            return Ok(None);
+        }
+        let text = appended_text(tokenizer, &self.conversation, &reply.text, reply.eos, &messages)?;
+        let added = tokenizer
+            .encode(&text)
+            .map_err(|error| TemplateDrift(format!("the appended text does not tokenize: {error}")))?;
+        self.conversation.push(Message { role: "assistant".into(), content: reply.text });
+        self.conversation.extend(messages);
+        let t = &mut self.trajectory;
+        t.logprobs.extend(std::iter::repeat_n(0.0, added.len()));
+        t.trainable.extend(std::iter::repeat_n(false, added.len()));
+        t.tokens.extend(added);
+        let ledger = group.prompt.len() + t.tokens.len();
+        if ledger + group.sampling.max_tokens > context {
+            let message = format!(
+                "after {} turns the conversation is {ledger} tokens; with max_tokens = {} it does not fit the \
+                 model's context of {context}",
+                t.turns, group.sampling.max_tokens
+            );
+            self.outcome = Some(Err(("context".into(), message)));
+            return Ok(None);
+        }
+        let mut prompt = group.prompt.to_vec();
+        prompt.extend_from_slice(&t.tokens);
+        let seed = crate::seed::seed_for(group.seed, ((reply.turn as u64) << 20) | reply.sample as u64);
+        Ok(Some(GenerateRequest { prompt, n: 1, sampling: group.sampling.seeded(seed) }))
+    }
+
+    /// The model's next turn, appended to the ledger: its reply for the environment, or
+    /// `None` when the engine failed it (the episode's outcome then).
+    fn take_turn(
+        &mut self,
+        result: wirl_engine::Result<Vec<wirl_engine::Completion>>,
+        tokenizer: &Tokenizer,
+    ) -> Option<(String, Option<u32>)> {
+        let completion = match result {
+            Ok(mut completions) if !completions.is_empty() => completions.remove(0),
+            Ok(_) => {
+                self.outcome = Some(Err(("generation".into(), "the engine returned no completion".into())));
+                return None;
+            }
+            Err(error) => {
+                self.outcome = Some(Err(("generation".into(), error.to_string())));
+                return None;
+            }
+        };
+        let t = &mut self.trajectory;
+        t.turns += 1;
+        t.trainable.extend(std::iter::repeat_n(true, completion.tokens.len()));
+        t.logprobs.extend_from_slice(&completion.logprobs);
+        t.tokens.extend_from_slice(&completion.tokens);
+        t.finish = completion.finish;
+        let eos = ended_on_eos(tokenizer, &completion.tokens);
+        t.text = completion.text.clone();
+        Some((completion.text, eos))
+    }
 }
 
 fn ended_on_eos(tokenizer: &Tokenizer, tokens: &[u32]) -> Option<u32> {

@@ -687,12 +687,12 @@ async fn stream(
     id: String,
     kind: Kind,
 ) -> Result<Response, ApiError> {
-    let (pieces, mut receive_pieces) = mpsc::unbounded_channel();
+    let (pieces, receive_pieces) = mpsc::unbounded_channel();
     let (events, receive_events) = mpsc::channel::<Event>(64);
     let prompt_len = request.prompt.len();
-    let generation =
+    let streaming =
         match tokio::time::timeout(state.config.request_timeout, state.engine.start_streaming(request, pieces)).await {
-            Ok(Ok(started)) => started.finish(),
+            Ok(Ok(started)) => started,
             Ok(Err(error)) => return Err(engine_error(error)),
             Err(_) => {
                 return Err(ApiError::with_status(
@@ -701,67 +701,81 @@ async fn stream(
                 ));
             }
         };
+    let chunks = Chunks { id, kind, created: now(), model: state.config.model_name.clone() };
+    let feed = Feed { state, pieces: receive_pieces, events, chunks, common, prompt_len };
     tokio::spawn(async move {
         let _slot = slot;
-        let created = now();
-        let chunk = |choices: Value| {
-            let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-            Event::default().data(
-                json!({"id": id, "object": object, "created": created, "model": state.config.model_name, "choices": choices})
-                    .to_string(),
-            )
-        };
-        let delta = |index: usize, text: &str, first: bool| match kind {
+        feed.run(streaming).await;
+    });
+    let stream = futures_util::stream::unfold(receive_events, |mut receiver| async move {
+        receiver.recv().await.map(|event| (Ok::<_, std::convert::Infallible>(event), receiver))
+    });
+    let mut response = Sse::new(stream).keep_alive(KeepAlive::default()).into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+/// How a stream's chunks are written.
+struct Chunks {
+    id: String,
+    kind: Kind,
+    created: u64,
+    model: String,
+}
+
+impl Chunks {
+    fn object(&self) -> &'static str {
+        if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" }
+    }
+
+    /// A chunk of `choices`.
+    fn event(&self, choices: Value) -> Event {
+        let chunk = json!({"id": self.id, "object": self.object(), "created": self.created, "model": self.model,
+                           "choices": choices});
+        Event::default().data(chunk.to_string())
+    }
+
+    /// A chunk of one choice's text (a chat's first says its role).
+    fn delta(&self, index: usize, text: &str, first: bool) -> Event {
+        self.event(match self.kind {
             Kind::Chat if first => {
                 json!([{"index": index, "delta": {"role": "assistant", "content": text}, "finish_reason": null}])
             }
             Kind::Chat => json!([{"index": index, "delta": {"content": text}, "finish_reason": null}]),
             Kind::Text => json!([{"index": index, "text": text, "finish_reason": null}]),
-        };
-        tokio::pin!(generation);
-        let deadline = tokio::time::sleep(state.config.request_timeout);
-        tokio::pin!(deadline);
-        let mut started = vec![false; common.n];
-        let result = loop {
-            tokio::select! {
-                piece = receive_pieces.recv() => {
-                    if let Some(piece) = piece {
-                        let first = !std::mem::replace(&mut started[piece.sample.min(common.n - 1)], true);
-                        if events.send(chunk(delta(piece.sample, &piece.text, first))).await.is_err() {
-                            // The client went away: dropping `generation` cancels it.
-                            state.cancelled.fetch_add(1, Ordering::Relaxed);
-                            return;
-                        }
-                    }
-                }
-                result = &mut generation => break Some(result),
-                _ = &mut deadline => break None,
-            }
-        };
-        // Text produced after the last poll.
-        while let Ok(piece) = receive_pieces.try_recv() {
-            let first = !std::mem::replace(&mut started[piece.sample.min(common.n - 1)], true);
-            if events.send(chunk(delta(piece.sample, &piece.text, first))).await.is_err() {
-                return;
-            }
-        }
-        let completions = match result {
-            Some(Ok(completions)) => completions,
-            Some(Err(error)) => {
-                let _ = events
-                    .send(Event::default().data(json!({"error": {"message": error.to_string()}}).to_string()))
-                    .await;
-                return;
-            }
-            None => {
-                let message = "the request ran past this server's deadline; its generation was cancelled";
-                let _ = events.send(Event::default().data(json!({"error": {"message": message}}).to_string())).await;
-                return;
-            }
-        };
+        })
+    }
+
+    /// The usage chunk (no choices).
+    fn usage(&self, prompt_len: usize, generated: usize) -> Event {
+        let chunk = json!({"id": self.id, "object": self.object(), "created": self.created, "model": self.model,
+                           "choices": [], "usage": usage(prompt_len, generated)});
+        Event::default().data(chunk.to_string())
+    }
+}
+
+fn error_event(message: &str) -> Event {
+    Event::default().data(json!({"error": {"message": message}}).to_string())
+}
+
+/// A streaming request's events, fed from its generation.
+struct Feed {
+    state: Arc<AppState>,
+    pieces: mpsc::UnboundedReceiver<wirl_engine::TextPiece>,
+    events: mpsc::Sender<Event>,
+    chunks: Chunks,
+    common: request::Common,
+    prompt_len: usize,
+}
+
+impl Feed {
+    /// The text as it comes, then each choice's last chunk, usage if asked, `[DONE]`. Ends
+    /// early when the client goes away (dropping the generation cancels it).
+    async fn run(mut self, streaming: wirl_engine::Streaming) {
+        let Some(completions) = self.relay(streaming).await else { return };
         for (index, completion) in completions.iter().enumerate() {
-            let mut last = choice(&state, kind, index, completion, common.logprobs);
-            if kind == Kind::Chat {
+            let mut last = choice(&self.state, self.chunks.kind, index, completion, self.common.logprobs);
+            if self.chunks.kind == Kind::Chat {
                 let message = last.as_object_mut().and_then(|o| o.remove("message")).unwrap_or_default();
                 last["delta"] = json!({
                     "generation_token_ids": message["generation_token_ids"],
@@ -770,27 +784,64 @@ async fn stream(
             } else {
                 last["text"] = json!("");
             }
-            if events.send(chunk(json!([last]))).await.is_err() {
+            if self.events.send(self.chunks.event(json!([last]))).await.is_err() {
                 return;
             }
         }
         let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
-        state.requests.fetch_add(1, Ordering::Relaxed);
-        state.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
-        if common.include_usage {
-            let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-            let data = json!({"id": id, "object": object, "created": created, "model": state.config.model_name,
-                              "choices": [], "usage": usage(prompt_len, generated)});
-            let _ = events.send(Event::default().data(data.to_string())).await;
+        self.state.requests.fetch_add(1, Ordering::Relaxed);
+        self.state.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        if self.common.include_usage {
+            let _ = self.events.send(self.chunks.usage(self.prompt_len, generated)).await;
         }
-        let _ = events.send(Event::default().data("[DONE]")).await;
-    });
-    let stream = futures_util::stream::unfold(receive_events, |mut receiver| async move {
-        receiver.recv().await.map(|event| (Ok::<_, std::convert::Infallible>(event), receiver))
-    });
-    let mut response = Sse::new(stream).keep_alive(KeepAlive::default()).into_response();
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(response)
+        let _ = self.events.send(Event::default().data("[DONE]")).await;
+    }
+
+    /// Relay the text pieces until the generation ends: its completions, or `None` when the
+    /// client went away or the generation failed or ran past the deadline (said in the stream).
+    async fn relay(&mut self, streaming: wirl_engine::Streaming) -> Option<Vec<Completion>> {
+        let n = self.common.n;
+        let generation = streaming.finish();
+        tokio::pin!(generation);
+        let deadline = tokio::time::sleep(self.state.config.request_timeout);
+        tokio::pin!(deadline);
+        let mut started = vec![false; n];
+        let result = loop {
+            tokio::select! {
+                piece = self.pieces.recv() => {
+                    if let Some(piece) = piece {
+                        let first = !std::mem::replace(&mut started[piece.sample.min(n - 1)], true);
+                        if self.events.send(self.chunks.delta(piece.sample, &piece.text, first)).await.is_err() {
+                            // The client went away: dropping `generation` cancels it.
+                            self.state.cancelled.fetch_add(1, Ordering::Relaxed);
+                            return None;
+                        }
+                    }
+                }
+                result = &mut generation => break Some(result),
+                _ = &mut deadline => break None,
+            }
+        };
+        // Text produced after the last poll.
+        while let Ok(piece) = self.pieces.try_recv() {
+            let first = !std::mem::replace(&mut started[piece.sample.min(n - 1)], true);
+            if self.events.send(self.chunks.delta(piece.sample, &piece.text, first)).await.is_err() {
+                return None;
+            }
+        }
+        match result {
+            Some(Ok(completions)) => Some(completions),
+            Some(Err(error)) => {
+                let _ = self.events.send(error_event(&error.to_string())).await;
+                None
+            }
+            None => {
+                let message = "the request ran past this server's deadline; its generation was cancelled";
+                let _ = self.events.send(error_event(message)).await;
+                None
+            }
+        }
+    }
 }
 
 #[cfg(test)]

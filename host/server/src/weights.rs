@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -119,7 +119,37 @@ pub(crate) async fn load(State(state): State<Arc<AppState>>, body: Bytes) -> Res
             "weight loading is off: start `wirl serve --weights-dir DIR` to load models from DIR".into(),
         ));
     };
-    let body = request::object(&body)?;
+    let (path, full, version) = asked_model(&root, &body)?;
+    let options = state.config.load_options.clone();
+    let started = Instant::now();
+    let vocab = state.tokenizer.vocab_size();
+    let context = state.context;
+    let shown = path.clone();
+    let model =
+        tokio::task::spawn_blocking(move || load_like_served(&full, &options, &shown, vocab, context))
+            .await
+            .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("loading failed: {e}")))??;
+    let engine =
+        state.engine.set_model(Arc::new(model)).await.map_err(|e| {
+            ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the engine stopped: {e}"))
+        })?;
+    let version = version.unwrap_or(engine);
+    {
+        let mut loaded = state.weights.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.by_engine.insert(engine, (version, path.clone()));
+        while loaded.by_engine.len() > REMEMBERED {
+            loaded.by_engine.pop_first();
+        }
+    }
+    tracing::info!("loaded {path} as version {version}");
+    Ok(Json(json!({"version": version, "engine_version": engine, "path": path,
+                   "seconds": started.elapsed().as_secs_f64()})))
+}
+
+/// The model a load request names: its path as given, where it is (checked to be under
+/// `--weights-dir`: lexically, then following links), and the version asked for.
+fn asked_model(root: &Path, body: &[u8]) -> Result<(String, PathBuf, Option<u64>), ApiError> {
+    let body = request::object(body)?;
     let (field, path) = match (body.get("path"), body.get("weight_dir")) {
         (Some(Value::String(path)), _) => ("path", path.clone()),
         (None | Some(Value::Null), Some(Value::String(path))) => ("weight_dir", path.clone()),
@@ -140,55 +170,42 @@ pub(crate) async fn load(State(state): State<Arc<AppState>>, body: Bytes) -> Res
     // Outside (lexically: `..`, another absolute path) is refused before anything is looked
     // at, so that answers do not tell which files exist elsewhere.
     let lexically_outside = full.components().any(|c| matches!(c, std::path::Component::ParentDir))
-        || !full.starts_with(&root) && root.is_absolute();
+        || !full.starts_with(root) && root.is_absolute();
     if lexically_outside {
         return Err(outside());
     }
-    match place_under(&root, &full) {
+    match place_under(root, &full) {
         Place::Inside => {}
         Place::Missing => {
             return Err(ApiError::bad(Some(field), &format!("{path}: no such file or directory under --weights-dir")));
         }
         Place::Outside => return Err(outside()),
     }
-    let options = state.config.load_options.clone();
-    let started = Instant::now();
-    let vocab = state.tokenizer.vocab_size();
-    let context = state.context;
-    let shown = path.clone();
-    let model = tokio::task::spawn_blocking(move || {
-        let loaded = wirl_engine::load(&full, &options)
-            .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{shown}: {e:#}")))?;
-        if loaded.tokenizer.vocab_size() != vocab || loaded.config.max_position_embeddings != context {
-            return Err(ApiError::with_status(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!(
-                    "{shown}: its vocabulary ({}) or context ({}) differs from the served model's ({vocab}, {context}); \
-                     serve another model with another server",
-                    loaded.tokenizer.vocab_size(),
-                    loaded.config.max_position_embeddings
-                ),
-            ));
-        }
-        Ok(loaded.model)
-    })
-    .await
-    .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("loading failed: {e}")))??;
-    let engine =
-        state.engine.set_model(Arc::new(model)).await.map_err(|e| {
-            ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the engine stopped: {e}"))
-        })?;
-    let version = version.unwrap_or(engine);
-    {
-        let mut loaded = state.weights.lock().unwrap_or_else(|e| e.into_inner());
-        loaded.by_engine.insert(engine, (version, path.clone()));
-        while loaded.by_engine.len() > REMEMBERED {
-            loaded.by_engine.pop_first();
-        }
+    Ok((path, full, version))
+}
+
+/// Load a model that must have the served model's vocabulary and context.
+fn load_like_served(
+    full: &Path,
+    options: &wirl_engine::LoadOptions,
+    shown: &str,
+    vocab: usize,
+    context: usize,
+) -> Result<wirl_engine::Model, ApiError> {
+    let loaded = wirl_engine::load(full, options)
+        .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{shown}: {e:#}")))?;
+    if loaded.tokenizer.vocab_size() != vocab || loaded.config.max_position_embeddings != context {
+        return Err(ApiError::with_status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "{shown}: its vocabulary ({}) or context ({}) differs from the served model's ({vocab}, {context}); \
+                 serve another model with another server",
+                loaded.tokenizer.vocab_size(),
+                loaded.config.max_position_embeddings
+            ),
+        ));
     }
-    tracing::info!("loaded {path} as version {version}");
-    Ok(Json(json!({"version": version, "engine_version": engine, "path": path,
-                   "seconds": started.elapsed().as_secs_f64()})))
+    Ok(loaded.model)
 }
 
 /// Where a path under `--weights-dir` (lexically) really is.

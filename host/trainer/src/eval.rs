@@ -88,16 +88,7 @@ pub fn evaluate(
     // context is left out, as in training. Agent tasks make their own.
     let problems =
         crate::trainer::held_out_asks(&mut tasks, eval.first_index, eval.tasks, &tokenizer, context, config.grpo.seed);
-    let mut tallies: Vec<Tally> = config.tasks.iter().map(|_| Tally::new(eval.k.len())).collect();
-    for (t, task) in tasks.iter().enumerate() {
-        if let TaskSource::Agent { agent, limits } = &task.source {
-            let indices = eval.first_index..eval.first_index.saturating_add(eval.tasks as u64);
-            let (passed, count) =
-                agent_held_out(&task.spec, agent, *limits, engine.handle, &tokenizer, context, indices);
-            tallies[t].problems += count;
-            tallies[t].greedy_passed += passed;
-        }
-    }
+    let mut tallies = agent_tallies(&tasks, eval, engine, &tokenizer);
     anyhow::ensure!(
         !problems.is_empty() || tallies.iter().any(|t| t.problems > 0),
         "no held-out task to evaluate (a dataset needs an `eval` file; prompts must fit the model's context of \
@@ -142,6 +133,27 @@ pub fn evaluate(
         lines.flush()?;
     }
     Ok(summary(config, output, &tallies, started))
+}
+
+/// Every task's tally, with the held-out rollouts of its agent tasks (which make their own)
+/// counted in.
+fn agent_tallies(
+    tasks: &[LoadedTask],
+    eval: &EvalSection,
+    engine: Engine<'_>,
+    tokenizer: &Arc<wirl_engine::Tokenizer>,
+) -> Vec<Tally> {
+    let mut tallies: Vec<Tally> = tasks.iter().map(|_| Tally::new(eval.k.len())).collect();
+    for (t, task) in tasks.iter().enumerate() {
+        if let TaskSource::Agent { agent, limits } = &task.source {
+            let indices = eval.first_index..eval.first_index.saturating_add(eval.tasks as u64);
+            let (passed, count) =
+                agent_held_out(&task.spec, agent, *limits, engine.handle, tokenizer, engine.context, indices);
+            tallies[t].problems += count;
+            tallies[t].greedy_passed += passed;
+        }
+    }
+    tallies
 }
 
 /// A task's held-out figures so far: problems, greedy passes, pass@k estimates summed.

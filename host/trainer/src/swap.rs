@@ -346,69 +346,15 @@ impl Swapper {
         result
     }
 
+    /// Check a task set against the one in force, load it, check what it calls, and (not
+    /// for a dry run) stage it: its report, or why it is refused.
     fn check_and_stage(&self, set: TaskSet, options: &ApplyOptions) -> Result<Report, Refusal> {
-        let refuse = |message: String| Refusal { message, report: None };
         let origin = if options.origin.is_empty() { "the task set".to_string() } else { options.origin.clone() };
         let config = self.base.with_task_set(set, &origin, Path::new("/")).map_err(|e| refuse(format!("{e:#}")))?;
         let set = config.task_set();
-        // The bytes as they are now, by reference, read once: hashed, and (not for a dry run)
-        // kept, so that what is checked and switched in is exactly what was read.
-        let mut now: BTreeMap<String, String> = BTreeMap::new();
-        for reference in crate::manifest::references(&set) {
-            let bytes = PluginStore::read(&reference).map_err(|e| refuse(format!("{origin}: {e:#}")))?;
-            let sha256 = if options.dry_run {
-                hex::encode(Sha256::digest(&bytes))
-            } else {
-                self.store.put(&bytes).map_err(|e| refuse(format!("{origin}: {e:#}")))?
-            };
-            now.insert(reference.display().to_string(), sha256);
-        }
-        let (changes, changed_tasks, current, generation) = {
-            let state = self.state();
-            if let (Some(staged), false) = (&state.staged, options.dry_run) {
-                return Err(refuse(format!(
-                    "generation {} is staged and switches in at the next step boundary; one change is staged at a \
-                     time: apply {origin} after that boundary (`wirl ctl RUN_DIR status` shows it), or roll back",
-                    staged.manifest.generation
-                )));
-            }
-            if let (Some(switching), false) = (state.switching, options.dry_run) {
-                return Err(refuse(format!(
-                    "generation {switching} is being switched in at this step boundary: apply {origin} again in a \
-                     moment"
-                )));
-            }
-            if let Some(until) = state.replaying_until {
-                return Err(refuse(format!(
-                    "the resumed run is replaying the task set changes recorded after its checkpoint (until step \
-                     {until}); apply after that step"
-                )));
-            }
-            let changes = describe_changes(&state.current, &set, &now);
-            if changes.is_empty() {
-                return Err(refuse(format!(
-                    "{origin}: nothing to change: the tasks and every plugin's bytes are those in force (generation {})",
-                    state.current.generation
-                )));
-            }
-            let instant = Instant::now();
-            for (reference, sha256) in &now {
-                if state.current.plugins.get(reference) == Some(sha256) {
-                    continue;
-                }
-                if let Some(backoff) = state.backoff.get(sha256).filter(|b| b.until > instant) {
-                    return Err(refuse(format!(
-                        "{reference} (sha256 {}) was rolled back {} time(s); it may be applied again in {:.0} s",
-                        &sha256[..12],
-                        backoff.rollbacks,
-                        (backoff.until - instant).as_secs_f64().ceil()
-                    )));
-                }
-            }
-            let changed_tasks =
-                (changed_tasks(&state.current, &set, &now), sources_changed(&state.current, &set, &now));
-            (changes, changed_tasks, state.current.clone(), state.next_generation)
-        };
+        let now = self.read_plugins(&set, options, &origin)?;
+        let Against { changes, changed_tasks, changed_sources, current, generation } =
+            self.against_current(&set, &now, options, &origin)?;
 
         // Load: from the files for a dry run, from kept bytes otherwise (the run then never
         // depends on the files again).
@@ -429,61 +375,15 @@ impl Swapper {
         };
         let mut tasks = load_tasks(&self.sandbox, &run, &allocation, &self.tokenizer)
             .map_err(|e| refuse(format!("{origin}: {e:#}")))?;
-
-        // No capability beyond the version in force (by reference), unless allowed.
         if !(options.allow_new_capabilities || self.base.swap.allow_new_capabilities) {
-            let state = self.state();
-            for task in &tasks {
-                for plugin in task.plugins() {
-                    // A loaded plugin is shown by its reference (the path as written).
-                    let reference = plugin.path().display().to_string();
-                    let Some(old_sha) = current.plugins.get(&reference) else { continue };
-                    let Some(old_imports) = state.imports.get(old_sha) else { continue };
-                    let new: Vec<&String> = plugin.imports().iter().filter(|i| !old_imports.contains(i)).collect();
-                    if !new.is_empty() {
-                        return Err(refuse(format!(
-                            "{reference}: the new version (sha256 {}) imports {} that the version in force (sha256 \
-                             {}) does not; allow it with `--allow-capabilities` (or swap.allow_new_capabilities) \
-                             if it should",
-                            &plugin.sha256()[..12],
-                            new.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
-                            &old_sha[..12]
-                        )));
-                    }
-                }
-            }
+            self.no_new_capabilities(&tasks, &current)?;
         }
 
         let mut report =
-            self.run_checks(&mut tasks, &changed_tasks.0, &changed_tasks.1, &allocation, generation, options.dry_run);
+            self.run_checks(&mut tasks, &changed_tasks, &changed_sources, &allocation, generation, options.dry_run);
         report.changes = changes.clone();
         if report.failure_rate > self.base.swap.max_failure_rate {
-            let worst = report
-                .checks
-                .iter()
-                .filter(|c| c.failed > 0)
-                .map(|c| {
-                    let kinds: Vec<String> = c.failures.iter().map(|(k, n)| format!("{n} {k}")).collect();
-                    format!(
-                        "task `{}` {}: {} of {} calls failed ({})",
-                        c.task,
-                        c.kind,
-                        c.failed,
-                        c.calls,
-                        kinds.join(", ")
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(Refusal {
-                message: format!(
-                    "{origin}: validation failed: {:.0}% of its checks failed, over swap.max_failure_rate = {:.0}%: \
-                     {worst}",
-                    report.failure_rate * 100.0,
-                    self.base.swap.max_failure_rate * 100.0
-                ),
-                report: Some(report),
-            });
+            return Err(self.failed_validation(&origin, report));
         }
         if let Some(manifest) = manifest {
             let mut state = self.state();
@@ -499,17 +399,139 @@ impl Swapper {
             for plugin in tasks.iter().flat_map(LoadedTask::plugins) {
                 state.imports.insert(plugin.sha256().to_string(), plugin.imports().to_vec());
             }
-            state.staged = Some(Staged {
-                manifest,
-                run,
-                tasks,
-                allocation,
-                changes,
-                changed_tasks: changed_tasks.0.clone(),
-                report: Some(report.clone()),
-            });
+            let report = Some(report.clone());
+            state.staged = Some(Staged { manifest, run, tasks, allocation, changes, changed_tasks, report });
         }
         Ok(report)
+    }
+
+    /// The set's plugin bytes as they are now, by reference, read once: hashed, and (not for
+    /// a dry run) kept, so that what is checked and switched in is exactly what was read.
+    fn read_plugins(
+        &self,
+        set: &TaskSet,
+        options: &ApplyOptions,
+        origin: &str,
+    ) -> Result<BTreeMap<String, String>, Refusal> {
+        let mut now = BTreeMap::new();
+        for reference in crate::manifest::references(set) {
+            let bytes = PluginStore::read(&reference).map_err(|e| refuse(format!("{origin}: {e:#}")))?;
+            let sha256 = if options.dry_run {
+                hex::encode(Sha256::digest(&bytes))
+            } else {
+                self.store.put(&bytes).map_err(|e| refuse(format!("{origin}: {e:#}")))?
+            };
+            now.insert(reference.display().to_string(), sha256);
+        }
+        Ok(now)
+    }
+
+    /// The set against the one in force: refused while another change is staged or switching
+    /// in, while a resumed run replays, when nothing changes, or when a plugin version rolled
+    /// back is still backing off.
+    fn against_current(
+        &self,
+        set: &TaskSet,
+        now: &BTreeMap<String, String>,
+        options: &ApplyOptions,
+        origin: &str,
+    ) -> Result<Against, Refusal> {
+        let state = self.state();
+        if let (Some(staged), false) = (&state.staged, options.dry_run) {
+            return Err(refuse(format!(
+                "generation {} is staged and switches in at the next step boundary; one change is staged at a \
+                 time: apply {origin} after that boundary (`wirl ctl RUN_DIR status` shows it), or roll back",
+                staged.manifest.generation
+            )));
+        }
+        if let (Some(switching), false) = (state.switching, options.dry_run) {
+            return Err(refuse(format!(
+                "generation {switching} is being switched in at this step boundary: apply {origin} again in a moment"
+            )));
+        }
+        if let Some(until) = state.replaying_until {
+            return Err(refuse(format!(
+                "the resumed run is replaying the task set changes recorded after its checkpoint (until step \
+                 {until}); apply after that step"
+            )));
+        }
+        let changes = describe_changes(&state.current, set, now);
+        if changes.is_empty() {
+            return Err(refuse(format!(
+                "{origin}: nothing to change: the tasks and every plugin's bytes are those in force (generation {})",
+                state.current.generation
+            )));
+        }
+        let instant = Instant::now();
+        for (reference, sha256) in now {
+            if state.current.plugins.get(reference) == Some(sha256) {
+                continue;
+            }
+            if let Some(backoff) = state.backoff.get(sha256).filter(|b| b.until > instant) {
+                return Err(refuse(format!(
+                    "{reference} (sha256 {}) was rolled back {} time(s); it may be applied again in {:.0} s",
+                    &sha256[..12],
+                    backoff.rollbacks,
+                    (backoff.until - instant).as_secs_f64().ceil()
+                )));
+            }
+        }
+        Ok(Against {
+            changes,
+            changed_tasks: changed_tasks(&state.current, set, now),
+            changed_sources: sources_changed(&state.current, set, now),
+            current: state.current.clone(),
+            generation: state.next_generation,
+        })
+    }
+
+    /// No capability beyond the version in force (by reference): a plugin whose new version
+    /// imports more is refused.
+    fn no_new_capabilities(&self, tasks: &[LoadedTask], current: &Manifest) -> Result<(), Refusal> {
+        let state = self.state();
+        for task in tasks {
+            for plugin in task.plugins() {
+                // A loaded plugin is shown by its reference (the path as written).
+                let reference = plugin.path().display().to_string();
+                let Some(old_sha) = current.plugins.get(&reference) else { continue };
+                let Some(old_imports) = state.imports.get(old_sha) else { continue };
+                let new: Vec<&String> = plugin.imports().iter().filter(|i| !old_imports.contains(i)).collect();
+                if !new.is_empty() {
+                    return Err(refuse(format!(
+                        "{reference}: the new version (sha256 {}) imports {} that the version in force (sha256 {}) \
+                         does not; allow it with `--allow-capabilities` (or swap.allow_new_capabilities) if it \
+                         should",
+                        &plugin.sha256()[..12],
+                        new.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                        &old_sha[..12]
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A report over `swap.max_failure_rate`, refused with its failing checks named.
+    fn failed_validation(&self, origin: &str, report: Report) -> Refusal {
+        let worst = report
+            .checks
+            .iter()
+            .filter(|c| c.failed > 0)
+            .map(|c| {
+                let kinds: Vec<String> = c.failures.iter().map(|(k, n)| format!("{n} {k}")).collect();
+                format!("task `{}` {}: {} of {} calls failed ({})", c.task, c.kind, c.failed, c.calls, kinds.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        Refusal {
+            message: format!(
+                "{origin}: validation failed: {:.0}% of its checks failed, over swap.max_failure_rate = {:.0}%: \
+                 {worst}",
+                report.failure_rate * 100.0,
+                self.base.swap.max_failure_rate * 100.0
+            ),
+            report: Some(report),
+        }
     }
 
     /// The run ends before its next step boundary: a staged change that will never be in
@@ -544,61 +566,12 @@ impl Swapper {
                 // The tasks it would give next (at least 4).
                 let groups = allocation[t].max(1) as u64;
                 let first = (step as u64 + 1) * groups;
-                let mut check = Check { task: name.clone(), kind: "tasks".into(), ..Default::default() };
-                for index in first..first + groups.max(4) {
-                    check.calls += 1;
-                    if let Err(failure) = plugin.task_at(*seed, index) {
-                        check.failed += 1;
-                        *check.failures.entry(failure.kind.name().to_string()).or_default() += 1;
-                        check.note.get_or_insert_with(|| format!("task {index}: {failure}"));
-                    }
-                }
-                checks.push(check);
+                checks.push(ask_for_tasks(&name, plugin, *seed, first..first + groups.max(4)));
             }
             if task.spec.max_turns > 1 || task.spec.rewards.is_empty() {
                 continue;
             }
-            let recent: Vec<(Task, Vec<String>, Vec<Option<f32>>)> = self
-                .state()
-                .recent
-                .get(&name)
-                .map(|groups| {
-                    groups.iter().map(|g| (g.task.clone(), g.completions.clone(), g.rewards.clone())).collect()
-                })
-                .unwrap_or_default();
-            let mut check = Check { task: name.clone(), kind: "rescore".into(), ..Default::default() };
-            if recent.is_empty() {
-                check.note = Some("no recent rollouts of this task to re-score".into());
-            }
-            let (mut old_sum, mut new_sum, mut both) = (0f32, 0f32, 0usize);
-            let pass = task.spec.pass_reward;
-            for (problem, completions, old) in recent {
-                let scored = task.scorers.score_group(&problem, &completions, task.spec.failures);
-                for (new, old) in scored.iter().zip(old) {
-                    check.calls += 1;
-                    if !new.failures.is_empty() {
-                        check.failed += 1;
-                        for kind in &new.failures {
-                            *check.failures.entry(kind.clone()).or_default() += 1;
-                        }
-                        continue;
-                    }
-                    let Some(old) = old else { continue };
-                    old_sum += old;
-                    new_sum += new.reward;
-                    both += 1;
-                    match (old >= pass, new.reward >= pass) {
-                        (false, true) => check.flips_to_pass += 1,
-                        (true, false) => check.flips_to_fail += 1,
-                        _ => {}
-                    }
-                }
-            }
-            if both > 0 {
-                check.reward_mean_old = Some(old_sum / both as f32);
-                check.reward_mean_new = Some(new_sum / both as f32);
-            }
-            checks.push(check);
+            checks.push(self.rescore(task));
         }
         let calls: usize = checks.iter().map(|c| c.calls).sum();
         let failed: usize = checks.iter().map(|c| c.failed).sum();
@@ -609,6 +582,51 @@ impl Swapper {
             failure_rate: if calls == 0 { 0.0 } else { failed as f64 / calls as f64 },
             dry_run,
         }
+    }
+
+    /// Re-score the task's recent rollouts with its new rewards: failures, and how the
+    /// verdicts move against those recorded.
+    fn rescore(&self, task: &mut LoadedTask) -> Check {
+        let name = task.spec.name.clone();
+        let recent: Vec<(Task, Vec<String>, Vec<Option<f32>>)> = self
+            .state()
+            .recent
+            .get(&name)
+            .map(|groups| groups.iter().map(|g| (g.task.clone(), g.completions.clone(), g.rewards.clone())).collect())
+            .unwrap_or_default();
+        let mut check = Check { task: name, kind: "rescore".into(), ..Default::default() };
+        if recent.is_empty() {
+            check.note = Some("no recent rollouts of this task to re-score".into());
+        }
+        let (mut old_sum, mut new_sum, mut both) = (0f32, 0f32, 0usize);
+        let pass = task.spec.pass_reward;
+        for (problem, completions, old) in recent {
+            let scored = task.scorers.score_group(&problem, &completions, task.spec.failures);
+            for (new, old) in scored.iter().zip(old) {
+                check.calls += 1;
+                if !new.failures.is_empty() {
+                    check.failed += 1;
+                    for kind in &new.failures {
+                        *check.failures.entry(kind.clone()).or_default() += 1;
+                    }
+                    continue;
+                }
+                let Some(old) = old else { continue };
+                old_sum += old;
+                new_sum += new.reward;
+                both += 1;
+                match (old >= pass, new.reward >= pass) {
+                    (false, true) => check.flips_to_pass += 1,
+                    (true, false) => check.flips_to_fail += 1,
+                    _ => {}
+                }
+            }
+        }
+        if both > 0 {
+            check.reward_mean_old = Some(old_sum / both as f32);
+            check.reward_mean_new = Some(new_sum / both as f32);
+        }
+        check
     }
 
     /// Keep a step's groups for re-scoring (the last `swap.rescore_steps` steps of each task).
@@ -798,4 +816,38 @@ fn describe_changes(current: &Manifest, set: &TaskSet, now: &BTreeMap<String, St
         }
     }
     lines
+}
+
+/// A refusal with no report.
+fn refuse(message: String) -> Refusal {
+    Refusal { message, report: None }
+}
+
+/// An apply's task set against the one in force: what changes, which tasks (and which of
+/// their sources) changed, the set it was checked against and the generation it would be.
+struct Against {
+    changes: Vec<String>,
+    changed_tasks: BTreeSet<String>,
+    changed_sources: BTreeSet<String>,
+    current: Manifest,
+    generation: u64,
+}
+
+/// Ask a new environment for the tasks it would give next.
+fn ask_for_tasks(
+    task: &str,
+    plugin: &mut wirl_sandbox::EnvironmentPlugin,
+    seed: u64,
+    indices: std::ops::Range<u64>,
+) -> Check {
+    let mut check = Check { task: task.to_string(), kind: "tasks".into(), ..Default::default() };
+    for index in indices {
+        check.calls += 1;
+        if let Err(failure) = plugin.task_at(seed, index) {
+            check.failed += 1;
+            *check.failures.entry(failure.kind.name().to_string()).or_default() += 1;
+            check.note.get_or_insert_with(|| format!("task {index}: {failure}"));
+        }
+    }
+    check
 }

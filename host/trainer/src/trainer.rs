@@ -15,6 +15,7 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::config::{GrpoSection, RunConfig, TaskSpec, TrainConfig};
 use crate::control::Control;
 use crate::manifest::{self, Manifest, PluginStore};
+use crate::metrics::StepMetrics;
 use crate::observer::{Event, Observer};
 use crate::swap::{Staged, SwapEvent, Swapper};
 use crate::tasks::{LoadedTask, load_tasks};
@@ -137,46 +138,13 @@ impl Trainer {
         observer: &mut dyn Observer,
     ) -> anyhow::Result<Self> {
         let store = PluginStore::new(run_dir);
-        let history = manifest::history(run_dir)?;
-        let next_generation = history.last().map_or(0, |m| m.generation + 1);
-        let in_force = resume.and_then(|c| c.state.manifest_generation);
-        let (manifest, scheduled) = match in_force {
-            Some(generation) => {
-                let Some(manifest) = history.iter().find(|m| m.generation == generation).cloned() else {
-                    bail!(
-                        "{}: the checkpoint names manifest generation {generation}, which is not in {}",
-                        run_dir.display(),
-                        run_dir.join("manifests").display()
-                    );
-                };
-                let later = history.into_iter().filter(|m| m.generation > generation).collect();
-                (manifest, later)
-            }
-            None => {
-                let manifest = Manifest::keep(next_generation, 0, "start", base.task_set(), &store)?;
-                manifest.write(run_dir)?;
-                (manifest, Default::default())
-            }
-        };
+        let (manifest, scheduled, next_generation) = manifest_in_force(&base, run_dir, resume, &store)?;
         let mut config = base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
         manifest.pin(&mut config, &store)?;
 
         let device = Device::Cpu;
-        let options = LoadOptions { dtype: Some(DType::F32), ..Default::default() };
-        let policy_path = resume.map_or(model.to_path_buf(), Checkpoint::model_dir);
-        observer.event(Event::Loading { path: &policy_path });
-        let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(&policy_path, &options)?;
-        let policy = Policy::new(&model_config, &tensors, &device)?;
-        drop(tensors);
-        // The KL reference is the base model, also when resuming.
-        let reference = match (config.grpo.beta > 0.0, resume) {
-            (false, _) => None,
-            (true, None) => Some(policy.frozen_copy(&device)?),
-            (true, Some(_)) => {
-                let (base_config, _, base) = wirl_engine::load::load_tensors(model, &options)?;
-                Some(Net::new(&base_config, base, &device)?)
-            }
-        };
+        let (model_config, tokenizer, policy, reference) =
+            load_policy(model, resume, config.grpo.beta, &device, observer)?;
         // The inference model shares the policy's storage: updates are seen without a copy.
         let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
@@ -187,17 +155,7 @@ impl Trainer {
         control.watch(sandbox.interrupter());
         let allocation = config.allocation()?;
         if allocation.moved {
-            let shares: Vec<String> = config
-                .tasks
-                .iter()
-                .zip(&allocation.groups)
-                .map(|(task, groups)| format!("{} {groups}", task.name))
-                .collect();
-            tracing::warn!(
-                "grpo.prompts_per_step = {} cannot follow the task weights exactly; groups per step: {}",
-                config.grpo.prompts_per_step,
-                shares.join(", ")
-            );
+            warn_moved_allocation(&config, &allocation.groups);
         }
         let tasks = load_tasks(&sandbox, &config, &allocation.groups, &tokenizer)?;
         let swapper = Arc::new(Swapper::new(
@@ -227,7 +185,7 @@ impl Trainer {
             control,
             manifest,
             previous: None,
-            scheduled,
+            scheduled: scheduled.into(),
             swapper,
             weights_base: resume.map_or(0, |c| c.state.weights_version.unwrap_or(c.state.optimizer_steps as u64)),
             weights_written: 0,
@@ -415,6 +373,73 @@ impl Trainer {
 
     /// Greedy pass rates on every task's held-out problems (`eval.tasks` each), all
     /// generated together; a multi-turn task's as greedy episodes.
+    /// The held-out pass rate before training: measured now on a new run, kept in a resumed
+    /// run's checkpoint, unknown when a run starts past step 0 otherwise.
+    fn held_out_before(&mut self, start: usize, resumed: Option<&Checkpoint>) -> anyhow::Result<HeldOut> {
+        Ok(match resumed {
+            Some(checkpoint) => HeldOut {
+                overall: checkpoint.state.held_out_before,
+                problems: 0,
+                by_task: checkpoint.state.held_out_before_by_task.clone(),
+            },
+            None if start == 0 => self.evaluate()?,
+            None => HeldOut::default(),
+        })
+    }
+
+    /// A finished step's metrics: into the status `wirl ctl` reads, `metrics.jsonl` and
+    /// TensorBoard's events.
+    fn publish(
+        &self,
+        line: &StepMetrics,
+        metrics: &mut impl Write,
+        tensorboard: &mut crate::tensorboard::EventWriter,
+    ) -> anyhow::Result<()> {
+        {
+            let mut state = self.swapper.state();
+            state.status.step = line.step;
+            state.status.tasks = line.tasks.clone();
+            state.status.reward_mean = line.reward_mean;
+            state.status.pass_rate = line.pass_rate;
+        }
+        serde_json::to_writer(&mut *metrics, line)?;
+        writeln!(metrics)?;
+        metrics.flush()?;
+        tensorboard.step(line)?;
+        Ok(())
+    }
+
+    /// The end of a finished run: the held-out pass rate after training, before and after by
+    /// task, written to `summary.json`.
+    fn summarize(
+        &mut self,
+        before: &HeldOut,
+        started: Instant,
+        observer: &mut dyn Observer,
+    ) -> anyhow::Result<Summary> {
+        let after = self.evaluate()?;
+        if let Some(pass_rate) = after.overall {
+            observer.event(Event::HeldOut { after: true, pass_rate, problems: after.problems });
+        }
+        let held_out_by_task = self
+            .tasks
+            .iter()
+            .map(|t| &t.spec.name)
+            .filter(|name| before.by_task.contains_key(*name) || after.by_task.contains_key(*name))
+            .map(|name| (name.clone(), (before.by_task.get(name).copied(), after.by_task.get(name).copied())))
+            .collect();
+        let summary = Summary {
+            steps: self.config.grpo.steps,
+            held_out_pass_rate_before: before.overall,
+            held_out_pass_rate_after: after.overall,
+            held_out_tasks: self.config.eval.tasks,
+            held_out_by_task,
+            seconds_this_session: started.elapsed().as_secs_f64(),
+        };
+        std::fs::write(self.run_dir.join("summary.json"), serde_json::to_string(&summary)? + "\n")?;
+        Ok(summary)
+    }
+
     fn evaluate(&mut self) -> anyhow::Result<HeldOut> {
         let count = self.config.eval.tasks;
         if count == 0 {
@@ -498,16 +523,7 @@ impl Trainer {
         observer: &mut dyn Observer,
     ) -> anyhow::Result<Outcome> {
         let started = Instant::now();
-        let tasks = self.config.eval.tasks;
-        let before = match resumed {
-            Some(checkpoint) => HeldOut {
-                overall: checkpoint.state.held_out_before,
-                problems: 0,
-                by_task: checkpoint.state.held_out_before_by_task.clone(),
-            },
-            None if start == 0 => self.evaluate()?,
-            None => HeldOut::default(),
-        };
+        let before = self.held_out_before(start, resumed)?;
         if let (0, Some(pass_rate)) = (start, before.overall) {
             observer.event(Event::HeldOut { after: false, pass_rate, problems: before.problems });
         }
@@ -538,17 +554,7 @@ impl Trainer {
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: true });
             };
             step_times.push(line.time_s.total);
-            {
-                let mut state = self.swapper.state();
-                state.status.step = step + 1;
-                state.status.tasks = line.tasks.clone();
-                state.status.reward_mean = line.reward_mean;
-                state.status.pass_rate = line.pass_rate;
-            }
-            serde_json::to_writer(&mut metrics, &line)?;
-            writeln!(metrics)?;
-            metrics.flush()?;
-            tensorboard.step(&line)?;
+            self.publish(&line, &mut metrics, &mut tensorboard)?;
             rollouts.flush()?;
             let mean_step = step_times.iter().sum::<f64>() / step_times.len() as f64;
             let eta_s = mean_step * (steps - step - 1) as f64;
@@ -584,28 +590,75 @@ impl Trainer {
             }
         }
         self.swapper.discard_staged(steps, "the run ended (its last step done) before another step boundary");
-        let after = self.evaluate()?;
-        if let Some(pass_rate) = after.overall {
-            observer.event(Event::HeldOut { after: true, pass_rate, problems: after.problems });
-        }
-        let held_out_by_task = self
-            .tasks
-            .iter()
-            .map(|t| &t.spec.name)
-            .filter(|name| before.by_task.contains_key(*name) || after.by_task.contains_key(*name))
-            .map(|name| (name.clone(), (before.by_task.get(name).copied(), after.by_task.get(name).copied())))
-            .collect();
-        let summary = Summary {
-            steps,
-            held_out_pass_rate_before: before.overall,
-            held_out_pass_rate_after: after.overall,
-            held_out_tasks: tasks,
-            held_out_by_task,
-            seconds_this_session: started.elapsed().as_secs_f64(),
-        };
-        std::fs::write(self.run_dir.join("summary.json"), serde_json::to_string(&summary)? + "\n")?;
+        let summary = self.summarize(&before, started, observer)?;
         Ok(Outcome::Finished(summary))
     }
+}
+
+/// The manifest in force: a new run's (written now, its plugins' bytes kept), or the one a
+/// resumed checkpoint names; with the later generations to switch in again at their steps,
+/// and the next generation number.
+fn manifest_in_force(
+    base: &TrainConfig,
+    run_dir: &Path,
+    resume: Option<&Checkpoint>,
+    store: &PluginStore,
+) -> anyhow::Result<(Manifest, Vec<Manifest>, u64)> {
+    let history = manifest::history(run_dir)?;
+    let next_generation = history.last().map_or(0, |m| m.generation + 1);
+    let Some(generation) = resume.and_then(|c| c.state.manifest_generation) else {
+        let manifest = Manifest::keep(next_generation, 0, "start", base.task_set(), store)?;
+        manifest.write(run_dir)?;
+        return Ok((manifest, Vec::new(), next_generation));
+    };
+    let Some(manifest) = history.iter().find(|m| m.generation == generation).cloned() else {
+        bail!(
+            "{}: the checkpoint names manifest generation {generation}, which is not in {}",
+            run_dir.display(),
+            run_dir.join("manifests").display()
+        );
+    };
+    let later = history.into_iter().filter(|m| m.generation > generation).collect();
+    Ok((manifest, later, next_generation))
+}
+
+/// The policy (the base model at `model`, or a checkpoint's weights), its config and
+/// tokenizer, and with a KL term (`beta` > 0) the reference: the base model, also when
+/// resuming.
+fn load_policy(
+    model: &Path,
+    resume: Option<&Checkpoint>,
+    beta: f64,
+    device: &Device,
+    observer: &mut dyn Observer,
+) -> anyhow::Result<(wirl_engine::Config, Tokenizer, Policy, Option<Net>)> {
+    let options = LoadOptions { dtype: Some(DType::F32), ..Default::default() };
+    let policy_path = resume.map_or(model.to_path_buf(), Checkpoint::model_dir);
+    observer.event(Event::Loading { path: &policy_path });
+    let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(&policy_path, &options)?;
+    let policy = Policy::new(&model_config, &tensors, device)?;
+    drop(tensors);
+    let reference = match (beta > 0.0, resume) {
+        (false, _) => None,
+        (true, None) => Some(policy.frozen_copy(device)?),
+        (true, Some(_)) => {
+            let (base_config, _, base) = wirl_engine::load::load_tensors(model, &options)?;
+            Some(Net::new(&base_config, base, device)?)
+        }
+    };
+    Ok((model_config, tokenizer, policy, reference))
+}
+
+/// The groups per step differ from the task weights (too few prompts per step to follow
+/// them): say how they fall.
+fn warn_moved_allocation(config: &RunConfig, groups: &[usize]) {
+    let shares: Vec<String> =
+        config.tasks.iter().zip(groups).map(|(task, groups)| format!("{} {groups}", task.name)).collect();
+    tracing::warn!(
+        "grpo.prompts_per_step = {} cannot follow the task weights exactly; groups per step: {}",
+        config.grpo.prompts_per_step,
+        shares.join(", ")
+    );
 }
 
 /// Every task's held-out problems (from `first_index`, `count` each, in task order; one

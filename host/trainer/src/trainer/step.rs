@@ -490,19 +490,13 @@ impl Trainer {
         self.swapper.remember(step + 1, recent);
     }
 
-    /// Metrics: the step's figures, overall and per task, and where its time went.
-    #[allow(clippy::too_many_arguments)]
-    fn metrics(
+    /// Each trained task's figures of the step.
+    fn task_metrics(
         &self,
-        step: usize,
-        learning_rate: f64,
         groups: &Groups,
         advantaged: &Advantaged,
-        update: &UpdateStats,
         skipped: &[(usize, SkippedTask)],
-        measured: Measured,
-    ) -> StepMetrics {
-        let figures = Figures::of(groups.iter().map(|(g, t)| (g, self.tasks[t].spec.pass_reward)));
+    ) -> BTreeMap<String, TaskMetrics> {
         let mut per_task = BTreeMap::new();
         for (t, task) in self.tasks.iter().enumerate() {
             if self.allocation[t] == 0 {
@@ -523,6 +517,23 @@ impl Trainer {
                 },
             );
         }
+        per_task
+    }
+
+    /// Metrics: the step's figures, overall and per task, and where its time went.
+    #[allow(clippy::too_many_arguments)]
+    fn metrics(
+        &self,
+        step: usize,
+        learning_rate: f64,
+        groups: &Groups,
+        advantaged: &Advantaged,
+        update: &UpdateStats,
+        skipped: &[(usize, SkippedTask)],
+        measured: Measured,
+    ) -> StepMetrics {
+        let figures = Figures::of(groups.iter().map(|(g, t)| (g, self.tasks[t].spec.pass_reward)));
+        let per_task = self.task_metrics(groups, advantaged, skipped);
         let step_tokens: usize = advantaged.batches.iter().flat_map(|b| b.completions.iter().map(Vec::len)).sum();
         StepMetrics {
             step: step + 1,
