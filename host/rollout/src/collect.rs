@@ -60,6 +60,31 @@ pub fn greedy(sampling: SamplingSpec) -> SamplingSpec {
     SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..sampling }
 }
 
+/// Every task's held-out problems (from `first_index`, `count` each, in task order; one
+/// whose prompt does not fit the context is left out) as greedy groups of one, seeded by
+/// their place in that list.
+pub fn held_out_asks(
+    tasks: &mut [LoadedTask],
+    first_index: u64,
+    count: usize,
+    tokenizer: &Tokenizer,
+    context: usize,
+    run_seed: u64,
+) -> Vec<GroupAsk> {
+    let mut asks = Vec::new();
+    for (t, task) in tasks.iter_mut().enumerate() {
+        let sampling = greedy(task.spec.sampling);
+        let name = &task.spec.name;
+        let room = sampling.max_tokens;
+        let held_out = crate::held_out_prompts(name, &mut task.source, first_index, 0, count, tokenizer, room, context);
+        for (problem, prompt) in held_out {
+            let slot = asks.len() as u64;
+            asks.push(GroupAsk::new(t, problem, prompt, 1, sampling, run_seed, slot));
+        }
+    }
+    asks
+}
+
 /// What the engine, its tokenizer and its context are, for the stages that call it.
 #[derive(Clone, Copy)]
 pub struct Engine<'a> {

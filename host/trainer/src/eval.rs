@@ -86,8 +86,14 @@ pub fn evaluate(
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Every task's held-out problems, in task order; one whose prompt does not fit the
     // context is left out, as in training. Agent tasks make their own.
-    let problems =
-        crate::trainer::held_out_asks(&mut tasks, eval.first_index, eval.tasks, &tokenizer, context, config.grpo.seed);
+    let problems = wirl_rollout::collect::held_out_asks(
+        &mut tasks,
+        eval.first_index,
+        eval.tasks,
+        &tokenizer,
+        context,
+        config.grpo.seed,
+    );
     let mut tallies = agent_tallies(&tasks, eval, engine, &tokenizer);
     anyhow::ensure!(
         !problems.is_empty() || tallies.iter().any(|t| t.problems > 0),

@@ -447,7 +447,14 @@ impl Trainer {
         }
         let context = self.model_config.max_position_embeddings;
         let first = self.config.eval.first_index;
-        let asks = held_out_asks(&mut self.tasks, first, count, &self.tokenizer, context, self.config.grpo.seed);
+        let asks = wirl_rollout::collect::held_out_asks(
+            &mut self.tasks,
+            first,
+            count,
+            &self.tokenizer,
+            context,
+            self.config.grpo.seed,
+        );
         let agents = self.tasks.iter().any(|t| matches!(t.source, TaskSource::Agent { .. }));
         if asks.is_empty() && !agents {
             tracing::warn!("no held-out task could be used: evaluation skipped");
@@ -659,32 +666,6 @@ fn warn_moved_allocation(config: &RunConfig, groups: &[usize]) {
         config.grpo.prompts_per_step,
         shares.join(", ")
     );
-}
-
-/// Every task's held-out problems (from `first_index`, `count` each, in task order; one
-/// whose prompt does not fit the context is left out) as greedy groups of one, seeded by
-/// their place in that list.
-pub(crate) fn held_out_asks(
-    tasks: &mut [LoadedTask],
-    first_index: u64,
-    count: usize,
-    tokenizer: &Tokenizer,
-    context: usize,
-    run_seed: u64,
-) -> Vec<GroupAsk> {
-    let mut asks = Vec::new();
-    for (t, task) in tasks.iter_mut().enumerate() {
-        let sampling = wirl_rollout::collect::greedy(task.spec.sampling);
-        let name = &task.spec.name;
-        let room = sampling.max_tokens;
-        let held_out =
-            wirl_rollout::held_out_prompts(name, &mut task.source, first_index, 0, count, tokenizer, room, context);
-        for (problem, prompt) in held_out {
-            let slot = asks.len() as u64;
-            asks.push(GroupAsk::new(t, problem, prompt, 1, sampling, run_seed, slot));
-        }
-    }
-    asks
 }
 
 /// Step `step`'s groups, in task order: task t's k-th group of step s is its problem
