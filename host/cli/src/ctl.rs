@@ -248,7 +248,7 @@ fn answer(stream: UnixStream, control: &Control) {
 }
 
 fn act(request: Request, control: &Control) -> Reply {
-    let status = |result: anyhow::Result<RunStatus>| match result {
+    let status = |result: Result<RunStatus, wirl_trainer::ControlError>| match result {
         Ok(status) => Reply { ok: true, status: Some(status), ..Default::default() },
         Err(error) => Reply { message: Some(format!("{error:#}")), ..Default::default() },
     };

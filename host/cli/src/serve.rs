@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+use wirl_server::ControlFailure;
+use wirl_trainer::ControlError;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -336,24 +338,37 @@ pub fn serve_training(
     Ok(stop)
 }
 
+/// The trainer's control error as the server's (which does not know the trainer).
+fn control_failure(error: ControlError) -> ControlFailure {
+    match error {
+        ControlError::Loading => ControlFailure::NotReady(error.to_string()),
+        ControlError::Conflict(message) => ControlFailure::Conflict(message),
+    }
+}
+
+/// A status as JSON (it always serializes: plain fields and maps with string keys).
+fn json_of(status: wirl_trainer::RunStatus) -> serde_json::Value {
+    serde_json::to_value(status).unwrap_or_default()
+}
+
 /// The trainer's `Control` as the server's `RunControl`.
 struct TrainingControl(wirl_trainer::Control);
 
 impl wirl_server::RunControl for TrainingControl {
-    fn status(&self) -> Result<serde_json::Value, String> {
-        self.0.status().map_err(|e| format!("{e:#}")).and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+    fn status(&self) -> Result<serde_json::Value, ControlFailure> {
+        self.0.status().map_err(control_failure).map(json_of)
     }
-    fn pause(&self) -> Result<serde_json::Value, String> {
-        self.0.pause().map_err(|e| format!("{e:#}")).and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+    fn pause(&self) -> Result<serde_json::Value, ControlFailure> {
+        self.0.pause().map_err(control_failure).map(json_of)
     }
-    fn resume(&self) -> Result<serde_json::Value, String> {
-        self.0.resume().map_err(|e| format!("{e:#}")).and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+    fn resume(&self) -> Result<serde_json::Value, ControlFailure> {
+        self.0.resume().map_err(control_failure).map(json_of)
     }
     fn stop(&self) {
         self.0.stop();
     }
-    fn rollback(&self) -> Result<String, String> {
-        self.0.rollback().map_err(|e| format!("{e:#}"))
+    fn rollback(&self) -> Result<String, ControlFailure> {
+        self.0.rollback().map_err(control_failure)
     }
     fn apply(
         &self,

@@ -6,14 +6,24 @@ use crate::ApiError;
 use axum::http::StatusCode;
 use serde_json::Value;
 
+/// Why a run did not carry out a control request: answered 503 (with `Retry-After`: ask
+/// again) or 409.
+#[derive(Debug)]
+pub enum ControlFailure {
+    /// The run cannot answer yet (it is still loading).
+    NotReady(String),
+    /// The request does not fit the run's state.
+    Conflict(String),
+}
+
 /// What `/control/*` can ask a run. Replies are JSON (the trainer's own types, serialized).
 pub trait RunControl: Send + Sync + 'static {
     /// Step, manifest in force, staged changes, last step's figures.
-    fn status(&self) -> Result<Value, String>;
-    fn pause(&self) -> Result<Value, String>;
-    fn resume(&self) -> Result<Value, String>;
+    fn status(&self) -> Result<Value, ControlFailure>;
+    fn pause(&self) -> Result<Value, ControlFailure>;
+    fn resume(&self) -> Result<Value, ControlFailure>;
     fn stop(&self);
-    fn rollback(&self) -> Result<String, String>;
+    fn rollback(&self) -> Result<String, ControlFailure>;
     /// Check and stage a task set (`{"tasks": [...], "rewards": [...]}`, absolute paths);
     /// `Err` carries the message and, when the checks ran, their report.
     fn apply(
@@ -31,8 +41,13 @@ pub(crate) fn refused(message: String, report: Option<Value>) -> axum::response:
     (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response()
 }
 
-pub(crate) fn failed(message: String) -> ApiError {
-    ApiError::with_status(StatusCode::CONFLICT, message)
+pub(crate) fn failed(failure: ControlFailure) -> ApiError {
+    match failure {
+        ControlFailure::NotReady(message) => {
+            ApiError::with_status(StatusCode::SERVICE_UNAVAILABLE, message).retry_after(1)
+        }
+        ControlFailure::Conflict(message) => ApiError::with_status(StatusCode::CONFLICT, message),
+    }
 }
 
 /// The server's own figures for `/metrics`.
@@ -76,4 +91,21 @@ pub(crate) fn metrics(status: Option<&Value>, server: &ServerFigures) -> String 
         gauge("wirl_train_manifest_generation", "The task set's generation in force.", generation);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ControlFailure, failed};
+    use axum::response::IntoResponse;
+
+    /// Errors by layer: a run that cannot answer yet is asked again (503 with `Retry-After`);
+    /// a request that does not fit the run's state is a conflict (409). Both were 409.
+    #[test]
+    fn a_run_not_ready_is_503_to_retry_and_a_conflict_409() {
+        let response = failed(ControlFailure::NotReady("the run is still loading".into())).into_response();
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let response = failed(ControlFailure::Conflict("nothing to roll back to".into())).into_response();
+        assert_eq!(response.status(), 409);
+    }
 }

@@ -17,7 +17,7 @@ mod request;
 mod tasks;
 mod weights;
 
-pub use control::RunControl;
+pub use control::{ControlFailure, RunControl};
 pub use request::Limits;
 pub use tasks::{ServedTask, TaskLimits};
 
@@ -121,6 +121,12 @@ impl ApiError {
 
     fn with_status(status: StatusCode, message: String) -> Self {
         ApiError { status, message, param: None, retry_after: None }
+    }
+
+    /// Told to try again after `seconds` (`Retry-After`).
+    fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 }
 
@@ -246,7 +252,7 @@ fn run_control(state: &AppState) -> Result<&Arc<dyn RunControl>, ApiError> {
     })
 }
 
-fn answer(result: Result<Value, String>) -> Result<Json<Value>, ApiError> {
+fn answer(result: Result<Value, control::ControlFailure>) -> Result<Json<Value>, ApiError> {
     result.map(Json).map_err(control::failed)
 }
 

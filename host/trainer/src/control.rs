@@ -41,13 +41,13 @@ impl Control {
 
     /// Hold the run at its next step boundary (the step in progress finishes) until
     /// [`Control::resume`]; a swap staged meanwhile is switched in while it waits.
-    pub fn pause(&self) -> anyhow::Result<RunStatus> {
+    pub fn pause(&self) -> Result<RunStatus, ControlError> {
         self.paused.store(true, Ordering::SeqCst);
         self.event("paused");
         self.status()
     }
 
-    pub fn resume(&self) -> anyhow::Result<RunStatus> {
+    pub fn resume(&self) -> Result<RunStatus, ControlError> {
         self.paused.store(false, Ordering::SeqCst);
         self.event("resumed");
         self.status()
@@ -58,7 +58,7 @@ impl Control {
     }
 
     /// Where the run stands: step, manifest in force, staged changes, last step's figures.
-    pub fn status(&self) -> anyhow::Result<RunStatus> {
+    pub fn status(&self) -> Result<RunStatus, ControlError> {
         let mut status = self.swapper()?.status();
         status.paused = self.is_paused();
         status.stopping = self.is_stopped();
@@ -95,14 +95,14 @@ impl Control {
     }
 
     /// Go back to the task set in force before the last switch, at the next step boundary.
-    pub fn rollback(&self) -> anyhow::Result<String> {
+    pub fn rollback(&self) -> Result<String, ControlError> {
         let swapper = self.swapper()?;
         let mut state = swapper.state();
         let Some(previous) = &state.previous else {
-            anyhow::bail!(
+            return Err(ControlError::Conflict(format!(
                 "nothing to roll back to: generation {} is the run's first, or was reached by a rollback",
                 state.current.generation
-            );
+            )));
         };
         let message = format!(
             "rolling back from generation {} to the task set of generation {} at the next step boundary",
@@ -125,12 +125,8 @@ impl Control {
         *self.swapper.lock().unwrap_or_else(|e| e.into_inner()) = Some(swapper);
     }
 
-    fn swapper(&self) -> anyhow::Result<Arc<Swapper>> {
-        self.swapper
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or_else(|| anyhow::anyhow!("the run is still loading; try again in a moment"))
+    fn swapper(&self) -> Result<Arc<Swapper>, ControlError> {
+        self.swapper.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ControlError::Loading)
     }
 
     fn event(&self, kind: &str) {
@@ -140,6 +136,27 @@ impl Control {
         }
     }
 }
+
+/// Why a control request was not carried out: a caller answers the two differently (over
+/// HTTP: 503 and try again, or 409).
+#[derive(Debug)]
+pub enum ControlError {
+    /// The run is still loading (its tasks are not there yet): ask again in a moment.
+    Loading,
+    /// The request does not fit the run's state (nothing to roll back to).
+    Conflict(String),
+}
+
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlError::Loading => f.write_str("the run is still loading; try again in a moment"),
+            ControlError::Conflict(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
 
 #[cfg(test)]
 mod tests {
@@ -151,5 +168,15 @@ mod tests {
         control.stop();
         let refusal = control.apply(Default::default(), &Default::default()).unwrap_err();
         assert!(refusal.message.contains("the run is stopping: nothing was staged"), "{}", refusal.message);
+    }
+
+    /// Before the run has loaded, every request says so as `Loading` (a caller asks again).
+    #[test]
+    fn a_run_still_loading_says_so_by_its_error() {
+        let control = super::Control::new();
+        assert!(matches!(control.status(), Err(super::ControlError::Loading)));
+        assert!(matches!(control.rollback(), Err(super::ControlError::Loading)));
+        let error = control.pause().unwrap_err().to_string();
+        assert!(error.contains("still loading; try again"), "{error}");
     }
 }

@@ -20,7 +20,7 @@ pub mod tensorboard;
 pub mod trainer;
 
 pub use config::{RunConfig, TrainConfig};
-pub use control::Control;
+pub use control::{Control, ControlError};
 pub use metrics::{RolloutRecord, StepMetrics};
 pub use observer::{Event, Observer, Phase, Quiet};
 pub use swap::{ApplyOptions, Refusal, Report, RunStatus, SwapEvent};
