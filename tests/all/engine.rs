@@ -56,7 +56,12 @@ pub fn write_tiny_model(dir: &Path, qwen2_bias: bool) {
     }
     add("model.norm.weight".into(), &[hidden]);
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+    write_tiny_tokenizer(dir);
+}
 
+/// The tiny models' word-level tokenizer (`VOCAB` ids: `<unk>`, `</s>`, `w2`…) and a plain
+/// chat template, beside a model in `dir`.
+pub fn write_tiny_tokenizer(dir: &Path) {
     let mut vocab = serde_json::Map::new();
     vocab.insert("<unk>".into(), 0.into());
     vocab.insert("</s>".into(), 1.into());

@@ -6,6 +6,7 @@ mod cli;
 mod code;
 mod datasets;
 mod engine;
+mod families;
 mod grpo;
 mod hardening;
 mod hostile;

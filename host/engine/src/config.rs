@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 /// carry many); missing required ones are an error naming the field.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct Config {
-    /// `llama` or `qwen2` (SmolLM2 is `llama`).
+    /// `llama`, `qwen2`, `qwen3` or `mistral` (SmolLM2 is `llama`).
     pub model_type: String,
     #[serde(default)]
     pub architectures: Vec<String>,
@@ -26,17 +26,32 @@ pub struct Config {
     pub rope_theta: f64,
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
+    /// transformers ≥ 5 writes the rope's base and scaling here instead of `rope_theta` and
+    /// `rope_scaling`; [`Config::from_json`] folds it into those (and export writes them).
+    #[serde(default, skip_serializing)]
+    pub rope_parameters: Option<RopeParameters>,
+    /// Per layer, `full_attention` or `sliding_attention` (transformers ≥ 5): only full
+    /// attention is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     /// Biases on the q, k and v projections (Qwen2 has them; Llama does not).
     #[serde(default)]
     pub attention_bias: Option<bool>,
+    /// Qwen2/Qwen3's switch for sliding-window attention (refused when on: this engine
+    /// attends to every earlier position).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_sliding_window: Option<bool>,
     #[serde(default)]
     pub bos_token_id: Option<u32>,
     #[serde(default)]
     pub eos_token_id: Option<EosTokenId>,
 }
+
+/// The `model_type`s this engine runs.
+pub const SUPPORTED: [&str; 4] = ["llama", "qwen2", "qwen3", "mistral"];
 
 fn default_rope_theta() -> f64 {
     10_000.0
@@ -75,7 +90,46 @@ pub struct RopeScaling {
     pub original_max_position_embeddings: Option<usize>,
 }
 
+/// transformers ≥ 5's `rope_parameters`: the base and, for a scaled rope, its scaling.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct RopeParameters {
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub rope_type: Option<String>,
+    #[serde(default)]
+    pub factor: Option<f64>,
+    #[serde(default)]
+    pub low_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub high_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<usize>,
+}
+
 impl Config {
+    /// A `config.json`'s text, with transformers ≥ 5's `rope_parameters` folded into
+    /// `rope_theta` and `rope_scaling` (a config that only has `rope_parameters` would
+    /// otherwise run with the default base of 10,000: wrong logits, no error).
+    pub fn from_json(text: &str) -> Result<Config, String> {
+        let mut config: Config = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if let Some(parameters) = config.rope_parameters.take() {
+            if let Some(theta) = parameters.rope_theta {
+                config.rope_theta = theta;
+            }
+            if let Some(rope_type) = parameters.rope_type.filter(|t| t != "default") {
+                config.rope_scaling = Some(RopeScaling {
+                    rope_type,
+                    factor: parameters.factor,
+                    low_freq_factor: parameters.low_freq_factor,
+                    high_freq_factor: parameters.high_freq_factor,
+                    original_max_position_embeddings: parameters.original_max_position_embeddings,
+                });
+            }
+        }
+        Ok(config)
+    }
+
     /// The HF names of every tensor a Llama-family model of this config stores (what loading
     /// reads and export writes).
     pub fn tensor_names(&self) -> Vec<String> {
@@ -100,6 +154,11 @@ impl Config {
                     names.push(format!("{p}.self_attn.{part}.bias"));
                 }
             }
+            if self.qk_norm() {
+                for part in ["q_norm", "k_norm"] {
+                    names.push(format!("{p}.self_attn.{part}.weight"));
+                }
+            }
         }
         names.push("model.norm.weight".into());
         if !self.tie_word_embeddings {
@@ -120,11 +179,31 @@ impl Config {
         self.attention_bias.unwrap_or(self.model_type == "qwen2")
     }
 
+    /// Queries and keys RMS-normed per head (over `head_dim`) before the rotary embedding:
+    /// Qwen3's `q_norm` and `k_norm`.
+    pub fn qk_norm(&self) -> bool {
+        self.model_type == "qwen3"
+    }
+
     /// Check what the model code relies on; the message names the field.
     pub fn validate(&self) -> Result<(), String> {
-        if !matches!(self.model_type.as_str(), "llama" | "qwen2" | "mistral") {
+        if !SUPPORTED.contains(&self.model_type.as_str()) {
             return Err(format!(
-                "model_type {:?} is not supported; this engine runs llama, qwen2 and mistral decoders",
+                "model_type {:?} is not supported; this engine runs these decoders: {}",
+                self.model_type,
+                SUPPORTED.join(", ")
+            ));
+        }
+        if let Some(kind) = self.layer_types.iter().flatten().find(|kind| *kind != "full_attention") {
+            return Err(format!(
+                "layer_types has {kind:?}: only full-attention layers are supported (this engine attends to every \
+                 earlier position)"
+            ));
+        }
+        if self.use_sliding_window == Some(true) {
+            return Err(format!(
+                "use_sliding_window is true: {} with sliding-window attention is not supported (this engine \
+                 attends to every earlier position); a config with use_sliding_window = false loads",
                 self.model_type
             ));
         }
@@ -178,5 +257,67 @@ impl Config {
                 scaled as f32
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    fn config(extra: serde_json::Value) -> Config {
+        let mut base = serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 64,
+        });
+        base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(base).unwrap()
+    }
+
+    #[test]
+    fn qwen3_has_its_own_head_dim_norms_and_no_bias() {
+        let qwen3 = config(serde_json::json!({}));
+        qwen3.validate().unwrap();
+        assert_eq!(qwen3.head_dim(), 16, "given apart from hidden_size / heads (8)");
+        assert!(qwen3.qk_norm() && !qwen3.qkv_bias());
+        let names = qwen3.tensor_names();
+        assert!(names.contains(&"model.layers.1.self_attn.q_norm.weight".to_string()));
+        assert!(names.contains(&"model.layers.0.self_attn.k_norm.weight".to_string()));
+        assert!(!config(serde_json::json!({"model_type": "qwen2"})).qk_norm());
+    }
+
+    #[test]
+    fn an_unsupported_family_or_variant_is_refused_by_name_with_the_list() {
+        for model_type in ["gemma3_text", "qwen3_moe", "llava"] {
+            let error = config(serde_json::json!({"model_type": model_type})).validate().unwrap_err();
+            assert!(error.contains(model_type) && error.contains("llama, qwen2, qwen3, mistral"), "{error}");
+        }
+        let error = config(serde_json::json!({"use_sliding_window": true})).validate().unwrap_err();
+        assert!(error.contains("use_sliding_window is true"), "{error}");
+        config(serde_json::json!({"use_sliding_window": false})).validate().unwrap();
+    }
+
+    /// transformers ≥ 5 writes `rope_parameters`, not `rope_theta`: the base is read from
+    /// there (it defaulted to 10,000 before: wrong logits, no error), its scaling too.
+    #[test]
+    fn transformers_5_rope_parameters_are_read() {
+        let text = r#"{"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 64, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+            "layer_types": ["full_attention", "full_attention"]}"#;
+        let config = Config::from_json(text).unwrap();
+        assert_eq!(config.rope_theta, 1_000_000.0);
+        assert!(config.rope_scaling.is_none());
+        config.validate().unwrap();
+        let scaled = text.replace(
+            r#""rope_type": "default"}"#,
+            r#""rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#,
+        );
+        let scaling = Config::from_json(&scaled).unwrap().rope_scaling.unwrap();
+        assert_eq!((scaling.rope_type.as_str(), scaling.factor), ("llama3", Some(32.0)));
+        let sliding =
+            text.replace(r#"["full_attention", "full_attention"]"#, r#"["sliding_attention", "full_attention"]"#);
+        let error = Config::from_json(&sliding).unwrap().validate().unwrap_err();
+        assert!(error.contains("sliding_attention"), "{error}");
     }
 }

@@ -109,6 +109,30 @@ struct Attention {
     /// The q / k projections' outputs are in llama.cpp's interleaved order.
     q_interleaved: bool,
     k_interleaved: bool,
+    /// Qwen3: each head's query and key RMS-normed (over `head_dim`) before the rotary
+    /// embedding, with these weights and `eps`.
+    qk_norm: Option<QkNorm>,
+}
+
+#[derive(Clone, Debug)]
+struct QkNorm {
+    q: Tensor,
+    k: Tensor,
+    eps: f32,
+}
+
+impl QkNorm {
+    /// `x` with its last dimension (`head_dim`) normed: `[.., head_dim]`.
+    fn norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps)?)
+    }
+
+    /// A decoding step's projection (`[.., heads · head_dim]`), normed head by head.
+    fn norm_flat(x: &Tensor, weight: &Tensor, eps: f32, heads: usize) -> Result<Tensor> {
+        let head_dim = x.dim(D::Minus1)? / heads;
+        let rows = x.elem_count() / head_dim;
+        Ok(Self::norm(&x.reshape((rows, head_dim))?, weight, eps)?.reshape(x.shape())?)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -367,6 +391,15 @@ impl Model {
                     head_dim: config.head_dim(),
                     q_interleaved: source.interleaved(&format!("{p}.self_attn.q_proj.weight")),
                     k_interleaved: source.interleaved(&format!("{p}.self_attn.k_proj.weight")),
+                    qk_norm: if config.qk_norm() {
+                        Some(QkNorm {
+                            q: source.dense(&format!("{p}.self_attn.q_norm.weight"))?,
+                            k: source.dense(&format!("{p}.self_attn.k_norm.weight"))?,
+                            eps: config.rms_norm_eps as f32,
+                        })
+                    } else {
+                        None
+                    },
                 },
                 mlp_norm: source.dense(&format!("{p}.post_attention_layernorm.weight"))?,
                 mlp: Mlp {
@@ -542,9 +575,13 @@ impl Attention {
             }
         };
         let (batch, len, _) = x.dims3()?;
-        let q = self.project(&self.q, x, self.heads, self.q_interleaved)?;
-        let k = self.project(&self.k, x, self.kv_heads, self.k_interleaved)?;
+        let mut q = self.project(&self.q, x, self.heads, self.q_interleaved)?;
+        let mut k = self.project(&self.k, x, self.kv_heads, self.k_interleaved)?;
         let v = self.project(&self.v, x, self.kv_heads, false)?;
+        if let Some(norm) = &self.qk_norm {
+            q = QkNorm::norm(&q, &norm.q, norm.eps)?;
+            k = QkNorm::norm(&k, &norm.k, norm.eps)?;
+        }
         let q = rotate_half_rope(&q, cos, sin)?;
         let k = rotate_half_rope(&k, cos, sin)?;
         let (k, v) = append_kv(cache, past, &k, &v)?;
@@ -579,9 +616,13 @@ impl Attention {
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
         let batch = x.dim(0)?;
-        let q = self.q.forward(x)?.contiguous()?;
-        let k = self.k.forward(x)?.contiguous()?;
+        let mut q = self.q.forward(x)?.contiguous()?;
+        let mut k = self.k.forward(x)?.contiguous()?;
         let v = self.v.forward(x)?.contiguous()?;
+        if let Some(norm) = &self.qk_norm {
+            q = QkNorm::norm_flat(&q, &norm.q, norm.eps, self.heads)?;
+            k = QkNorm::norm_flat(&k, &norm.k, norm.eps, self.kv_heads)?;
+        }
         let like = k.reshape((batch, self.kv_heads, 1, self.head_dim))?;
         let (kb, vb) = reserve_kv(cache, past, &like)?;
         kb.inplace_op2(&k, &StoreToken { at: past, rope: Some((rope, positions)) })?;

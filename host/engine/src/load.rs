@@ -120,8 +120,8 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
 
 fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
     let config_path = dir.join("config.json");
-    let config: Config = serde_json::from_str(&read_text(&config_path)?)
-        .map_err(|e| Error::Format { file: config_path.display().to_string(), message: e.to_string() })?;
+    let config = Config::from_json(&read_text(&config_path)?)
+        .map_err(|message| Error::Format { file: config_path.display().to_string(), message })?;
     config.validate().map_err(|message| Error::Format { file: config_path.display().to_string(), message })?;
 
     let index = dir.join("model.safetensors.index.json");
@@ -289,10 +289,13 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
         rms_norm_eps: number("attention.layer_norm_rms_epsilon")?,
         rope_theta: number("rope.freq_base").unwrap_or(10_000.0),
         rope_scaling: None,
+        rope_parameters: None,
+        layer_types: None,
         max_position_embeddings: number("context_length")? as usize,
         // llama.cpp omits `output.weight` when the embeddings are tied.
         tie_word_embeddings: true,
         attention_bias: Some(false),
+        use_sliding_window: None,
         bos_token_id: metadata.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok()),
         eos_token_id: metadata
             .get("tokenizer.ggml.eos_token_id")

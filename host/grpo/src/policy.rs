@@ -369,9 +369,14 @@ impl Net {
         let kv_heads = self.config.num_kv_heads();
         let dim = self.config.head_dim();
         let split = |y: Tensor, h: usize| -> Result<Tensor> { y.reshape((batch, len, h, dim))?.transpose(1, 2) };
-        let q = split(self.linear(x, &format!("{l}.self_attn.q_proj"))?, heads)?;
-        let k = split(self.linear(x, &format!("{l}.self_attn.k_proj"))?, kv_heads)?;
+        let mut q = split(self.linear(x, &format!("{l}.self_attn.q_proj"))?, heads)?;
+        let mut k = split(self.linear(x, &format!("{l}.self_attn.k_proj"))?, kv_heads)?;
         let v = split(self.linear(x, &format!("{l}.self_attn.v_proj"))?, kv_heads)?.contiguous()?;
+        if self.config.qk_norm() {
+            // Qwen3: each head's query and key RMS-normed over head_dim before the rope.
+            q = self.rms_norm(&q, &format!("{l}.self_attn.q_norm.weight"))?;
+            k = self.rms_norm(&k, &format!("{l}.self_attn.k_norm.weight"))?;
+        }
         let q = crate::fused::rope(&q, cos, sin)?;
         let k = crate::fused::rope(&k, cos, sin)?;
         let (keys, values) = match prefix {

@@ -1,0 +1,111 @@
+//! Model families beyond Llama against Hugging Face transformers: a tiny random-weight model
+//! of each, built, saved and run by transformers in float32 (`scripts/reference/
+//! tiny_families.py`, with the peers' virtual environment), in `tests/fixtures/tiny-<family>/`
+//! with its `reference.json`. wirl loads the directory as transformers saved it: its logits
+//! within 1e-4, its greedy continuations (through the decoding path, with a cache) equal,
+//! and the trainer's forward gives the log-probs the engine samples with.
+
+use candle_core::{Device, Tensor};
+use serde::Deserialize;
+use std::path::Path;
+use wirl_engine::LoadOptions;
+
+#[derive(Deserialize)]
+struct Reference {
+    logits: Vec<LogitsCase>,
+    greedy: Vec<GreedyCase>,
+}
+
+#[derive(Deserialize)]
+struct LogitsCase {
+    ids: Vec<u32>,
+    /// `[position][vocabulary]`.
+    values: Vec<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+struct GreedyCase {
+    prompt: Vec<u32>,
+    continuation: Vec<u32>,
+}
+
+/// The family's fixture model in a temporary directory, with the tests' tokenizer beside it.
+fn tiny(family: &str) -> (tempfile::TempDir, Reference) {
+    let fixture =
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(format!("tiny-{family}"));
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();
+    }
+    crate::engine::write_tiny_tokenizer(dir.path());
+    let reference = serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap()).unwrap();
+    (dir, reference)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    row.iter().enumerate().fold((0, f32::MIN), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0 as u32
+}
+
+/// Logits and greedy continuations of the family's model equal transformers'.
+fn matches_transformers(family: &str) {
+    let (dir, reference) = tiny(family);
+    let loaded = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
+    let model = &loaded.model;
+    let mut worst = 0f32;
+    for case in &reference.logits {
+        let tokens = Tensor::from_vec(case.ids.clone(), (1, case.ids.len()), &Device::Cpu).unwrap();
+        let logits: Vec<Vec<f32>> =
+            model.forward(&tokens, &[0], &mut model.new_cache(), true).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
+        for (ours, theirs) in logits.iter().zip(&case.values) {
+            assert_eq!(ours.len(), theirs.len());
+            worst = ours.iter().zip(theirs).map(|(a, b)| (a - b).abs()).fold(worst, f32::max);
+        }
+    }
+    assert!(worst < 1e-4, "{family}: max |wirl − transformers| logit = {worst}");
+    for case in &reference.greedy {
+        // The prompt in one pass, then a token at a time from the cache: the decoding path.
+        let mut cache = model.new_cache();
+        let prompt = Tensor::from_vec(case.prompt.clone(), (1, case.prompt.len()), &Device::Cpu).unwrap();
+        let mut last: Vec<f32> =
+            model.forward(&prompt, &[0], &mut cache, false).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let mut continuation = Vec::new();
+        while continuation.len() < case.continuation.len() {
+            let next = argmax(&last);
+            continuation.push(next);
+            let token = Tensor::from_vec(vec![next], (1, 1), &Device::Cpu).unwrap();
+            last = model.forward(&token, &[0], &mut cache, false).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        }
+        assert_eq!(continuation, case.continuation, "{family}: greedy after {:?}", case.prompt);
+    }
+}
+
+/// The trainer's forward (its own code, with gradients) gives the engine's log-probs.
+fn trains_what_it_samples(family: &str) {
+    let (dir, reference) = tiny(family);
+    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+    let device = Device::Cpu;
+    let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
+    let case = &reference.logits[1];
+    let (prompt, completion) = case.ids.split_at(3);
+    let stats = policy.net().completion_stats(prompt, &[completion.to_vec()]).unwrap();
+    let logp: Vec<f32> = stats.logp.squeeze(0).unwrap().to_vec1().unwrap();
+    // transformers' log-softmax at the position before each completion token.
+    let mut worst = 0f32;
+    for (t, &token) in completion.iter().enumerate() {
+        let row = &case.values[prompt.len() + t - 1];
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        let log_sum = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+        worst = worst.max((logp[t] - (row[token as usize] - log_sum)).abs());
+    }
+    assert!(worst < 1e-4, "{family}: max |trainer − transformers| log-prob = {worst}");
+}
+
+#[test]
+fn qwen3_matches_transformers() {
+    matches_transformers("qwen3");
+}
+
+#[test]
+fn qwen3_trains_what_it_samples() {
+    trains_what_it_samples("qwen3");
+}
