@@ -96,6 +96,38 @@ fn train_eval_and_serve_refuse_the_same_tasks_with_the_same_message() {
     }
 }
 
+/// And they accept the same good ones: the multitask config (weighted environment tasks, a
+/// multi-turn task, an `eval_only` dataset) trains a step, evaluates, and is served with its
+/// four tasks.
+#[test]
+fn train_eval_and_serve_accept_the_same_good_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::trainer::write_multitask_config(dir.path(), 1);
+    let train = wirl()
+        .arg("train")
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .args(["--steps", "1", "--eval-tasks", "1"])
+        .output()
+        .unwrap();
+    assert!(train.status.success(), "train: {}", String::from_utf8_lossy(&train.stderr));
+    let eval = wirl()
+        .arg("eval")
+        .arg(&config)
+        .args(["--tasks", "1", "--output"])
+        .arg(dir.path().join("eval.jsonl"))
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "eval: {}", String::from_utf8_lossy(&eval.stderr));
+    let server = crate::serve::Server::start(&["--config", config.to_str().unwrap()]);
+    let (status, _, body) = server.http("GET", "/v1/tasks", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let names: Vec<&str> = listed["data"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["sums", "mixed", "retry", "held"], "{body}");
+}
+
 /// Errors by layer: a served task's failures answer with the status of their cause — its
 /// remote task server gone is upstream's (502), its dataset file gone is the host's (500), a
 /// row that is not a task is the task's own (422). All were 422 before.

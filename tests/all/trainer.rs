@@ -155,7 +155,7 @@ fn the_default_jobs_numbers_hold() {
 /// environment tasks (3:1, the second with its own seed, kind and `max_tokens`) sharing the
 /// top-level reward, a multi-turn task (the arithmetic environment's retry episodes, up to 3
 /// turns, weight 1), and an `eval_only` dataset task. Returns the config's path.
-fn write_multitask_config(dir: &Path, steps: usize) -> std::path::PathBuf {
+pub(crate) fn write_multitask_config(dir: &Path, steps: usize) -> std::path::PathBuf {
     let legacy = crate::grpo::write_config(dir, "", steps, 0.01);
     let model = dir.join("model");
     let model_config = std::fs::read_to_string(model.join("config.json")).unwrap();
