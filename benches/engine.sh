@@ -60,4 +60,12 @@ for label, ours, (theirs, when) in [
 ]:
     print(f"{label:40} {ours:7.0f} ms {theirs:7.0f} ms  {theirs / ours:5.2f}x speed  (peer {when})")
 print(f"peak RSS: {w['peak_rss_after_q4_1_mib']:.0f} MiB after the Q4_1 runs, {w['peak_rss_after_f32_mib']:.0f} MiB after f32")
+# Half-precision weights beside f32, same run, and each format's log-prob mismatch against
+# f32 (f32's greedy continuation teacher-forced).
+print(f"bf16 vs f32: bs1 decode {w['bf16_bs1_decode_tok_s']:.1f} vs {w['f32_bs1_decode_tok_s']:.1f} tok/s "
+      f"({w['bf16_bs1_decode_tok_s'] / w['f32_bs1_decode_tok_s']:.2f}x), group 8x128 {w['bf16_group8_tok_s']:.1f} vs "
+      f"{w['f32_group8_tok_s']:.1f} tok/s ({w['bf16_group8_tok_s'] / w['f32_group8_tok_s']:.2f}x)")
+for label in ("q4_1", "bf16"):
+    print(f"{label}: |Δ log p| against f32: max {w[label + '_logprob_delta_max']:.4f}, "
+          f"mean {w[label + '_logprob_delta_mean']:.5f}")
 PY
