@@ -109,3 +109,35 @@ fn qwen3_matches_transformers() {
 fn qwen3_trains_what_it_samples() {
     trains_what_it_samples("qwen3");
 }
+
+/// `wirl model inspect` reads a family from its config alone: the parameters it counts are
+/// those the file holds, and an unsupported family is refused naming it and the list.
+#[test]
+fn inspect_counts_a_families_parameters_and_refuses_an_unknown_one() {
+    let (dir, _) = tiny("qwen3");
+    let tensors = candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    let stored: usize = tensors.values().map(|t| t.elem_count()).sum();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["model", "inspect"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("family        qwen3") && said.contains("per-head q/k norms"), "{said}");
+    assert!(said.contains(&format!("parameters    {stored} ")), "the file holds {stored}: {said}");
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    std::fs::write(dir.path().join("config.json"), config.replace("\"qwen3\"", "\"gemma3_text\"")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["model", "inspect"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains("\"gemma3_text\" is not supported")
+            && said.contains("llama, qwen2, qwen3, mistral"),
+        "{said}"
+    );
+}

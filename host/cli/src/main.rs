@@ -135,6 +135,9 @@ enum ModelCommand {
     /// Write a GGUF model as a Hugging Face directory (f32 safetensors, tokenizer, chat
     /// template) that transformers and wirl load.
     Export(model::ExportArgs),
+    /// What a model is (family, shapes, parameters, training memory) and whether wirl runs
+    /// it, from its config alone.
+    Inspect(model::InspectArgs),
 }
 
 #[derive(Subcommand)]
@@ -197,6 +200,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
         Command::Model(ModelCommand::Export(args)) => model::export(args),
+        Command::Model(ModelCommand::Inspect(args)) => model::inspect(args),
         Command::Ctl(args) => ctl::run(args),
         Command::Serve(args) => serve::run(args),
         Command::CodeWorker => code_worker(),

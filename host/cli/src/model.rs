@@ -69,6 +69,58 @@ pub struct ExportArgs {
     dir: PathBuf,
 }
 
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// An HF model directory or a GGUF file (or the default model's name).
+    model: String,
+    /// Print the config as the engine reads it, as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What a model is and whether wirl runs it, from its config alone (no weight is read): its
+/// family and shapes, its parameters and what training every one of them in f32 with AdamW
+/// holds (weights, gradients, two moments: 16 bytes each; the KL reference adds 4).
+pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let path = resolve(Some(&args.model))?;
+    let config = wirl_engine::load::read_config(&path)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let parameters = config.parameter_count();
+    let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+    println!("{}", path.display());
+    println!("family        {}", config.model_type);
+    println!(
+        "shape         {} layers, hidden {}, {} heads ({} key/value) of {}, MLP {}, vocabulary {}",
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_kv_heads(),
+        config.head_dim(),
+        config.intermediate_size,
+        config.vocab_size
+    );
+    println!(
+        "attention     rope base {}{}{}{}",
+        config.rope_theta,
+        config.rope_scaling.as_ref().map(|s| format!(", {} scaling", s.rope_type)).unwrap_or_default(),
+        if config.qk_norm() { ", per-head q/k norms" } else { "" },
+        if config.qkv_bias() { ", q/k/v biases" } else { "" },
+    );
+    println!("context       {} positions", config.max_position_embeddings);
+    println!("head          {}", if config.tie_word_embeddings { "tied to the embeddings" } else { "its own matrix" });
+    println!(
+        "parameters    {parameters} ({:.2} GiB in f32); full f32 training with AdamW holds {:.1} GiB before \
+         activations, {:.1} GiB with the KL reference",
+        gib(parameters * 4),
+        gib(parameters * 16),
+        gib(parameters * 20)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let gguf = resolve(Some(&args.gguf))?;
     wirl_engine::export::gguf_to_hf_dir(&gguf, &args.dir)?;

@@ -231,6 +231,22 @@ impl Config {
         Ok(())
     }
 
+    /// Parameters of the model (every tensor of [`Config::tensor_names`], by its shape).
+    pub fn parameter_count(&self) -> u64 {
+        let (hidden, ffn, vocab) = (self.hidden_size as u64, self.intermediate_size as u64, self.vocab_size as u64);
+        let (q, kv) =
+            ((self.num_attention_heads * self.head_dim()) as u64, (self.num_kv_heads() * self.head_dim()) as u64);
+        let mut layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * ffn + 2 * hidden;
+        if self.qkv_bias() {
+            layer += q + 2 * kv;
+        }
+        if self.qk_norm() {
+            layer += 2 * self.head_dim() as u64;
+        }
+        let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
+        vocab * hidden + self.num_hidden_layers as u64 * layer + hidden + head
+    }
+
     /// Inverse frequencies of the rotary embedding, with Llama 3 scaling when configured.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
         let dim = self.head_dim();

@@ -109,6 +109,25 @@ impl WeightSource for TensorSource<'_> {
     }
 }
 
+/// The config of the model at `path` (an HF directory's `config.json`, or a GGUF file's
+/// metadata), checked: what the engine would run, without reading any weight.
+pub fn read_config(path: &Path) -> Result<Config> {
+    let origin = path.display().to_string();
+    let format_error = |message: String| Error::Format { file: origin.clone(), message };
+    let config = if path.is_dir() {
+        let config_path = path.join("config.json");
+        Config::from_json(&read_text(&config_path)?)
+            .map_err(|message| Error::Format { file: config_path.display().to_string(), message })?
+    } else {
+        let mut file =
+            std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
+        let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
+        config_from_gguf(&content.metadata).map_err(format_error)?
+    };
+    config.validate().map_err(format_error)?;
+    Ok(config)
+}
+
 fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })
 }
