@@ -110,6 +110,14 @@ fn qwen3_trains_what_it_samples() {
     trains_what_it_samples("qwen3");
 }
 
+/// `wirl model inspect` on `path`: `(succeeded, stdout, stderr)`.
+fn inspect(path: &Path) -> (bool, String, String) {
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).args(["model", "inspect"]).arg(path).output().unwrap();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
 /// `wirl model inspect` reads a family from its config alone: the parameters it counts are
 /// those the file holds, and an unsupported family is refused naming it and the list.
 #[test]
@@ -117,27 +125,44 @@ fn inspect_counts_a_families_parameters_and_refuses_an_unknown_one() {
     let (dir, _) = tiny("qwen3");
     let tensors = candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
     let stored: usize = tensors.values().map(|t| t.elem_count()).sum();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["model", "inspect"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, said, error) = inspect(dir.path());
+    assert!(ok, "{error}");
     assert!(said.contains("family        qwen3") && said.contains("per-head q/k norms"), "{said}");
     assert!(said.contains(&format!("parameters    {stored} ")), "the file holds {stored}: {said}");
     let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
     std::fs::write(dir.path().join("config.json"), config.replace("\"qwen3\"", "\"gemma3_text\"")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["model", "inspect"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
+    let (ok, _, said) = inspect(dir.path());
     assert!(
-        !out.status.success()
-            && said.contains("\"gemma3_text\" is not supported")
-            && said.contains("llama, qwen2, qwen3, mistral"),
+        !ok && said.contains("\"gemma3_text\" is not supported") && said.contains("llama, qwen2, qwen3, mistral"),
         "{said}"
     );
+}
+
+/// Hostile inputs to `wirl model inspect`: a config that is not JSON, one with absurd sizes
+/// (counted saturating, not wrapped or panicking), a file that is not GGUF, a cut-off GGUF,
+/// a path that does not exist. Each is a clear refusal or a bounded answer, never a crash.
+#[test]
+fn inspect_refuses_or_bounds_hostile_models() {
+    let (dir, _) = tiny("qwen3");
+    let config_path = dir.path().join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, "{ not json").unwrap();
+    let (ok, _, said) = inspect(dir.path());
+    assert!(!ok && said.contains("config.json"), "{said}");
+    let huge = config
+        .replace("\"hidden_size\": 32", "\"hidden_size\": 18446744073709551615")
+        .replace("\"vocab_size\": 64", "\"vocab_size\": 18446744073709551615");
+    assert_ne!(huge, config, "the fixture's keys are where this test expects them");
+    std::fs::write(&config_path, huge).unwrap();
+    let (ok, said, error) = inspect(dir.path());
+    assert!(ok && said.contains(&format!("parameters    {} ", u64::MAX)), "{said}{error}");
+    let not_gguf = dir.path().join("model.gguf");
+    std::fs::write(&not_gguf, b"GGUF\x03\x00\x00\x00 cut short").unwrap();
+    let (ok, _, said) = inspect(&not_gguf);
+    assert!(!ok && said.contains("not a GGUF file"), "{said}");
+    std::fs::write(&not_gguf, b"plain text").unwrap();
+    let (ok, _, said) = inspect(&not_gguf);
+    assert!(!ok && said.contains("not a GGUF file"), "{said}");
+    let (ok, _, said) = inspect(&dir.path().join("missing.gguf"));
+    assert!(!ok && said.contains("no such file or directory"), "{said}");
 }

@@ -215,9 +215,9 @@ fn a_remote_task_server_that_does_not_answer_in_time_is_a_gateway_timeout() {
         ),
     );
     let server = crate::serve::Server::start(&["--config", config.to_str().unwrap()]);
-    let started = Instant::now();
+    // The upstream holds each request 6 s, then closes it unanswered (which would be a 502):
+    // only the task's 1 s timeout answers 504.
     let (code, answer) = server.post("/v1/episodes", r#"{"task": "slow", "index": 0}"#);
     assert_eq!(code, 504, "{answer}");
     assert!(answer.to_string().contains("timeout_s"), "{answer}");
-    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
 }

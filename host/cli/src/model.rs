@@ -89,7 +89,8 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let parameters = config.parameter_count();
-    let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+    // Bytes per parameter → GiB, in floats: a hostile config's sizes must not overflow.
+    let gib = |bytes_each: f64| parameters as f64 * bytes_each / (1u64 << 30) as f64;
     println!("{}", path.display());
     println!("family        {}", config.model_type);
     println!(
@@ -114,9 +115,9 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     println!(
         "parameters    {parameters} ({:.2} GiB in f32); full f32 training with AdamW holds {:.1} GiB before \
          activations, {:.1} GiB with the KL reference",
-        gib(parameters * 4),
-        gib(parameters * 16),
-        gib(parameters * 20)
+        gib(4.0),
+        gib(16.0),
+        gib(20.0)
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -90,21 +90,14 @@ pub struct RopeScaling {
     pub original_max_position_embeddings: Option<usize>,
 }
 
-/// transformers ≥ 5's `rope_parameters`: the base and, for a scaled rope, its scaling.
+/// transformers ≥ 5's `rope_parameters`: the base, and the scaling in `rope_scaling`'s own
+/// fields (`rope_type` "default": none).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct RopeParameters {
     #[serde(default)]
     pub rope_theta: Option<f64>,
-    #[serde(default)]
-    pub rope_type: Option<String>,
-    #[serde(default)]
-    pub factor: Option<f64>,
-    #[serde(default)]
-    pub low_freq_factor: Option<f64>,
-    #[serde(default)]
-    pub high_freq_factor: Option<f64>,
-    #[serde(default)]
-    pub original_max_position_embeddings: Option<usize>,
+    #[serde(flatten)]
+    pub scaling: Option<RopeScaling>,
 }
 
 impl Config {
@@ -117,15 +110,7 @@ impl Config {
             if let Some(theta) = parameters.rope_theta {
                 config.rope_theta = theta;
             }
-            if let Some(rope_type) = parameters.rope_type.filter(|t| t != "default") {
-                config.rope_scaling = Some(RopeScaling {
-                    rope_type,
-                    factor: parameters.factor,
-                    low_freq_factor: parameters.low_freq_factor,
-                    high_freq_factor: parameters.high_freq_factor,
-                    original_max_position_embeddings: parameters.original_max_position_embeddings,
-                });
-            }
+            config.rope_scaling = parameters.scaling.filter(|s| s.rope_type != "default").or(config.rope_scaling);
         }
         Ok(config)
     }
@@ -231,20 +216,34 @@ impl Config {
         Ok(())
     }
 
-    /// Parameters of the model (every tensor of [`Config::tensor_names`], by its shape).
+    /// Parameters of the model (every tensor of [`Config::tensor_names`], by its shape);
+    /// saturating, so that absurd sizes in a hostile config count as `u64::MAX`, not wrap.
     pub fn parameter_count(&self) -> u64 {
-        let (hidden, ffn, vocab) = (self.hidden_size as u64, self.intermediate_size as u64, self.vocab_size as u64);
+        let n = |x: usize| x as u64;
+        let (hidden, ffn, vocab) = (n(self.hidden_size), n(self.intermediate_size), n(self.vocab_size));
+        let head_dim = n(self.head_dim());
         let (q, kv) =
-            ((self.num_attention_heads * self.head_dim()) as u64, (self.num_kv_heads() * self.head_dim()) as u64);
-        let mut layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * ffn + 2 * hidden;
+            (n(self.num_attention_heads).saturating_mul(head_dim), n(self.num_kv_heads()).saturating_mul(head_dim));
+        let projections = q.saturating_add(kv.saturating_mul(2));
+        let mut layer = [
+            hidden.saturating_mul(projections),
+            q.saturating_mul(hidden),
+            hidden.saturating_mul(ffn).saturating_mul(3),
+            hidden.saturating_mul(2),
+        ]
+        .into_iter()
+        .fold(0u64, u64::saturating_add);
         if self.qkv_bias() {
-            layer += q + 2 * kv;
+            layer = layer.saturating_add(projections);
         }
         if self.qk_norm() {
-            layer += 2 * self.head_dim() as u64;
+            layer = layer.saturating_add(head_dim.saturating_mul(2));
         }
-        let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
-        vocab * hidden + self.num_hidden_layers as u64 * layer + hidden + head
+        let embeddings = vocab.saturating_mul(hidden);
+        let head = if self.tie_word_embeddings { 0 } else { embeddings };
+        [embeddings, n(self.num_hidden_layers).saturating_mul(layer), hidden, head]
+            .into_iter()
+            .fold(0, u64::saturating_add)
     }
 
     /// Inverse frequencies of the rotary embedding, with Llama 3 scaling when configured.

@@ -114,16 +114,16 @@ impl WeightSource for TensorSource<'_> {
 pub fn read_config(path: &Path) -> Result<Config> {
     let origin = path.display().to_string();
     let format_error = |message: String| Error::Format { file: origin.clone(), message };
-    let config = if path.is_dir() {
+    if path.is_dir() {
         let config_path = path.join("config.json");
-        Config::from_json(&read_text(&config_path)?)
-            .map_err(|message| Error::Format { file: config_path.display().to_string(), message })?
-    } else {
-        let mut file =
-            std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
-        let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
-        config_from_gguf(&content.metadata).map_err(format_error)?
-    };
+        let format_error = |message| Error::Format { file: config_path.display().to_string(), message };
+        let config = Config::from_json(&read_text(&config_path)?).map_err(format_error)?;
+        config.validate().map_err(format_error)?;
+        return Ok(config);
+    }
+    let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
+    let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
+    let config = config_from_gguf(&content.metadata).map_err(format_error)?;
     config.validate().map_err(format_error)?;
     Ok(config)
 }
@@ -138,10 +138,7 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
 }
 
 fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
-    let config_path = dir.join("config.json");
-    let config = Config::from_json(&read_text(&config_path)?)
-        .map_err(|message| Error::Format { file: config_path.display().to_string(), message })?;
-    config.validate().map_err(|message| Error::Format { file: config_path.display().to_string(), message })?;
+    let config = read_config(dir)?;
 
     let index = dir.join("model.safetensors.index.json");
     let shards: Vec<PathBuf> = if index.exists() {
