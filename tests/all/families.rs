@@ -11,26 +11,26 @@ use std::path::Path;
 use wirl_engine::LoadOptions;
 
 #[derive(Deserialize)]
-struct Reference {
-    logits: Vec<LogitsCase>,
-    greedy: Vec<GreedyCase>,
+pub(crate) struct Reference {
+    pub logits: Vec<LogitsCase>,
+    pub greedy: Vec<GreedyCase>,
 }
 
 #[derive(Deserialize)]
-struct LogitsCase {
-    ids: Vec<u32>,
+pub(crate) struct LogitsCase {
+    pub ids: Vec<u32>,
     /// `[position][vocabulary]`.
-    values: Vec<Vec<f32>>,
+    pub values: Vec<Vec<f32>>,
 }
 
 #[derive(Deserialize)]
-struct GreedyCase {
-    prompt: Vec<u32>,
-    continuation: Vec<u32>,
+pub(crate) struct GreedyCase {
+    pub prompt: Vec<u32>,
+    pub continuation: Vec<u32>,
 }
 
 /// The family's fixture model in a temporary directory, with the tests' tokenizer beside it.
-fn tiny(family: &str) -> (tempfile::TempDir, Reference) {
+pub(crate) fn tiny(family: &str) -> (tempfile::TempDir, Reference) {
     let fixture =
         Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(format!("tiny-{family}"));
     let dir = tempfile::tempdir().unwrap();
@@ -42,7 +42,7 @@ fn tiny(family: &str) -> (tempfile::TempDir, Reference) {
     (dir, reference)
 }
 
-fn argmax(row: &[f32]) -> u32 {
+pub(crate) fn argmax(row: &[f32]) -> u32 {
     row.iter().enumerate().fold((0, f32::MIN), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0 as u32
 }
 
@@ -50,7 +50,11 @@ fn argmax(row: &[f32]) -> u32 {
 fn matches_transformers(family: &str) {
     let (dir, reference) = tiny(family);
     let loaded = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
-    let model = &loaded.model;
+    matches_reference(&loaded.model, &reference, family);
+}
+
+/// `model`'s logits are within 1e-4 of the reference's, its greedy continuations equal.
+pub(crate) fn matches_reference(model: &wirl_engine::Model, reference: &Reference, family: &str) {
     let mut worst = 0f32;
     for case in &reference.logits {
         let tokens = Tensor::from_vec(case.ids.clone(), (1, case.ids.len()), &Device::Cpu).unwrap();
@@ -85,9 +89,14 @@ fn trains_what_it_samples(family: &str) {
     let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
     let device = Device::Cpu;
     let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
+    trains_reference(policy.net(), &reference, family);
+}
+
+/// The trainer's log-probs of a completion are within 1e-4 of the reference's.
+pub(crate) fn trains_reference(net: &wirl_grpo::Net, reference: &Reference, family: &str) {
     let case = &reference.logits[1];
     let (prompt, completion) = case.ids.split_at(3);
-    let stats = policy.net().completion_stats(prompt, &[completion.to_vec()]).unwrap();
+    let stats = net.completion_stats(prompt, &[completion.to_vec()]).unwrap();
     let logp: Vec<f32> = stats.logp.squeeze(0).unwrap().to_vec1().unwrap();
     // transformers' log-softmax at the position before each completion token.
     let mut worst = 0f32;

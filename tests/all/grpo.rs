@@ -16,7 +16,7 @@ fn trainable_and_inference_log_probs_agree() {
     let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
     let device = wirl_engine::Device::Cpu;
     let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
-    let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
+    let mut source = wirl_engine::load::TensorSource::new(policy.shared_tensors());
     let model = wirl_engine::Model::load(&config, &mut source, &device).unwrap();
     let prompt: Vec<u32> = vec![5, 9, 13, 2, 7];
     let request = GenerateRequest {

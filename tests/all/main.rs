@@ -13,6 +13,7 @@ mod hostile;
 mod hotswap;
 mod install;
 mod languages;
+mod lora;
 mod multiturn;
 mod plugins;
 mod reference;

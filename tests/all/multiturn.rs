@@ -23,7 +23,7 @@ pub fn policy_and_engine(dir: &Path) -> (wirl_grpo::Policy, wirl_engine::EngineH
     let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir, &LoadOptions::default()).unwrap();
     let device = wirl_engine::Device::Cpu;
     let policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
-    let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
+    let mut source = wirl_engine::load::TensorSource::new(policy.shared_tensors());
     let model = Arc::new(wirl_engine::Model::load(&config, &mut source, &device).unwrap());
     let tokenizer = Arc::new(tokenizer);
     let (engine, _thread) = wirl_engine::EngineHandle::spawn(model, tokenizer.clone()).unwrap();

@@ -17,7 +17,55 @@ pub fn write_hf_dir(
     tokenizer: &Tokenizer,
     tensors: &HashMap<String, Tensor>,
 ) -> Result<()> {
-    let io = |path: &Path, e: std::io::Error| Error::Io { file: path.display().to_string(), message: e.to_string() };
+    write_dir_atomically(dir, |partial| {
+        let write = |name: &str, text: String| -> Result<()> {
+            let path = partial.join(name);
+            std::fs::write(&path, text).map_err(|e| io(&path, e))
+        };
+        let json = |value: &serde_json::Value| serde_json::to_string_pretty(value).expect("JSON values serialize");
+
+        let mut config_json = serde_json::to_value(config).expect("the config serializes");
+        // Spell out what wirl derives, so that readers with other defaults agree.
+        config_json["num_key_value_heads"] = config.num_kv_heads().into();
+        config_json["head_dim"] = config.head_dim().into();
+        config_json["attention_bias"] = config.qkv_bias().into();
+        config_json["torch_dtype"] = "float32".into();
+        if let Some(object) = config_json.as_object_mut() {
+            object.retain(|_, value| !value.is_null());
+        }
+        write("config.json", json(&config_json))?;
+        let mut tokenizer_config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": config.max_position_embeddings,
+            "clean_up_tokenization_spaces": false,
+        });
+        if let Some(template) = tokenizer.chat_template() {
+            tokenizer_config["chat_template"] = template.into();
+        }
+        if let Some(bos) = tokenizer.bos_token() {
+            tokenizer_config["bos_token"] = bos.into();
+        }
+        if let Some(eos) = tokenizer.eos_token() {
+            tokenizer_config["eos_token"] = eos.into();
+        }
+        write("tokenizer_config.json", json(&tokenizer_config))?;
+        write("tokenizer.json", tokenizer.tokenizer_json().to_string())?;
+        let mut generation = serde_json::json!({ "eos_token_id": tokenizer.eos_ids() });
+        if let Some(bos) = config.bos_token_id {
+            generation["bos_token_id"] = bos.into();
+        }
+        write("generation_config.json", json(&generation))?;
+        save_safetensors(tensors, &partial.join("model.safetensors"))
+    })
+}
+
+fn io(path: &Path, e: std::io::Error) -> Error {
+    Error::Io { file: path.display().to_string(), message: e.to_string() }
+}
+
+/// Make `dir` (which must not exist yet) by `fill`ing a directory beside it and renaming
+/// that when `fill` succeeds: the directory appears whole or not at all.
+pub(crate) fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if dir.exists() {
         return Err(Error::Io {
             file: dir.display().to_string(),
@@ -29,59 +77,25 @@ pub fn write_hf_dir(
         std::fs::remove_dir_all(&partial).map_err(|e| io(&partial, e))?;
     }
     std::fs::create_dir_all(&partial).map_err(|e| io(&partial, e))?;
-    let write = |name: &str, text: String| -> Result<()> {
-        let path = partial.join(name);
-        std::fs::write(&path, text).map_err(|e| io(&path, e))
-    };
-    let json = |value: &serde_json::Value| serde_json::to_string_pretty(value).expect("JSON values serialize");
+    fill(&partial)?;
+    std::fs::rename(&partial, dir).map_err(|e| io(dir, e))
+}
 
-    let mut config_json = serde_json::to_value(config).expect("the config serializes");
-    // Spell out what wirl derives, so that readers with other defaults agree.
-    config_json["num_key_value_heads"] = config.num_kv_heads().into();
-    config_json["head_dim"] = config.head_dim().into();
-    config_json["attention_bias"] = config.qkv_bias().into();
-    config_json["torch_dtype"] = "float32".into();
-    if let Some(object) = config_json.as_object_mut() {
-        object.retain(|_, value| !value.is_null());
-    }
-    write("config.json", json(&config_json))?;
-    let mut tokenizer_config = serde_json::json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": config.max_position_embeddings,
-        "clean_up_tokenization_spaces": false,
-    });
-    if let Some(template) = tokenizer.chat_template() {
-        tokenizer_config["chat_template"] = template.into();
-    }
-    if let Some(bos) = tokenizer.bos_token() {
-        tokenizer_config["bos_token"] = bos.into();
-    }
-    if let Some(eos) = tokenizer.eos_token() {
-        tokenizer_config["eos_token"] = eos.into();
-    }
-    write("tokenizer_config.json", json(&tokenizer_config))?;
-    write("tokenizer.json", tokenizer.tokenizer_json().to_string())?;
-    let mut generation = serde_json::json!({ "eos_token_id": tokenizer.eos_ids() });
-    if let Some(bos) = config.bos_token_id {
-        generation["bos_token_id"] = bos.into();
-    }
-    write("generation_config.json", json(&generation))?;
-
-    let weights = partial.join("model.safetensors");
-    // Safetensors wants contiguous tensors on the CPU.
+/// Save `tensors` (contiguous copies on the CPU, as safetensors wants) to `path`, readable
+/// by others (the writer makes it private to the user; the directory is for sharing).
+pub(crate) fn save_safetensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
     let cpu: HashMap<String, Tensor> = tensors
         .iter()
         .map(|(name, t)| Ok((name.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
         .collect::<Result<_>>()?;
-    candle_core::safetensors::save(&cpu, &weights)
-        .map_err(|e| Error::Io { file: weights.display().to_string(), message: e.to_string() })?;
-    // The writer creates the weights file private to the user; the directory is for sharing.
+    candle_core::safetensors::save(&cpu, path)
+        .map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&weights, std::fs::Permissions::from_mode(0o644)).map_err(|e| io(&weights, e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(|e| io(path, e))?;
     }
-    std::fs::rename(&partial, dir).map_err(|e| io(dir, e))
+    Ok(())
 }
 
 fn partial_path(dir: &Path) -> PathBuf {

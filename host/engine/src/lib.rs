@@ -11,6 +11,7 @@ pub mod export;
 pub mod generate;
 pub mod llama;
 pub mod load;
+pub mod lora;
 pub mod sampling;
 pub mod tokenizer;
 

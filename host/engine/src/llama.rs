@@ -12,6 +12,7 @@ use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
+use crate::lora::LoraPair;
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -35,11 +36,13 @@ fn rows(x: &Tensor) -> usize {
     x.dims()[..x.rank().saturating_sub(1)].iter().product()
 }
 
-/// `y = x Wᵀ + b`.
+/// `y = x Wᵀ + b`, plus a LoRA adapter's `scale·(x Aᵀ) Bᵀ` where one is loaded (applied
+/// beside the base, never merged into it: a trainer updates A and B in place).
 #[derive(Clone, Debug)]
 pub struct Linear {
     pub weight: Weight,
     pub bias: Option<Tensor>,
+    pub adapter: Option<LoraPair>,
 }
 
 impl Linear {
@@ -50,8 +53,12 @@ impl Linear {
             Weight::Quantized(q) => q.forward(x)?,
             Weight::Blocks(m) => m.forward(x)?,
         };
-        Ok(match &self.bias {
+        let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        Ok(match &self.adapter {
+            Some(adapter) => (y + adapter.forward(x)?)?,
             None => y,
         })
     }
@@ -90,6 +97,11 @@ pub trait WeightSource {
     fn dense(&mut self, name: &str) -> Result<Tensor>;
     /// Whether `name` exists.
     fn contains(&self, name: &str) -> bool;
+    /// The LoRA adapter of the projection `module` (its HF name without `.weight`), if the
+    /// source holds one.
+    fn adapter(&mut self, _module: &str) -> Result<Option<LoraPair>> {
+        Ok(None)
+    }
     /// Whether the matrix `name` (a q or k projection) produces llama.cpp's interleaved rope
     /// layout, which the model reorders to the HF (rotate-half) layout after projecting.
     fn interleaved(&self, _name: &str) -> bool {
@@ -370,7 +382,16 @@ impl Model {
         let linear = |source: &mut dyn WeightSource, name: &str, bias: bool, split: Split| -> Result<Linear> {
             let weight = split.weight(source.linear_weight(&format!("{name}.weight"))?, rank, size, name)?;
             let bias = if bias { Some(split.bias(source.dense(&format!("{name}.bias"))?, rank, size)?) } else { None };
-            Ok(Linear { weight, bias })
+            let adapter = source.adapter(name)?;
+            if adapter.is_some() && size > 1 {
+                return Err(Error::Config {
+                    field: name.into(),
+                    message: "LoRA adapters cannot be split for tensor parallelism yet; merge them first \
+                              (`wirl model merge`)"
+                        .into(),
+                });
+            }
+            Ok(Linear { weight, bias, adapter })
         };
         use Split::{Columns, Rows};
         let embed = source.dense("model.embed_tokens.weight")?;
@@ -417,7 +438,11 @@ impl Model {
         } else {
             // Tied embeddings: the output projection is the embedding table.
             let name = "model.embed_tokens.weight";
-            Linear { weight: head_split.weight(source.linear_weight(name)?, rank, size, name)?, bias: None }
+            Linear {
+                weight: head_split.weight(source.linear_weight(name)?, rank, size, name)?,
+                bias: None,
+                adapter: None,
+            }
         };
         let (cos, sin) = rope_tables(config, device, dtype)?;
         let interleaved = blocks.iter().any(|b| b.attn.q_interleaved || b.attn.k_interleaved);
@@ -654,8 +679,9 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if let (Weight::Dense(gate), Weight::Dense(up), None, None) =
-            (&self.gate.weight, &self.up.weight, &self.gate.bias, &self.up.bias)
+        // The fused kernel computes the base's gate and up only: not with adapters.
+        if let (Weight::Dense(gate), Weight::Dense(up), None, None, None, None) =
+            (&self.gate.weight, &self.up.weight, &self.gate.bias, &self.up.bias, &self.gate.adapter, &self.up.adapter)
             && decoding_kernel(x, gate)
         {
             let hidden = decode_matmul::on_rows(x, gate.dim(0)?, |x2| {

@@ -5,6 +5,7 @@ use crate::block_matmul::{self, BlockMatrix, Format};
 use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::llama::{Model, Weight, WeightSource};
+use crate::lora::LoraPair;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use candle_core::quantized::{GgmlDType, QMatMul, gguf_file};
@@ -86,8 +87,19 @@ fn open(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dy
 }
 
 /// Weights already in memory, under HF names (the trainer's variables). Tensors are shared,
-/// not copied: a model built from them sees every in-place update.
-pub struct TensorSource<'a>(pub &'a HashMap<String, Tensor>);
+/// not copied: a model built from them sees every in-place update. With a LoRA scale, the
+/// adapters' A and B under their in-memory names (`crate::lora`) are applied beside the
+/// weights they adapt.
+pub struct TensorSource<'a> {
+    pub tensors: &'a HashMap<String, Tensor>,
+    pub lora_scale: Option<f64>,
+}
+
+impl<'a> TensorSource<'a> {
+    pub fn new(tensors: &'a HashMap<String, Tensor>) -> Self {
+        TensorSource { tensors, lora_scale: None }
+    }
+}
 
 impl WeightSource for TensorSource<'_> {
     fn linear_weight(&mut self, name: &str) -> Result<Weight> {
@@ -98,14 +110,23 @@ impl WeightSource for TensorSource<'_> {
         // Detached: the same storage (a trainer's updates are seen), but inference builds no
         // gradient graph through a trainer's variables — else every cached key and value
         // would keep the whole history of activations that made it alive.
-        self.0
+        self.tensors
             .get(name)
             .map(Tensor::detach)
             .ok_or_else(|| Error::Format { file: "weights".into(), message: format!("no tensor `{name}`") })
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.0.contains_key(name)
+        self.tensors.contains_key(name)
+    }
+
+    fn adapter(&mut self, module: &str) -> Result<Option<LoraPair>> {
+        let Some(scale) = self.lora_scale else { return Ok(None) };
+        let (a, b) = (crate::lora::a_name(module), crate::lora::b_name(module));
+        if !self.contains(&a) {
+            return Ok(None);
+        }
+        Ok(Some(LoraPair { a: self.dense(&a)?, b: self.dense(&b)?, scale }))
     }
 }
 

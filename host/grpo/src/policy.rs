@@ -28,12 +28,16 @@ use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
 use wirl_engine::llama::{repeat_kv, rope_tables};
+use wirl_engine::lora::{self, Adapter};
 
 /// Weights by HF name, and the forward math over them. The same code runs the trainable
 /// policy (variables: gradients flow) and the frozen reference (plain tensors).
 pub struct Net {
     config: Config,
     weights: HashMap<String, Tensor>,
+    /// With LoRA adapters among `weights` (`wirl_engine::lora`'s names): their scale. None:
+    /// any adapter tensors are ignored (the base alone: the KL reference).
+    lora_scale: Option<f64>,
     cos: Tensor,
     sin: Tensor,
 }
@@ -50,7 +54,7 @@ impl Net {
     pub fn new(config: &Config, weights: HashMap<String, Tensor>, device: &Device) -> Result<Self> {
         let dtype = weights.get("model.embed_tokens.weight").map_or(DType::F32, |t| t.dtype());
         let (cos, sin) = rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
-        Ok(Net { config: config.clone(), weights, cos, sin })
+        Ok(Net { config: config.clone(), weights, lora_scale: None, cos, sin })
     }
 
     pub fn config(&self) -> &Config {
@@ -67,9 +71,17 @@ impl Net {
 
     fn linear(&self, x: &Tensor, name: &str) -> Result<Tensor> {
         let y = x.broadcast_matmul(&self.w(&format!("{name}.weight"))?.t()?)?;
-        match self.weights.get(&format!("{name}.bias")) {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
+        let y = match self.weights.get(&format!("{name}.bias")) {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        match (self.lora_scale, self.weights.get(&lora::a_name(name))) {
+            (Some(scale), Some(a)) => {
+                // scale · (x Aᵀ) Bᵀ: through the rank-wide product, never a full-size ΔW.
+                let b = self.w(&lora::b_name(name))?;
+                y + (x.broadcast_matmul(&a.t()?)?.broadcast_matmul(&b.t()?)? * scale)?
+            }
+            _ => Ok(y),
         }
     }
 
@@ -198,7 +210,13 @@ impl Net {
     /// reads, and the recomputing backward's first pass).
     pub fn detached(&self) -> Net {
         let weights = self.weights.iter().map(|(n, t)| (n.clone(), t.detach())).collect();
-        Net { config: self.config.clone(), weights, cos: self.cos.clone(), sin: self.sin.clone() }
+        Net {
+            config: self.config.clone(),
+            weights,
+            lora_scale: self.lora_scale,
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+        }
     }
 
     /// Inputs and targets of one group, as `completion_stats` feeds them.
@@ -514,8 +532,31 @@ impl Policy {
         Ok(Policy { net: Net::new(config, weights, device)?, vars })
     }
 
+    /// A LoRA policy: the base's `tensors` frozen as they are (no gradient, no optimizer
+    /// state, no copy), the adapter's matrices the variables.
+    pub fn with_adapter(
+        config: &Config,
+        tensors: HashMap<String, Tensor>,
+        adapter: &Adapter,
+        device: &Device,
+    ) -> Result<Self> {
+        let mut vars: Vec<(String, Var)> =
+            adapter.tensors.iter().map(|(n, t)| Ok((n.clone(), Var::from_tensor(t)?))).collect::<Result<_>>()?;
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut weights: HashMap<String, Tensor> = tensors.into_iter().map(|(n, t)| (n, t.detach())).collect();
+        weights.extend(vars.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())));
+        let mut net = Net::new(config, weights, device)?;
+        net.lora_scale = Some(adapter.spec.scale());
+        Ok(Policy { net, vars })
+    }
+
     pub fn net(&self) -> &Net {
         &self.net
+    }
+
+    /// The LoRA scale, when the policy trains adapters.
+    pub fn lora_scale(&self) -> Option<f64> {
+        self.net.lora_scale
     }
 
     /// The variables, sorted by name (the optimizer's and checkpoints' order).
@@ -654,7 +695,11 @@ impl Policy {
             px_grad = px.map(|px| self.take_grads(&mut store, grads, px.as_tensor())).transpose()?;
             x_grads = xs.iter().map(|x| self.take_grads(&mut store, grads, x.as_tensor())).collect::<Result<_>>()?;
         }
-        // The embeddings (tied to the head in many models: their gradients add up).
+        // The embeddings (tied to the head in many models: their gradients add up); frozen
+        // in a LoRA policy.
+        if self.var("model.embed_tokens.weight").is_err() {
+            return Ok(extras);
+        }
         if net.fused_head() {
             let prefix_rows = px_grad.as_ref().map(|g| (prefix, g));
             self.add_embedding_grads(prefix_rows, batches.iter().map(|b| &b.inputs).zip(&x_grads), grads)?;
@@ -699,7 +744,8 @@ impl Policy {
         rows: impl IntoIterator<Item = (&'a Tensor, &'a Tensor)>,
         grads: &mut Gradients,
     ) -> Result<()> {
-        let embed = self.var("model.embed_tokens.weight")?;
+        // Frozen embeddings (a LoRA policy): nothing to add.
+        let Ok(embed) = self.var("model.embed_tokens.weight") else { return Ok(()) };
         let d = self.net.config.hidden_size;
         let (mut ids, mut values): (Vec<u32>, Vec<f32>) = (Vec::new(), Vec::new());
         if let Some((prefix, grad)) = prefix {
@@ -809,10 +855,13 @@ impl Policy {
         let (d_logp, d_entropy) = (as_vec(d_logp)?, as_vec(d_entropy)?);
         let d_logp = d_logp.unwrap_or_else(|| vec![0.0; n]);
         head::logits_grad_in_place(&mut logits, &targets, &stats, &d_logp, d_entropy.as_deref(), vocab);
-        let head_var = self.var(net.head_name())?;
+        // A frozen head (a LoRA policy) takes no gradient; the states below it still do.
+        let head_var = self.var(net.head_name()).ok();
         let d_normed = with_f32(&normed.detach(), |h| {
-            with_f32(head_var.as_tensor(), |w| {
-                grads.add_with(head_var, |dw| head::add_weight_grad(dw, &logits, h, n, d, vocab));
+            with_f32(net.w(net.head_name())?, |w| {
+                if let Some(head_var) = head_var {
+                    grads.add_with(head_var, |dw| head::add_weight_grad(dw, &logits, h, n, d, vocab));
+                }
                 Ok(head::input_grad(&logits, w, n, d, vocab))
             })
         })?;
@@ -832,6 +881,17 @@ impl Policy {
 
     fn absorb(&self, store: &mut GradStore, grads: &mut Gradients) -> Result<usize> {
         grads.absorb(store, self.vars.iter().map(|(_, var)| var))
+    }
+
+    /// The KL reference: for a LoRA policy, the base with the adapters off (the same
+    /// storage, no copy); otherwise a frozen copy of the weights.
+    pub fn reference(&self, device: &Device) -> Result<Net> {
+        if self.net.lora_scale.is_some() {
+            let base =
+                self.net.weights.iter().filter(|(n, _)| !n.contains(".lora_")).map(|(n, t)| (n.clone(), t.detach()));
+            return Net::new(self.net.config(), base.collect(), device);
+        }
+        self.frozen_copy(device)
     }
 
     /// A frozen copy (the KL reference).

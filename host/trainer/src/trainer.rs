@@ -146,7 +146,7 @@ impl Trainer {
         let (model_config, tokenizer, policy, reference) =
             load_policy(model, resume, config.grpo.beta, &device, observer)?;
         // The inference model shares the policy's storage: updates are seen without a copy.
-        let mut source = wirl_engine::load::TensorSource(policy.shared_tensors());
+        let mut source = wirl_engine::load::TensorSource::new(policy.shared_tensors());
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
         let tokenizer = Arc::new(tokenizer);
         let (engine, _thread) = EngineHandle::spawn(inference, tokenizer.clone())?;

@@ -1,0 +1,202 @@
+//! LoRA adapters against PEFT: the tiny Qwen3 of `tests/fixtures/tiny-qwen3/` with an adapter
+//! PEFT made and saved (`scripts/reference/tiny_lora.py` → `tests/fixtures/tiny-qwen3-lora/`).
+//! wirl reads PEFT's directory; the engine (base + adapter, unmerged) gives PEFT's logits and
+//! greedy continuations, the trainer its log-probs; the adapters' gradients are the full
+//! weights' gradients projected; the KL reference is the base; what wirl writes reads back
+//! and merges into a plain model that computes the same; hostile adapters are refused by name.
+
+use crate::families::{Reference, matches_reference, tiny, trains_reference};
+use candle_core::{Device, Tensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use wirl_engine::LoadOptions;
+use wirl_engine::load::TensorSource;
+use wirl_engine::lora::{self, Adapter};
+
+fn fixture() -> PathBuf {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny-qwen3-lora")).to_path_buf()
+}
+
+/// The tiny Qwen3's config and tensors, PEFT's adapter on it, and PEFT's reference values.
+fn adapted() -> (tempfile::TempDir, wirl_engine::Config, HashMap<String, Tensor>, Adapter, Reference) {
+    let (dir, _) = tiny("qwen3");
+    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+    let adapter = lora::read(&fixture(), &config).unwrap();
+    let reference = serde_json::from_str(&std::fs::read_to_string(fixture().join("reference.json")).unwrap()).unwrap();
+    (dir, config, tensors, adapter, reference)
+}
+
+/// The engine's model over `tensors` with `adapter` applied beside them.
+fn engine_model(
+    config: &wirl_engine::Config,
+    tensors: &HashMap<String, Tensor>,
+    adapter: &Adapter,
+) -> wirl_engine::Model {
+    let mut all = tensors.clone();
+    all.extend(adapter.tensors.clone());
+    let mut source = TensorSource { tensors: &all, lora_scale: Some(adapter.spec.scale()) };
+    wirl_engine::Model::load(config, &mut source, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn a_peft_adapter_gives_pefts_logits_unmerged_in_the_engine_and_the_trainer() {
+    let (_dir, config, tensors, adapter, reference) = adapted();
+    assert_eq!((adapter.spec.rank, adapter.spec.alpha, adapter.spec.target_modules.len()), (4, 8.0, 7));
+    matches_reference(&engine_model(&config, &tensors, &adapter), &reference, "qwen3 + LoRA");
+    let policy = wirl_grpo::Policy::with_adapter(&config, tensors, &adapter, &Device::Cpu).unwrap();
+    trains_reference(policy.net(), &reference, "qwen3 + LoRA");
+    // Only the adapters train: 7 projections × 2 layers × (A, B).
+    assert_eq!(policy.vars().len(), 28);
+    assert!(policy.vars().iter().all(|(name, _)| name.contains(".lora_")));
+}
+
+/// With `W' = W + s·B·A`, the adapters' gradients are the full weight's projected:
+/// `dA = s·Bᵀ·dW'` and `dB = s·dW'·Aᵀ` — through the whole graph, the layer-by-layer backward
+/// and the fused head, whose frozen weights take no gradient.
+#[test]
+fn adapter_gradients_are_the_full_weights_gradients_projected() {
+    let (_dir, config, tensors, adapter, _) = adapted();
+    let mut merged = tensors.clone();
+    lora::merge(&mut merged, &adapter, &config).unwrap();
+    let full = wirl_grpo::Policy::new(&config, &merged, &Device::Cpu).unwrap();
+    let policy = wirl_grpo::Policy::with_adapter(&config, tensors, &adapter, &Device::Cpu).unwrap();
+    let prompt: Vec<u32> = vec![2, 17, 33, 5, 9, 40, 41];
+    let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8]];
+    let loss_of = |stats: &wirl_grpo::TokenStats| {
+        let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
+        Ok((loss.clone(), loss.to_scalar::<f32>()?))
+    };
+    let mut full_grads = wirl_grpo::Gradients::new();
+    let limits = wirl_grpo::MemoryLimits::WHOLE;
+    let (full_loss, _) = full.loss_and_grads(&prompt, &completions, &limits, &mut full_grads, loss_of).unwrap();
+    let full_grad = |name: &str| {
+        let (_, var) = full.vars().iter().find(|(n, _)| n == name).unwrap();
+        full_grads.tensor(var).unwrap().unwrap()
+    };
+    let scale = adapter.spec.scale();
+    let layered = wirl_grpo::MemoryLimits { recompute_above: 0, keep_layers: 0, head_chunk: 64 };
+    for limits in [wirl_grpo::MemoryLimits::WHOLE, layered] {
+        let mut grads = wirl_grpo::Gradients::new();
+        let (loss, _) = policy.loss_and_grads(&prompt, &completions, &limits, &mut grads, loss_of).unwrap();
+        assert!((loss - full_loss).abs() < 1e-4, "{loss} vs {full_loss}");
+        let mut worst = 0f32;
+        for (module, _, _) in adapter.spec.modules(&config) {
+            let pair = adapter.pair(&module).unwrap();
+            let dw = full_grad(&format!("{module}.weight"));
+            let expected_a = (pair.b.t().unwrap().matmul(&dw).unwrap() * scale).unwrap();
+            let expected_b = (dw.matmul(&pair.a.t().unwrap()).unwrap() * scale).unwrap();
+            for (name, expected) in [(lora::a_name(&module), expected_a), (lora::b_name(&module), expected_b)] {
+                let (_, var) = policy.vars().iter().find(|(n, _)| *n == name).unwrap();
+                let got = grads.tensor(var).unwrap().unwrap_or_else(|| panic!("no gradient for {name}"));
+                let difference =
+                    (&got - &expected).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                let size = expected.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-3);
+                worst = worst.max(difference / size);
+            }
+        }
+        assert!(worst < 1e-3, "{limits:?}: largest relative difference {worst}");
+    }
+}
+
+/// The KL reference of a LoRA policy is the base with the adapters off: the base's own
+/// log-probs, from the same storage (no second copy of the weights).
+#[test]
+fn the_reference_of_a_lora_policy_is_the_base() {
+    let (_dir, config, tensors, adapter, _) = adapted();
+    let base = wirl_grpo::Policy::new(&config, &tensors, &Device::Cpu).unwrap();
+    let policy = wirl_grpo::Policy::with_adapter(&config, tensors.clone(), &adapter, &Device::Cpu).unwrap();
+    let reference = policy.reference(&Device::Cpu).unwrap();
+    let (prompt, completions) = (vec![2, 17, 33], vec![vec![5u32, 9, 40]]);
+    let logp = |net: &wirl_grpo::Net| -> Vec<f32> {
+        net.completion_stats(&prompt, &completions).unwrap().logp.flatten_all().unwrap().to_vec1().unwrap()
+    };
+    assert_eq!(logp(&reference), logp(base.net()));
+    assert_ne!(logp(policy.net()), logp(base.net()), "the adapter changes the policy");
+    let stored = |net: &wirl_grpo::Net| {
+        let (storage, _) = net.weights()["model.layers.0.mlp.up_proj.weight"].storage_and_layout();
+        std::ptr::from_ref(&*storage) as usize
+    };
+    assert_eq!(stored(&reference), stored(policy.net()), "the reference shares the base's storage");
+}
+
+/// What wirl writes, wirl reads back the same; merged into the base, it makes a plain model
+/// that computes what base + adapter does.
+#[test]
+fn a_written_adapter_reads_back_and_merges_into_an_equal_model() {
+    let (_dir, config, tensors, adapter, reference) = adapted();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("adapter");
+    lora::write(&dir, &adapter, "tiny-qwen3").unwrap();
+    let again = lora::read(&dir, &config).unwrap();
+    assert_eq!(again.spec, adapter.spec);
+    for (name, tensor) in &adapter.tensors {
+        let read: Vec<f32> = again.tensors[name].flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(read, tensor.flatten_all().unwrap().to_vec1::<f32>().unwrap(), "{name}");
+    }
+    let error = lora::write(&dir, &adapter, "tiny-qwen3").unwrap_err().to_string();
+    assert!(error.contains("already exists"), "{error}");
+    let mut merged = tensors.clone();
+    lora::merge(&mut merged, &adapter, &config).unwrap();
+    let mut source = TensorSource::new(&merged);
+    let model = wirl_engine::Model::load(&config, &mut source, &Device::Cpu).unwrap();
+    matches_reference(&model, &reference, "qwen3, adapter merged");
+}
+
+/// A copy of the fixture's adapter in a temporary directory, its config edited by `edit`.
+fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture().join(lora::WEIGHTS_FILE), dir.path().join(lora::WEIGHTS_FILE)).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join(lora::CONFIG_FILE)).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.path().join(lora::CONFIG_FILE), config.to_string()).unwrap();
+    dir
+}
+
+/// Adapters wirl cannot apply as their writer meant are refused naming what is wrong,
+/// never half-applied.
+#[test]
+fn hostile_or_unsupported_adapters_are_refused_by_name() {
+    let (_dir, config, _, adapter, _) = adapted();
+    let refused = |dir: &Path| lora::read(dir, &config).unwrap_err().to_string();
+    type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        (Box::new(|c| c["use_dora"] = true.into()), "use_dora"),
+        (Box::new(|c| c["use_rslora"] = true.into()), "use_rslora"),
+        (Box::new(|c| c["lora_bias"] = true.into()), "lora_bias"),
+        (Box::new(|c| c["target_modules"] = ".*proj".into()), "pattern"),
+        (Box::new(|c| c["target_modules"] = serde_json::json!(["q_proj", "lm_head"])), "lm_head"),
+        (Box::new(|c| c["peft_type"] = "IA3".into()), "IA3"),
+        (Box::new(|c| c["r"] = 8.into()), "shape"),
+        (Box::new(|c| c["r"] = 0.into()), "rank 0"),
+        (Box::new(|c| c["r"] = u64::MAX.into()), "rank"),
+        (Box::new(|c| c["lora_alpha"] = (-1.0).into()), "alpha"),
+        (Box::new(|c| c["layers_to_transform"] = serde_json::json!([0])), "layers_to_transform"),
+        (Box::new(|c| c["r"] = "four".into()), "adapter_config.json"),
+    ];
+    for (edit, expected) in cases {
+        let dir = edited(edit);
+        let error = refused(dir.path());
+        assert!(error.contains(expected), "expected {expected:?}: {error}");
+    }
+    // Fewer targets named than stored: the extra tensors are refused, not ignored.
+    let dir = edited(|c| c["target_modules"] = serde_json::json!(["q_proj", "v_proj"]));
+    assert!(refused(dir.path()).contains("is not one of the adapter's"));
+    // An adapter for a model with other shapes.
+    let mut other = config.clone();
+    other.hidden_size = 64;
+    let error = lora::read(&fixture(), &other).unwrap_err().to_string();
+    assert!(error.contains("another model"), "{error}");
+    // NaN in a matrix, a file that is not safetensors, a directory with no config.
+    let dir = tempfile::tempdir().unwrap();
+    let mut poisoned = adapter.clone();
+    let name = lora::b_name("model.layers.1.mlp.down_proj");
+    poisoned.tensors.insert(name.clone(), (poisoned.tensors[&name].clone() * f64::NAN).unwrap());
+    lora::write(&dir.path().join("nan"), &poisoned, "base").unwrap();
+    assert!(refused(&dir.path().join("nan")).contains("NaN"));
+    let dir = edited(|_| {});
+    std::fs::write(dir.path().join(lora::WEIGHTS_FILE), b"not safetensors").unwrap();
+    assert!(refused(dir.path()).contains(lora::WEIGHTS_FILE));
+    let empty = tempfile::tempdir().unwrap();
+    assert!(refused(empty.path()).contains("a PEFT adapter directory has one"));
+}
