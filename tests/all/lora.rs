@@ -200,3 +200,97 @@ fn hostile_or_unsupported_adapters_are_refused_by_name() {
     let empty = tempfile::tempdir().unwrap();
     assert!(refused(empty.path()).contains("a PEFT adapter directory has one"));
 }
+
+/// `wirl train` with `[lora]` (and a KL term, whose reference is the base): only the
+/// adapters train, checkpoints are PEFT adapter directories, a run stopped and resumed
+/// gives the same records as one that was not, `wirl model merge` writes a plain model from
+/// the base and a checkpoint, and a resume that does not match the checkpoint is refused.
+#[test]
+fn a_lora_run_trains_checkpoints_resumes_and_merges() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 2, 0.05);
+    let text = std::fs::read_to_string(&config).unwrap().replace("beta = 0.0", "beta = 0.04");
+    std::fs::write(
+        &config,
+        format!("{text}\n[lora]\nrank = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\", \"down_proj\"]\n"),
+    )
+    .unwrap();
+    let wirl = || std::process::Command::new(env!("CARGO_BIN_EXE_wirl"));
+    let whole = dir.path().join("whole");
+    let out = crate::grpo::train(&config, &whole);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metrics = crate::grpo::metrics(&whole);
+    assert_eq!(metrics.len(), 2);
+    assert!(metrics.iter().all(|m| m["loss"].as_f64().is_some_and(f64::is_finite)), "{metrics:?}");
+    assert!(metrics[1]["kl"].as_f64().unwrap() > 0.0, "the adapters moved the policy off the base: {metrics:?}");
+    let checkpoint = whole.join("checkpoints/step-000002");
+    assert!(!checkpoint.join("model").exists(), "a LoRA checkpoint holds no copy of the base");
+    let model_dir = dir.path().join("model");
+    let (base_config, _, base) = wirl_engine::load::load_tensors(&model_dir, &LoadOptions::default()).unwrap();
+    let adapter = lora::read(&checkpoint.join("adapter"), &base_config).unwrap();
+    assert_eq!(adapter.spec.target_modules, ["q_proj", "v_proj", "down_proj"]);
+    let b = &adapter.tensors[&lora::b_name("model.layers.0.self_attn.q_proj")];
+    assert!(b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0, "B left zero: nothing trained");
+
+    // Stopped after step 1, resumed to 2: the same samples and numbers.
+    let parts = dir.path().join("parts");
+    let first = wirl().arg("train").arg(&config).args(["--steps", "1", "--run-dir"]).arg(&parts).output().unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let resumed = wirl().args(["train", "--steps", "2", "--resume"]).arg(&parts).output().unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let read = |run: &Path, name: &str| std::fs::read_to_string(run.join(name)).unwrap();
+    assert_eq!(read(&whole, "rollouts.jsonl"), read(&parts, "rollouts.jsonl"));
+    let losses = |run: &Path| crate::grpo::metrics(run).iter().map(|m| m["loss"].clone()).collect::<Vec<_>>();
+    assert_eq!(losses(&whole), losses(&parts));
+
+    // Merged: a plain HF directory whose adapted weights moved and whose others did not.
+    let merged = dir.path().join("merged");
+    let out =
+        wirl().args(["model", "merge"]).arg(&model_dir).arg(checkpoint.join("adapter")).arg(&merged).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, _, merged_tensors) = wirl_engine::load::load_tensors(&merged, &LoadOptions::default()).unwrap();
+    let moved = |name: &str| {
+        let difference = (&merged_tensors[name] - &base[name]).unwrap().abs().unwrap().max_all().unwrap();
+        difference.to_scalar::<f32>().unwrap() > 0.0
+    };
+    assert!(moved("model.layers.0.self_attn.q_proj.weight") && moved("model.layers.1.mlp.down_proj.weight"));
+    assert!(!moved("model.layers.0.self_attn.k_proj.weight") && !moved("model.embed_tokens.weight"));
+
+    // A resume whose [lora] is not the checkpoint's, or that has none, is refused by name.
+    let resolved = parts.join("config.resolved.toml");
+    let changed = std::fs::read_to_string(&resolved).unwrap();
+    for (edit, expected) in [
+        (changed.replace("rank = 4", "rank = 8"), "not the config's [lora]"),
+        (changed[..changed.find("[lora]").unwrap()].to_string(), "holds LoRA adapters"),
+    ] {
+        std::fs::write(&resolved, edit).unwrap();
+        let out = wirl().args(["train", "--steps", "3", "--resume"]).arg(&parts).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(expected), "expected {expected:?}: {said}");
+    }
+}
+
+/// `[lora]` keys out of range are errors naming the key and the file.
+#[test]
+fn lora_config_errors_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 1, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap();
+    for (section, expected) in [
+        ("rank = 0", "rank 0 is out of range"),
+        ("rank = 100000", "rank 100000 is out of range"),
+        ("alpha = nan", "alpha NaN"),
+        ("alpha = -2.0", "alpha -2"),
+        ("dropout = 0.1", "`lora.dropout` = 0.1"),
+        ("target_modules = [\"lm_head\"]", "\"lm_head\""),
+        ("target_modules = []", "target_modules is empty"),
+        ("target_modules = [\"q_proj\", \"q_proj\"]", "twice"),
+        ("ranks = 4", "unknown field `ranks`"),
+    ] {
+        std::fs::write(&config, format!("{text}\n[lora]\n{section}\n")).unwrap();
+        let out = crate::grpo::train(&config, &dir.path().join("run"));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(expected), "{section}: expected {expected:?}: {said}");
+        assert!(said.contains("train.toml"), "{section}: names the file: {said}");
+    }
+}

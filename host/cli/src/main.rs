@@ -138,6 +138,9 @@ enum ModelCommand {
     /// What a model is (family, shapes, parameters, training memory) and whether wirl runs
     /// it, from its config alone.
     Inspect(model::InspectArgs),
+    /// Merge a LoRA adapter (PEFT's format, as LoRA runs checkpoint it) into its base model
+    /// and write a plain Hugging Face directory.
+    Merge(model::MergeArgs),
 }
 
 #[derive(Subcommand)]
@@ -201,6 +204,7 @@ fn main() -> ExitCode {
         Command::Model(ModelCommand::Fetch(args)) => model::fetch(args),
         Command::Model(ModelCommand::Export(args)) => model::export(args),
         Command::Model(ModelCommand::Inspect(args)) => model::inspect(args),
+        Command::Model(ModelCommand::Merge(args)) => model::merge(args),
         Command::Ctl(args) => ctl::run(args),
         Command::Serve(args) => serve::run(args),
         Command::CodeWorker => code_worker(),

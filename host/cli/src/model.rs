@@ -70,6 +70,16 @@ pub struct ExportArgs {
 }
 
 #[derive(clap::Args)]
+pub struct MergeArgs {
+    /// The base model: an HF directory or a GGUF file (or the default model's name).
+    model: String,
+    /// A PEFT LoRA adapter directory (a LoRA run's `checkpoints/step-N/adapter`).
+    adapter: PathBuf,
+    /// The directory to create (it must not exist).
+    dir: PathBuf,
+}
+
+#[derive(clap::Args)]
 pub struct InspectArgs {
     /// An HF model directory or a GGUF file (or the default model's name).
     model: String,
@@ -126,6 +136,18 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let gguf = resolve(Some(&args.gguf))?;
     wirl_engine::export::gguf_to_hf_dir(&gguf, &args.dir)?;
     eprintln!("wrote {} from {}", args.dir.display(), gguf.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn merge(args: MergeArgs) -> anyhow::Result<ExitCode> {
+    let base = resolve(Some(&args.model))?;
+    wirl_engine::export::merge_to_hf_dir(&base, &args.adapter, &args.dir)?;
+    eprintln!(
+        "wrote {} from {} with the adapter {} merged",
+        args.dir.display(),
+        base.display(),
+        args.adapter.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

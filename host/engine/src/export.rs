@@ -113,3 +113,14 @@ pub fn gguf_to_hf_dir(gguf: &Path, dir: &Path) -> Result<()> {
     let (config, tokenizer, tensors) = crate::load::load_tensors(gguf, &options)?;
     write_hf_dir(dir, &config, &tokenizer, &tensors)
 }
+
+/// `wirl model merge`: the model at `base` (HF directory or GGUF) with the PEFT adapter at
+/// `adapter` merged into its weights (`W + (alpha / rank)·B·A`, f32), written as a plain HF
+/// directory that needs no adapter.
+pub fn merge_to_hf_dir(base: &Path, adapter: &Path, dir: &Path) -> Result<()> {
+    let options = crate::LoadOptions { dtype: Some(candle_core::DType::F32), ..Default::default() };
+    let (config, tokenizer, mut tensors) = crate::load::load_tensors(base, &options)?;
+    let adapter = crate::lora::read(adapter, &config)?;
+    crate::lora::merge(&mut tensors, &adapter, &config)?;
+    write_hf_dir(dir, &config, &tokenizer, &tensors)
+}

@@ -28,7 +28,7 @@ use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
 use wirl_engine::llama::{repeat_kv, rope_tables};
-use wirl_engine::lora::{self, Adapter};
+use wirl_engine::lora::{self, Adapter, LoraSpec};
 
 /// Weights by HF name, and the forward math over them. The same code runs the trainable
 /// policy (variables: gradients flow) and the frozen reference (plain tensors).
@@ -521,6 +521,8 @@ fn causal_mask(len: usize, past: usize, device: &Device, dtype: DType) -> Result
 pub struct Policy {
     net: Net,
     vars: Vec<(String, Var)>,
+    /// What the adapters are, for a LoRA policy (its variables are their A and B).
+    lora: Option<LoraSpec>,
 }
 
 impl Policy {
@@ -529,7 +531,7 @@ impl Policy {
             tensors.iter().map(|(n, t)| Ok((n.clone(), Var::from_tensor(t)?))).collect::<Result<_>>()?;
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let weights = vars.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
-        Ok(Policy { net: Net::new(config, weights, device)?, vars })
+        Ok(Policy { net: Net::new(config, weights, device)?, vars, lora: None })
     }
 
     /// A LoRA policy: the base's `tensors` frozen as they are (no gradient, no optimizer
@@ -547,7 +549,14 @@ impl Policy {
         weights.extend(vars.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())));
         let mut net = Net::new(config, weights, device)?;
         net.lora_scale = Some(adapter.spec.scale());
-        Ok(Policy { net, vars })
+        Ok(Policy { net, vars, lora: Some(adapter.spec.clone()) })
+    }
+
+    /// A LoRA policy's adapter as it is now (sharing the variables' storage).
+    pub fn adapter(&self) -> Option<Adapter> {
+        let spec = self.lora.clone()?;
+        let tensors = self.vars.iter().map(|(n, v)| (n.clone(), v.as_tensor().detach())).collect();
+        Some(Adapter { spec, tensors })
     }
 
     pub fn net(&self) -> &Net {

@@ -42,9 +42,58 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// The policy as an HF directory (a run that trains every weight).
     pub fn model_dir(&self) -> PathBuf {
         self.dir.join("model")
     }
+
+    /// The adapters as a PEFT directory (a LoRA run; the base is the run's model).
+    pub fn adapter_dir(&self) -> PathBuf {
+        self.dir.join(ADAPTER_DIR)
+    }
+}
+
+/// Where a LoRA run's checkpoint keeps its adapters.
+const ADAPTER_DIR: &str = "adapter";
+
+/// The checkpoint's adapters, which must be those `lora` describes (a resumed run trains
+/// what it trained before).
+pub fn read_adapter(
+    checkpoint: &Checkpoint,
+    config: &wirl_engine::Config,
+    lora: &crate::config::LoraSection,
+) -> anyhow::Result<wirl_engine::lora::Adapter> {
+    let dir = checkpoint.adapter_dir();
+    if !dir.is_dir() {
+        bail!(
+            "{}: the checkpoint holds no LoRA adapters (a run that trained every weight), but the config has a \
+             [lora] section; resume with the run's own config",
+            checkpoint.dir.display()
+        );
+    }
+    let adapter = wirl_engine::lora::read(&dir, config)?;
+    let spec = lora.spec();
+    if adapter.spec.rank != spec.rank
+        || adapter.spec.alpha != spec.alpha
+        || !same_members(&adapter.spec.target_modules, &spec.target_modules)
+    {
+        bail!(
+            "{}: the checkpoint's adapters (rank {}, alpha {}, {}) are not the config's [lora] (rank {}, alpha {}, \
+             {}); resume with the run's own config",
+            dir.display(),
+            adapter.spec.rank,
+            adapter.spec.alpha,
+            adapter.spec.target_modules.join(", "),
+            spec.rank,
+            spec.alpha,
+            spec.target_modules.join(", ")
+        );
+    }
+    Ok(adapter)
+}
+
+fn same_members(a: &[String], b: &[String]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x))
 }
 
 fn name(step: usize) -> String {
@@ -59,6 +108,7 @@ pub fn write(
     optimizer: &Optimizer,
     config: &wirl_engine::Config,
     tokenizer: &wirl_engine::Tokenizer,
+    base_model: &str,
 ) -> anyhow::Result<PathBuf> {
     // A checkpoint is a promise of usable weights: never write NaN or infinity.
     for (name, var) in policy.vars() {
@@ -74,7 +124,11 @@ pub fn write(
         std::fs::remove_dir_all(&partial)?;
     }
     std::fs::create_dir_all(&partial)?;
-    wirl_engine::export::write_hf_dir(&partial.join("model"), config, tokenizer, policy.shared_tensors())?;
+    match policy.adapter() {
+        // A LoRA run keeps only its adapters: the base is the run's model, unchanged.
+        Some(adapter) => wirl_engine::lora::write(&partial.join(ADAPTER_DIR), &adapter, base_model)?,
+        None => wirl_engine::export::write_hf_dir(&partial.join("model"), config, tokenizer, policy.shared_tensors())?,
+    }
     let mut moments: HashMap<String, Tensor> = HashMap::new();
     for ((name, _), (m, v)) in policy.vars().iter().zip(optimizer.moments()) {
         moments.insert(format!("m/{name}"), m.clone());
@@ -220,10 +274,14 @@ fn validate(step: usize, dir: &Path) -> anyhow::Result<State> {
     if state.step != step {
         bail!("its state.json says step {}, its directory step {step}", state.step);
     }
-    if !dir.join("model/config.json").is_file() {
-        bail!("model/config.json is missing");
-    }
-    let mut tensor_files = vec!["model/model.safetensors"];
+    let adapter = dir.join(ADAPTER_DIR).join(wirl_engine::lora::CONFIG_FILE);
+    let mut tensor_files = if adapter.is_file() {
+        vec!["adapter/adapter_model.safetensors"]
+    } else if dir.join("model/config.json").is_file() {
+        vec!["model/model.safetensors"]
+    } else {
+        bail!("model/config.json is missing (and it holds no LoRA adapters)");
+    };
     if state.optimizer_steps > 0 {
         tensor_files.push("optimizer.safetensors");
     }

@@ -143,10 +143,11 @@ impl Trainer {
         manifest.pin(&mut config, &store)?;
 
         let device = Device::Cpu;
-        let (model_config, tokenizer, policy, reference) =
-            load_policy(model, resume, config.grpo.beta, &device, observer)?;
-        // The inference model shares the policy's storage: updates are seen without a copy.
-        let mut source = wirl_engine::load::TensorSource::new(policy.shared_tensors());
+        let (model_config, tokenizer, policy, reference) = load_policy(model, resume, &config, &device, observer)?;
+        // The inference model shares the policy's storage: updates are seen without a copy
+        // (a LoRA policy's adapters are applied beside the base, unmerged).
+        let mut source =
+            wirl_engine::load::TensorSource { tensors: policy.shared_tensors(), lora_scale: policy.lora_scale() };
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
         let tokenizer = Arc::new(tokenizer);
         let (engine, _thread) = EngineHandle::spawn(inference, tokenizer.clone())?;
@@ -515,6 +516,7 @@ impl Trainer {
             &self.learner.optimizer,
             &self.model_config,
             &self.tokenizer,
+            &self.config.model,
         )?;
         observer.event(Event::Checkpoint { dir: &dir });
         checkpoint::prune(&self.run_dir, self.config.grpo.keep_checkpoints, step);
@@ -631,15 +633,37 @@ fn manifest_in_force(
 
 /// The policy (the base model at `model`, or a checkpoint's weights), its config and
 /// tokenizer, and with a KL term (`beta` > 0) the reference: the base model, also when
-/// resuming.
+/// resuming. With `[lora]`, the base frozen and adapters trained (new, or the checkpoint's);
+/// the reference is then the base itself, without a copy.
 fn load_policy(
     model: &Path,
     resume: Option<&Checkpoint>,
-    beta: f64,
+    config: &RunConfig,
     device: &Device,
     observer: &mut dyn Observer,
 ) -> anyhow::Result<(wirl_engine::Config, Tokenizer, Policy, Option<Net>)> {
     let options = LoadOptions { dtype: Some(DType::F32), ..Default::default() };
+    let beta = config.grpo.beta;
+    if let Some(lora) = &config.lora {
+        observer.event(Event::Loading { path: model });
+        let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(model, &options)?;
+        let adapter = match resume {
+            Some(checkpoint) => checkpoint::read_adapter(checkpoint, &model_config, lora)?,
+            None => wirl_engine::lora::Adapter::init(&lora.spec(), &model_config, lora.seed, device)?,
+        };
+        let policy = Policy::with_adapter(&model_config, tensors, &adapter, device)?;
+        let reference = if beta > 0.0 { Some(policy.reference(device)?) } else { None };
+        return Ok((model_config, tokenizer, policy, reference));
+    }
+    if let Some(checkpoint) = resume
+        && checkpoint.adapter_dir().is_dir()
+    {
+        bail!(
+            "{}: the checkpoint holds LoRA adapters, but the config has no [lora] section; resume with the run's \
+             own config",
+            checkpoint.dir.display()
+        );
+    }
     let policy_path = resume.map_or(model.to_path_buf(), Checkpoint::model_dir);
     observer.event(Event::Loading { path: &policy_path });
     let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(&policy_path, &options)?;
@@ -647,7 +671,7 @@ fn load_policy(
     drop(tensors);
     let reference = match (beta > 0.0, resume) {
         (false, _) => None,
-        (true, None) => Some(policy.frozen_copy(device)?),
+        (true, None) => Some(policy.reference(device)?),
         (true, Some(_)) => {
             let (base_config, _, base) = wirl_engine::load::load_tensors(model, &options)?;
             Some(Net::new(&base_config, base, device)?)

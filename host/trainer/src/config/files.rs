@@ -128,6 +128,7 @@ impl TrainConfig {
             grpo: GrpoSection::default(),
             eval: EvalSection::default(),
             swap: SwapSection::default(),
+            lora: None,
         }
     }
 

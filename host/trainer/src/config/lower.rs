@@ -151,6 +151,7 @@ impl TrainConfig {
             },
             grpo: self.grpo.clone(),
             eval: self.eval.clone(),
+            lora: self.lora.clone(),
         })
     }
 }

@@ -50,6 +50,43 @@ pub struct TrainConfig {
     /// Hot swap: how a new task set is validated and when it is rolled back.
     #[serde(default)]
     pub swap: SwapSection,
+    /// Train LoRA adapters on a frozen base instead of every weight (absent: every weight).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSection>,
+}
+
+/// `[lora]`: the adapters a run trains, in PEFT's terms (its checkpoints are PEFT adapter
+/// directories). The base stays frozen as loaded; the KL reference is the base itself.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub rank: usize,
+    pub alpha: f64,
+    /// Dropout on the adapters' input. Only 0 is supported: the layer-by-layer backward
+    /// rebuilds layers, and a rebuilt layer would draw another mask than its forward.
+    pub dropout: f64,
+    /// Which projections get adapters, by PEFT's module names.
+    pub target_modules: Vec<String>,
+    /// Seeds the adapters' initial A matrices.
+    pub seed: u64,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        LoraSection {
+            rank: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            target_modules: wirl_engine::lora::TARGETS.iter().map(|t| t.to_string()).collect(),
+            seed: 0,
+        }
+    }
+}
+
+impl LoraSection {
+    pub fn spec(&self) -> wirl_engine::lora::LoraSpec {
+        wirl_engine::lora::LoraSpec { rank: self.rank, alpha: self.alpha, target_modules: self.target_modules.clone() }
+    }
 }
 
 /// A running training's tasks, as `wirl ctl RUN_DIR apply TASKS.toml` gives them: `[[tasks]]`
@@ -471,6 +508,8 @@ pub struct RunConfig {
     pub sampling: SamplingSpec,
     pub grpo: GrpoSection,
     pub eval: EvalSection,
+    /// LoRA adapters to train instead of every weight.
+    pub lora: Option<LoraSection>,
 }
 
 /// A task of the run, validated (the task runtime's own type: train, eval and serve load it alike).

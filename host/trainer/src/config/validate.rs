@@ -50,6 +50,7 @@ impl TrainConfig {
         self.check_counts(origin)?;
         self.check_swap_numbers(origin)?;
         self.check_grpo_floats(origin)?;
+        self.check_lora(origin)?;
         check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
         let views = self.task_views();
         self.check_generation_lag(origin, &views)?;
@@ -125,6 +126,22 @@ impl TrainConfig {
             bail!(
                 "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
             );
+        }
+        Ok(())
+    }
+
+    /// `[lora]`: rank, alpha and targets as the adapter format allows; dropout 0.
+    fn check_lora(&self, origin: &str) -> anyhow::Result<()> {
+        let Some(lora) = &self.lora else { return Ok(()) };
+        if lora.dropout != 0.0 {
+            bail!(
+                "{origin}: `lora.dropout` = {}: only 0 is supported (the layer-by-layer backward rebuilds layers \
+                 and would draw another dropout mask than the forward did); remove the key or set 0",
+                lora.dropout
+            );
+        }
+        if let Err(message) = lora.spec().validate() {
+            bail!("{origin}: `[lora]`: {message}");
         }
         Ok(())
     }
