@@ -50,16 +50,50 @@ def qwen3():
     return transformers.Qwen3ForCausalLM(config)
 
 
-FAMILIES = {"qwen3": qwen3}
+def gemma3():
+    # Three layers, the middle one global: sliding layers with a window of 3 positions (the
+    # test sequences are longer), their own rope base; queries scaled by 24^-1/2, not
+    # head_dim's; logits soft-capped (Gemma 3's configs leave it null, Gemma 2's set 30:
+    # here set, to test it).
+    config = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=None,
+        hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+        attention_bias=False,
+        eos_token_id=1,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    return transformers.Gemma3ForCausalLM(config)
+
+
+FAMILIES = {"qwen3": qwen3, "gemma3": gemma3}
 
 
 def randomize(model):
     generator = torch.Generator().manual_seed(0)
+    # Gemma's norms scale by 1 + w: weights around 0 there, around 1 elsewhere.
+    norm_centre = 0.0 if model.config.model_type == "gemma3_text" else 1.0
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             noise = torch.randn(parameter.shape, generator=generator) * 0.5
             if name.endswith("norm.weight"):
-                parameter.copy_(1.0 + 0.2 * noise)
+                parameter.copy_(norm_centre + 0.2 * noise)
             else:
                 parameter.copy_(noise)
 

@@ -120,6 +120,21 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         if config.qk_norm() { ", per-head q/k norms" } else { "" },
         if config.qkv_bias() { ", q/k/v biases" } else { "" },
     );
+    if let Some(window) = config.window() {
+        let sliding = (0..config.num_hidden_layers).filter(|&i| config.layer_is_sliding(i)).count();
+        println!(
+            "layers        {sliding} sliding (window {window}, rope base {}) and {} global",
+            config.rope_local_base_freq.unwrap_or(10_000.0),
+            config.num_hidden_layers - sliding
+        );
+    }
+    if config.is_gemma3() {
+        println!(
+            "gemma         (1 + w) norms, 4 per layer; embeddings × √hidden; GELU; scores × {:.4}{}",
+            config.attention_scale(),
+            config.logit_softcap().map(|cap| format!("; logits soft-capped at {cap}")).unwrap_or_default()
+        );
+    }
     println!("context       {} positions", config.max_position_embeddings);
     println!("head          {}", if config.tie_word_embeddings { "tied to the embeddings" } else { "its own matrix" });
     println!(

@@ -27,13 +27,42 @@ pub struct Config {
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
     /// transformers ≥ 5 writes the rope's base and scaling here instead of `rope_theta` and
-    /// `rope_scaling`; [`Config::from_json`] folds it into those (and export writes them).
+    /// `rope_scaling` (Gemma 3: one such table per layer type); [`Config::from_json`] folds
+    /// it into those (and export writes them).
     #[serde(default, skip_serializing)]
-    pub rope_parameters: Option<RopeParameters>,
-    /// Per layer, `full_attention` or `sliding_attention` (transformers ≥ 5): only full
-    /// attention is supported.
+    pub rope_parameters: Option<serde_json::Value>,
+    /// Per layer, `full_attention` or `sliding_attention` (transformers ≥ 5): sliding layers
+    /// are Gemma 3's only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer_types: Option<Vec<String>>,
+    /// Gemma 3: the keys a sliding layer's query attends to (itself and the positions
+    /// before it); other families' `sliding_window` is ignored unless switched on (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+    /// Gemma 3 before `layer_types`: every `sliding_window_pattern`-th layer is global.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: the rope base of sliding layers (global layers use `rope_theta`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f64>,
+    /// Gemma 3: attention scores are scaled by `query_pre_attn_scalar^-1/2` instead of
+    /// `head_dim^-1/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Logits become `cap · tanh(logits / cap)` (Gemma 2 sets it; Gemma 3 leaves it null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcapping: Option<f64>,
+    /// Gemma 2's soft-capped attention scores: refused (not Gemma 3's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_logit_softcapping: Option<f64>,
+    /// The MLP's activation: `silu` (Llama, Qwen) or `gelu_pytorch_tanh` (Gemma).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_act: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_activation: Option<String>,
+    /// Gemma 3 embedding models attend both ways: refused (this engine decodes causally).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_bidirectional_attention: Option<bool>,
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: bool,
@@ -51,7 +80,15 @@ pub struct Config {
 }
 
 /// The `model_type`s this engine runs.
-pub const SUPPORTED: [&str; 4] = ["llama", "qwen2", "qwen3", "mistral"];
+pub const SUPPORTED: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "gemma3_text"];
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU, tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
 
 fn default_rope_theta() -> f64 {
     10_000.0
@@ -90,16 +127,6 @@ pub struct RopeScaling {
     pub original_max_position_embeddings: Option<usize>,
 }
 
-/// transformers ≥ 5's `rope_parameters`: the base, and the scaling in `rope_scaling`'s own
-/// fields (`rope_type` "default": none).
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct RopeParameters {
-    #[serde(default)]
-    pub rope_theta: Option<f64>,
-    #[serde(flatten)]
-    pub scaling: Option<RopeScaling>,
-}
-
 impl Config {
     /// A `config.json`'s text, with transformers ≥ 5's `rope_parameters` folded into
     /// `rope_theta` and `rope_scaling` (a config that only has `rope_parameters` would
@@ -107,12 +134,84 @@ impl Config {
     pub fn from_json(text: &str) -> Result<Config, String> {
         let mut config: Config = serde_json::from_str(text).map_err(|e| e.to_string())?;
         if let Some(parameters) = config.rope_parameters.take() {
-            if let Some(theta) = parameters.rope_theta {
+            // Gemma 3 writes a table per layer type; the others one table.
+            let (global, local) = match parameters.get("full_attention") {
+                Some(full) => (full.clone(), parameters.get("sliding_attention").cloned()),
+                None => (parameters, None),
+            };
+            let theta = |table: &serde_json::Value| table.get("rope_theta").and_then(serde_json::Value::as_f64);
+            if let Some(theta) = theta(&global) {
                 config.rope_theta = theta;
             }
-            config.rope_scaling = parameters.scaling.filter(|s| s.rope_type != "default").or(config.rope_scaling);
+            if let Some(base) = local.as_ref().and_then(theta) {
+                config.rope_local_base_freq = Some(base);
+            }
+            if global.get("rope_type").is_some_and(|t| t != "default") {
+                let scaling: RopeScaling =
+                    serde_json::from_value(global).map_err(|e| format!("rope_parameters: {e}"))?;
+                config.rope_scaling = Some(scaling);
+            }
         }
         Ok(config)
+    }
+
+    /// Gemma 3 (`gemma3_text`): (1 + w) norms, four per layer, scaled embeddings, GELU,
+    /// interleaved sliding-window and global layers.
+    pub fn is_gemma3(&self) -> bool {
+        self.model_type == "gemma3_text"
+    }
+
+    /// What RMS norms add to their weights: Gemma scales by `1 + w`, the others by `w`.
+    pub fn norm_offset(&self) -> f64 {
+        if self.is_gemma3() { 1.0 } else { 0.0 }
+    }
+
+    /// What the embeddings are multiplied by (Gemma: `√hidden_size`).
+    pub fn embed_scale(&self) -> Option<f64> {
+        self.is_gemma3().then(|| (self.hidden_size as f64).sqrt())
+    }
+
+    /// What attention scores are multiplied by (`query_pre_attn_scalar` is Gemma's key:
+    /// ignored for other families, as transformers does).
+    pub fn attention_scale(&self) -> f64 {
+        let scalar = self.query_pre_attn_scalar.filter(|_| self.is_gemma3());
+        1.0 / scalar.unwrap_or(self.head_dim() as f64).sqrt()
+    }
+
+    /// The cap of the logits' soft-capping (Gemma's key: ignored for other families).
+    pub fn logit_softcap(&self) -> Option<f64> {
+        self.final_logit_softcapping.filter(|_| self.is_gemma3())
+    }
+
+    /// Norms after attention and after the MLP as well as before each (Gemma's four).
+    pub fn sandwich_norms(&self) -> bool {
+        self.is_gemma3()
+    }
+
+    /// The MLP's activation (checked by [`Config::validate`]).
+    pub fn activation(&self) -> Activation {
+        let named = self.hidden_activation.as_deref().or(self.hidden_act.as_deref());
+        match named {
+            Some("gelu_pytorch_tanh" | "gelu_new" | "gelu_tanh") => Activation::GeluTanh,
+            None if self.is_gemma3() => Activation::GeluTanh,
+            _ => Activation::Silu,
+        }
+    }
+
+    /// Whether layer `i` attends through a sliding window ([`Config::sliding_window`]).
+    pub fn layer_is_sliding(&self, i: usize) -> bool {
+        if !self.is_gemma3() {
+            return false;
+        }
+        match &self.layer_types {
+            Some(types) => types.get(i).is_some_and(|t| t == "sliding_attention"),
+            None => !(i + 1).is_multiple_of(self.sliding_window_pattern.unwrap_or(6).max(1)),
+        }
+    }
+
+    /// The sliding layers' window, if any layer slides.
+    pub fn window(&self) -> Option<usize> {
+        (0..self.num_hidden_layers).any(|i| self.layer_is_sliding(i)).then(|| self.sliding_window.unwrap_or(usize::MAX))
     }
 
     /// The HF names of every tensor a Llama-family model of this config stores (what loading
@@ -133,6 +232,11 @@ impl Config {
                 "mlp.down_proj",
             ] {
                 names.push(format!("{p}.{part}.weight"));
+            }
+            if self.sandwich_norms() {
+                for part in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                    names.push(format!("{p}.{part}.weight"));
+                }
             }
             if self.qkv_bias() {
                 for part in ["q_proj", "k_proj", "v_proj"] {
@@ -167,7 +271,7 @@ impl Config {
     /// Queries and keys RMS-normed per head (over `head_dim`) before the rotary embedding:
     /// Qwen3's `q_norm` and `k_norm`.
     pub fn qk_norm(&self) -> bool {
-        self.model_type == "qwen3"
+        self.model_type == "qwen3" || self.is_gemma3()
     }
 
     /// Check what the model code relies on; the message names the field.
@@ -179,11 +283,41 @@ impl Config {
                 SUPPORTED.join(", ")
             ));
         }
-        if let Some(kind) = self.layer_types.iter().flatten().find(|kind| *kind != "full_attention") {
+        let allowed: &[&str] =
+            if self.is_gemma3() { &["full_attention", "sliding_attention"] } else { &["full_attention"] };
+        if let Some(kind) = self.layer_types.iter().flatten().find(|kind| !allowed.contains(&kind.as_str())) {
             return Err(format!(
-                "layer_types has {kind:?}: only full-attention layers are supported (this engine attends to every \
-                 earlier position)"
+                "layer_types has {kind:?}: {} runs {} layers only",
+                self.model_type,
+                allowed.join(" and ")
             ));
+        }
+        if self.is_gemma3() && self.window().is_some() && self.sliding_window.is_none_or(|w| w == 0) {
+            return Err("sliding_window must be a positive number of positions for Gemma 3's sliding layers".into());
+        }
+        if self.use_bidirectional_attention == Some(true) {
+            return Err("use_bidirectional_attention is true (an embedding model): this engine decodes causally".into());
+        }
+        if let Some(cap) = self.attn_logit_softcapping {
+            return Err(format!(
+                "attn_logit_softcapping is {cap}: soft-capped attention scores (Gemma 2) are not supported"
+            ));
+        }
+        if let Some(cap) = self.final_logit_softcapping
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(format!("final_logit_softcapping ({cap}) must be a positive number"));
+        }
+        if let Some(scalar) = self.query_pre_attn_scalar
+            && !(scalar.is_finite() && scalar > 0.0)
+        {
+            return Err(format!("query_pre_attn_scalar ({scalar}) must be a positive number"));
+        }
+        let named = self.hidden_activation.as_deref().or(self.hidden_act.as_deref());
+        if let Some(name) = named
+            && !["silu", "gelu_pytorch_tanh", "gelu_new", "gelu_tanh"].contains(&name)
+        {
+            return Err(format!("hidden activation {name:?} is not supported (silu and gelu_pytorch_tanh are)"));
         }
         if self.use_sliding_window == Some(true) {
             return Err(format!(
@@ -206,10 +340,10 @@ impl Config {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim()));
         }
         if let Some(scaling) = &self.rope_scaling
-            && !matches!(scaling.rope_type.as_str(), "llama3" | "default")
+            && !matches!(scaling.rope_type.as_str(), "llama3" | "linear" | "default")
         {
             return Err(format!(
-                "rope_scaling.rope_type {:?} is not supported (llama3 and default are)",
+                "rope_scaling.rope_type {:?} is not supported (llama3, linear and default are)",
                 scaling.rope_type
             ));
         }
@@ -229,7 +363,7 @@ impl Config {
             hidden.saturating_mul(projections),
             q.saturating_mul(hidden),
             hidden.saturating_mul(ffn).saturating_mul(3),
-            hidden.saturating_mul(2),
+            hidden.saturating_mul(if self.sandwich_norms() { 4 } else { 2 }),
         ]
         .into_iter()
         .fold(0u64, u64::saturating_add);
@@ -246,14 +380,20 @@ impl Config {
             .fold(0, u64::saturating_add)
     }
 
-    /// Inverse frequencies of the rotary embedding, with Llama 3 scaling when configured.
+    /// Inverse frequencies of the rotary embedding, with Llama 3 or linear scaling when
+    /// configured.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
-        let dim = self.head_dim();
-        let base: Vec<f64> = (0..dim / 2).map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / dim as f64)).collect();
-        let Some(scaling) = self.rope_scaling.as_ref().filter(|s| s.rope_type == "llama3") else {
+        let base = self.base_inv_freq(self.rope_theta);
+        let Some(scaling) = self.rope_scaling.as_ref() else {
             return base.into_iter().map(|f| f as f32).collect();
         };
         let factor = scaling.factor.unwrap_or(8.0);
+        if scaling.rope_type == "linear" {
+            return base.into_iter().map(|f| (f / factor) as f32).collect();
+        }
+        if scaling.rope_type != "llama3" {
+            return base.into_iter().map(|f| f as f32).collect();
+        }
         let low = scaling.low_freq_factor.unwrap_or(1.0);
         let high = scaling.high_freq_factor.unwrap_or(4.0);
         let original = scaling.original_max_position_embeddings.unwrap_or(8192) as f64;
@@ -272,6 +412,19 @@ impl Config {
                 scaled as f32
             })
             .collect()
+    }
+
+    /// The sliding layers' inverse frequencies (Gemma 3's local base, never scaled), if any
+    /// layer slides.
+    pub fn local_rope_inv_freq(&self) -> Option<Vec<f32>> {
+        self.window()?;
+        let base = self.rope_local_base_freq.unwrap_or(10_000.0);
+        Some(self.base_inv_freq(base).into_iter().map(|f| f as f32).collect())
+    }
+
+    fn base_inv_freq(&self, theta: f64) -> Vec<f64> {
+        let dim = self.head_dim();
+        (0..dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f64 / dim as f64)).collect()
     }
 }
 
@@ -303,9 +456,12 @@ mod tests {
 
     #[test]
     fn an_unsupported_family_or_variant_is_refused_by_name_with_the_list() {
-        for model_type in ["gemma3_text", "qwen3_moe", "llava"] {
+        for model_type in ["gemma2", "qwen3_moe", "llava"] {
             let error = config(serde_json::json!({"model_type": model_type})).validate().unwrap_err();
-            assert!(error.contains(model_type) && error.contains("llama, qwen2, qwen3, mistral"), "{error}");
+            assert!(
+                error.contains(model_type) && error.contains("llama, qwen2, qwen3, mistral, gemma3_text"),
+                "{error}"
+            );
         }
         let error = config(serde_json::json!({"use_sliding_window": true})).validate().unwrap_err();
         assert!(error.contains("use_sliding_window is true"), "{error}");

@@ -5,9 +5,9 @@
 use crate::config::Config;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Write `dir` (which must not exist yet) from a config, a tokenizer and HF-named tensors.
 /// The directory appears whole or not at all: it is written beside `dir` and renamed.
@@ -17,10 +17,10 @@ pub fn write_hf_dir(
     tokenizer: &Tokenizer,
     tensors: &HashMap<String, Tensor>,
 ) -> Result<()> {
-    write_dir_atomically(dir, |partial| {
+    crate::files::write_dir_atomically(dir, |partial| {
         let write = |name: &str, text: String| -> Result<()> {
             let path = partial.join(name);
-            std::fs::write(&path, text).map_err(|e| io(&path, e))
+            std::fs::write(&path, text).map_err(|e| crate::files::io(&path, e))
         };
         let json = |value: &serde_json::Value| serde_json::to_string_pretty(value).expect("JSON values serialize");
 
@@ -55,52 +55,8 @@ pub fn write_hf_dir(
             generation["bos_token_id"] = bos.into();
         }
         write("generation_config.json", json(&generation))?;
-        save_safetensors(tensors, &partial.join("model.safetensors"))
+        crate::files::save_safetensors(tensors, &partial.join("model.safetensors"))
     })
-}
-
-fn io(path: &Path, e: std::io::Error) -> Error {
-    Error::Io { file: path.display().to_string(), message: e.to_string() }
-}
-
-/// Make `dir` (which must not exist yet) by `fill`ing a directory beside it and renaming
-/// that when `fill` succeeds: the directory appears whole or not at all.
-pub(crate) fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    if dir.exists() {
-        return Err(Error::Io {
-            file: dir.display().to_string(),
-            message: "already exists; remove it or choose another directory".into(),
-        });
-    }
-    let partial = partial_path(dir);
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial).map_err(|e| io(&partial, e))?;
-    }
-    std::fs::create_dir_all(&partial).map_err(|e| io(&partial, e))?;
-    fill(&partial)?;
-    std::fs::rename(&partial, dir).map_err(|e| io(dir, e))
-}
-
-/// Save `tensors` (contiguous copies on the CPU, as safetensors wants) to `path`, readable
-/// by others (the writer makes it private to the user; the directory is for sharing).
-pub(crate) fn save_safetensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
-    let cpu: HashMap<String, Tensor> = tensors
-        .iter()
-        .map(|(name, t)| Ok((name.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
-        .collect::<Result<_>>()?;
-    candle_core::safetensors::save(&cpu, path)
-        .map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(|e| io(path, e))?;
-    }
-    Ok(())
-}
-
-fn partial_path(dir: &Path) -> PathBuf {
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    dir.with_file_name(format!(".{name}.partial"))
 }
 
 /// `wirl model export`: a GGUF file as an HF directory, weights dequantized to f32 and q/k

@@ -8,6 +8,7 @@ pub mod config;
 mod decode_attention;
 mod decode_matmul;
 pub mod export;
+mod files;
 pub mod generate;
 pub mod llama;
 pub mod load;

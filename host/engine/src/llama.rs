@@ -9,10 +9,9 @@
 
 use crate::block_matmul::BlockMatrix;
 use crate::comm::{Comm, Solo};
-use crate::config::Config;
+use crate::config::{Activation, Config};
 use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
-use crate::lora::LoraPair;
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -26,6 +25,22 @@ pub enum Weight {
     Quantized(Arc<QMatMul>),
     /// Q4_1 / Q8_0 blocks as stored, multiplied by wirl's CPU kernel (`block_matmul.rs`).
     Blocks(Arc<BlockMatrix>),
+}
+
+/// One adapted projection's matrices, as the engine's linear layer applies them.
+#[derive(Clone, Debug)]
+pub struct LoraPair {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+}
+
+impl LoraPair {
+    /// `scale · (x·Aᵀ)·Bᵀ`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let low = x.broadcast_matmul(&self.a.t()?)?;
+        Ok((low.broadcast_matmul(&self.b.t()?)? * self.scale)?)
+    }
 }
 
 /// Up to this many rows, a dense linear multiplies `W · xᵀ` (see `Linear::forward`).
@@ -121,29 +136,49 @@ struct Attention {
     /// The q / k projections' outputs are in llama.cpp's interleaved order.
     q_interleaved: bool,
     k_interleaved: bool,
-    /// Qwen3: each head's query and key RMS-normed (over `head_dim`) before the rotary
-    /// embedding, with these weights and `eps`.
+    /// Qwen3 and Gemma 3: each head's query and key RMS-normed (over `head_dim`) before the
+    /// rotary embedding.
     qk_norm: Option<QkNorm>,
+    /// What scores are multiplied by (`head_dim^-1/2`; Gemma 3: `query_pre_attn_scalar^-1/2`).
+    scale: f64,
+    /// Gemma 3's sliding layers: keys within the window only, with the local rope.
+    sliding: bool,
 }
 
 #[derive(Clone, Debug)]
 struct QkNorm {
-    q: Tensor,
-    k: Tensor,
-    eps: f32,
+    q: Norm,
+    k: Norm,
 }
 
-impl QkNorm {
-    /// `x` with its last dimension (`head_dim`) normed: `[.., head_dim]`.
-    fn norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps)?)
+/// An RMS norm: its weight, `eps`, and what the weight is offset by (Gemma: `1 + w`).
+#[derive(Clone, Debug)]
+struct Norm {
+    weight: Tensor,
+    eps: f32,
+    offset: f64,
+}
+
+impl Norm {
+    fn load(source: &mut dyn WeightSource, name: &str, config: &Config) -> Result<Norm> {
+        Ok(Norm { weight: source.dense(name)?, eps: config.rms_norm_eps as f32, offset: config.norm_offset() })
+    }
+
+    /// `x` normed over its last dimension. The offset is added on every call: the weight's
+    /// storage may be a trainer's, updated in place.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        if self.offset == 0.0 {
+            return Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps)?);
+        }
+        Ok(candle_nn::ops::rms_norm(&x, &(&self.weight + self.offset)?, self.eps)?)
     }
 
     /// A decoding step's projection (`[.., heads · head_dim]`), normed head by head.
-    fn norm_flat(x: &Tensor, weight: &Tensor, eps: f32, heads: usize) -> Result<Tensor> {
+    fn forward_flat(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
         let head_dim = x.dim(D::Minus1)? / heads;
         let rows = x.elem_count() / head_dim;
-        Ok(Self::norm(&x.reshape((rows, head_dim))?, weight, eps)?.reshape(x.shape())?)
+        Ok(self.forward(&x.reshape((rows, head_dim))?)?.reshape(x.shape())?)
     }
 }
 
@@ -152,14 +187,19 @@ struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+    activation: Activation,
 }
 
 #[derive(Clone, Debug)]
 struct Block {
-    attn_norm: Tensor,
+    attn_norm: Norm,
     attn: Attention,
-    mlp_norm: Tensor,
+    /// Gemma's norm of the attention's output, before the residual.
+    post_attn_norm: Option<Norm>,
+    mlp_norm: Norm,
     mlp: Mlp,
+    /// Gemma's norm of the MLP's output, before the residual.
+    post_mlp_norm: Option<Norm>,
 }
 
 /// Keys and values of every layer for the rows of one batch: buffers `[batch, kv_heads,
@@ -315,8 +355,8 @@ struct Step<'a> {
 
 enum StepKind<'a> {
     /// Any number of tokens, any device: candle ops, with each token's rotary angles
-    /// (`[batch, 1, len, dim/2]`) and the additive mask.
-    Tensors { cos: Tensor, sin: Tensor, mask: Option<Tensor> },
+    /// (`[batch, 1, len, dim/2]`) and the additive mask; sliding layers' own in `local`.
+    Tensors { cos: Tensor, sin: Tensor, mask: Option<Tensor>, local: Option<Box<LocalFrame>> },
     /// One token per row on the CPU (f32): the decoding kernels.
     Decode {
         rope: &'a RopeTables,
@@ -327,18 +367,27 @@ enum StepKind<'a> {
     },
 }
 
+/// What Gemma 3's sliding layers use in place of the step's rope and mask.
+struct LocalFrame {
+    cos: Tensor,
+    sin: Tensor,
+    mask: Option<Tensor>,
+}
+
 /// A Llama-family decoder.
 #[derive(Clone, Debug)]
 pub struct Model {
     config: Config,
     embed: Tensor,
     blocks: Vec<Block>,
-    norm: Tensor,
+    norm: Norm,
     lm_head: Linear,
     /// The output projection holds this rank's slice of the vocabulary (gathered after).
     vocab_parallel: bool,
     cos: Tensor,
     sin: Tensor,
+    /// Gemma 3's sliding layers' rope tables (their own base).
+    local_rope: Option<(Tensor, Tensor)>,
     /// The rope tables as host floats, for the CPU decoding kernels: f32 on the CPU, q and
     /// k projections in HF order (not llama.cpp's interleaved quantized ones).
     host_rope: Option<Arc<RopeTables>>,
@@ -400,8 +449,19 @@ impl Model {
         for i in 0..config.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let bias = config.qkv_bias();
+            let norm =
+                |source: &mut dyn WeightSource, part: &str| Norm::load(source, &format!("{p}.{part}.weight"), config);
+            let (post_attn_norm, mlp_norm, post_mlp_norm) = if config.sandwich_norms() {
+                (
+                    Some(norm(source, "post_attention_layernorm")?),
+                    norm(source, "pre_feedforward_layernorm")?,
+                    Some(norm(source, "post_feedforward_layernorm")?),
+                )
+            } else {
+                (None, norm(source, "post_attention_layernorm")?, None)
+            };
             blocks.push(Block {
-                attn_norm: source.dense(&format!("{p}.input_layernorm.weight"))?,
+                attn_norm: norm(source, "input_layernorm")?,
                 attn: Attention {
                     q: linear(source, &format!("{p}.self_attn.q_proj"), bias, Rows)?,
                     k: linear(source, &format!("{p}.self_attn.k_proj"), bias, Rows)?,
@@ -413,24 +473,25 @@ impl Model {
                     q_interleaved: source.interleaved(&format!("{p}.self_attn.q_proj.weight")),
                     k_interleaved: source.interleaved(&format!("{p}.self_attn.k_proj.weight")),
                     qk_norm: if config.qk_norm() {
-                        Some(QkNorm {
-                            q: source.dense(&format!("{p}.self_attn.q_norm.weight"))?,
-                            k: source.dense(&format!("{p}.self_attn.k_norm.weight"))?,
-                            eps: config.rms_norm_eps as f32,
-                        })
+                        Some(QkNorm { q: norm(source, "self_attn.q_norm")?, k: norm(source, "self_attn.k_norm")? })
                     } else {
                         None
                     },
+                    scale: config.attention_scale(),
+                    sliding: config.layer_is_sliding(i),
                 },
-                mlp_norm: source.dense(&format!("{p}.post_attention_layernorm.weight"))?,
+                post_attn_norm,
+                mlp_norm,
                 mlp: Mlp {
                     gate: linear(source, &format!("{p}.mlp.gate_proj"), false, Rows)?,
                     up: linear(source, &format!("{p}.mlp.up_proj"), false, Rows)?,
                     down: linear(source, &format!("{p}.mlp.down_proj"), false, Columns)?,
+                    activation: config.activation(),
                 },
+                post_mlp_norm,
             });
         }
-        let norm = source.dense("model.norm.weight")?;
+        let norm = Norm::load(source, "model.norm.weight", config)?;
         let vocab_parallel = size > 1 && config.vocab_size.is_multiple_of(size);
         let head_split = if vocab_parallel { Rows } else { Split::Whole };
         let lm_head = if source.contains("lm_head.weight") && !config.tie_word_embeddings {
@@ -445,8 +506,12 @@ impl Model {
             }
         };
         let (cos, sin) = rope_tables(config, device, dtype)?;
+        let local_rope = local_rope_tables(config, device, dtype)?;
         let interleaved = blocks.iter().any(|b| b.attn.q_interleaved || b.attn.k_interleaved);
         let host_rope = match (device, dtype) {
+            // Not for Gemma 3: the decoding kernels know neither its windows, its second
+            // rope nor its score scale; its steps take the general path.
+            _ if config.is_gemma3() => None,
             (Device::Cpu, DType::F32) if !interleaved => {
                 Some(Arc::new(RopeTables::from_tensors(&cos, &sin)?)).filter(|t| t.fits(config.head_dim()))
             }
@@ -461,6 +526,7 @@ impl Model {
             vocab_parallel,
             cos,
             sin,
+            local_rope,
             host_rope,
             device: device.clone(),
             dtype,
@@ -536,41 +602,75 @@ impl Model {
                 let positions: Vec<u32> =
                     (0..batch).flat_map(|b| (0..len).map(move |t| (past + t).saturating_sub(pads[b]) as u32)).collect();
                 let positions = Tensor::from_vec(positions, batch * len, &self.device)?;
+                let angles = |table: &Tensor| -> Result<Tensor> {
+                    Ok(table.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?)
+                };
+                let local = match (&self.local_rope, self.config.window()) {
+                    (Some((cos, sin)), Some(window)) => Some(Box::new(LocalFrame {
+                        cos: angles(cos)?,
+                        sin: angles(sin)?,
+                        mask: self.mask(batch, len, past, pads, Some(window))?,
+                    })),
+                    _ => None,
+                };
                 StepKind::Tensors {
-                    cos: self.cos.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?,
-                    sin: self.sin.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?,
-                    mask: self.mask(batch, len, past, pads)?,
+                    cos: angles(&self.cos)?,
+                    sin: angles(&self.sin)?,
+                    mask: self.mask(batch, len, past, pads, None)?,
+                    local,
                 }
             }
         };
         let step = Step { past, kind };
 
         let mut x = self.embed.index_select(&tokens.flatten_all()?, 0)?.reshape((batch, len, ()))?;
+        if let Some(scale) = self.config.embed_scale() {
+            x = (x * scale)?;
+        }
         for (i, block) in self.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_norm_eps as f32)?;
-            let h = block.attn.forward(&h, &step, &mut cache.layers[i])?;
-            x = (x + self.comm.all_reduce_sum(&h)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &block.mlp_norm, self.config.rms_norm_eps as f32)?;
-            let h = block.mlp.forward(&h)?;
-            x = (x + self.comm.all_reduce_sum(&h)?)?;
+            let h = block.attn.forward(&block.attn_norm.forward(&x)?, &step, &mut cache.layers[i])?;
+            let h = self.comm.all_reduce_sum(&h)?;
+            let h = match &block.post_attn_norm {
+                Some(norm) => norm.forward(&h)?,
+                None => h,
+            };
+            x = (x + h)?;
+            let h = self.comm.all_reduce_sum(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
+            let h = match &block.post_mlp_norm {
+                Some(norm) => norm.forward(&h)?,
+                None => h,
+            };
+            x = (x + h)?;
         }
         cache.len = past + len;
         let x = if all_positions { x } else { x.narrow(1, len - 1, 1)?.contiguous()? };
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps as f32)?;
+        let x = self.norm.forward(&x)?;
         let mut logits = self.lm_head.forward(&x)?;
         if self.vocab_parallel {
             logits = self.comm.all_gather(&logits.contiguous()?, logits.rank() - 1)?;
         }
+        if let Some(cap) = self.config.logit_softcap() {
+            logits = ((logits / cap)?.tanh()? * cap)?;
+        }
         Ok(if all_positions { logits } else { logits.squeeze(1)? })
     }
 
-    /// Additive mask `[batch, 1, len, past + len]`: causal, and padding keys hidden. None
-    /// when nothing is masked (one new token, no padding).
-    fn mask(&self, batch: usize, len: usize, past: usize, pads: &[usize]) -> Result<Option<Tensor>> {
-        if len == 1 && pads.iter().all(|&p| p == 0) {
+    /// Additive mask `[batch, 1, len, past + len]`: causal, padding keys hidden, and with a
+    /// `window` the keys `window` or more positions behind the query. None when nothing is
+    /// masked (one new token, no padding, all within the window).
+    fn mask(
+        &self,
+        batch: usize,
+        len: usize,
+        past: usize,
+        pads: &[usize],
+        window: Option<usize>,
+    ) -> Result<Option<Tensor>> {
+        let total = past + len;
+        let window = window.unwrap_or(usize::MAX);
+        if len == 1 && pads.iter().all(|&p| p == 0) && total <= window {
             return Ok(None);
         }
-        let total = past + len;
         let mut values = vec![0f32; batch * len * total];
         for b in 0..batch {
             for q in 0..len {
@@ -579,7 +679,8 @@ impl Model {
                     // A padding position attends to itself only: a fully masked row would
                     // softmax to NaN, and 0 × NaN leaks into real rows through the values.
                     let own = k == past + q;
-                    if (k < pads[b] && !own) || k > past + q {
+                    let outside = k > past + q || past + q - k >= window;
+                    if (k < pads[b] && !own) || outside {
                         *value = f32::NEG_INFINITY;
                     }
                 }
@@ -594,7 +695,8 @@ impl Attention {
     fn forward(&self, x: &Tensor, step: &Step, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
         let past = step.past;
         let (cos, sin, mask) = match &step.kind {
-            StepKind::Tensors { cos, sin, mask } => (cos, sin, mask),
+            StepKind::Tensors { local: Some(local), .. } if self.sliding => (&local.cos, &local.sin, &local.mask),
+            StepKind::Tensors { cos, sin, mask, .. } => (cos, sin, mask),
             StepKind::Decode { rope, first, positions } => {
                 return self.forward_decoding(x, past, rope, first, positions, cache);
             }
@@ -604,8 +706,8 @@ impl Attention {
         let mut k = self.project(&self.k, x, self.kv_heads, self.k_interleaved)?;
         let v = self.project(&self.v, x, self.kv_heads, false)?;
         if let Some(norm) = &self.qk_norm {
-            q = QkNorm::norm(&q, &norm.q, norm.eps)?;
-            k = QkNorm::norm(&k, &norm.k, norm.eps)?;
+            q = norm.q.forward(&q)?;
+            k = norm.k.forward(&k)?;
         }
         let q = rotate_half_rope(&q, cos, sin)?;
         let k = rotate_half_rope(&k, cos, sin)?;
@@ -616,8 +718,7 @@ impl Attention {
         let groups = self.heads / self.kv_heads;
         let total = k.dim(2)?;
         let q = q.reshape((batch, self.kv_heads, groups * len, self.head_dim))?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = (q.matmul(&k.t()?)? * self.scale)?;
         let mut scores = scores.reshape((batch, self.heads, len, total))?;
         if let Some(mask) = mask {
             scores = scores.broadcast_add(mask)?;
@@ -645,8 +746,8 @@ impl Attention {
         let mut k = self.k.forward(x)?.contiguous()?;
         let v = self.v.forward(x)?.contiguous()?;
         if let Some(norm) = &self.qk_norm {
-            q = QkNorm::norm_flat(&q, &norm.q, norm.eps, self.heads)?;
-            k = QkNorm::norm_flat(&k, &norm.k, norm.eps, self.kv_heads)?;
+            q = norm.q.forward_flat(&q, self.heads)?;
+            k = norm.k.forward_flat(&k, self.kv_heads)?;
         }
         let like = k.reshape((batch, self.kv_heads, 1, self.head_dim))?;
         let (kb, vb) = reserve_kv(cache, past, &like)?;
@@ -682,6 +783,7 @@ impl Mlp {
         // The fused kernel computes the base's gate and up only: not with adapters.
         if let (Weight::Dense(gate), Weight::Dense(up), None, None, None, None) =
             (&self.gate.weight, &self.up.weight, &self.gate.bias, &self.up.bias, &self.gate.adapter, &self.up.adapter)
+            && self.activation == Activation::Silu
             && decoding_kernel(x, gate)
         {
             let hidden = decode_matmul::on_rows(x, gate.dim(0)?, |x2| {
@@ -689,7 +791,11 @@ impl Mlp {
             })?;
             return self.down.forward(&hidden);
         }
-        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        let gate = self.gate.forward(x)?;
+        let gate = match self.activation {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
         self.down.forward(&(gate * self.up.forward(x)?)?)
     }
 }
@@ -758,7 +864,15 @@ pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
 
 /// `cos` and `sin` of every position's rotary angles: `[max_position_embeddings, head_dim / 2]`.
 pub fn rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
-    let inv_freq = config.rope_inv_freq();
+    tables_of(config, config.rope_inv_freq(), device, dtype)
+}
+
+/// The sliding layers' rope tables (Gemma 3's local base), if any layer slides.
+pub fn local_rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<Option<(Tensor, Tensor)>> {
+    config.local_rope_inv_freq().map(|inv_freq| tables_of(config, inv_freq, device, dtype)).transpose()
+}
+
+fn tables_of(config: &Config, inv_freq: Vec<f32>, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
     let half = inv_freq.len();
     let positions = config.max_position_embeddings;
     let mut angles = Vec::with_capacity(positions * half);

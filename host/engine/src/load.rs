@@ -4,8 +4,7 @@
 use crate::block_matmul::{self, BlockMatrix, Format};
 use crate::comm::{Comm, Solo};
 use crate::config::Config;
-use crate::llama::{Model, Weight, WeightSource};
-use crate::lora::LoraPair;
+use crate::llama::{LoraPair, Model, Weight, WeightSource};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use candle_core::quantized::{GgmlDType, QMatMul, gguf_file};
@@ -122,7 +121,7 @@ impl WeightSource for TensorSource<'_> {
 
     fn adapter(&mut self, module: &str) -> Result<Option<LoraPair>> {
         let Some(scale) = self.lora_scale else { return Ok(None) };
-        let (a, b) = (crate::lora::a_name(module), crate::lora::b_name(module));
+        let (a, b) = (format!("{module}.lora_A.weight"), format!("{module}.lora_B.weight"));
         if !self.contains(&a) {
             return Ok(None);
         }
@@ -328,6 +327,15 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
         rope_scaling: None,
         rope_parameters: None,
         layer_types: None,
+        sliding_window: None,
+        sliding_window_pattern: None,
+        rope_local_base_freq: None,
+        query_pre_attn_scalar: None,
+        final_logit_softcapping: None,
+        attn_logit_softcapping: None,
+        hidden_act: None,
+        hidden_activation: None,
+        use_bidirectional_attention: None,
         max_position_embeddings: number("context_length")? as usize,
         // llama.cpp omits `output.weight` when the embeddings are tied.
         tie_word_embeddings: true,

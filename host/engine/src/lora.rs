@@ -13,6 +13,7 @@
 //! where a run keeps them.
 
 use crate::config::Config;
+pub use crate::llama::LoraPair;
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -110,22 +111,6 @@ pub fn a_name(module: &str) -> String {
 
 pub fn b_name(module: &str) -> String {
     format!("{module}.lora_B.weight")
-}
-
-/// One adapted projection's matrices, as the engine's linear layer applies them.
-#[derive(Clone, Debug)]
-pub struct LoraPair {
-    pub a: Tensor,
-    pub b: Tensor,
-    pub scale: f64,
-}
-
-impl LoraPair {
-    /// `scale · (x·Aᵀ)·Bᵀ`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let low = x.broadcast_matmul(&self.a.t()?)?;
-        Ok((low.broadcast_matmul(&self.b.t()?)? * self.scale)?)
-    }
 }
 
 impl Adapter {
@@ -361,11 +346,11 @@ pub fn write(dir: &Path, adapter: &Adapter, base: &str) -> Result<()> {
         .iter()
         .map(|(name, t)| Ok((format!("{PEFT_PREFIX}{name}"), t.to_device(&Device::Cpu)?.contiguous()?)))
         .collect::<Result<_>>()?;
-    crate::export::write_dir_atomically(dir, |partial| {
+    crate::files::write_dir_atomically(dir, |partial| {
         let path = partial.join(CONFIG_FILE);
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("JSON values serialize"))
             .map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })?;
-        crate::export::save_safetensors(&tensors, &partial.join(WEIGHTS_FILE))
+        crate::files::save_safetensors(&tensors, &partial.join(WEIGHTS_FILE))
     })
 }
 

@@ -37,6 +37,44 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     wirl_engine::llama::rotate_half_rope(x, &cos, &sin).map_err(candle_core::Error::wrap)
 }
 
+/// `x · Wᵀ` for a frozen `W` (a LoRA policy's base weights): the same product, but its
+/// backward computes only `x`'s gradient. candle's matmul backward computes both operands'
+/// gradients whether or not anything wants them: for a frozen weight a full weight-sized
+/// product per projection, a third of the backward's arithmetic, thrown away.
+pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let y = x.detach().broadcast_matmul(&w.t()?)?;
+    if !x.track_op() || !fused(x) {
+        return if x.track_op() { x.broadcast_matmul(&w.t()?) } else { Ok(y) };
+    }
+    x.apply_op1(FrozenLinear { value: std::sync::Mutex::new(Some(y.contiguous()?)), w: w.clone() })
+}
+
+/// The product computed outside the graph, handed over as this op's output; its backward
+/// is `dx = dy · W`.
+struct FrozenLinear {
+    /// Taken by the forward (so that the graph holds the output once).
+    value: std::sync::Mutex<Option<Tensor>>,
+    w: Tensor,
+}
+
+impl CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "wirl-frozen-linear"
+    }
+
+    fn cpu_fwd(&self, _storage: &CpuStorage, _layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let value = self.value.lock().map_err(|_| candle_core::Error::Msg("a poisoned lock".into()))?.take();
+        let Some(value) = value else { bail!("{}: run twice", self.name()) };
+        let (storage, layout) = value.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else { bail!("{}: expects the CPU", self.name()) };
+        Ok((CpuStorage::F32(values(cpu, layout, self.name())?.to_vec()), value.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(grad_res.broadcast_matmul(&self.w)?))
+    }
+}
+
 fn fused(x: &Tensor) -> bool {
     x.device().is_cpu() && x.dtype() == DType::F32
 }

@@ -27,7 +27,8 @@ use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
-use wirl_engine::llama::{repeat_kv, rope_tables};
+use wirl_engine::config::Activation;
+use wirl_engine::llama::{local_rope_tables, repeat_kv, rope_tables};
 use wirl_engine::lora::{self, Adapter, LoraSpec};
 
 /// Weights by HF name, and the forward math over them. The same code runs the trainable
@@ -40,6 +41,8 @@ pub struct Net {
     lora_scale: Option<f64>,
     cos: Tensor,
     sin: Tensor,
+    /// Gemma 3's sliding layers' rope tables.
+    local_rope: Option<(Tensor, Tensor)>,
 }
 
 /// Per-token results for one group's completions, `[G, width]`.
@@ -54,7 +57,8 @@ impl Net {
     pub fn new(config: &Config, weights: HashMap<String, Tensor>, device: &Device) -> Result<Self> {
         let dtype = weights.get("model.embed_tokens.weight").map_or(DType::F32, |t| t.dtype());
         let (cos, sin) = rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
-        Ok(Net { config: config.clone(), weights, lora_scale: None, cos, sin })
+        let local_rope = local_rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
+        Ok(Net { config: config.clone(), weights, lora_scale: None, cos, sin, local_rope })
     }
 
     pub fn config(&self) -> &Config {
@@ -70,7 +74,12 @@ impl Net {
     }
 
     fn linear(&self, x: &Tensor, name: &str) -> Result<Tensor> {
-        let y = x.broadcast_matmul(&self.w(&format!("{name}.weight"))?.t()?)?;
+        let weight = self.w(&format!("{name}.weight"))?;
+        let y = if weight.is_variable() {
+            x.broadcast_matmul(&weight.t()?)?
+        } else {
+            crate::fused::frozen_linear(x, weight)?
+        };
         let y = match self.weights.get(&format!("{name}.bias")) {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -86,7 +95,18 @@ impl Net {
     }
 
     fn rms_norm(&self, x: &Tensor, name: &str) -> Result<Tensor> {
-        crate::fused::rms_norm(x, self.w(name)?, self.config.rms_norm_eps)
+        let weight = self.w(name)?;
+        let offset = self.config.norm_offset();
+        if offset == 0.0 {
+            return crate::fused::rms_norm(x, weight, self.config.rms_norm_eps);
+        }
+        // Gemma's `1 + w`, through an op that carries the gradient to `w`.
+        crate::fused::rms_norm(x, &(weight + offset)?, self.config.rms_norm_eps)
+    }
+
+    /// `x` through the norm `name` when the family has it (Gemma's sandwich norms).
+    fn post_norm(&self, x: Tensor, name: &str) -> Result<Tensor> {
+        if self.config.sandwich_norms() { self.rms_norm(&x, name) } else { Ok(x) }
     }
 
     /// Log-probabilities and entropies of `completions` after `prompt`.
@@ -179,9 +199,10 @@ impl Net {
         Ok(TokenStats { logp: Tensor::cat(&logp, 1)?, entropy: Tensor::cat(&entropy, 1)? })
     }
 
-    /// Whether the head runs fused: `f32` weights on the CPU.
+    /// Whether the head runs fused: `f32` weights on the CPU, logits not soft-capped.
     fn fused_head(&self) -> bool {
-        self.w(self.head_name()).is_ok_and(|w| w.device().is_cpu() && w.dtype() == DType::F32)
+        self.config.logit_softcap().is_none()
+            && self.w(self.head_name()).is_ok_and(|w| w.device().is_cpu() && w.dtype() == DType::F32)
     }
 
     /// The head's weight: its own, or the embeddings' where the model ties them.
@@ -216,6 +237,7 @@ impl Net {
             lora_scale: self.lora_scale,
             cos: self.cos.clone(),
             sin: self.sin.clone(),
+            local_rope: self.local_rope.clone(),
         }
     }
 
@@ -251,7 +273,10 @@ impl Net {
     /// The targets' log-probabilities and, if `entropy`, each position's entropy.
     fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
         let hidden = self.rms_norm(hidden, "model.norm.weight")?;
-        let logits = hidden.broadcast_matmul(&self.w(self.head_name())?.t()?)?;
+        let mut logits = hidden.broadcast_matmul(&self.w(self.head_name())?.t()?)?;
+        if let Some(cap) = self.config.logit_softcap() {
+            logits = ((logits / cap)?.tanh()? * cap)?;
+        }
         let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let logp = log_probs.gather(targets, D::Minus1)?.squeeze(D::Minus1)?;
         let entropy = entropy.then(|| (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()).transpose()?;
@@ -279,13 +304,22 @@ impl Net {
             return Ok(None);
         }
         let ids = Tensor::from_vec(prefix.to_vec(), prefix.len(), device)?;
-        Ok(Some(self.w("model.embed_tokens.weight")?.index_select(&ids, 0)?.unsqueeze(0)?))
+        let x = self.w("model.embed_tokens.weight")?.index_select(&ids, 0)?.unsqueeze(0)?;
+        Ok(Some(self.scale_embeddings(x)?))
     }
 
     fn embed_rows(&self, inputs: &Tensor) -> Result<Tensor> {
         let (groups, width) = inputs.dims2()?;
         let embed = self.w("model.embed_tokens.weight")?;
-        embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))
+        self.scale_embeddings(embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))?)
+    }
+
+    /// Gemma's embeddings are multiplied by `√hidden_size`.
+    fn scale_embeddings(&self, x: Tensor) -> Result<Tensor> {
+        match self.config.embed_scale() {
+            Some(scale) => x * scale,
+            None => Ok(x),
+        }
     }
 
     /// Rotary tables and masks of one group's positions, shared by every layer.
@@ -294,14 +328,21 @@ impl Net {
         let (_, width) = inputs.dims2()?;
         let p = prefix.len();
         let dtype = self.cos.dtype();
-        Ok(Frame {
-            pcos: self.cos.narrow(0, 0, p.max(1))?,
-            psin: self.sin.narrow(0, 0, p.max(1))?,
-            cos: self.cos.narrow(0, p, width)?,
-            sin: self.sin.narrow(0, p, width)?,
-            prefix_mask: causal_mask(p, 0, device, dtype)?,
-            mask: causal_mask(width, p, device, dtype)?,
-        })
+        let part = |cos: &Tensor, sin: &Tensor, window: Option<usize>| -> Result<FramePart> {
+            Ok(FramePart {
+                pcos: cos.narrow(0, 0, p.max(1))?,
+                psin: sin.narrow(0, 0, p.max(1))?,
+                cos: cos.narrow(0, p, width)?,
+                sin: sin.narrow(0, p, width)?,
+                prefix_mask: causal_mask(p, 0, window, device, dtype)?,
+                mask: causal_mask(width, p, window, device, dtype)?,
+            })
+        };
+        let local = match (&self.local_rope, self.config.window()) {
+            (Some((cos, sin)), Some(window)) => Some(part(cos, sin, Some(window))?),
+            _ => None,
+        };
+        Ok(Frame { global: part(&self.cos, &self.sin, None)?, local })
     }
 
     /// Decoder layer `i` over the prefix's hidden states `px` (run once; its keys and values
@@ -320,21 +361,35 @@ impl Net {
     ) -> Result<(Option<Tensor>, Option<KeyValues>)> {
         let Some(h) = px else { return Ok((None, None)) };
         let l = format!("model.layers.{i}");
+        let f = frame.of_layer(&self.config, i);
         let normed = self.rms_norm(h, &format!("{l}.input_layernorm.weight"))?;
-        let (out, k, v) = self.attention(&normed, &l, &frame.pcos, &frame.psin, None, &frame.prefix_mask)?;
-        let h = (h + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
-        let normed = self.rms_norm(&h, &format!("{l}.post_attention_layernorm.weight"))?;
-        Ok((Some((&h + self.mlp(&normed, &l)?)?), Some((k, v))))
+        let (out, k, v) = self.attention(&normed, &l, &f.pcos, &f.psin, None, &f.prefix_mask)?;
+        let h = (h + self.attention_out(&out, &l)?)?;
+        Ok((Some((&h + self.mlp_block(&h, &l)?)?), Some((k, v))))
+    }
+
+    /// The attention's output projected, and for Gemma normed.
+    fn attention_out(&self, out: &Tensor, l: &str) -> Result<Tensor> {
+        let projected = self.linear(out, &format!("{l}.self_attn.o_proj"))?;
+        self.post_norm(projected, &format!("{l}.post_attention_layernorm.weight"))
+    }
+
+    /// The MLP's part of a layer's residual: its norm (Gemma: before and after).
+    fn mlp_block(&self, x: &Tensor, l: &str) -> Result<Tensor> {
+        let before =
+            if self.config.sandwich_norms() { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
+        let normed = self.rms_norm(x, &format!("{l}.{before}.weight"))?;
+        self.post_norm(self.mlp(&normed, l)?, &format!("{l}.post_feedforward_layernorm.weight"))
     }
 
     /// Decoder layer `i` over rows `x` that attend to the prefix's keys and values first.
     fn rows_layer(&self, i: usize, x: &Tensor, prefix_kv: Option<&KeyValues>, frame: &Frame) -> Result<Tensor> {
         let l = format!("model.layers.{i}");
+        let f = frame.of_layer(&self.config, i);
         let normed = self.rms_norm(x, &format!("{l}.input_layernorm.weight"))?;
-        let (out, _, _) = self.attention(&normed, &l, &frame.cos, &frame.sin, prefix_kv, &frame.mask)?;
-        let x = (x + self.linear(&out, &format!("{l}.self_attn.o_proj"))?)?;
-        let normed = self.rms_norm(&x, &format!("{l}.post_attention_layernorm.weight"))?;
-        &x + self.mlp(&normed, &l)?
+        let (out, _, _) = self.attention(&normed, &l, &f.cos, &f.sin, prefix_kv, &f.mask)?;
+        let x = (x + self.attention_out(&out, &l)?)?;
+        &x + self.mlp_block(&x, &l)?
     }
 
     /// Bytes of attention intermediates that one backward through the whole forward keeps
@@ -409,14 +464,18 @@ impl Net {
         let groups = heads / kv_heads;
         let keys = repeat_kv(&keys, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
         let values = repeat_kv(&values, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
-        let scores = (q.matmul(&keys.t()?)? / (dim as f64).sqrt())?.broadcast_add(mask)?;
+        let scores = (q.matmul(&keys.t()?)? * self.config.attention_scale())?.broadcast_add(mask)?;
         let weights = crate::fused::softmax_last_dim(&scores)?;
         let out = weights.matmul(&values)?.transpose(1, 2)?.reshape((batch, len, heads * dim))?;
         Ok((out, k, v))
     }
 
     fn mlp(&self, x: &Tensor, l: &str) -> Result<Tensor> {
-        let gate = self.linear(x, &format!("{l}.mlp.gate_proj"))?.silu()?;
+        let gate = self.linear(x, &format!("{l}.mlp.gate_proj"))?;
+        let gate = match self.config.activation() {
+            Activation::Silu => gate.silu()?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
         let up = self.linear(x, &format!("{l}.mlp.up_proj"))?;
         self.linear(&(gate * up)?, &format!("{l}.mlp.down_proj"))
     }
@@ -483,8 +542,24 @@ struct FusedChunk {
     stats: head::HeadStats,
 }
 
-/// What every layer of one group's forward shares.
+/// What every layer of one group's forward shares: the global layers' rope and masks, and
+/// Gemma 3's sliding layers' own.
 struct Frame {
+    global: FramePart,
+    local: Option<FramePart>,
+}
+
+impl Frame {
+    fn of_layer(&self, config: &Config, i: usize) -> &FramePart {
+        match &self.local {
+            Some(local) if config.layer_is_sliding(i) => local,
+            _ => &self.global,
+        }
+    }
+}
+
+/// The prefix's and the rows' rotary tables and masks.
+struct FramePart {
     pcos: Tensor,
     psin: Tensor,
     cos: Tensor,
@@ -507,11 +582,13 @@ fn pulled<'a>(terms: impl IntoIterator<Item = (&'a Tensor, &'a Tensor)>) -> Resu
     sum.ok_or_else(|| candle_core::Error::Msg("no gradient to pull".into()))
 }
 
-/// `[len, past + len]`: query `q` sees every past key and its own and earlier positions.
-fn causal_mask(len: usize, past: usize, device: &Device, dtype: DType) -> Result<Tensor> {
-    let values: Vec<f32> = (0..len)
-        .flat_map(|q| (0..past + len).map(move |k| if k > past + q { f32::NEG_INFINITY } else { 0.0 }))
-        .collect();
+/// `[len, past + len]`: query `q` sees every past key and its own and earlier positions —
+/// with a `window`, only the `window` positions up to its own.
+fn causal_mask(len: usize, past: usize, window: Option<usize>, device: &Device, dtype: DType) -> Result<Tensor> {
+    let window = window.unwrap_or(usize::MAX);
+    let seen = move |q: usize, k: usize| k <= past + q && past + q - k < window;
+    let values: Vec<f32> =
+        (0..len).flat_map(|q| (0..past + len).map(move |k| if seen(q, k) { 0.0 } else { f32::NEG_INFINITY })).collect();
     Tensor::from_vec(values, (len.max(1), past + len), device)?.to_dtype(dtype)
 }
 
@@ -764,6 +841,10 @@ impl Policy {
         for (inputs, grad) in rows {
             ids.extend(inputs.flatten_all()?.to_vec1::<u32>()?);
             values.extend(grad.flatten_all()?.to_vec1::<f32>()?);
+        }
+        // Gemma's embeddings were scaled on the way in: so is their gradient.
+        if let Some(scale) = self.net.config.embed_scale() {
+            values.iter_mut().for_each(|v| *v *= scale as f32);
         }
         if values.len() != ids.len() * d {
             candle_core::bail!("{} gradient values for {} positions of width {d}", values.len(), ids.len());

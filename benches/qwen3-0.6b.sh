@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# A 0.6B-class model trains GRPO steps on this machine: Qwen3-0.6B's shapes with random
+# weights (benches/qwen3_shaped.py, SmolLM2's 49,152-token vocabulary: 491M parameters), f32,
+# 4 prompts x 8 completions of 64 new tokens, KL beta 0.04, in two modes — LoRA (rank 16,
+# alpha 32, all seven projections) and every weight — each beside TRL's GRPOTrainer with the
+# same model, prompts, sizes and reward (PEFT's LoRA for the first; benches/trl_peft_peer.py),
+# one after the other in this run under /usr/bin/time -v. Reward: the completion's length
+# (plugins/tests/hostile), so that groups differ and every step trains.
+# Prints a JSON line per run (median step seconds, peak resident MiB of the whole process)
+# and one with the same-run ratios wirl / peer.
+#   bash benches/qwen3-0.6b.sh          # STEPS=3 MODES="lora full"; PEERS=~/.cache/wirl-peers
+# Run on an idle machine: on 2 cores any other load moves every number here. Takes ~40 min.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+peers=${PEERS:-$HOME/.cache/wirl-peers}
+python=$peers/venv/bin/python
+steps=${STEPS:-3}
+modes=${MODES:-lora full}
+work=${WORK:-$(mktemp -d)}
+cd "$root"
+[ -x "$python" ] || { echo "no peers venv at $peers/venv: run ../shared/peers/setup.sh" >&2; exit 1; }
+"$python" -c "import peft" 2> /dev/null || { echo "no PEFT in $peers/venv: run ../shared/peers/setup.sh" >&2; exit 1; }
+cargo build -q --release -p wirl-cli
+bash scripts/build-plugins > /dev/null
+wirl=$root/target/release/wirl
+reward=$root/plugins/target/wasm32-wasip2/release/hostile.wasm
+peak_mib() { sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$1" | awk '{print int($1 / 1024)}'; }
+
+[ -d "$work/smollm2-hf" ] || "$wirl" model export smollm2-135m-instruct "$work/smollm2-hf" 2> /dev/null
+[ -d "$work/model" ] || "$python" benches/qwen3_shaped.py "$work/smollm2-hf" "$work/model" 2> "$work/build.log"
+environment='kind = "chain_sum", min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1'
+"$wirl" tasks --plugin builtin:arithmetic --count 64 --config kind=chain_sum --config min_terms=2 \
+    --config max_terms=2 --config min_digits=1 --config max_digits=1 > "$work/tasks.jsonl" 2> /dev/null
+
+for mode in $modes; do
+    lora=""
+    peer_lora=()
+    if [ "$mode" = lora ]; then
+        lora=$'[lora]\nrank = 16\nalpha = 32'
+        peer_lora=(--lora-rank 16 --lora-alpha 32)
+    fi
+    cat > "$work/$mode.toml" <<TOML
+[model]
+path = "$work/model"
+[environment]
+plugin = "builtin:arithmetic"
+config = { $environment }
+[[rewards]]
+plugin = "$reward"
+[sampling]
+max_tokens = 64
+[grpo]
+steps = $steps
+prompts_per_step = 4
+group_size = 8
+learning_rate = 1e-4
+beta = 0.04
+[eval]
+tasks = 0
+$lora
+TOML
+    rm -rf "$work/run-$mode"
+    /usr/bin/time -v "$wirl" train "$work/$mode.toml" --run-dir "$work/run-$mode" > /dev/null 2> "$work/wirl-$mode.log" ||
+        { tail -20 "$work/wirl-$mode.log" >&2; exit 1; }
+    python3 - "$work/run-$mode" "$(peak_mib "$work/wirl-$mode.log")" "$mode" > "$work/wirl-$mode.json" <<'PY'
+import json, statistics, sys
+run, peak, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lines = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+steps = [l["time_s"]["total"] for l in lines]
+print(json.dumps({"system": "wirl", "mode": mode, "steps": len(lines), "step_s": [round(s, 2) for s in steps],
+                  "step_s_median": round(statistics.median(steps), 2), "peak_mib": peak,
+                  "trained_groups": [l.get("groups_trained", l.get("groups")) for l in lines]}))
+PY
+    cat "$work/wirl-$mode.json"
+    /usr/bin/time -v "$python" benches/trl_peft_peer.py --model "$work/model" --tasks "$work/tasks.jsonl" \
+        --steps "$steps" "${peer_lora[@]}" > "$work/peer-$mode.out" 2> "$work/peer-$mode.log" ||
+        { tail -20 "$work/peer-$mode.log" >&2; exit 1; }
+    python3 - "$work/peer-$mode.out" "$(peak_mib "$work/peer-$mode.log")" "$mode" "$work/wirl-$mode.json" <<'PY'
+import json, sys
+out, peak, mode, ours = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+peer = json.loads(open(out).read().strip().splitlines()[-1])
+peer.update({"mode": mode, "peak_mib": peak})
+print(json.dumps(peer))
+wirl = json.load(open(ours))
+print(json.dumps({"mode": mode, "step_time_ratio": round(wirl["step_s_median"] / peer["step_s_median"], 3),
+                  "peak_ratio": round(wirl["peak_mib"] / peer["peak_mib"], 3)}))
+PY
+done
