@@ -6,8 +6,11 @@
 # same model, prompts, sizes and reward (PEFT's LoRA for the first; benches/trl_peft_peer.py),
 # one after the other in this run under /usr/bin/time -v. Reward: the completion's length
 # (plugins/tests/hostile), so that groups differ and every step trains.
+# TRL runs its 32 completions in micro-batches of 8 with gradient checkpointing
+# (PEER_ARGS="--micro-batch 8 --grad-checkpointing"): in one micro-batch of 32, without
+# checkpointing, TRL + PEFT passed 24 GiB and was killed (2026-11-25).
 # Prints a JSON line per run (median step seconds, peak resident MiB of the whole process)
-# and one with the same-run ratios wirl / peer.
+# and one with the same-run ratios wirl / peer (a peer that died is reported as such).
 #   bash benches/qwen3-0.6b.sh          # STEPS=3 MODES="lora full"; PEERS=~/.cache/wirl-peers
 # Run on an idle machine: on 2 cores any other load moves every number here. Takes ~40 min.
 set -euo pipefail
@@ -72,13 +75,19 @@ print(json.dumps({"system": "wirl", "mode": mode, "steps": len(lines), "step_s":
                   "trained_groups": [l.get("groups_trained", l.get("groups")) for l in lines]}))
 PY
     cat "$work/wirl-$mode.json"
+    # shellcheck disable=SC2086
     /usr/bin/time -v "$python" benches/trl_peft_peer.py --model "$work/model" --tasks "$work/tasks.jsonl" \
-        --steps "$steps" "${peer_lora[@]}" > "$work/peer-$mode.out" 2> "$work/peer-$mode.log" ||
-        { tail -20 "$work/peer-$mode.log" >&2; exit 1; }
+        --steps "$steps" "${peer_lora[@]}" ${PEER_ARGS:---micro-batch 8 --grad-checkpointing} \
+        > "$work/peer-$mode.out" 2> "$work/peer-$mode.log" || true
     python3 - "$work/peer-$mode.out" "$(peak_mib "$work/peer-$mode.log")" "$mode" "$work/wirl-$mode.json" <<'PY'
 import json, sys
 out, peak, mode, ours = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-peer = json.loads(open(out).read().strip().splitlines()[-1])
+lines = open(out).read().strip().splitlines()
+if not lines:
+    print(json.dumps({"system": "peer", "mode": mode, "failed": "died before its first step ended (killed: out of memory?)",
+                      "peak_mib": peak}))
+    sys.exit(0)
+peer = json.loads(lines[-1])
 peer.update({"mode": mode, "peak_mib": peak})
 print(json.dumps(peer))
 wirl = json.load(open(ours))

@@ -5,8 +5,9 @@ Prompts: the `messages` of a JSONL file as `wirl tasks` writes it (wirl's arithm
 environment, with its few-shot turns), as chat prompts. Reward: the completion's length in
 characters (what the bench's reward plugin, plugins/tests/hostile, scores for ordinary
 text): a random-weight model never answers, and GRPO needs rewards that differ within a group.
-Sizes: PROMPTS prompts x GENERATIONS completions per optimizer step (one generate() call, one
-micro-batch), MAX_TOKENS new tokens, temperature 1, constant learning rate, KL beta to the
+Sizes: PROMPTS prompts x GENERATIONS completions per optimizer step (one generate() call;
+--micro-batch completions per forward/backward, gradient accumulation over the rest;
+--grad-checkpointing), MAX_TOKENS new tokens, temperature 1, constant learning rate, KL beta to the
 reference (PEFT's: the base with adapters off; full: TRL's reference copy).
 
     python trl_peft_peer.py --model DIR --tasks tasks.jsonl --steps 3 [--lora-rank 16 --lora-alpha 32]
@@ -34,6 +35,9 @@ def main():
     ap.add_argument("--lora-rank", type=int, default=0, help="0: train every weight")
     ap.add_argument("--lora-alpha", type=float, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int, default=0,
+                    help="completions per forward/backward (gradient accumulation for the rest); 0: all")
+    ap.add_argument("--grad-checkpointing", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -72,18 +76,24 @@ def main():
                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                  "down_proj"], task_type="CAUSAL_LM")
     total = args.prompts * args.generations
+    micro = args.micro_batch or total
+    assert total % micro == 0, "the micro-batch must divide prompts x generations"
     config = GRPOConfig(
         output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "trl-peft-peer"),
-        per_device_train_batch_size=total, gradient_accumulation_steps=1, num_generations=args.generations,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=total // micro,
+        num_generations=args.generations,
         max_completion_length=args.max_tokens, temperature=1.0, learning_rate=args.lr,
         lr_scheduler_type="constant", beta=args.beta, max_steps=args.steps, logging_steps=1, save_strategy="no",
-        report_to="none", bf16=False, fp16=False, use_vllm=False, use_cpu=True, gradient_checkpointing=False,
+        report_to="none", bf16=False, fp16=False, use_vllm=False, use_cpu=True,
+        gradient_checkpointing=args.grad_checkpointing,
         seed=0, dataloader_num_workers=0, dataloader_pin_memory=False, disable_tqdm=True)
     timer = StepTimer()
     trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[length_reward], args=config,
                           train_dataset=dataset, callbacks=[timer], peft_config=peft_config)
     trainer.train()
+    assert config.generation_batch_size == total, config.generation_batch_size
     print(json.dumps({"system": "trl+peft" if peft_config else "trl", "steps": len(timer.steps),
+                      "micro_batch": micro, "grad_checkpointing": args.grad_checkpointing,
                       "step_s": [round(s, 2) for s in timer.steps],
                       "step_s_median": round(statistics.median(timer.steps), 2)}))
 

@@ -116,6 +116,56 @@ def reference(model):
             "greedy": greedy}
 
 
+def write_gemma3_gguf(model, path):
+    """The tiny Gemma 3 as llama.cpp's converter writes a gemma3 GGUF (f32): its tensor
+    names, norm weights stored as 1 + w, no q/k permutation, a SentencePiece tokenizer left
+    to a tokenizer.json beside the file; the layer pattern (global every 2nd layer) in
+    `gemma3.attention.sliding_window_pattern`."""
+    import gguf
+    config = model.config
+    writer = gguf.GGUFWriter(path, "gemma3")
+    writer.add_uint32("gemma3.context_length", config.max_position_embeddings)
+    writer.add_uint32("gemma3.embedding_length", config.hidden_size)
+    writer.add_uint32("gemma3.block_count", config.num_hidden_layers)
+    writer.add_uint32("gemma3.feed_forward_length", config.intermediate_size)
+    writer.add_uint32("gemma3.attention.head_count", config.num_attention_heads)
+    writer.add_uint32("gemma3.attention.head_count_kv", config.num_key_value_heads)
+    writer.add_uint32("gemma3.attention.key_length", config.head_dim)
+    writer.add_uint32("gemma3.attention.value_length", config.head_dim)
+    writer.add_float32("gemma3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32("gemma3.rope.freq_base", 1_000_000.0)
+    writer.add_uint32("gemma3.attention.sliding_window", config.sliding_window)
+    writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    writer.add_float32("gemma3.final_logit_softcapping", config.final_logit_softcapping)
+    writer.add_uint32("gemma3.vocab_size", config.vocab_size)
+    writer.add_string("tokenizer.ggml.model", "llama")
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 1)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        data = tensor.detach().float().numpy().copy()
+        if name.endswith("norm.weight"):
+            data = data + 1.0
+        if name == "model.embed_tokens.weight":
+            gguf_name = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gguf_name = "output_norm.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            gguf_name = f"blk.{layer}.{names[rest.rsplit('.', 1)[0]]}.weight"
+        writer.add_tensor(gguf_name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def main():
     torch.manual_seed(0)
     for family, build in FAMILIES.items():
@@ -130,6 +180,8 @@ def main():
                 os.remove(path)
         with open(os.path.join(out, "reference.json"), "w") as f:
             json.dump(reference(model), f)
+        if family == "gemma3":
+            write_gemma3_gguf(model, os.path.join(out, "model.gguf"))
         print(family, "->", out, file=sys.stderr)
 
 

@@ -229,3 +229,48 @@ fn gemma3_gradients_agree_across_the_backward_paths() {
     gradients_agree("gemma3", |config| config.final_logit_softcapping = None);
     gradients_agree("qwen3", |_| {});
 }
+
+/// A gemma3 GGUF as llama.cpp writes one (its names, norms stored as 1 + w, no q/k
+/// permutation; written from the same tiny model by the reference script) loads as the HF
+/// directory does: the same logits. A GGUF does not store `query_pre_attn_scalar` (llama.cpp
+/// scales by `head_dim^-1/2`), so the HF side is loaded with that value. Its SentencePiece
+/// tokenizer comes from a tokenizer.json beside it; without one the error says so.
+#[test]
+fn a_gemma3_gguf_loads_as_its_hf_directory() {
+    let (dir, reference) = tiny("gemma3");
+    let fixture = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny-gemma3"));
+    let lone = tempfile::tempdir().unwrap();
+    let gguf = lone.path().join("model.gguf");
+    std::fs::copy(fixture.join("model.gguf"), &gguf).unwrap();
+    let error = wirl_engine::load(&gguf, &LoadOptions::default()).err().expect("no tokenizer yet").to_string();
+    assert!(error.contains("tokenizer.json") && error.contains("beside the GGUF file"), "{error}");
+    crate::engine::write_tiny_tokenizer(lone.path());
+    let config = wirl_engine::load::read_config(&gguf).unwrap();
+    assert_eq!((config.model_type.as_str(), config.window()), ("gemma3_text", Some(3)));
+    assert!(config.layer_is_sliding(0) && !config.layer_is_sliding(1) && config.layer_is_sliding(2));
+    assert_eq!(config.query_pre_attn_scalar, Some(16.0));
+    let from_gguf = wirl_engine::load(&gguf, &LoadOptions::default()).unwrap().model;
+    let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        text.replace("\"query_pre_attn_scalar\": 24", "\"query_pre_attn_scalar\": 16"),
+    )
+    .unwrap();
+    let from_hf = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap().model;
+    let mut worst = 0f32;
+    for case in &reference.logits {
+        let tokens = Tensor::from_vec(case.ids.clone(), (1, case.ids.len()), &Device::Cpu).unwrap();
+        let logits = |model: &wirl_engine::Model| -> Vec<f32> {
+            model
+                .forward(&tokens, &[0], &mut model.new_cache(), true)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let (a, b) = (logits(&from_gguf), logits(&from_hf));
+        worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(worst, f32::max);
+    }
+    assert!(worst < 1e-4, "max |GGUF − HF| logit = {worst}");
+}

@@ -193,6 +193,14 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
         dir: dir.to_path_buf(),
     };
 
+    let tokenizer = read_tokenizer(dir, &config)?;
+    Ok((config, tokenizer, Box::new(source)))
+}
+
+/// The tokenizer of the HF files in `dir` (`tokenizer.json`, `tokenizer_config.json` or
+/// `chat_template.jinja` for the template), its end tokens those of `config` and of
+/// `generation_config.json` too.
+fn read_tokenizer(dir: &Path, config: &Config) -> Result<Tokenizer> {
     let tokenizer_config = dir.join("tokenizer_config.json");
     let mut tokenizer_config = if tokenizer_config.exists() { Some(read_json(&tokenizer_config)?) } else { None };
     // transformers (4.43 on) writes the template to a file of its own beside the config;
@@ -224,7 +232,7 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
         };
         tokenizer.add_eos_ids(ids);
     }
-    Ok((config, tokenizer, Box::new(source)))
+    Ok(tokenizer)
 }
 
 struct SafetensorsSource {
@@ -276,8 +284,9 @@ pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result
     let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
     let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
     let config = config_from_gguf(&content.metadata).map_err(format_error)?;
-    let tokenizer = Tokenizer::from_gguf(&content.metadata, &origin)?;
+    let tokenizer = gguf_tokenizer(path, &content.metadata, &config, &origin)?;
     let source = GgufSource {
+        gemma: config.is_gemma3(),
         content,
         file,
         origin: origin.clone(),
@@ -290,15 +299,49 @@ pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result
     Ok((config, tokenizer, source))
 }
 
-/// An HF `config.json` for a llama GGUF, from its `llama.*` metadata.
+/// A GGUF's tokenizer: from its metadata (GPT-2 byte-level BPE), or — for SentencePiece
+/// vocabularies (`tokenizer.ggml.model` "llama", as Gemma's), which wirl reads from
+/// Hugging Face's `tokenizer.json` — from a `tokenizer.json` beside the file (with its
+/// `tokenizer_config.json` for the chat template).
+fn gguf_tokenizer(
+    path: &Path,
+    metadata: &HashMap<String, gguf_file::Value>,
+    config: &Config,
+    origin: &str,
+) -> Result<Tokenizer> {
+    let model = metadata.get("tokenizer.ggml.model").and_then(|v| v.to_string().ok()).cloned();
+    let beside = path.parent().map(|dir| dir.join("tokenizer.json")).filter(|p| p.is_file());
+    match (model.as_deref(), beside) {
+        (Some("gpt2") | None, _) => Tokenizer::from_gguf(metadata, origin),
+        (_, Some(tokenizer_path)) => {
+            let dir = tokenizer_path.parent().expect("a file's directory");
+            read_tokenizer(dir, config)
+        }
+        (Some(other), None) => Err(Error::Format {
+            file: origin.to_string(),
+            message: format!(
+                "its tokenizer is {other:?} (SentencePiece), which wirl reads from Hugging Face's tokenizer.json: put \
+                 the model's tokenizer.json (and tokenizer_config.json, for its chat template) beside the GGUF file"
+            ),
+        }),
+    }
+}
+
+/// The GGUF architectures this engine reads.
+const GGUF_ARCHITECTURES: [&str; 2] = ["llama", "gemma3"];
+
+/// An HF `config.json` for a GGUF, from its `<arch>.*` metadata (llama, gemma3).
 pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::result::Result<Config, String> {
     let arch = metadata
         .get("general.architecture")
         .and_then(|v| v.to_string().ok())
         .ok_or("missing metadata key `general.architecture`")?
         .clone();
-    if arch != "llama" {
-        return Err(format!("general.architecture {arch:?} is not supported in GGUF files yet (llama is)"));
+    if !GGUF_ARCHITECTURES.contains(&arch.as_str()) {
+        return Err(format!(
+            "general.architecture {arch:?} is not supported in GGUF files yet ({} are)",
+            GGUF_ARCHITECTURES.join(", ")
+        ));
     }
     let number = |key: &str| -> std::result::Result<f64, String> {
         let value = metadata.get(&format!("{arch}.{key}")).ok_or(format!("missing metadata key `{arch}.{key}`"))?;
@@ -312,16 +355,18 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
     };
     let tokens = metadata.get("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()).map(Vec::len);
     let heads = number("attention.head_count")? as usize;
-    let config = Config {
-        model_type: "llama".into(),
-        architectures: vec!["LlamaForCausalLM".into()],
+    let gemma = arch == "gemma3";
+    let head_dim = number("attention.key_length").ok().map(|v| v as usize);
+    let mut config = Config {
+        model_type: if gemma { "gemma3_text" } else { "llama" }.into(),
+        architectures: vec![if gemma { "Gemma3ForCausalLM" } else { "LlamaForCausalLM" }.into()],
         vocab_size: number("vocab_size").map(|v| v as usize).ok().or(tokens).ok_or("missing vocabulary size")?,
         hidden_size: number("embedding_length")? as usize,
         intermediate_size: number("feed_forward_length")? as usize,
         num_hidden_layers: number("block_count")? as usize,
         num_attention_heads: heads,
         num_key_value_heads: Some(number("attention.head_count_kv").map(|v| v as usize).unwrap_or(heads)),
-        head_dim: None,
+        head_dim,
         rms_norm_eps: number("attention.layer_norm_rms_epsilon")?,
         rope_theta: number("rope.freq_base").unwrap_or(10_000.0),
         rope_scaling: None,
@@ -347,10 +392,43 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
             .and_then(|v| v.to_u32().ok())
             .map(crate::config::EosTokenId::One),
     };
+    if gemma {
+        // What llama.cpp's gemma3 graph fixes rather than stores: every sixth layer global
+        // (unless the file says otherwise),
+        // the sliding layers' rope base 10,000, GELU; scores scaled by head_dim^-1/2 (as
+        // transformers' Gemma 3 configs below 27B set query_pre_attn_scalar).
+        config.sliding_window = Some(number("attention.sliding_window")? as usize);
+        config.sliding_window_pattern = Some(number("attention.sliding_window_pattern").map_or(6, |v| v as usize));
+        config.rope_local_base_freq = Some(10_000.0);
+        // llama.cpp scales scores by head_dim^-1/2, but 27B's by (hidden / heads)^-1/2.
+        let size = metadata.get("general.size_label").and_then(|v| v.to_string().ok());
+        config.query_pre_attn_scalar = if size.is_some_and(|s| s == "27B") {
+            Some(config.hidden_size as f64 / heads as f64)
+        } else {
+            head_dim.map(|d| d as f64)
+        };
+        config.hidden_activation = Some("gelu_pytorch_tanh".into());
+        config.final_logit_softcapping = number("final_logit_softcapping").ok();
+        if let (Ok(factor), Some(kind)) = (
+            number("rope.scaling.factor"),
+            metadata.get(&format!("{arch}.rope.scaling.type")).and_then(|v| v.to_string().ok()),
+        ) && kind == "linear"
+        {
+            config.rope_scaling = Some(crate::config::RopeScaling {
+                rope_type: "linear".into(),
+                factor: Some(factor),
+                low_freq_factor: None,
+                high_freq_factor: None,
+                original_max_position_embeddings: None,
+            });
+        }
+    }
     Ok(config)
 }
 
 pub(crate) struct GgufSource {
+    /// Gemma 3's names and conventions (norms stored as `1 + w`, q/k rows not permuted).
+    gemma: bool,
     content: gguf_file::Content,
     file: std::fs::File,
     origin: String,
@@ -364,13 +442,18 @@ pub(crate) struct GgufSource {
 
 impl GgufSource {
     /// llama.cpp's name for an HF tensor name.
-    fn gguf_name(name: &str) -> String {
+    fn gguf_name(&self, name: &str) -> String {
         let name = name.strip_prefix("model.").unwrap_or(name);
         if let Some(rest) = name.strip_prefix("layers.") {
             let (layer, rest) = rest.split_once('.').unwrap_or((rest, ""));
             let mapped = match rest {
                 "input_layernorm.weight" => "attn_norm.weight",
-                "post_attention_layernorm.weight" => "ffn_norm.weight",
+                // Gemma's norm after attention; the others' norm before the MLP.
+                "post_attention_layernorm.weight" if self.gemma => "post_attention_norm.weight",
+                "post_attention_layernorm.weight" | "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+                "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+                "self_attn.q_norm.weight" => "attn_q_norm.weight",
+                "self_attn.k_norm.weight" => "attn_k_norm.weight",
                 "self_attn.q_proj.weight" => "attn_q.weight",
                 "self_attn.k_proj.weight" => "attn_k.weight",
                 "self_attn.v_proj.weight" => "attn_v.weight",
@@ -391,7 +474,7 @@ impl GgufSource {
     }
 
     fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
-        let gguf = Self::gguf_name(name);
+        let gguf = self.gguf_name(name);
         self.content.tensor(&mut self.file, &gguf, &self.device).map_err(|e| Error::Format {
             file: self.origin.clone(),
             message: format!("tensor `{gguf}` (for `{name}`): {e}"),
@@ -415,7 +498,7 @@ impl GgufSource {
     }
 
     fn stored_dtype(&self, name: &str) -> GgmlDType {
-        self.content.tensor_infos.get(&Self::gguf_name(name)).map_or(GgmlDType::F32, |info| info.ggml_dtype)
+        self.content.tensor_infos.get(&self.gguf_name(name)).map_or(GgmlDType::F32, |info| info.ggml_dtype)
     }
 
     /// Whether quantized matrices are re-encoded as Q8_0 (on the CPU).
@@ -423,9 +506,12 @@ impl GgufSource {
         self.device.is_cpu()
     }
 
-    /// The number of heads whose rows llama.cpp permuted in this matrix, if any.
+    /// The number of heads whose rows llama.cpp permuted in this matrix, if any (not
+    /// Gemma's: its rope is NeoX's, the HF layout).
     fn permuted_heads(&self, name: &str) -> Option<usize> {
-        if name.ends_with("self_attn.q_proj.weight") {
+        if self.gemma {
+            None
+        } else if name.ends_with("self_attn.q_proj.weight") {
             Some(self.heads)
         } else if name.ends_with("self_attn.k_proj.weight") {
             Some(self.kv_heads)
@@ -443,7 +529,7 @@ impl WeightSource for GgufSource {
                 let matrix =
                     BlockMatrix::from_qtensor(&tensor, self.permuted_heads(name)).map_err(|e| Error::Format {
                         file: self.origin.clone(),
-                        message: format!("tensor `{}` (for `{name}`): {e}", Self::gguf_name(name)),
+                        message: format!("tensor `{}` (for `{name}`): {e}", self.gguf_name(name)),
                     })?;
                 return Ok(Weight::Blocks(Arc::new(matrix)));
             }
@@ -471,11 +557,14 @@ impl WeightSource for GgufSource {
     }
 
     fn dense(&mut self, name: &str) -> Result<Tensor> {
-        Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(self.dtype)?)
+        let tensor = self.qtensor(name)?.dequantize(&self.device)?;
+        // llama.cpp stores Gemma's norm weights with the 1 of `1 + w` added; the model adds it.
+        let tensor = if self.gemma && name.ends_with("norm.weight") { (tensor - 1.0)? } else { tensor };
+        Ok(tensor.to_dtype(self.dtype)?)
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(&Self::gguf_name(name))
+        self.content.tensor_infos.contains_key(&self.gguf_name(name))
     }
 
     fn interleaved(&self, name: &str) -> bool {
@@ -491,4 +580,66 @@ pub fn unpermute_rows(weight: &Tensor, heads: usize) -> Result<Tensor> {
     let (rows, cols) = weight.dims2()?;
     let head_dim = rows / heads;
     Ok(weight.reshape((heads, head_dim / 2, 2, cols))?.transpose(1, 2)?.reshape((rows, cols))?.contiguous()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::config_from_gguf;
+    use candle_core::quantized::gguf_file::Value;
+    use std::collections::HashMap;
+
+    /// A gemma3 GGUF's metadata as Gemma-3-270M's file has it.
+    fn gemma3() -> HashMap<String, Value> {
+        let mut metadata: HashMap<String, Value> = [
+            ("context_length", 32768u32),
+            ("embedding_length", 640),
+            ("block_count", 18),
+            ("feed_forward_length", 2048),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 1),
+            ("attention.key_length", 256),
+            ("attention.sliding_window", 512),
+            ("vocab_size", 262144),
+        ]
+        .into_iter()
+        .map(|(key, value)| (format!("gemma3.{key}"), Value::U32(value)))
+        .collect();
+        metadata.insert("general.architecture".into(), Value::String("gemma3".into()));
+        metadata.insert("gemma3.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-6));
+        metadata.insert("gemma3.rope.freq_base".into(), Value::F32(1e6));
+        metadata
+    }
+
+    #[test]
+    fn a_gemma3_gguf_gives_llama_cpps_fixed_choices() {
+        let config = config_from_gguf(&gemma3()).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.model_type, "gemma3_text");
+        let global: Vec<usize> = (0..18).filter(|&i| !config.layer_is_sliding(i)).collect();
+        assert_eq!(global, [5, 11, 17], "every sixth layer is global");
+        assert_eq!((config.window(), config.rope_local_base_freq), (Some(512), Some(10_000.0)));
+        assert_eq!(config.attention_scale(), 1.0 / 16.0, "head_dim^-1/2");
+        assert!(config.logit_softcap().is_none());
+        let mut big = gemma3();
+        big.insert("general.size_label".into(), Value::String("27B".into()));
+        big.insert("gemma3.embedding_length".into(), Value::U32(5376));
+        big.insert("gemma3.attention.head_count".into(), Value::U32(32));
+        assert_eq!(config_from_gguf(&big).unwrap().query_pre_attn_scalar, Some(168.0));
+    }
+
+    #[test]
+    fn a_gguf_missing_what_its_architecture_needs_is_refused_by_key() {
+        let mut metadata = gemma3();
+        metadata.remove("gemma3.attention.sliding_window");
+        let error = config_from_gguf(&metadata).unwrap_err();
+        assert!(error.contains("gemma3.attention.sliding_window"), "{error}");
+        let mut zero = gemma3();
+        zero.insert("gemma3.attention.sliding_window".into(), Value::U32(0));
+        let error = config_from_gguf(&zero).unwrap().validate().unwrap_err();
+        assert!(error.contains("sliding_window"), "{error}");
+        let mut other = gemma3();
+        other.insert("general.architecture".into(), Value::String("qwen3".into()));
+        let error = config_from_gguf(&other).unwrap_err();
+        assert!(error.contains("\"qwen3\"") && error.contains("llama, gemma3"), "{error}");
+    }
 }
