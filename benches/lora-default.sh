@@ -5,18 +5,19 @@
 # effect and are trained at the usual ~10x a full fine-tune's rate), one after the other in
 # this run. Prints a JSON line per run: held-out greedy pass rate before and after (50
 # tasks), median step seconds, peak resident MiB (/usr/bin/time), checkpoint bytes.
-#   bash benches/lora-default.sh         # STEPS=20 LORA_LR=1e-4
+#   bash benches/lora-default.sh         # STEPS=20 LORA_LR=1e-4 MODES="full lora"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 steps=${STEPS:-20}
 lora_lr=${LORA_LR:-1e-4}
+modes=${MODES:-full lora}
 work=${WORK:-$(mktemp -d)}
 cd "$root"
 cargo build -q --release -p wirl-cli
 wirl=$root/target/release/wirl
 "$wirl" model fetch > /dev/null
 printf '\n[lora]\nrank = 16\nalpha = 32\n' | cat examples/train/default.toml - > "$work/lora.toml"
-for mode in full lora; do
+for mode in $modes; do
     config=examples/train/default.toml
     sets=(--steps "$steps")
     if [ "$mode" = lora ]; then config=$work/lora.toml; sets+=(--set "grpo.learning_rate=$lora_lr"); fi
