@@ -199,10 +199,7 @@ fn gradients_agree(family: &str, edit: impl Fn(&mut wirl_engine::Config)) {
     let policy = wirl_grpo::Policy::new(&config, &tensors, &Device::Cpu).unwrap();
     let prompt: Vec<u32> = vec![2, 17, 33, 5, 9, 40, 41];
     let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8]];
-    let loss_of = |stats: &wirl_grpo::TokenStats| {
-        let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
-        Ok((loss.clone(), loss.to_scalar::<f32>()?))
-    };
+    let loss_of = crate::hardening::mixed_loss;
     let mut whole = wirl_grpo::Gradients::new();
     let (whole_loss, _) =
         policy.loss_and_grads(&prompt, &completions, &wirl_grpo::MemoryLimits::WHOLE, &mut whole, loss_of).unwrap();

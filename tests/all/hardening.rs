@@ -360,6 +360,13 @@ fn tiny_weights() -> (tempfile::TempDir, wirl_engine::Config, std::collections::
     (dir, config, tensors)
 }
 
+/// A loss over every token's log-prob and entropy (as GRPO's terms are), for the gradient
+/// tests: the loss, and its value.
+pub(crate) fn mixed_loss(stats: &wirl_grpo::TokenStats) -> candle_core::Result<(candle_core::Tensor, f32)> {
+    let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
+    Ok((loss.clone(), loss.to_scalar::<f32>()?))
+}
+
 /// The layer-by-layer backward gives the loss and gradients of the whole-graph backward,
 /// whether every layer is rebuilt in the backward, only some (the top layer keeps its graph
 /// from the forward), or none.
@@ -369,10 +376,7 @@ fn recomputed_layers_give_the_same_gradients() {
     let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| (i * 7 % 60 + 2) as u32).collect();
     let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8]];
-    let loss_of = |stats: &wirl_grpo::TokenStats| {
-        let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
-        Ok((loss.clone(), loss.to_scalar::<f32>()?))
-    };
+    let loss_of = mixed_loss;
     let mut whole = wirl_grpo::Gradients::new();
     let (whole_loss, recomputed) =
         policy.loss_and_grads(&prompt, &completions, &wirl_grpo::MemoryLimits::WHOLE, &mut whole, loss_of).unwrap();
@@ -460,10 +464,7 @@ fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
     let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
     let prompt: Vec<u32> = (0..12).map(|i| (i * 5 % 60 + 2) as u32).collect();
     let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17, 8, 40, 2], vec![5, 6], vec![44, 1, 8, 12, 13]];
-    let loss_of = |stats: &wirl_grpo::TokenStats| {
-        let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
-        Ok((loss.clone(), loss.to_scalar::<f32>()?))
-    };
+    let loss_of = mixed_loss;
     let logp_only = |stats: &wirl_grpo::TokenStats| {
         let loss = (&stats.logp * -1.3)?.sum_all()?;
         Ok((loss.clone(), loss.to_scalar::<f32>()?))

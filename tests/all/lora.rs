@@ -62,10 +62,7 @@ fn adapter_gradients_are_the_full_weights_gradients_projected() {
     let policy = wirl_grpo::Policy::with_adapter(&config, tensors, &adapter, &Device::Cpu).unwrap();
     let prompt: Vec<u32> = vec![2, 17, 33, 5, 9, 40, 41];
     let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8]];
-    let loss_of = |stats: &wirl_grpo::TokenStats| {
-        let loss = ((&stats.logp * 0.7)?.sum_all()? + (&stats.entropy * 0.1)?.sum_all()?)?;
-        Ok((loss.clone(), loss.to_scalar::<f32>()?))
-    };
+    let loss_of = crate::hardening::mixed_loss;
     let mut full_grads = wirl_grpo::Gradients::new();
     let limits = wirl_grpo::MemoryLimits::WHOLE;
     let (full_loss, _) = full.loss_and_grads(&prompt, &completions, &limits, &mut full_grads, loss_of).unwrap();
@@ -293,4 +290,46 @@ fn lora_config_errors_name_the_key() {
         assert!(!out.status.success() && said.contains(expected), "{section}: expected {expected:?}: {said}");
         assert!(said.contains("train.toml"), "{section}: names the file: {said}");
     }
+}
+
+/// `wirl model merge` refuses, naming what is wrong and writing nothing: an adapter for
+/// another model, a directory that is not an adapter, a damaged weights file, an output
+/// directory that exists (left as it was). A merge that fails leaves no directory behind.
+#[test]
+fn model_merge_refuses_bad_inputs_and_writes_nothing() {
+    let (dir, _) = tiny("qwen3");
+    let merge = |adapter: &Path, out: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["model", "merge"])
+            .arg(dir.path())
+            .arg(adapter)
+            .arg(out)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let out = scratch.path().join("merged");
+    // Another model's adapter: its shapes do not fit.
+    let other = edited(|c| c["r"] = 8.into());
+    let empty = tempfile::tempdir().unwrap();
+    let damaged = edited(|_| {});
+    std::fs::write(damaged.path().join(lora::WEIGHTS_FILE), &b"\x08\0\0\0\0\0\0\0{}"[..]).unwrap();
+    for (adapter, expected) in [
+        (other.path(), "shape"),
+        (empty.path(), lora::CONFIG_FILE),
+        (damaged.path(), lora::WEIGHTS_FILE),
+        (&scratch.path().join("missing"), lora::CONFIG_FILE),
+    ] {
+        let (ok, said) = merge(adapter, &out);
+        assert!(!ok && said.contains(expected), "expected {expected:?}: {said}");
+        assert!(!out.exists(), "a failed merge left {}", out.display());
+        let partial = std::fs::read_dir(scratch.path()).unwrap().count();
+        assert_eq!(partial, 0, "a failed merge left a partial directory");
+    }
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep"), "mine").unwrap();
+    let (ok, said) = merge(&fixture(), &out);
+    assert!(!ok && said.contains("already exists"), "{said}");
+    assert_eq!(std::fs::read_to_string(out.join("keep")).unwrap(), "mine");
 }

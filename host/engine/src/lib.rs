@@ -1,5 +1,6 @@
-//! wirl's inference engine: Llama-family decoders on candle, loaded from HF directories or
-//! GGUF files, with batched sampling that returns per-token log-probs.
+//! wirl's inference engine: Llama-style decoders (Llama, Mistral, Qwen2/3, Gemma 3) on
+//! candle, loaded from HF directories or GGUF files, LoRA adapters applied beside them, with
+//! batched sampling that returns per-token log-probs.
 
 pub mod actor;
 pub mod block_matmul;

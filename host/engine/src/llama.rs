@@ -1,4 +1,5 @@
-//! Llama-family decoders: Llama, SmolLM2, Mistral, Qwen2 (q/k/v biases). Grouped-query
+//! Llama-style decoders: Llama, SmolLM2, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms),
+//! Gemma 3 (sandwich norms, sliding-window layers; `Config`'s family questions). Grouped-query
 //! attention, rotary embeddings (with Llama 3 scaling), tied embeddings.
 //!
 //! Batched: every row has its own positions and a padding mask, so ragged prompts share a
@@ -36,6 +37,17 @@ pub struct LoraPair {
 }
 
 impl LoraPair {
+    /// The in-memory name of projection `module`'s A matrix (`[rank, in]`), beside the
+    /// weight it adapts (`crate::lora` reads and writes PEFT's names).
+    pub fn a_name(module: &str) -> String {
+        format!("{module}.lora_A.weight")
+    }
+
+    /// The in-memory name of projection `module`'s B matrix (`[out, rank]`).
+    pub fn b_name(module: &str) -> String {
+        format!("{module}.lora_B.weight")
+    }
+
     /// `scale · (x·Aᵀ)·Bᵀ`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let low = x.broadcast_matmul(&self.a.t()?)?;

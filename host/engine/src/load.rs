@@ -121,7 +121,7 @@ impl WeightSource for TensorSource<'_> {
 
     fn adapter(&mut self, module: &str) -> Result<Option<LoraPair>> {
         let Some(scale) = self.lora_scale else { return Ok(None) };
-        let (a, b) = (format!("{module}.lora_A.weight"), format!("{module}.lora_B.weight"));
+        let (a, b) = (LoraPair::a_name(module), LoraPair::b_name(module));
         if !self.contains(&a) {
             return Ok(None);
         }

@@ -106,11 +106,11 @@ pub struct Adapter {
 
 /// The name of module `module`'s A (`[rank, in]`) or B (`[out, rank]`) matrix.
 pub fn a_name(module: &str) -> String {
-    format!("{module}.lora_A.weight")
+    LoraPair::a_name(module)
 }
 
 pub fn b_name(module: &str) -> String {
-    format!("{module}.lora_B.weight")
+    LoraPair::b_name(module)
 }
 
 impl Adapter {

@@ -42,11 +42,11 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// gradients whether or not anything wants them: for a frozen weight a full weight-sized
 /// product per projection, a third of the backward's arithmetic, thrown away.
 pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let y = x.detach().broadcast_matmul(&w.t()?)?;
     if !x.track_op() || !fused(x) {
-        return if x.track_op() { x.broadcast_matmul(&w.t()?) } else { Ok(y) };
+        return x.broadcast_matmul(&w.t()?);
     }
-    x.apply_op1(FrozenLinear { value: std::sync::Mutex::new(Some(y.contiguous()?)), w: w.clone() })
+    let y = x.detach().broadcast_matmul(&w.t()?)?.contiguous()?;
+    x.apply_op1(FrozenLinear { value: std::sync::Mutex::new(Some(y)), w: w.clone() })
 }
 
 /// The product computed outside the graph, handed over as this op's output; its backward

@@ -28,8 +28,9 @@ use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
 use wirl_engine::config::Activation;
+use wirl_engine::llama::LoraPair;
 use wirl_engine::llama::{local_rope_tables, repeat_kv, rope_tables};
-use wirl_engine::lora::{self, Adapter, LoraSpec};
+use wirl_engine::lora::{Adapter, LoraSpec};
 
 /// Weights by HF name, and the forward math over them. The same code runs the trainable
 /// policy (variables: gradients flow) and the frozen reference (plain tensors).
@@ -84,14 +85,12 @@ impl Net {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         };
-        match (self.lora_scale, self.weights.get(&lora::a_name(name))) {
-            (Some(scale), Some(a)) => {
-                // scale · (x Aᵀ) Bᵀ: through the rank-wide product, never a full-size ΔW.
-                let b = self.w(&lora::b_name(name))?;
-                y + (x.broadcast_matmul(&a.t()?)?.broadcast_matmul(&b.t()?)? * scale)?
-            }
-            _ => Ok(y),
-        }
+        // An adapter's scale · (x Aᵀ) Bᵀ (the engine's own math), through the rank-wide
+        // product, never a full-size ΔW; looked up only in a LoRA policy.
+        let Some(scale) = self.lora_scale else { return Ok(y) };
+        let Some(a) = self.weights.get(&LoraPair::a_name(name)) else { return Ok(y) };
+        let pair = LoraPair { a: a.clone(), b: self.w(&LoraPair::b_name(name))?.clone(), scale };
+        y + pair.forward(x).map_err(candle_core::Error::wrap)?
     }
 
     fn rms_norm(&self, x: &Tensor, name: &str) -> Result<Tensor> {
@@ -976,9 +975,10 @@ impl Policy {
     /// The KL reference: for a LoRA policy, the base with the adapters off (the same
     /// storage, no copy); otherwise a frozen copy of the weights.
     pub fn reference(&self, device: &Device) -> Result<Net> {
-        if self.net.lora_scale.is_some() {
-            let base =
-                self.net.weights.iter().filter(|(n, _)| !n.contains(".lora_")).map(|(n, t)| (n.clone(), t.detach()));
+        if self.lora.is_some() {
+            // Every weight but the variables (the adapters).
+            let trained = |name: &str| self.vars.iter().any(|(n, _)| n == name);
+            let base = self.net.weights.iter().filter(|(n, _)| !trained(n)).map(|(n, t)| (n.clone(), t.detach()));
             return Net::new(self.net.config(), base.collect(), device);
         }
         self.frozen_copy(device)

@@ -274,22 +274,22 @@ fn validate(step: usize, dir: &Path) -> anyhow::Result<State> {
     if state.step != step {
         bail!("its state.json says step {}, its directory step {step}", state.step);
     }
-    let adapter = dir.join(ADAPTER_DIR).join(wirl_engine::lora::CONFIG_FILE);
-    let mut tensor_files = if adapter.is_file() {
-        vec!["adapter/adapter_model.safetensors"]
+    let adapter = dir.join(ADAPTER_DIR);
+    let mut tensor_files = if adapter.join(wirl_engine::lora::CONFIG_FILE).is_file() {
+        vec![format!("{ADAPTER_DIR}/{}", wirl_engine::lora::WEIGHTS_FILE)]
     } else if dir.join("model/config.json").is_file() {
-        vec!["model/model.safetensors"]
+        vec!["model/model.safetensors".to_string()]
     } else {
         bail!("model/config.json is missing (and it holds no LoRA adapters)");
     };
     if state.optimizer_steps > 0 {
-        tensor_files.push("optimizer.safetensors");
+        tensor_files.push("optimizer.safetensors".to_string());
     }
     for file in tensor_files {
         // Mapping checks the header and that every tensor lies inside the file (a truncated
         // write fails here); reading the values waits for the load.
         // SAFETY: the file is only read, and the run directory is the trainer's own.
-        unsafe { candle_core::safetensors::MmapedSafetensors::new(dir.join(file)) }
+        unsafe { candle_core::safetensors::MmapedSafetensors::new(dir.join(&file)) }
             .with_context(|| format!("{file} is missing or damaged"))?;
     }
     verify(dir)?;
