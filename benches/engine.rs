@@ -1,12 +1,13 @@
 //! Engine throughput on the default model, in the shapes the peer benchmarks measure
 //! (../shared/peers/decode_llamacpp.py and decode_hf.py): batch-1 decode after a 64-token
-//! prefill, quantized (Q4_1, `QMatMul`), f32 and bf16 weights; a group of 8 samples × 128
-//! tokens from one prompt; prefill of 64 tokens. For Q4_1 and bf16, the log-prob mismatch
+//! prefill, quantized (Q4_1, `QMatMul`), f32, bf16 matrices with f32 arithmetic (`bf16w`) and
+//! bf16 throughout; a group of 8 samples × 128 tokens from one prompt; prefill of 64 tokens.
+//! For all but f32, the log-prob mismatch
 //! against f32: f32's greedy continuation teacher-forced through each, the largest and the
 //! mean |Δ log p| of its tokens. Prints one JSON object; `benches/engine.sh` runs it beside
 //! the peers and prints ratios.
 //!
-//! `cargo bench -p wirl-engine --bench engine -- MODEL.gguf [REPS] [q4_1|f32|bf16|group]`
+//! `cargo bench -p wirl-engine --bench engine -- MODEL.gguf [REPS] [q4_1|f32|bf16w|bf16|group]`
 //! (`group`: only the f32 group of 8, for profiling the decoding matmul)
 
 use candle_core::{Device, Tensor};
@@ -120,7 +121,7 @@ fn main() {
     // Q4_1 is held to f32's greedy continuation once f32 has run (kept until then).
     let mut quantized_model: Option<wirl_engine::LoadedModel> = None;
     let mut reference: Option<(Vec<u32>, Vec<u32>, Vec<f32>)> = None;
-    for label in ["q4_1", "f32", "bf16"] {
+    for label in ["q4_1", "f32", "bf16w", "bf16"] {
         // f32 runs also when only another is asked for: its continuation is the reference.
         let reference_only = !wanted(label) && label == "f32" && !group_only;
         if !wanted(label) && !reference_only {
@@ -128,9 +129,10 @@ fn main() {
         }
         let quantized = label == "q4_1";
         let dtype = (label == "bf16").then_some(candle_core::DType::BF16);
+        let matrix_dtype = (label == "bf16w").then_some(candle_core::DType::BF16);
         let started = Instant::now();
-        let m = wirl_engine::load(std::path::Path::new(path), &LoadOptions { quantized, dtype, ..Default::default() })
-            .unwrap();
+        let options = LoadOptions { quantized, dtype, matrix_dtype, ..Default::default() };
+        let m = wirl_engine::load(std::path::Path::new(path), &options).unwrap();
         let load_s = started.elapsed().as_secs_f64();
         let mut prompt = m.tokenizer.encode(PROMPT_TEXT).unwrap();
         assert!(prompt.len() >= PROMPT_TOKENS, "the prompt has {} tokens", prompt.len());
@@ -151,8 +153,8 @@ fn main() {
             if reference_only {
                 continue;
             }
-        } else if label == "bf16" {
-            mismatch("bf16", &m.model, reference.as_ref().expect("f32 runs first"), &mut result);
+        } else if label.starts_with("bf16") {
+            mismatch(label, &m.model, reference.as_ref().expect("f32 runs first"), &mut result);
         }
         greedy_decode(&m.model, &prompt[..8]); // warm-up
         let runs: Vec<(f64, f64)> = (0..reps).map(|_| greedy_decode(&m.model, &prompt)).collect();

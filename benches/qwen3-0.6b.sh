@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A 0.6B-class model trains GRPO steps on this machine: Qwen3-0.6B's shapes with random
 # weights (benches/qwen3_shaped.py, SmolLM2's 49,152-token vocabulary: 491M parameters), f32,
-# 4 prompts x 8 completions of 64 new tokens, KL beta 0.04, in two modes — LoRA (rank 16,
-# alpha 32, all seven projections) and every weight — each beside TRL's GRPOTrainer with the
+# 4 prompts x 8 completions of 64 new tokens, KL beta 0.04, in three modes — LoRA (rank 16,
+# alpha 32, all seven projections), LoRA on a bf16 base (`lora.base_dtype = "bf16"`; the peer
+# loads the model in bf16, PEFT keeps its adapters in f32) and every weight — each beside
+# TRL's GRPOTrainer with the
 # same model, prompts, sizes and reward (PEFT's LoRA for the first; benches/trl_peft_peer.py),
 # one after the other in this run under /usr/bin/time -v. Reward: the completion's length
 # (plugins/tests/hostile), so that groups differ and every step trains.
@@ -11,14 +13,14 @@
 # checkpointing, TRL + PEFT passed 24 GiB and was killed (2026-11-25).
 # Prints a JSON line per run (median step seconds, peak resident MiB of the whole process)
 # and one with the same-run ratios wirl / peer (a peer that died is reported as such).
-#   bash benches/qwen3-0.6b.sh          # STEPS=3 MODES="lora full"; PEERS=~/.cache/wirl-peers
+#   bash benches/qwen3-0.6b.sh          # STEPS=3 MODES="lora lora-bf16 full"; PEERS=~/.cache/wirl-peers
 # Run on an idle machine: on 2 cores any other load moves every number here. Takes ~40 min.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 peers=${PEERS:-$HOME/.cache/wirl-peers}
 python=$peers/venv/bin/python
 steps=${STEPS:-3}
-modes=${MODES:-lora full}
+modes=${MODES:-lora lora-bf16 full}
 work=${WORK:-$(mktemp -d)}
 cd "$root"
 [ -x "$python" ] || { echo "no peers venv at $peers/venv: run ../shared/peers/setup.sh" >&2; exit 1; }
@@ -41,6 +43,9 @@ for mode in $modes; do
     if [ "$mode" = lora ]; then
         lora=$'[lora]\nrank = 16\nalpha = 32'
         peer_lora=(--lora-rank 16 --lora-alpha 32)
+    elif [ "$mode" = lora-bf16 ]; then
+        lora=$'[lora]\nrank = 16\nalpha = 32\nbase_dtype = "bf16"'
+        peer_lora=(--lora-rank 16 --lora-alpha 32 --base-dtype bf16)
     fi
     cat > "$work/$mode.toml" <<TOML
 [model]

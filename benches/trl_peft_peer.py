@@ -38,6 +38,8 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=0,
                     help="completions per forward/backward (gradient accumulation for the rest); 0: all")
     ap.add_argument("--grad-checkpointing", action="store_true")
+    ap.add_argument("--base-dtype", choices=["f32", "bf16"], default="f32",
+                    help="the dtype the model is loaded in (with LoRA, PEFT keeps the adapters in f32)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -51,7 +53,8 @@ def main():
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    dtype = torch.bfloat16 if args.base_dtype == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
     rows = [json.loads(line)["task"] for line in open(args.tasks)]
     dataset = Dataset.from_list([{"prompt": row["messages"]} for row in rows])
 

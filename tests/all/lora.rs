@@ -18,7 +18,7 @@ fn fixture() -> PathBuf {
 }
 
 /// The tiny Qwen3's config and tensors, PEFT's adapter on it, and PEFT's reference values.
-fn adapted() -> (tempfile::TempDir, wirl_engine::Config, HashMap<String, Tensor>, Adapter, Reference) {
+pub(crate) fn adapted() -> (tempfile::TempDir, wirl_engine::Config, HashMap<String, Tensor>, Adapter, Reference) {
     let (dir, _) = tiny("qwen3");
     let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
     let adapter = lora::read(&fixture(), &config).unwrap();
@@ -27,7 +27,7 @@ fn adapted() -> (tempfile::TempDir, wirl_engine::Config, HashMap<String, Tensor>
 }
 
 /// The engine's model over `tensors` with `adapter` applied beside them.
-fn engine_model(
+pub(crate) fn engine_model(
     config: &wirl_engine::Config,
     tensors: &HashMap<String, Tensor>,
     adapter: &Adapter,

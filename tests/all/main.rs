@@ -16,6 +16,7 @@ mod languages;
 mod lora;
 mod multiturn;
 mod plugins;
+mod precision;
 mod reference;
 mod runtime;
 mod sandbox;

@@ -1,5 +1,7 @@
-//! The decoding matmul on the CPU: `y = x · Wᵀ` for a few rows of `x` (one per sequence in
-//! the batch) against an f32 weight `[out, in]` as HF stores it.
+//! The decoding matmul on the CPU: `y = x · Wᵀ` for a few rows of f32 `x` (one per sequence
+//! in the batch) against a weight `[out, in]` as HF stores it, in f32 or bf16 (widened to f32
+//! as it is loaded into registers: bf16 storage halves the bytes streamed, and the sums
+//! stay f32).
 //!
 //! Decoding G samples makes every linear a matrix of G rows times the whole weight matrix.
 //! gemm treats that as a general product and packs (copies) one operand on every call; at
@@ -10,6 +12,7 @@
 //! rayon threads.
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor, bail};
+use half::bf16;
 use rayon::prelude::*;
 
 /// Fewer weights than this are not worth waking a second thread for. (At 256 Ki, SmolLM2's
@@ -30,8 +33,8 @@ pub(crate) fn available() -> bool {
     }
 }
 
-/// `x [rows, in] · w [out, in]ᵀ → [rows, out]`, both f32, contiguous, on the CPU. Only
-/// built when [`available`] says so.
+/// `x [rows, in] · w [out, in]ᵀ → [rows, out]`: x f32, w f32 or bf16, both contiguous, on
+/// the CPU. Only built when [`available`] says so.
 pub(crate) struct FewRowMatmul;
 
 impl CustomOp2 for FewRowMatmul {
@@ -47,9 +50,11 @@ impl CustomOp2 for FewRowMatmul {
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32_contiguous(xs, xl, self.name())?;
-        let w = f32_contiguous(ws, wl, self.name())?;
         let (rows, out, inner) = product_dims(xl, &[wl], self.name())?;
-        let [y] = products(x, rows, [w], out, inner, |_, _, _| {});
+        let [y] = match ws {
+            CpuStorage::BF16(_) => products(x, rows, [bf16_contiguous(ws, wl, self.name())?], out, inner, |_, _, _| {}),
+            _ => products(x, rows, [f32_contiguous(ws, wl, self.name())?], out, inner, |_, _, _| {}),
+        };
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
 }
@@ -58,7 +63,7 @@ impl CustomOp2 for FewRowMatmul {
 /// weights `[out, in]`, in one op: each thread multiplies its output columns with both
 /// weights and combines them while they are in cache (instead of two matmuls, a silu and
 /// a product, each a pass over the batch and a hand-off between threads). Same conditions
-/// as [`FewRowMatmul`].
+/// as [`FewRowMatmul`]; both weights of one dtype.
 pub(crate) struct SwiGluMatmul;
 
 impl CustomOp3 for SwiGluMatmul {
@@ -77,9 +82,8 @@ impl CustomOp3 for SwiGluMatmul {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let name = self.name();
         let x = f32_contiguous(xs, xl, name)?;
-        let (gate, up) = (f32_contiguous(gs, gl, name)?, f32_contiguous(us, ul, name)?);
         let (rows, out, inner) = product_dims(xl, &[gl, ul], name)?;
-        let [y, _] = products(x, rows, [gate, up], out, inner, |[gate, up], start, end| {
+        let swiglu = |[gate, up]: [*mut f32; 2], start: usize, end: usize| {
             for r in 0..rows {
                 for o in start..end {
                     let at = r * out + o;
@@ -91,7 +95,14 @@ impl CustomOp3 for SwiGluMatmul {
                     }
                 }
             }
-        });
+        };
+        let [y, _] = match (gs, us) {
+            (CpuStorage::BF16(_), CpuStorage::BF16(_)) => {
+                let (gate, up) = (bf16_contiguous(gs, gl, name)?, bf16_contiguous(us, ul, name)?);
+                products(x, rows, [gate, up], out, inner, swiglu)
+            }
+            _ => products(x, rows, [f32_contiguous(gs, gl, name)?, f32_contiguous(us, ul, name)?], out, inner, swiglu),
+        };
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
 }
@@ -121,6 +132,53 @@ pub(crate) fn f32_contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, op: &
     Ok(&values[start..end])
 }
 
+/// The values of a contiguous bf16 tensor on the CPU, or an error naming `op`.
+fn bf16_contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [bf16]> {
+    let CpuStorage::BF16(values) = storage else { bail!("{op} takes bf16 or f32 weights") };
+    let Some((start, end)) = layout.contiguous_offsets() else { bail!("{op} takes contiguous tensors") };
+    Ok(&values[start..end])
+}
+
+/// A weight element the kernels read: f32 as it is, bf16 widened (its bits are the top half
+/// of an f32's).
+pub(crate) trait WeightElement: Copy + Sync + 'static {
+    fn widen(self) -> f32;
+    /// Eight weights from `p` into a register as f32 (AVX2; called from the kernels only).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl WeightElement for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl WeightElement for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // Eight 16-bit values zero-extended to 32 bits, shifted into the high half.
+        unsafe {
+            let halves = _mm_loadu_si128(p.cast());
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16))
+        }
+    }
+}
+
 /// `(rows, out, inner)` of `x [rows, inner]` times weights `[out, inner]` of one shape.
 fn product_dims(x: &Layout, weights: &[&Layout], op: &str) -> candle_core::Result<(usize, usize, usize)> {
     let (rows, inner) = x.shape().dims2()?;
@@ -135,18 +193,18 @@ fn product_dims(x: &Layout, weights: &[&Layout], op: &str) -> candle_core::Resul
 /// One product's operands: `x [rows, inner]`, `w [out, inner]` and the output
 /// `y [rows, out]`, which threads share, each writing its own output columns.
 #[derive(Clone, Copy)]
-struct Product<'a> {
+struct Product<'a, W> {
     x: &'a [f32],
     rows: usize,
-    w: &'a [f32],
+    w: &'a [W],
     inner: usize,
     y: *mut f32,
     out: usize,
 }
 // SAFETY: `y` is only written, at disjoint elements (each thread its own output columns),
 // and the owner waits for all threads before reading it.
-unsafe impl Send for Product<'_> {}
-unsafe impl Sync for Product<'_> {}
+unsafe impl<W: Sync> Send for Product<'_, W> {}
+unsafe impl<W: Sync> Sync for Product<'_, W> {}
 
 /// The outputs of [`products`] as threads share them (each writes its own columns).
 struct Outputs<const K: usize>([*mut f32; K]);
@@ -164,10 +222,10 @@ impl<const K: usize> Outputs<K> {
 /// `x · wᵀ` for each of the `K` weights (all `[out, inner]`), output columns split between
 /// threads; `finish(outputs, start, end)` runs on a chunk's columns [start, end) as soon as
 /// all its products are in (writing only those columns).
-fn products<const K: usize>(
+fn products<const K: usize, W: WeightElement>(
     x: &[f32],
     rows: usize,
-    weights: [&[f32]; K],
+    weights: [&[W]; K],
     out: usize,
     inner: usize,
     finish: impl Fn([*mut f32; K], usize, usize) + Sync,
@@ -208,7 +266,7 @@ pub(crate) fn split_outputs(out: usize, weights: usize, run: impl Fn(usize, usiz
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::Product;
+    use super::{Product, WeightElement};
     use std::arch::x86_64::*;
 
     /// Output columns [start, end) of `y [rows, out]`: weight rows in blocks of `M`, times
@@ -217,22 +275,22 @@ mod avx2 {
     /// 3 × 4 blocks 40.7 ms, 2 × 4 41.3, 1 × 8 43.6, 2 × 6 44.8, 3 × 3 (then 3 + 3 + 2 rows)
     /// 47.0; reading the weights alone took 33–43 ms that day (the bandwidth varies).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn columns(p: Product, start: usize, end: usize) {
+    pub(super) unsafe fn columns<W: WeightElement>(p: Product<W>, start: usize, end: usize) {
         let mut o = start;
         while o < end {
             let left = end - o;
             // Few rows of x: more weight rows per block, for enough independent sums.
             if p.rows <= 2 && left >= 4 {
-                unsafe { rows_of_x::<4>(p, o) };
+                unsafe { rows_of_x::<4, W>(p, o) };
                 o += 4;
             } else if left >= 3 {
-                unsafe { rows_of_x::<3>(p, o) };
+                unsafe { rows_of_x::<3, W>(p, o) };
                 o += 3;
             } else if left >= 2 {
-                unsafe { rows_of_x::<2>(p, o) };
+                unsafe { rows_of_x::<2, W>(p, o) };
                 o += 2;
             } else {
-                unsafe { rows_of_x::<1>(p, o) };
+                unsafe { rows_of_x::<1, W>(p, o) };
                 o += 1;
             }
         }
@@ -241,22 +299,22 @@ mod avx2 {
     /// Weight rows [o, o + M) against every row of x, four rows of x at a time.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn rows_of_x<const M: usize>(p: Product, o: usize) {
+    unsafe fn rows_of_x<const M: usize, W: WeightElement>(p: Product<W>, o: usize) {
         let mut r = 0;
         while r < p.rows {
             let n = p.rows - r;
             unsafe {
                 if n >= 4 && M <= 3 {
-                    block::<M, 4>(p, o, r);
+                    block::<M, 4, W>(p, o, r);
                     r += 4;
                 } else if n >= 3 && M <= 3 {
-                    block::<M, 3>(p, o, r);
+                    block::<M, 3, W>(p, o, r);
                     r += 3;
                 } else if n >= 2 {
-                    block::<M, 2>(p, o, r);
+                    block::<M, 2, W>(p, o, r);
                     r += 2;
                 } else {
-                    block::<M, 1>(p, o, r);
+                    block::<M, 1, W>(p, o, r);
                     r += 1;
                 }
             }
@@ -268,7 +326,7 @@ mod avx2 {
     /// with all of them (`M·N` sums + `M` weights + 1 input ≤ 16 registers).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn block<const M: usize, const N: usize>(p: Product, o: usize, r: usize) {
+    unsafe fn block<const M: usize, const N: usize, W: WeightElement>(p: Product<W>, o: usize, r: usize) {
         let Product { x, w, inner, y, out, .. } = p;
         let wp = unsafe { w.as_ptr().add(o * inner) };
         let xp = unsafe { x.as_ptr().add(r * inner) };
@@ -280,7 +338,7 @@ mod avx2 {
                 // Ask for the next block's weights while this one computes: decoding is
                 // bound by how fast the weights stream in. (A hint: never faults.)
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add((M + i) * inner + c * 8) as *const i8);
-                *v = unsafe { _mm256_loadu_ps(wp.add(i * inner + c * 8)) };
+                *v = unsafe { W::load8(wp.add(i * inner + c * 8)) };
             }
             for j in 0..N {
                 let xj = unsafe { _mm256_loadu_ps(xp.add(j * inner + c * 8)) };
@@ -293,7 +351,7 @@ mod avx2 {
             for (j, sum) in sums.iter().enumerate() {
                 let mut total = horizontal_sum(*sum);
                 for k in vectors * 8..inner {
-                    total += w[(o + i) * inner + k] * x[(r + j) * inner + k];
+                    total += w[(o + i) * inner + k].widen() * x[(r + j) * inner + k];
                 }
                 unsafe { *y.add((r + j) * out + o + i) = total };
             }
@@ -332,6 +390,18 @@ mod tests {
             let w: Vec<f32> = (0..out * inner).map(|_| next()).collect();
             let u: Vec<f32> = (0..out * inner).map(|_| next()).collect();
             let [y] = products(&x, rows, [&w], out, inner, |_, _, _| {});
+            // bf16 weights: the product of their widened values (f32 sums).
+            let w16: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            let [y16] = products(&x, rows, [&w16], out, inner, |_, _, _| {});
+            let w16_wide: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
+            let u16: Vec<bf16> = u.iter().map(|&v| bf16::from_f32(v)).collect();
+            let gated16 = {
+                let wt = candle_core::Tensor::from_vec(w16.clone(), (out, inner), &candle_core::Device::Cpu).unwrap();
+                let ut = candle_core::Tensor::from_vec(u16.clone(), (out, inner), &candle_core::Device::Cpu).unwrap();
+                let xt = tensor(&x, (rows, inner));
+                xt.apply_op3_no_bwd(&wt, &ut, &SwiGluMatmul).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            };
+            let u16_wide: Vec<f32> = u16.iter().map(|v| v.to_f32()).collect();
             let gated = {
                 let (xt, wt, ut) = (tensor(&x, (rows, inner)), tensor(&w, (out, inner)), tensor(&u, (out, inner)));
                 xt.apply_op3_no_bwd(&wt, &ut, &SwiGluMatmul).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
@@ -348,12 +418,25 @@ mod tests {
                     let want = want / (1.0 + (-want).exp()) * dot(&u, r, o);
                     let got = gated[r * out + o];
                     assert!(close(got, want), "swiglu {rows}×{out}×{inner} [{r},{o}]: {got} vs {want}");
+                    let want = dot(&w16_wide, r, o);
+                    let got = y16[r * out + o];
+                    assert!(close(got, want), "bf16 {rows}×{out}×{inner} [{r},{o}]: {got} vs {want}");
+                    let want = want / (1.0 + (-want).exp()) * dot(&u16_wide, r, o);
+                    let got = gated16[r * out + o];
+                    assert!(close(got, want), "bf16 swiglu {rows}×{out}×{inner} [{r},{o}]: {got} vs {want}");
                 }
             }
         }
         // Weights of different shapes are an error naming the op, not a panic.
         let (x, a, b) = (tensor(&[0.0; 6], (2, 3)), tensor(&[0.0; 12], (4, 3)), tensor(&[0.0; 8], (4, 2)));
         let error = x.apply_op3_no_bwd(&a, &b, &SwiGluMatmul).unwrap_err().to_string();
+        assert!(error.contains("swiglu-matmul"), "{error}");
+        // So are weights of another dtype (f16), or a bf16 gate with an f32 up.
+        let half = a.to_dtype(candle_core::DType::F16).unwrap();
+        let error = x.apply_op2_no_bwd(&half, &FewRowMatmul).unwrap_err().to_string();
+        assert!(error.contains("few-row-matmul"), "{error}");
+        let mixed = a.to_dtype(candle_core::DType::BF16).unwrap();
+        let error = x.apply_op3_no_bwd(&mixed, &a, &SwiGluMatmul).unwrap_err().to_string();
         assert!(error.contains("swiglu-matmul"), "{error}");
     }
 }

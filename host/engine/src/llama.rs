@@ -76,7 +76,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             Weight::Dense(w) if rows(x) <= SMALL_BATCH_ROWS => few_rows_matmul(x, w)?,
-            Weight::Dense(w) => x.broadcast_matmul(&w.t()?)?,
+            Weight::Dense(w) => x.broadcast_matmul(&computed_as(w, x)?.t()?)?,
             Weight::Quantized(q) => q.forward(x)?,
             Weight::Blocks(m) => m.forward(x)?,
         };
@@ -101,19 +101,26 @@ fn few_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         if kernel {
             x2.apply_op2_no_bwd(&w.contiguous()?, &FewRowMatmul)
         } else {
-            w.matmul(&x2.t()?)?.t()?.contiguous()
+            computed_as(w, x2)?.matmul(&x2.t()?)?.t()?.contiguous()
         }
     })
 }
 
 /// Whether `x · wᵀ` goes to the CPU decoding kernels (`decode_matmul.rs`): few rows, f32
-/// on a CPU with AVX2 and FMA.
+/// activations and f32 or bf16 weights, on a CPU with AVX2 and FMA.
 fn decoding_kernel(x: &Tensor, w: &Tensor) -> bool {
     rows(x) <= SMALL_BATCH_ROWS
         && w.device().is_cpu()
-        && w.dtype() == DType::F32
+        && matches!(w.dtype(), DType::F32 | DType::BF16)
         && x.dtype() == DType::F32
         && decode_matmul::available()
+}
+
+/// `w` in the dtype of the activations `x` it multiplies: a weight stored in bf16 beside f32
+/// activations (a LoRA base kept in half the bytes, `--dtype bf16` on the CPU) is widened
+/// for this product only — candle multiplies one dtype, and the sums stay f32.
+pub fn computed_as(w: &Tensor, x: &Tensor) -> candle_core::Result<Tensor> {
+    if w.dtype() == x.dtype() { Ok(w.clone()) } else { w.to_dtype(x.dtype()) }
 }
 
 /// Where weights come from: the loader maps HF tensor names to its file's tensors.

@@ -23,13 +23,18 @@ pub struct LoadOptions {
     /// The dtype of dense weights and activations; `None` picks f32 on the CPU and bf16 on
     /// CUDA (what each runs fastest without losing training precision on the CPU).
     pub dtype: Option<DType>,
+    /// The dtype the linear layers' matrices (and a tied head's) are stored in, when it
+    /// differs from `dtype`: bf16 matrices beside f32 activations on the CPU halve the bytes
+    /// every decoding step streams, and the products stay f32 (the decoding kernels widen
+    /// bf16 as they load it; larger products widen the matrix per call). `None`: `dtype`.
+    pub matrix_dtype: Option<DType>,
     /// The tensor-parallel group this process's shard belongs to ([`Solo`]: the whole model).
     pub comm: Arc<dyn Comm>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: Device::Cpu, quantized: false, dtype: None, comm: Arc::new(Solo) }
+        LoadOptions { device: Device::Cpu, quantized: false, dtype: None, matrix_dtype: None, comm: Arc::new(Solo) }
     }
 }
 
@@ -37,6 +42,11 @@ impl LoadOptions {
     /// The dtype dense weights are loaded in.
     pub fn dense_dtype(&self) -> DType {
         self.dtype.unwrap_or(if self.device.is_cuda() { DType::BF16 } else { DType::F32 })
+    }
+
+    /// The dtype linear layers' matrices are loaded in.
+    pub fn matrix_dtype(&self) -> DType {
+        self.matrix_dtype.unwrap_or(self.dense_dtype())
     }
 }
 
@@ -59,7 +69,8 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
 /// Every weight of the model at `path` as a dense tensor under its HF name (what the trainer
 /// turns into variables, and checkpoints write back).
 pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, HashMap<String, Tensor>)> {
-    let options = LoadOptions { quantized: false, ..options.clone() };
+    // Every tensor in one dtype (norms and embeddings are read here as "linear" too).
+    let options = LoadOptions { quantized: false, matrix_dtype: None, ..options.clone() };
     let (config, tokenizer, mut source) = open(path, &options)?;
     let mut tensors = HashMap::new();
     for name in config.tensor_names() {
@@ -79,6 +90,7 @@ fn open(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dy
     } else if path.is_file() {
         let (config, tokenizer, mut source) = open_gguf(path, &options.device, options.quantized)?;
         source.dtype = options.dense_dtype();
+        source.matrix_dtype = options.matrix_dtype();
         Ok((config, tokenizer, Box::new(source)))
     } else {
         Err(Error::Io { file: path.display().to_string(), message: "no such file or directory".into() })
@@ -190,6 +202,7 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
         tensors,
         device: options.device.clone(),
         dtype: options.dense_dtype(),
+        matrix_dtype: options.matrix_dtype(),
         dir: dir.to_path_buf(),
     };
 
@@ -239,15 +252,27 @@ struct SafetensorsSource {
     tensors: candle_core::safetensors::MmapedSafetensors,
     device: Device,
     dtype: DType,
+    matrix_dtype: DType,
     dir: PathBuf,
 }
 
 impl WeightSource for SafetensorsSource {
     fn linear_weight(&mut self, name: &str) -> Result<Weight> {
-        Ok(Weight::Dense(self.dense(name)?))
+        Ok(Weight::Dense(self.read(name, self.matrix_dtype)?))
     }
 
     fn dense(&mut self, name: &str) -> Result<Tensor> {
+        self.read(name, self.dtype)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.get(name).is_ok()
+    }
+}
+
+impl SafetensorsSource {
+    /// The tensor `name` in `dtype`, checked finite.
+    fn read(&self, name: &str, dtype: DType) -> Result<Tensor> {
         let tensor = self.tensors.load(name, &self.device).map_err(|e| Error::Format {
             file: self.dir.display().to_string(),
             message: format!("weight `{name}`: {e}"),
@@ -259,11 +284,7 @@ impl WeightSource for SafetensorsSource {
                 message: format!("weight `{name}` holds NaN or infinite values; this model is unusable"),
             });
         }
-        Ok(tensor.to_dtype(self.dtype)?)
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.tensors.get(name).is_ok()
+        Ok(tensor.to_dtype(dtype)?)
     }
 }
 
@@ -293,6 +314,7 @@ pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result
         device: device.clone(),
         quantized,
         dtype: DType::F32,
+        matrix_dtype: DType::F32,
         heads: config.num_attention_heads,
         kv_heads: config.num_kv_heads(),
     };
@@ -436,6 +458,8 @@ pub(crate) struct GgufSource {
     quantized: bool,
     /// Of dequantized tensors.
     dtype: DType,
+    /// Of dequantized matrices of linear layers.
+    matrix_dtype: DType,
     heads: usize,
     kv_heads: usize,
 }
@@ -549,7 +573,7 @@ impl WeightSource for GgufSource {
             let requantized = candle_core::quantized::QTensor::quantize(&dense, GgmlDType::Q8_0)?;
             return Ok(Weight::Quantized(Arc::new(QMatMul::from_qtensor(requantized)?)));
         }
-        let dense = tensor.dequantize(&self.device)?.to_dtype(self.dtype)?;
+        let dense = tensor.dequantize(&self.device)?.to_dtype(self.matrix_dtype)?;
         Ok(Weight::Dense(match self.permuted_heads(name) {
             Some(heads) => unpermute_rows(&dense, heads)?,
             None => dense,

@@ -6,6 +6,7 @@
 
 use crate::grads::in_row_parts;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor, bail};
+use wirl_engine::llama::computed_as;
 
 /// Softmax over the last dimension.
 pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
@@ -42,10 +43,12 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// gradients whether or not anything wants them: for a frozen weight a full weight-sized
 /// product per projection, a third of the backward's arithmetic, thrown away.
 pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    // A frozen weight stored in bf16 (a LoRA base, `lora.base_dtype`) is widened for each
+    // product only: the f32 copy lives as long as the product, never beside the graph.
     if !x.track_op() || !fused(x) {
-        return x.broadcast_matmul(&w.t()?);
+        return x.broadcast_matmul(&computed_as(w, x)?.t()?);
     }
-    let y = x.detach().broadcast_matmul(&w.t()?)?.contiguous()?;
+    let y = x.detach().broadcast_matmul(&computed_as(w, x)?.t()?)?.contiguous()?;
     x.apply_op1(FrozenLinear { value: std::sync::Mutex::new(Some(y)), w: w.clone() })
 }
 
@@ -71,7 +74,7 @@ impl CustomOp1 for FrozenLinear {
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(grad_res.broadcast_matmul(&self.w)?))
+        Ok(Some(grad_res.broadcast_matmul(&computed_as(&self.w, grad_res)?)?))
     }
 }
 

@@ -69,6 +69,19 @@ pub struct LoraSection {
     pub target_modules: Vec<String>,
     /// Seeds the adapters' initial A matrices.
     pub seed: u64,
+    /// How the frozen base's projection matrices are kept in memory: `f32`, or `bf16` (half
+    /// the bytes; products widen them to f32 per use, so the arithmetic stays f32, and the
+    /// sampler reads the same bf16 values). Embeddings, head and norms stay f32.
+    pub base_dtype: BaseDtype,
+}
+
+/// `lora.base_dtype`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BaseDtype {
+    #[default]
+    F32,
+    Bf16,
 }
 
 impl Default for LoraSection {
@@ -79,6 +92,7 @@ impl Default for LoraSection {
             dropout: 0.0,
             target_modules: wirl_engine::lora::TARGETS.iter().map(|t| t.to_string()).collect(),
             seed: 0,
+            base_dtype: BaseDtype::F32,
         }
     }
 }
