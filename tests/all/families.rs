@@ -254,6 +254,15 @@ fn a_gemma3_gguf_loads_as_its_hf_directory() {
     )
     .unwrap();
     let from_hf = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap().model;
+    let export = lone.path().join("exported");
+    wirl_engine::export::gguf_to_hf_dir(&gguf, &export).unwrap();
+    let exported_config = wirl_engine::load::read_config(&export).unwrap();
+    assert_eq!((exported_config.model_type.as_str(), exported_config.window()), ("gemma3_text", Some(3)));
+    // transformers refuses `16.0` here: an integer, as Gemma's own configs write it.
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(export.join("config.json")).unwrap()).unwrap();
+    assert_eq!(written["query_pre_attn_scalar"].as_u64(), Some(16), "{written}");
+    let exported = wirl_engine::load(&export, &LoadOptions::default()).unwrap().model;
     let mut worst = 0f32;
     for case in &reference.logits {
         let tokens = Tensor::from_vec(case.ids.clone(), (1, case.ids.len()), &Device::Cpu).unwrap();
@@ -268,6 +277,18 @@ fn a_gemma3_gguf_loads_as_its_hf_directory() {
         };
         let (a, b) = (logits(&from_gguf), logits(&from_hf));
         worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(worst, f32::max);
+        // `wirl model export` of the GGUF: an HF directory that computes the same.
+        let c = logits(&exported);
+        worst = a.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(worst, f32::max);
     }
     assert!(worst < 1e-4, "max |GGUF − HF| logit = {worst}");
+    // The trainer's tensors too (norms as w, not llama.cpp's 1 + w; every name the same).
+    let (_, _, gguf_tensors) = wirl_engine::load::load_tensors(&gguf, &LoadOptions::default()).unwrap();
+    let (_, _, hf_tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+    assert_eq!(gguf_tensors.len(), hf_tensors.len());
+    for (name, hf) in &hf_tensors {
+        let difference = (&gguf_tensors[name] - hf).unwrap().abs().unwrap().max_all().unwrap();
+        let difference = difference.to_scalar::<f32>().unwrap();
+        assert!(difference < 1e-6, "{name}: GGUF vs HF differ by {difference}");
+    }
 }

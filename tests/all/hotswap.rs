@@ -47,6 +47,11 @@ impl Live {
     }
 
     fn start_with(flags: &[&str]) -> Live {
+        Self::start_configured(flags, "")
+    }
+
+    /// With `sections` (TOML) added to the run's config.
+    fn start_configured(flags: &[&str], sections: &str) -> Live {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("model");
         std::fs::create_dir_all(&model).unwrap();
@@ -75,6 +80,7 @@ rollback_window = 4
 
 [eval]
 tasks = 0
+{sections}
 "#,
             tasks_toml((1, 1), "")
         );
@@ -323,9 +329,10 @@ config = {{ trap_always = true }}
 
 /// A run killed with SIGKILL after a swap, resumed, goes on with the swapped bytes — kept in
 /// its directory — although the file on disk changed again.
+/// (A LoRA run on a bf16 base: hot swap, kill -9 and resume work as for every weight.)
 #[test]
 fn a_run_killed_after_a_swap_resumes_with_the_swapped_bytes() {
-    let mut live = Live::start();
+    let mut live = Live::start_configured(&[], "[lora]\nrank = 2\nalpha = 4\nbase_dtype = \"bf16\"\n");
     let k = live.hold_after(1);
     std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
     let (ok, said) = live.apply("swap.toml", &tasks_toml((1, 1), ""), &[]);
@@ -355,6 +362,8 @@ fn a_run_killed_after_a_swap_resumes_with_the_swapped_bytes() {
         assert!(shas.contains(&swapped) && !shas.contains(&rebuilt), "step {step}: {shas:?}");
     }
     assert_eq!(metrics(&live.run_dir).len(), newest + 2);
+    let last = live.run_dir.join(format!("checkpoints/step-{:06}", newest + 2));
+    assert!(last.join("adapter/adapter_config.json").is_file() && !last.join("model").exists());
 }
 
 /// `wirl train --watch`: a rebuilt plugin file is checked and switched in by itself.

@@ -71,7 +71,7 @@ fn bf16_matrices_compute_what_their_rounded_values_do_in_f32() {
 /// The base's projection matrices in bf16 (what `lora.base_dtype = "bf16"` keeps), and the
 /// same values widened back to f32.
 fn bf16_and_rounded(tensors: &HashMap<String, Tensor>) -> (HashMap<String, Tensor>, HashMap<String, Tensor>) {
-    let projection = |name: &str| name.starts_with("model.layers.") && name.ends_with("_proj.weight");
+    let projection = wirl_engine::load::is_projection;
     let half: HashMap<String, Tensor> = tensors
         .iter()
         .map(|(n, t)| (n.clone(), if projection(n) { t.to_dtype(DType::BF16).unwrap() } else { t.clone() }))
@@ -171,4 +171,24 @@ fn a_lora_run_on_a_bf16_base_trains() {
         assert!(!out.status.success() && said.contains(expected), "{value}: expected {expected:?}: {said}");
         assert!(said.contains("train.toml"), "{value}: names the file: {said}");
     }
+}
+
+/// `wirl generate --dtype bf16` runs a model with bf16 matrices; a dtype it does not offer
+/// is refused naming the ones it does.
+#[test]
+fn generate_takes_bf16_weights_and_refuses_other_dtypes() {
+    let (dir, _) = tiny("qwen3");
+    let generate = |dtype: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["generate", "--max-tokens", "4", "--temperature", "0", "--prompt", "w2", "--dtype", dtype])
+            .arg("--model")
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = generate("bf16");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = generate("f16");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("f32") && said.contains("bf16"), "{said}");
 }

@@ -38,6 +38,11 @@ pub struct Args {
     /// the trainer's f32 ones).
     #[arg(long)]
     quantized: bool,
+    /// The weights' dtype [default: f32]: bf16 keeps the linear layers' matrices in half the
+    /// bytes and computes in f32 (decoding is faster on the CPU; log-probs differ from f32's
+    /// by the rounding of the weights).
+    #[arg(long, value_enum)]
+    dtype: Option<crate::generate::WeightsDtype>,
     /// Completions per request (`n`) at most [default: 16].
     #[arg(long)]
     max_n: Option<usize>,
@@ -90,6 +95,7 @@ struct ServeSection {
     port: Option<u16>,
     name: Option<String>,
     quantized: Option<bool>,
+    dtype: Option<crate::generate::WeightsDtype>,
     max_n: Option<usize>,
     max_tokens: Option<usize>,
     max_concurrent: Option<usize>,
@@ -202,6 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let model = args.model.clone().or_else(|| run.as_ref().map(|r| r.model.clone())).or(file.model.clone());
     let path = crate::model::resolve(model.as_deref())?;
     let options = wirl_engine::LoadOptions { quantized, ..Default::default() };
+    let options = crate::generate::WeightsDtype::apply(args.dtype.or(section.dtype), options);
     let loaded = wirl_engine::load(&path, &options)?;
     let context = loaded.config.max_position_embeddings;
     let name = args.name.clone().or(section.name.clone()).unwrap_or_else(|| match model.as_deref() {

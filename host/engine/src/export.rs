@@ -30,6 +30,14 @@ pub fn write_hf_dir(
         config_json["head_dim"] = config.head_dim().into();
         config_json["attention_bias"] = config.qkv_bias().into();
         config_json["torch_dtype"] = "float32".into();
+        // transformers types this one as an integer and refuses `256.0` (Gemma 3's own
+        // configs write 256); GGUF metadata carries no such key, wirl derives a float.
+        if let Some(scalar) = config.query_pre_attn_scalar
+            && scalar.fract() == 0.0
+            && scalar.abs() < 1e15
+        {
+            config_json["query_pre_attn_scalar"] = (scalar as i64).into();
+        }
         if let Some(object) = config_json.as_object_mut() {
             object.retain(|_, value| !value.is_null());
         }

@@ -44,6 +44,18 @@ impl LoadOptions {
         self.dtype.unwrap_or(if self.device.is_cuda() { DType::BF16 } else { DType::F32 })
     }
 
+    /// Weights kept in `dtype` the way the device runs them best: on the CPU the linear
+    /// layers' matrices only (the arithmetic stays f32: bf16 pays there as bytes streamed,
+    /// not as arithmetic); elsewhere every weight and the activations.
+    pub fn weights_in(mut self, dtype: DType) -> Self {
+        if self.device.is_cpu() {
+            self.matrix_dtype = Some(dtype);
+        } else {
+            self.dtype = Some(dtype);
+        }
+        self
+    }
+
     /// The dtype linear layers' matrices are loaded in.
     pub fn matrix_dtype(&self) -> DType {
         self.matrix_dtype.unwrap_or(self.dense_dtype())
@@ -67,20 +79,33 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
 }
 
 /// Every weight of the model at `path` as a dense tensor under its HF name (what the trainer
-/// turns into variables, and checkpoints write back).
+/// turns into variables, and checkpoints write back): the layers' projection matrices in
+/// `matrix_dtype` (a frozen LoRA base kept in bf16), every other tensor in `dtype` — the
+/// head too, which the trainer's fused head reads in f32.
 pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, HashMap<String, Tensor>)> {
-    // Every tensor in one dtype (norms and embeddings are read here as "linear" too).
-    let options = LoadOptions { quantized: false, matrix_dtype: None, ..options.clone() };
+    let options = LoadOptions { quantized: false, ..options.clone() };
     let (config, tokenizer, mut source) = open(path, &options)?;
+    let dtype = options.dense_dtype();
     let mut tensors = HashMap::new();
     for name in config.tensor_names() {
-        let tensor = match source.linear_weight(&name)? {
-            Weight::Dense(t) => t,
-            Weight::Quantized(_) | Weight::Blocks(_) => unreachable!("opened without quantization"),
+        // Matrices through `linear_weight` (GGUF: q/k rows back in HF order), the rest
+        // through `dense` (GGUF Gemma: norms stored as 1 + w made w again).
+        let tensor = if is_projection(&name) || name == "lm_head.weight" {
+            let Weight::Dense(tensor) = source.linear_weight(&name)? else {
+                unreachable!("opened without quantization")
+            };
+            if is_projection(&name) { tensor } else { tensor.to_dtype(dtype)? }
+        } else {
+            source.dense(&name)?
         };
         tensors.insert(name, tensor);
     }
     Ok((config, tokenizer, tensors))
+}
+
+/// Whether `name` is a decoder layer's projection matrix (attention or MLP).
+pub fn is_projection(name: &str) -> bool {
+    name.starts_with("model.layers.") && name.ends_with("_proj.weight")
 }
 
 /// The config, tokenizer and weights of the model at `path`, not yet assembled.

@@ -21,7 +21,7 @@ use crate::swap::{Staged, SwapEvent, Swapper};
 use crate::tasks::{LoadedTask, load_tasks};
 use anyhow::{Context, bail};
 use candle_core::{DType, Device};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -646,10 +646,10 @@ fn load_policy(
     let beta = config.grpo.beta;
     if let Some(lora) = &config.lora {
         observer.event(Event::Loading { path: model });
-        let (model_config, tokenizer, mut tensors) = wirl_engine::load::load_tensors(model, &options)?;
-        if lora.base_dtype == BaseDtype::Bf16 {
-            projections_in_bf16(&mut tensors)?;
-        }
+        // A bf16 base is converted matrix by matrix as it is read: never all of it in f32.
+        let matrix_dtype = (lora.base_dtype == BaseDtype::Bf16).then_some(DType::BF16);
+        let options = LoadOptions { matrix_dtype, ..options };
+        let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(model, &options)?;
         let adapter = match resume {
             Some(checkpoint) => checkpoint::read_adapter(checkpoint, &model_config, lora)?,
             None => wirl_engine::lora::Adapter::init(&lora.spec(), &model_config, lora.seed, device)?,
@@ -681,18 +681,6 @@ fn load_policy(
         }
     };
     Ok((model_config, tokenizer, policy, reference))
-}
-
-/// A frozen base's projection matrices (the bulk of its bytes) in bf16, one at a time so that
-/// the f32 and bf16 copies of only one matrix coexist. Embeddings, head and norms stay f32
-/// (the fused head and the embedding lookup read f32).
-fn projections_in_bf16(tensors: &mut HashMap<String, candle_core::Tensor>) -> anyhow::Result<()> {
-    for (name, tensor) in tensors.iter_mut() {
-        if name.starts_with("model.layers.") && name.ends_with("_proj.weight") {
-            *tensor = tensor.to_dtype(DType::BF16)?;
-        }
-    }
-    Ok(())
 }
 
 /// The groups per step differ from the task weights (too few prompts per step to follow
