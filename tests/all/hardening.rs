@@ -352,7 +352,8 @@ fn resume_passes_over_changed_weights_and_old_checkpoints_are_pruned() {
 }
 
 /// The tiny model's config and weights (its directory kept alive by the first).
-fn tiny_weights() -> (tempfile::TempDir, wirl_engine::Config, std::collections::HashMap<String, candle_core::Tensor>) {
+pub(crate) fn tiny_weights()
+-> (tempfile::TempDir, wirl_engine::Config, std::collections::HashMap<String, candle_core::Tensor>) {
     let dir = tempfile::tempdir().unwrap();
     crate::engine::write_tiny_model(dir.path(), true);
     let options = wirl_engine::LoadOptions::default();
@@ -539,7 +540,7 @@ fn a_token_outside_the_vocabulary_is_an_error() {
 
 /// An update of the tiny model's tests: lr 1e-3, μ = 1, no KL or entropy term, whole groups
 /// and head, C = 2.
-fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
+pub(crate) fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
     wirl_grpo::UpdateSettings {
         learning_rate: 1e-3,
         loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.0, entropy: 0.0 },
@@ -590,7 +591,7 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let reference = Some(policy.frozen_copy(&wirl_engine::Device::Cpu).unwrap());
         let optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
-        let mut learner = wirl_grpo::Learner { policy, reference, optimizer };
+        let mut learner = wirl_grpo::Learner::new(policy, reference, optimizer);
         let settings = wirl_grpo::UpdateSettings {
             loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
             inner_epochs: 2,
@@ -652,7 +653,7 @@ fn lagged_groups_carry_the_truncated_importance_weight() {
         let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
         let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
-        let mut learner = wirl_grpo::Learner { policy, reference: None, optimizer };
+        let mut learner = wirl_grpo::Learner::new(policy, None, optimizer);
         let group = wirl_grpo::GroupBatch {
             prompt: prompt.clone(),
             completions: completions.clone(),

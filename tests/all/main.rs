@@ -17,6 +17,7 @@ mod lora;
 mod multiturn;
 mod plugins;
 mod precision;
+mod ranks;
 mod reference;
 mod runtime;
 mod sandbox;

@@ -6,9 +6,9 @@
 //! output projection one all-gather. [`Solo`] is the single-rank case; [`ThreadComm`] runs
 //! the ranks as threads of this process (CPU tests, and the shape NCCL fills on GPUs).
 
-use crate::Result;
+use crate::{Error, Result};
 use candle_core::Tensor;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Collectives across the ranks of one tensor-parallel group. Every rank calls each
 /// collective in the same order with a tensor of the same shape.
@@ -46,6 +46,9 @@ impl Comm for Solo {
 }
 
 /// Ranks that are threads of this process, exchanging tensors through shared slots.
+/// A rank whose `ThreadComm` is dropped (its thread returned with an error, or panicked)
+/// leaves the group: every collective then fails on the other ranks with which rank left,
+/// instead of waiting forever for it.
 #[derive(Debug)]
 pub struct ThreadComm {
     rank: usize,
@@ -55,27 +58,74 @@ pub struct ThreadComm {
 
 #[derive(Debug)]
 struct Shared {
-    slots: Mutex<Vec<Option<Tensor>>>,
-    barrier: Barrier,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Debug)]
+struct State {
+    slots: Vec<Option<Tensor>>,
+    /// Ranks arrived at the current barrier, and how many barriers have been passed.
+    arrived: usize,
+    passed: u64,
+    /// The first rank that left the group.
+    left: Option<usize>,
 }
 
 impl ThreadComm {
     /// The `size` members of one group; hand one to each rank's thread.
     pub fn group(size: usize) -> Vec<ThreadComm> {
-        assert!(size > 0, "a tensor-parallel group needs at least one rank");
-        let shared = Arc::new(Shared { slots: Mutex::new(vec![None; size]), barrier: Barrier::new(size) });
+        assert!(size > 0, "a group needs at least one rank");
+        let state = State { slots: vec![None; size], arrived: 0, passed: 0, left: None };
+        let shared = Arc::new(Shared { state: Mutex::new(state), changed: Condvar::new() });
         (0..size).map(|rank| ThreadComm { rank, size, shared: shared.clone() }).collect()
     }
 
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait until every rank has arrived here (with the lock held throughout `state`'s
+    /// updates); an error once a rank has left.
+    fn barrier<'a>(&'a self, mut state: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>> {
+        let left = |state: &State| state.left.map(|rank| Error::Comm(format!("rank {rank} left the group")));
+        if let Some(error) = left(&state) {
+            return Err(error);
+        }
+        let generation = state.passed;
+        state.arrived += 1;
+        if state.arrived == self.size {
+            state.arrived = 0;
+            state.passed += 1;
+            self.shared.changed.notify_all();
+            return Ok(state);
+        }
+        while state.passed == generation {
+            if let Some(error) = left(&state) {
+                return Err(error);
+            }
+            state = self.shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(state)
+    }
+
     /// Publish `x`, wait for every rank's, and return them in rank order.
-    fn exchange(&self, x: &Tensor) -> Vec<Tensor> {
-        self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] = Some(x.clone());
-        self.shared.barrier.wait();
-        let all: Vec<Tensor> =
-            self.shared.slots.lock().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect();
+    fn exchange(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        let mut state = self.lock();
+        state.slots[self.rank] = Some(x.clone());
+        let state = self.barrier(state)?;
+        let all: Vec<Tensor> = state.slots.iter().flatten().cloned().collect();
         // Nobody may publish the next collective's tensor before every rank has read this one.
-        self.shared.barrier.wait();
-        all
+        drop(self.barrier(state)?);
+        Ok(all)
+    }
+}
+
+impl Drop for ThreadComm {
+    fn drop(&mut self) {
+        let mut state = self.lock();
+        state.left.get_or_insert(self.rank);
+        self.shared.changed.notify_all();
     }
 }
 
@@ -89,7 +139,7 @@ impl Comm for ThreadComm {
     }
 
     fn all_reduce_sum(&self, x: &Tensor) -> Result<Tensor> {
-        let all = self.exchange(x);
+        let all = self.exchange(x)?;
         // Summed in rank order on every rank, so all ranks hold bit-identical results.
         let mut sum = all[0].clone();
         for part in &all[1..] {
@@ -99,6 +149,55 @@ impl Comm for ThreadComm {
     }
 
     fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor> {
-        Ok(Tensor::cat(&self.exchange(x), dim)?)
+        Ok(Tensor::cat(&self.exchange(x)?, dim)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn thread_ranks_sum_and_a_rank_that_leaves_fails_the_others_instead_of_hanging() {
+        let ranks = ThreadComm::group(3);
+        let sums: Vec<Vec<f32>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ranks
+                .iter()
+                .map(|comm| {
+                    scope.spawn(move || {
+                        let x = Tensor::new(&[comm.rank() as f32, 1.0], &Device::Cpu).unwrap();
+                        // Several rounds: a barrier reused must not let a rank run ahead.
+                        let mut sum = Vec::new();
+                        for _ in 0..5 {
+                            sum = comm.all_reduce_sum(&x).unwrap().to_vec1::<f32>().unwrap();
+                        }
+                        sum
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(sums.iter().all(|s| s == &[3.0, 3.0]), "{sums:?}");
+
+        // Rank 2 fails before the collective (its comm dropped with its thread): the others
+        // get an error naming it.
+        let mut ranks = ThreadComm::group(3);
+        let failing = ranks.pop().unwrap();
+        let errors: Vec<String> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ranks
+                .into_iter()
+                .map(|comm| {
+                    scope.spawn(move || {
+                        let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+                        comm.all_reduce_sum(&x).unwrap_err().to_string()
+                    })
+                })
+                .collect();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(failing);
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(errors.iter().all(|e| e.contains("rank 2 left the group")), "{errors:?}");
     }
 }

@@ -69,6 +69,9 @@ pub enum Error {
     Busy(String),
     #[error("the engine has stopped")]
     Stopped,
+    /// A collective across ranks failed (a rank left the group, a transport error).
+    #[error("ranks: {0}")]
+    Comm(String),
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
 }

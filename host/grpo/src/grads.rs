@@ -10,6 +10,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, TensorId, Var};
 use std::collections::HashMap;
+use wirl_engine::Comm;
 
 /// The summed gradients of some variables, one `f32` buffer each.
 #[derive(Default)]
@@ -74,7 +75,59 @@ impl Gradients {
     pub fn is_empty(&self) -> bool {
         self.sums.is_empty()
     }
+
+    /// Sum every rank's gradients of `vars` across `ranks` (data parallelism): afterwards
+    /// each rank holds the same sums, for every variable any rank had a gradient for (one
+    /// that none had stays absent, as on one rank). Every rank calls this with the same
+    /// `vars` in the same order. `extra` values (counts, flags) are summed alongside and
+    /// returned. The gradients travel in buckets of at most [`BUCKET_VALUES`] in `vars`'
+    /// order: one collective per bucket, not per variable (a few hundred small messages
+    /// would each pay the transport's latency), yet never a second copy of all gradients.
+    pub fn all_reduce(&mut self, vars: &[&Var], ranks: &dyn Comm, extra: &[f32]) -> Result<Vec<f32>> {
+        let device = candle_core::Device::Cpu;
+        let reduce = |values: Vec<f32>| -> Result<Vec<f32>> {
+            let n = values.len();
+            let summed =
+                ranks.all_reduce_sum(&Tensor::from_vec(values, n, &device)?).map_err(candle_core::Error::wrap)?;
+            summed.to_vec1()
+        };
+        // Which variables any rank has a gradient for, and the extras.
+        let mut head: Vec<f32> = vars.iter().map(|v| f32::from(u8::from(self.get(v).is_some()))).collect();
+        head.extend_from_slice(extra);
+        let head = reduce(head)?;
+        let (present, extra) = head.split_at(vars.len());
+        let present: Vec<&Var> = vars.iter().zip(present).filter(|&(_, &p)| p > 0.0).map(|(v, _)| *v).collect();
+        let mut start = 0;
+        while start < present.len() {
+            // The variables of this bucket (at least one, however large).
+            let mut end = start + 1;
+            let mut size = present[start].elem_count();
+            while end < present.len() && size + present[end].elem_count() <= BUCKET_VALUES {
+                size += present[end].elem_count();
+                end += 1;
+            }
+            let mut bucket = Vec::with_capacity(size);
+            for var in &present[start..end] {
+                match self.get(var) {
+                    Some(sum) => bucket.extend_from_slice(sum),
+                    None => bucket.resize(bucket.len() + var.elem_count(), 0.0),
+                }
+            }
+            let summed = reduce(bucket)?;
+            let mut offset = 0;
+            for var in &present[start..end] {
+                let n = var.elem_count();
+                self.sums.insert(var.as_tensor().id(), (summed[offset..offset + n].to_vec(), var.shape().clone()));
+                offset += n;
+            }
+            start = end;
+        }
+        Ok(extra.to_vec())
+    }
 }
+
+/// The most gradient values summed across ranks in one collective (64 MiB of f32).
+pub const BUCKET_VALUES: usize = 16 << 20;
 
 fn add(sum: &mut [f32], grad: &[f32]) {
     for (s, g) in sum.iter_mut().zip(grad) {

@@ -11,8 +11,9 @@ use crate::optim::Optimizer;
 use crate::policy::{MemoryLimits, Net, Policy, TokenStats};
 use anyhow::bail;
 use candle_core::Tensor;
+use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::EngineHandle;
+use wirl_engine::{Comm, EngineHandle, Solo};
 
 /// One group as the learner sees it: the prompt once, its completions, and each
 /// completion's advantage.
@@ -187,14 +188,34 @@ pub struct UpdateTimes {
     pub optimizer: f64,
 }
 
-/// The policy, its frozen reference (kept only when β > 0) and AdamW.
+/// The policy, its frozen reference (kept only when β > 0) and AdamW; and the ranks of
+/// its data-parallel group, whose gradients it sums with its own before each optimizer step.
 pub struct Learner {
     pub policy: Policy,
     pub reference: Option<Net>,
     pub optimizer: Optimizer,
+    /// The data-parallel group ([`Solo`]: this learner alone). Each rank trains on its own
+    /// groups of the step; the step's token and sequence totals, the gradients and the
+    /// figures are summed across the group, so every rank takes the same optimizer step.
+    pub ranks: Arc<dyn Comm>,
 }
 
 impl Learner {
+    /// A learner alone (no data-parallel group).
+    pub fn new(policy: Policy, reference: Option<Net>, optimizer: Optimizer) -> Self {
+        Learner { policy, reference, optimizer, ranks: Arc::new(Solo) }
+    }
+
+    /// Sums across the data-parallel group of `values` (themselves when alone).
+    fn summed(&self, values: Vec<f32>) -> anyhow::Result<Vec<f32>> {
+        if self.ranks.size() == 1 {
+            return Ok(values);
+        }
+        let n = values.len();
+        let tensor = Tensor::from_vec(values, n, &candle_core::Device::Cpu)?;
+        Ok(self.ranks.all_reduce_sum(&tensor)?.to_vec1()?)
+    }
+
     /// Update the policy on `groups`. `engine`, when the policy's weights are shared with a
     /// sampling engine, is held at its barrier for each optimizer step. `stop` is asked
     /// between groups until the first optimizer step: `Ok(None)` then, nothing changed.
@@ -208,15 +229,28 @@ impl Learner {
         progress: &mut dyn FnMut(usize, usize),
     ) -> anyhow::Result<Option<UpdateStats>> {
         let mut stats = UpdateStats::default();
-        if groups.is_empty() {
+        let data_parallel = self.ranks.size() > 1;
+        // A rank with no groups still joins every collective of the step.
+        if groups.is_empty() && !data_parallel {
             return Ok(Some(stats));
         }
-        let step_tokens: usize = groups.iter().map(GroupBatch::trainable_tokens).sum();
-        let step_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
         let (split, spans) = self.micro_batches(groups, settings);
+        // The step's totals (the loss's token weights divide by them) over every rank's groups.
+        let local_tokens: usize = groups.iter().map(GroupBatch::trainable_tokens).sum();
+        let local_sequences: usize = groups.iter().map(|g| g.completions.len()).sum();
+        let (step_tokens, step_sequences, micro_batches) = if data_parallel {
+            // Exact in f32 up to 2^24 tokens a step.
+            let totals = self.summed(vec![local_tokens as f32, local_sequences as f32, split.len() as f32])?;
+            (totals[0] as usize, totals[1] as usize, totals[2] as usize)
+        } else {
+            (local_tokens, local_sequences, split.len())
+        };
         let groups = &split[..];
         let timer = Instant::now();
-        let Some((old, reference)) = self.before_update(groups, &spans, settings, stop)? else {
+        // A rank asked to stop still joins the step's collectives: all ranks then drop it.
+        let never = || false;
+        let local_stop: &dyn Fn() -> bool = if data_parallel { &never } else { stop };
+        let Some((old, reference)) = self.before_update(groups, &spans, settings, local_stop)? else {
             return Ok(None);
         };
         stats.time.reference_forward = timer.elapsed().as_secs_f64();
@@ -233,18 +267,30 @@ impl Learner {
             settings,
             step_tokens,
             step_sequences,
+            micro_batches,
         };
         let mut sums = Sums::default();
+        let vars: Vec<&candle_core::Var> = self.policy.vars().iter().map(|(_, v)| v).collect();
         for epoch in 0..settings.inner_epochs {
             let mut grads = Gradients::new();
+            let mut stopped = false;
             for (span, shared) in &spans {
                 // Until the first update the step can still be abandoned whole.
                 if epoch == 0 && stop() {
-                    return Ok(None);
+                    stopped = true;
+                    break;
                 }
                 progress(span.start, groups.len());
                 let micro = Micro { span: span.clone(), shared: *shared };
                 self.train_micro_batches(&inputs, micro, epoch, &mut grads, &mut sums, &mut stats)?;
+            }
+            if data_parallel {
+                // Every rank's gradients summed on every rank; and whether any was stopped.
+                let stops = grads.all_reduce(&vars, self.ranks.as_ref(), &[f32::from(u8::from(stopped))])?;
+                stopped = stops[0] > 0.0;
+            }
+            if stopped {
+                return Ok(None);
             }
             let timer = Instant::now();
             if !grads.is_empty() {
@@ -257,6 +303,16 @@ impl Learner {
                 stats.updates_skipped += usize::from(!update.applied);
             }
             stats.time.optimizer += timer.elapsed().as_secs_f64();
+        }
+        if data_parallel {
+            let figures = vec![sums.loss, sums.kl, sums.entropy, sums.clip, sums.truncated, sums.lagged_tokens];
+            let figures = self.summed(figures)?;
+            let counts = self.summed(vec![stats.groups_recomputed as f32, stats.updates_skipped as f32])?;
+            (sums.loss, sums.kl, sums.entropy, sums.clip) = (figures[0], figures[1], figures[2], figures[3]);
+            (sums.truncated, sums.lagged_tokens) = (figures[4], figures[5]);
+            stats.groups_recomputed = counts[0] as usize;
+            // Every rank took the same step: skipped on each or on none.
+            stats.updates_skipped = counts[1] as usize / self.ranks.size();
         }
         let epochs = settings.inner_epochs as f32;
         stats.loss = sums.loss / epochs;
@@ -394,7 +450,7 @@ impl Learner {
             sums.loss += parts.loss.to_scalar::<f32>()?;
             sums.kl += parts.kl;
             sums.entropy += parts.entropy;
-            sums.clip += parts.clip_fraction / groups.len() as f32;
+            sums.clip += parts.clip_fraction / inputs.micro_batches as f32;
         }
         let forward_time = forward_time.unwrap_or_default();
         stats.time.policy_forward += forward_time.as_secs_f64();
@@ -433,6 +489,8 @@ struct LossInputs<'a> {
     settings: &'a UpdateSettings,
     step_tokens: usize,
     step_sequences: usize,
+    /// Micro-batches of the step over every rank (a clip fraction's share of the mean).
+    micro_batches: usize,
 }
 
 impl LossInputs<'_> {

@@ -179,7 +179,7 @@ impl Trainer {
             config,
             run_dir: run_dir.to_path_buf(),
             tokenizer,
-            learner: Learner { policy, reference, optimizer },
+            learner: Learner::new(policy, reference, optimizer),
             engine,
             tasks,
             allocation: allocation.groups,
