@@ -5,6 +5,7 @@ mod agents;
 mod cli;
 mod code;
 mod datasets;
+mod devices;
 mod engine;
 mod families;
 mod grpo;

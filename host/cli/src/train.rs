@@ -28,6 +28,9 @@ pub struct Args {
     /// Override `model.path`: a GGUF file, an HF directory or the default model's name.
     #[arg(long, conflicts_with = "resume")]
     model: Option<String>,
+    /// Override `model.device`: `cpu`, `cuda` or `cuda:N` (a build made by scripts/build-cuda).
+    #[arg(long)]
+    device: Option<String>,
     /// Watch the plugin files of the run's tasks: when one changes on disk (rebuilt), apply
     /// the task set again with its new bytes (checked, then switched in between steps).
     #[arg(long)]
@@ -176,6 +179,9 @@ fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> 
     if let Some(model) = &args.model {
         config.model.path = model.clone();
     }
+    if let Some(device) = &args.device {
+        config.model.device = Some(device.clone());
+    }
     if let Some(steps) = args.steps {
         config.grpo.steps = steps;
     }
@@ -185,7 +191,7 @@ fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> 
     for assignment in &args.set {
         config.set(assignment)?;
     }
-    config.check_numbers("the command line (--steps, --eval-tasks)")
+    config.check_numbers("the command line (--steps, --eval-tasks, --device, --set)")
 }
 
 /// Set by SIGINT.

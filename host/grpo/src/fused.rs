@@ -2,15 +2,17 @@
 //! where the policy trains on the CPU in f32. candle composes each from 5–8 elementwise ops,
 //! every one a fresh tensor forward and more of them backward (a softmax over `[rows, heads,
 //! queries, keys]` scores is the largest tensor of a layer); here each is one pass forward
-//! and one or two backward. Elsewhere (CUDA, bf16) the composed ops stand.
+//! and one or two backward. Elsewhere (CUDA, bf16), or with `fast` false, the composed ops
+//! stand: candle has them on every device (`Net::set_fast_paths` picks them on the CPU too,
+//! which is how the CUDA path's gradients are tested against these).
 
 use crate::grads::in_row_parts;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor, bail};
 use wirl_engine::llama::computed_as;
 
 /// Softmax over the last dimension.
-pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    if fused(x) {
+pub(crate) fn softmax_last_dim(x: &Tensor, fast: bool) -> Result<Tensor> {
+    if fast && fused(x) {
         return x.contiguous()?.apply_op1(Softmax);
     }
     // The max is a constant shift: no gradient through it.
@@ -20,8 +22,8 @@ pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 }
 
 /// `x / rms(x) * weight` over the last dimension, `eps` inside the root.
-pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    if fused(x) && fused(weight) {
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, fast: bool) -> Result<Tensor> {
+    if fast && fused(x) && fused(weight) {
         return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
     }
     let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
@@ -30,8 +32,8 @@ pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> 
 
 /// HF's rotary embedding of `x` (`[batch, heads, len, dim]`): `x · cos + rotate_half(x) ·
 /// sin`, with `cos` and `sin` of shape `[len, dim / 2]`.
-pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    if fused(x) && fused(cos) && fused(sin) {
+pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, fast: bool) -> Result<Tensor> {
+    if fast && fused(x) && fused(cos) && fused(sin) {
         return x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope { inverse: false });
     }
     let (cos, sin) = (cos.unsqueeze(0)?.unsqueeze(0)?, sin.unsqueeze(0)?.unsqueeze(0)?);
@@ -42,10 +44,10 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// backward computes only `x`'s gradient. candle's matmul backward computes both operands'
 /// gradients whether or not anything wants them: for a frozen weight a full weight-sized
 /// product per projection, a third of the backward's arithmetic, thrown away.
-pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor, fast: bool) -> Result<Tensor> {
     // A frozen weight stored in bf16 (a LoRA base, `lora.base_dtype`) is widened for each
     // product only: the f32 copy lives as long as the product, never beside the graph.
-    if !x.track_op() || !fused(x) {
+    if !fast || !x.track_op() || !fused(x) {
         return x.broadcast_matmul(&computed_as(w, x)?.t()?);
     }
     let y = x.detach().broadcast_matmul(&computed_as(w, x)?.t()?)?.contiguous()?;
@@ -329,7 +331,8 @@ mod tests {
     use super::*;
     use candle_core::{Device, Var};
 
-    /// The fused op and the composed one, forward and backward, on the same values.
+    /// The fused op and the composed one (its `fast = false` path, what other devices
+    /// run), forward and backward, on the same values.
     fn compare(
         shape: &[usize],
         fused: impl Fn(&Tensor) -> Result<Tensor>,
@@ -361,16 +364,7 @@ mod tests {
                 (0..q).flat_map(|i| (0..k).map(move |j| if j > i + 2 { f32::NEG_INFINITY } else { 0.0 })).collect();
             x.broadcast_add(&Tensor::from_vec(values, (q, k), x.device())?)
         };
-        compare(
-            &[2, 3, 5, 7],
-            |x| softmax_last_dim(&mask(x)?),
-            |x| {
-                let x = mask(x)?;
-                let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?.detach())?;
-                let e = shifted.exp()?;
-                e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
-            },
-        );
+        compare(&[2, 3, 5, 7], |x| softmax_last_dim(&mask(x)?, true), |x| softmax_last_dim(&mask(x)?, false));
     }
 
     #[test]
@@ -380,11 +374,8 @@ mod tests {
         let eps = 1e-5;
         compare(
             &[3, 4, 11],
-            |x| rms_norm(x, weight.as_tensor(), eps),
-            |x| {
-                let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-                x.broadcast_mul(&scale)?.broadcast_mul(weight.as_tensor())
-            },
+            |x| rms_norm(x, weight.as_tensor(), eps, true),
+            |x| rms_norm(x, weight.as_tensor(), eps, false),
         );
         // The weight's gradient, both ways.
         let x = Tensor::randn(0f32, 2.0, (3, 4, 11), &device).unwrap();
@@ -393,9 +384,8 @@ mod tests {
             let grads = (y * &upstream).unwrap().sum_all().unwrap().backward().unwrap();
             grads.get(&weight).unwrap().to_vec1::<f32>().unwrap()
         };
-        let fused = weight_grad(rms_norm(&x, weight.as_tensor(), eps).unwrap());
-        let scale = (x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps).unwrap().sqrt().unwrap().recip().unwrap();
-        let composed = weight_grad(x.broadcast_mul(&scale).unwrap().broadcast_mul(weight.as_tensor()).unwrap());
+        let fused = weight_grad(rms_norm(&x, weight.as_tensor(), eps, true).unwrap());
+        let composed = weight_grad(rms_norm(&x, weight.as_tensor(), eps, false).unwrap());
         let worst = fused.iter().zip(&composed).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-4, "weight gradient differs by {worst}");
     }
@@ -405,13 +395,6 @@ mod tests {
         let device = Device::Cpu;
         let angles = Tensor::randn(0f32, 2.0, (5, 4), &device).unwrap();
         let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
-        compare(
-            &[2, 3, 5, 8],
-            |x| rope(x, &cos, &sin),
-            |x| {
-                let (c, s) = (cos.unsqueeze(0)?.unsqueeze(0)?, sin.unsqueeze(0)?.unsqueeze(0)?);
-                wirl_engine::llama::rotate_half_rope(x, &c, &s).map_err(candle_core::Error::wrap)
-            },
-        );
+        compare(&[2, 3, 5, 8], |x| rope(x, &cos, &sin, true), |x| rope(x, &cos, &sin, false));
     }
 }

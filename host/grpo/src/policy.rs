@@ -44,6 +44,10 @@ pub struct Net {
     sin: Tensor,
     /// Gemma 3's sliding layers' rope tables.
     local_rope: Option<(Tensor, Tensor)>,
+    /// Take the CPU's hand-written ops (fused head, softmax, norm, rope, frozen products)
+    /// where they apply (f32 on the CPU); false: candle's composed ops everywhere, the path
+    /// other devices take.
+    fast_paths: bool,
 }
 
 /// Per-token results for one group's completions, `[G, width]`.
@@ -59,7 +63,13 @@ impl Net {
         let dtype = weights.get("model.embed_tokens.weight").map_or(DType::F32, |t| t.dtype());
         let (cos, sin) = rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
         let local_rope = local_rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
-        Ok(Net { config: config.clone(), weights, lora_scale: None, cos, sin, local_rope })
+        Ok(Net { config: config.clone(), weights, lora_scale: None, cos, sin, local_rope, fast_paths: true })
+    }
+
+    /// Whether the CPU's hand-written ops are taken where they apply (the default), or
+    /// candle's composed ops everywhere (what CUDA runs; on the CPU, to test that path).
+    pub fn set_fast_paths(&mut self, on: bool) {
+        self.fast_paths = on;
     }
 
     pub fn config(&self) -> &Config {
@@ -79,7 +89,7 @@ impl Net {
         let y = if weight.is_variable() {
             x.broadcast_matmul(&weight.t()?)?
         } else {
-            crate::fused::frozen_linear(x, weight)?
+            crate::fused::frozen_linear(x, weight, self.fast_paths)?
         };
         let y = match self.weights.get(&format!("{name}.bias")) {
             Some(b) => y.broadcast_add(b)?,
@@ -97,10 +107,10 @@ impl Net {
         let weight = self.w(name)?;
         let offset = self.config.norm_offset();
         if offset == 0.0 {
-            return crate::fused::rms_norm(x, weight, self.config.rms_norm_eps);
+            return crate::fused::rms_norm(x, weight, self.config.rms_norm_eps, self.fast_paths);
         }
         // Gemma's `1 + w`, through an op that carries the gradient to `w`.
-        crate::fused::rms_norm(x, &(weight + offset)?, self.config.rms_norm_eps)
+        crate::fused::rms_norm(x, &(weight + offset)?, self.config.rms_norm_eps, self.fast_paths)
     }
 
     /// `x` through the norm `name` when the family has it (Gemma's sandwich norms).
@@ -200,7 +210,8 @@ impl Net {
 
     /// Whether the head runs fused: `f32` weights on the CPU, logits not soft-capped.
     fn fused_head(&self) -> bool {
-        self.config.logit_softcap().is_none()
+        self.fast_paths
+            && self.config.logit_softcap().is_none()
             && self.w(self.head_name()).is_ok_and(|w| w.device().is_cpu() && w.dtype() == DType::F32)
     }
 
@@ -237,6 +248,7 @@ impl Net {
             cos: self.cos.clone(),
             sin: self.sin.clone(),
             local_rope: self.local_rope.clone(),
+            fast_paths: self.fast_paths,
         }
     }
 
@@ -449,8 +461,8 @@ impl Net {
             q = self.rms_norm(&q, &format!("{l}.self_attn.q_norm.weight"))?;
             k = self.rms_norm(&k, &format!("{l}.self_attn.k_norm.weight"))?;
         }
-        let q = crate::fused::rope(&q, cos, sin)?;
-        let k = crate::fused::rope(&k, cos, sin)?;
+        let q = crate::fused::rope(&q, cos, sin, self.fast_paths)?;
+        let k = crate::fused::rope(&k, cos, sin, self.fast_paths)?;
         let (keys, values) = match prefix {
             Some((pk, pv)) => {
                 let (_, kvh, p, d) = pk.dims4()?;
@@ -464,7 +476,7 @@ impl Net {
         let keys = repeat_kv(&keys, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
         let values = repeat_kv(&values, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
         let scores = (q.matmul(&keys.t()?)? * self.config.attention_scale())?.broadcast_add(mask)?;
-        let weights = crate::fused::softmax_last_dim(&scores)?;
+        let weights = crate::fused::softmax_last_dim(&scores, self.fast_paths)?;
         let out = weights.matmul(&values)?.transpose(1, 2)?.reshape((batch, len, heads * dim))?;
         Ok((out, k, v))
     }
@@ -637,6 +649,11 @@ impl Policy {
 
     pub fn net(&self) -> &Net {
         &self.net
+    }
+
+    /// See [`Net::set_fast_paths`] (references made after this inherit it).
+    pub fn set_fast_paths(&mut self, on: bool) {
+        self.net.fast_paths = on;
     }
 
     /// The LoRA scale, when the policy trains adapters.
@@ -979,7 +996,9 @@ impl Policy {
             // Every weight but the variables (the adapters).
             let trained = |name: &str| self.vars.iter().any(|(n, _)| n == name);
             let base = self.net.weights.iter().filter(|(n, _)| !trained(n)).map(|(n, t)| (n.clone(), t.detach()));
-            return Net::new(self.net.config(), base.collect(), device);
+            let mut reference = Net::new(self.net.config(), base.collect(), device)?;
+            reference.fast_paths = self.net.fast_paths;
+            return Ok(reference);
         }
         self.frozen_copy(device)
     }
@@ -988,6 +1007,8 @@ impl Policy {
     pub fn frozen_copy(&self, device: &Device) -> Result<Net> {
         let weights =
             self.vars.iter().map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?.detach()))).collect::<Result<_>>()?;
-        Net::new(self.net.config(), weights, device)
+        let mut copy = Net::new(self.net.config(), weights, device)?;
+        copy.fast_paths = self.net.fast_paths;
+        Ok(copy)
     }
 }

@@ -142,7 +142,7 @@ impl Trainer {
         let mut config = base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
         manifest.pin(&mut config, &store)?;
 
-        let device = Device::Cpu;
+        let device = config.device.open()?;
         let (model_config, tokenizer, policy, reference) = load_policy(model, resume, &config, &device, observer)?;
         // The inference model shares the policy's storage: updates are seen without a copy
         // (a LoRA policy's adapters are applied beside the base, unmerged).
@@ -642,7 +642,8 @@ fn load_policy(
     device: &Device,
     observer: &mut dyn Observer,
 ) -> anyhow::Result<(wirl_engine::Config, Tokenizer, Policy, Option<Net>)> {
-    let options = LoadOptions { dtype: Some(DType::F32), ..Default::default() };
+    // f32 on every device: the master weights and what the optimizer updates.
+    let options = LoadOptions { dtype: Some(DType::F32), device: device.clone(), ..Default::default() };
     let beta = config.grpo.beta;
     if let Some(lora) = &config.lora {
         observer.event(Event::Loading { path: model });

@@ -142,6 +142,7 @@ impl TrainConfig {
         let s = &self.sampling;
         Ok(RunConfig {
             model: self.model.path.clone(),
+            device: self.model.device.as_deref().and_then(DeviceSpec::parse).unwrap_or_default(),
             tasks,
             sampling: SamplingSpec {
                 max_tokens: s.max_tokens,

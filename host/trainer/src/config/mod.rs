@@ -271,6 +271,39 @@ fn one_f64() -> f64 {
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     pub path: String,
+    /// Where the policy trains and samples: `cpu` (absent), `cuda` or `cuda:N` (a build made
+    /// by scripts/build-cuda). Off the CPU the step takes candle's composed ops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+}
+
+/// `model.device`, parsed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceSpec {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl DeviceSpec {
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub fn parse(text: &str) -> Option<DeviceSpec> {
+        match text {
+            "cpu" => Some(DeviceSpec::Cpu),
+            "cuda" => Some(DeviceSpec::Cuda(0)),
+            other => other.strip_prefix("cuda:")?.parse().ok().map(DeviceSpec::Cuda),
+        }
+    }
+
+    /// The device (an error where this build has no CUDA, or the GPU is missing).
+    pub fn open(self) -> anyhow::Result<candle_core::Device> {
+        match self {
+            DeviceSpec::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceSpec::Cuda(n) => candle_core::Device::new_cuda(n).map_err(|e| {
+                anyhow::anyhow!("`model.device` = \"cuda:{n}\": {e} (a CUDA build comes from scripts/build-cuda)")
+            }),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -515,6 +548,8 @@ impl Default for EvalSection {
 pub struct RunConfig {
     /// A GGUF file, an HF directory or the default model's name (the caller resolves it).
     pub model: String,
+    /// Where the policy trains and samples.
+    pub device: DeviceSpec,
     /// At least one; the trained ones' weights allocate at least one group each.
     pub tasks: Vec<TaskSpec>,
     /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the

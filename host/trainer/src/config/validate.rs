@@ -47,6 +47,11 @@ impl TrainConfig {
     /// Every number of the config finite and in range, the error naming the key. Run on
     /// load and again after command-line overrides.
     pub fn check_numbers(&self, origin: &str) -> anyhow::Result<()> {
+        if let Some(device) = &self.model.device
+            && super::DeviceSpec::parse(device).is_none()
+        {
+            bail!("{origin}: `model.device` = {device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\"");
+        }
         self.check_counts(origin)?;
         self.check_swap_numbers(origin)?;
         self.check_grpo_floats(origin)?;
