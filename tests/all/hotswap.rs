@@ -607,3 +607,20 @@ fn resume_refuses_tampered_plugin_bytes_and_manifests() {
     assert!(!out.status.success(), "{error}");
     assert!(error.contains("not those its checkpoint") && error.contains(&hostile), "{error}");
 }
+
+/// A run on two data-parallel ranks (`--dp 2`): pause, resume and stop act on both at the
+/// same step boundary (rank 0 holds, the other waits for it); a swap or a rollback is
+/// refused, saying why, and the run goes on with its tasks.
+#[test]
+fn a_run_on_two_ranks_pauses_and_stops_together_and_refuses_swaps() {
+    let live = Live::start_with(&["--dp", "2"]);
+    live.hold_after(1);
+    let (ok, said) = live.apply("swap.toml", &tasks_toml((1, 1), ""), &[]);
+    assert!(!ok && said.contains("data-parallel ranks"), "{said}");
+    let (ok, said) = live.ctl(&["rollback"]);
+    assert!(!ok && said.contains("data-parallel ranks"), "{said}");
+    let (live, code) = live.run_on_and_stop(2);
+    assert_eq!(code, 130, "{}", live.log());
+    let steps = metrics(&live.run_dir);
+    assert!(steps.iter().all(|m| m["manifest_generation"] == 0), "{steps:?}");
+}

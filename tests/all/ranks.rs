@@ -153,3 +153,117 @@ fn a_rank_asked_to_stop_stops_every_rank_and_a_rank_that_fails_ends_the_others()
     let error = format!("{:#}", error.expect_err("the survivor must fail"));
     assert!(error.contains("rank 1 left the group"), "{error}");
 }
+
+/// `wirl train --dp 2` (ranks as threads): the same rollouts and, within float summation
+/// order, the same weights as one trainer after two steps; rank 0 alone writes the run;
+/// a swap is refused while it trains on several ranks, and a resume goes on with two ranks.
+#[test]
+fn wirl_train_on_two_ranks_trains_as_one_trainer_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 2, 0.01);
+    let text = std::fs::read_to_string(&config).unwrap().replace("beta = 0.0", "beta = 0.04");
+    std::fs::write(&config, text).unwrap();
+    let train = |run: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("train")
+            .arg(&config)
+            .arg("--run-dir")
+            .arg(run)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    train(&one, &[]);
+    train(&two, &["--dp", "2"]);
+    let read = |run: &std::path::Path, name: &str| std::fs::read_to_string(run.join(name)).unwrap();
+    // Each group keeps the seed of its place in the step: the ranks roll what one trainer does.
+    assert_eq!(read(&one, "rollouts.jsonl"), read(&two, "rollouts.jsonl"));
+    let (metrics_one, metrics_two) = (crate::grpo::metrics(&one), crate::grpo::metrics(&two));
+    assert_eq!(metrics_two.len(), 2);
+    for (a, b) in metrics_one.iter().zip(&metrics_two) {
+        assert_eq!(a["groups_kept"], b["groups_kept"], "rank 0 measures every rank's groups");
+        assert_eq!(a["reward_mean"], b["reward_mean"]);
+        let (la, lb) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((la - lb).abs() < 1e-5, "loss {la} vs {lb}");
+    }
+    let weights = |run: &std::path::Path| {
+        let model = run.join("checkpoints/step-000002/model");
+        let (_, _, tensors) = wirl_engine::load::load_tensors(&model, &Default::default()).unwrap();
+        let mut names: Vec<_> = tensors.keys().cloned().collect();
+        names.sort();
+        names.iter().flat_map(|n| tensors[n].flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect::<Vec<f32>>()
+    };
+    let worst = weights(&one).iter().zip(&weights(&two)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    eprintln!("--dp 2 against one trainer: largest weight difference {worst:e}");
+    assert!(worst < 1e-4, "a weight differs by {worst}");
+    // Rank 0 alone wrote the run: the same files as one trainer's.
+    let listing = |run: &std::path::Path| {
+        let mut names: Vec<String> =
+            std::fs::read_dir(run).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listing(&one), listing(&two));
+
+    // Stopped after step 1 and resumed on two ranks: the same records as the whole run.
+    let parts = dir.path().join("parts");
+    train(&parts, &["--dp", "2", "--steps", "1"]);
+    let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--dp", "2", "--steps", "2", "--resume"])
+        .arg(&parts)
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(read(&one, "rollouts.jsonl"), read(&parts, "rollouts.jsonl"));
+
+    // What several ranks cannot share yet is refused before anything starts.
+    let lagged = dir.path().join("lagged");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(&config)
+        .args(["--dp", "2", "--set", "grpo.generation_lag=1", "--run-dir"])
+        .arg(&lagged)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("generation_lag"), "{said}");
+    assert!(!lagged.exists());
+}
+
+/// Ranks that do not start from the same config (here: another learning rate) refuse to
+/// train, naming the rank and what differs — on every rank, none left waiting.
+#[test]
+fn ranks_that_disagree_on_their_config_refuse_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crate::grpo::write_config(dir.path(), "", 2, 0.01);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let config = wirl_trainer::TrainConfig::load(&path).unwrap();
+    let mut other = config.clone();
+    other.grpo.learning_rate = 0.02;
+    let run = dir.path().join("run");
+    wirl_trainer::run_dir::create(&run, &text, &config).unwrap();
+    let model = dir.path().join("model");
+    let control = wirl_trainer::Control::new();
+    let mut comms = ThreadComm::group(2).into_iter();
+    let (first, second) = (comms.next().unwrap(), comms.next().unwrap());
+    let start = |config: wirl_trainer::TrainConfig, comm: ThreadComm| {
+        let mut quiet = wirl_trainer::Quiet;
+        let ranks: Arc<dyn Comm> = Arc::new(comm);
+        wirl_trainer::Trainer::new(config, &model, &run, None, control.clone(), &mut quiet, ranks).unwrap()
+    };
+    // Rank 0 first: it writes the run's start that the other reads.
+    let mut rank0 = start(config, first);
+    let errors: Vec<String> = std::thread::scope(|scope| {
+        let other_rank = scope.spawn(|| {
+            let mut trainer = start(other, second);
+            trainer.train(0, None, &mut wirl_trainer::Quiet).err().map(|e| format!("{e:#}"))
+        });
+        let mine = rank0.train(0, None, &mut wirl_trainer::Quiet).err().map(|e| format!("{e:#}"));
+        vec![mine.expect("rank 0 refuses"), other_rank.join().unwrap().expect("rank 1 refuses")]
+    });
+    for error in &errors {
+        assert!(error.contains("rank 1 disagrees with rank 0 on its config"), "{error}");
+    }
+}

@@ -2,9 +2,12 @@
 //! the status line and a line per step, exit codes. The loop itself is `wirl-trainer`'s.
 
 use crate::model;
+use anyhow::Context;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use wirl_engine::{Comm, ThreadComm};
 use wirl_trainer::config::DEFAULT_TOML;
 use wirl_trainer::{Control, Event, Observer, Outcome, Phase, TrainConfig, Trainer, run_dir};
 
@@ -47,20 +50,41 @@ pub struct Args {
     /// (`tasks.1.weight=0` for a task; VALUE is TOML, a bare word a string).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Data-parallel ranks, as threads of this process: each loads the model and rolls its
+    /// share of every step's groups; their gradients are summed and every rank takes the
+    /// same optimizer step; rank 0 writes the run (1: one trainer).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    dp: u16,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let control = Control::new();
     forward_interrupts(control.clone());
     let mut terminal = Terminal;
-    let (mut trainer, checkpoint, run_dir) = match &args.resume {
+    let dp = usize::from(args.dp);
+    if dp > 1 && (args.serve.is_some() || args.watch) {
+        anyhow::bail!("--dp {dp}: --serve and --watch are not supported with several ranks yet");
+    }
+    let mut comms: Vec<Arc<dyn Comm>> =
+        ThreadComm::group(dp).into_iter().map(|comm| Arc::new(comm) as Arc<dyn Comm>).collect();
+    let rank0 = comms.remove(0);
+    let (mut trainer, checkpoint, run_dir, config, model) = match &args.resume {
         Some(run_dir) => {
             let mut config = run_dir::config(run_dir)?;
             apply_overrides(&mut config, &args)?;
+            check_ranks(&config, dp)?;
             let checkpoint = run_dir::prepare_resume(run_dir)?;
             terminal.event(Event::Resuming { run_dir, step: checkpoint.state.step });
             let model = model::resolve(Some(&config.model.path))?;
-            let trainer = Trainer::new(config, &model, run_dir, Some(&checkpoint), control.clone(), &mut terminal)?;
+            let trainer = Trainer::new(
+                config.clone(),
+                &model,
+                run_dir,
+                Some(&checkpoint),
+                control.clone(),
+                &mut terminal,
+                rank0,
+            )?;
             let current = trainer.plugin_hashes();
             if current != checkpoint.state.plugins && checkpoint.state.manifest_generation.is_none() {
                 tracing::warn!("the plugins changed since the checkpoint (by sha256): {current:?}");
@@ -78,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     current
                 );
             }
-            (trainer, Some(checkpoint), run_dir.clone())
+            (trainer, Some(checkpoint), run_dir.clone(), config, model)
         }
         None => {
             let (mut config, text) = match &args.config {
@@ -86,23 +110,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
             };
             apply_overrides(&mut config, &args)?;
+            check_ranks(&config, dp)?;
             let run_dir = match &args.run_dir {
                 Some(dir) => dir.clone(),
                 None => run_dir::default_run_dir()?,
             };
             let existed = run_dir.exists();
             run_dir::create(&run_dir, &text, &config)?;
-            let started = model::resolve(Some(&config.model.path))
-                .and_then(|model| Trainer::new(config, &model, &run_dir, None, control.clone(), &mut terminal));
-            let trainer = match started {
-                Ok(trainer) => trainer,
+            let started = model::resolve(Some(&config.model.path)).and_then(|model| {
+                let trainer =
+                    Trainer::new(config.clone(), &model, &run_dir, None, control.clone(), &mut terminal, rank0)?;
+                Ok((trainer, model))
+            });
+            let (trainer, model) = match started {
+                Ok(started) => started,
                 Err(error) => {
                     // Nothing trained: the directory must not refuse the corrected retry.
                     run_dir::abandon(&run_dir, existed);
                     return Err(error);
                 }
             };
-            (trainer, None, run_dir)
+            (trainer, None, run_dir, config, model)
         }
     };
     let _served = crate::ctl::serve(&run_dir, control.clone())?;
@@ -114,7 +142,43 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         watch_plugins(control.clone());
     }
     let start = checkpoint.as_ref().map_or(0, |c| c.state.step);
-    match trainer.train(start, checkpoint.as_ref(), &mut terminal)? {
+    // The other ranks, each a thread that loads its own trainer (after rank 0 wrote the
+    // run's start) and trains in step with rank 0; they write nothing.
+    let outcome = std::thread::scope(|scope| {
+        let followers: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(i, comm)| {
+                let (config, model, run_dir, control, checkpoint) =
+                    (config.clone(), model.clone(), run_dir.clone(), control.clone(), checkpoint.clone());
+                scope.spawn(move || -> anyhow::Result<()> {
+                    let mut quiet = wirl_trainer::Quiet;
+                    let mut trainer =
+                        Trainer::new(config, &model, &run_dir, checkpoint.as_ref(), control, &mut quiet, comm)
+                            .with_context(|| format!("rank {}", i + 1))?;
+                    trainer.train(start, checkpoint.as_ref(), &mut quiet).with_context(|| format!("rank {}", i + 1))?;
+                    Ok(())
+                })
+            })
+            .collect();
+        let outcome = trainer.train(start, checkpoint.as_ref(), &mut terminal);
+        // A rank's own failure says more than the others' "rank k left the group".
+        let mut failure = None;
+        for follower in followers {
+            let result = follower.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            if let Err(error) = result
+                && failure.is_none()
+            {
+                failure = Some(error);
+            }
+        }
+        match (outcome, failure) {
+            (Err(error), Some(first)) if format!("{error:#}").contains("left the group") => Err(first),
+            (Ok(_), Some(first)) => Err(first),
+            (outcome, _) => outcome,
+        }
+    });
+    match outcome? {
         Outcome::Finished(summary) => {
             if let (Some(b), Some(a)) = (summary.held_out_pass_rate_before, summary.held_out_pass_rate_after) {
                 eprintln!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
@@ -173,6 +237,17 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let summary = wirl_trainer::eval::evaluate(&config.run_config()?, &model, &output, &mut EvalTerminal { started })?;
     println!("{summary}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// What several data-parallel ranks cannot share yet, refused before anything starts.
+fn check_ranks(config: &TrainConfig, dp: usize) -> anyhow::Result<()> {
+    if dp > 1 && config.grpo.generation_lag > 0 {
+        anyhow::bail!(
+            "--dp {dp}: `grpo.generation_lag` = {} is not supported with several ranks yet (set it to 0)",
+            config.grpo.generation_lag
+        );
+    }
+    Ok(())
 }
 
 fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> {

@@ -23,6 +23,22 @@ pub trait Comm: Send + Sync + std::fmt::Debug {
     fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor>;
 }
 
+/// Every rank's `bytes`, in rank order, on every rank (messages of any length: lengths go
+/// first, then the messages padded to the longest, through `all_gather` of u8 tensors).
+pub fn all_gather_bytes(comm: &dyn Comm, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+    if comm.size() == 1 {
+        return Ok(vec![bytes.to_vec()]);
+    }
+    let device = candle_core::Device::Cpu;
+    let length = u32::try_from(bytes.len()).map_err(|_| Error::Comm(format!("a message of {} bytes", bytes.len())))?;
+    let lengths: Vec<u32> = comm.all_gather(&Tensor::new(&[length], &device)?, 0)?.to_vec1()?;
+    let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
+    let mut padded = bytes.to_vec();
+    padded.resize(longest.max(1), 0);
+    let all: Vec<u8> = comm.all_gather(&Tensor::from_vec(padded, longest.max(1), &device)?, 0)?.to_vec1()?;
+    Ok(lengths.iter().enumerate().map(|(rank, &n)| all[rank * longest.max(1)..][..n as usize].to_vec()).collect())
+}
+
 /// One rank: the collectives are identities.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Solo;
@@ -199,5 +215,21 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(errors.iter().all(|e| e.contains("rank 2 left the group")), "{errors:?}");
+    }
+
+    #[test]
+    fn bytes_of_any_length_gather_in_rank_order() {
+        let ranks = ThreadComm::group(3);
+        let gathered: Vec<Vec<Vec<u8>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ranks
+                .iter()
+                .map(|comm| {
+                    scope.spawn(move || all_gather_bytes(comm, &vec![comm.rank() as u8 + 7; comm.rank() * 3]).unwrap())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let expected: Vec<Vec<u8>> = vec![vec![], vec![8; 3], vec![9; 6]];
+        assert!(gathered.iter().all(|g| g == &expected), "{gathered:?}");
     }
 }

@@ -20,7 +20,7 @@ pub struct GenerateRequest {
     pub sampling: Sampling,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FinishReason {
     /// An end-of-sequence token or a stop string.
     Stop,

@@ -29,7 +29,7 @@ pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
 
 pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, TextPiece, WeightsHold};
 pub use candle_core::{DType, Device};
-pub use comm::{Comm, Solo, ThreadComm};
+pub use comm::{Comm, Solo, ThreadComm, all_gather_bytes};
 pub use config::Config;
 pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate};
 pub use llama::{KvCache, Model};

@@ -8,8 +8,9 @@ use wirl_sandbox::{Message, Task};
 pub use crate::seed::seed_for;
 
 /// One sampled completion of a group, exactly as the sampler produced it: the trainer learns
-/// from these ids, never from a re-tokenization of the text.
-#[derive(Clone, Debug)]
+/// from these ids, never from a re-tokenization of the text. (Serialized: data-parallel
+/// ranks send their groups to rank 0, which records them.)
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Trajectory {
     pub tokens: Vec<u32>,
     /// Each token's log-probability under the sampler (temperature 1).
@@ -65,7 +66,7 @@ impl Trajectory {
 }
 
 /// A task, its prompt, its trajectories and their scores (one per trajectory).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RolloutGroup {
     /// The run's task (its `[[tasks]]` name) that the problem came from.
     pub task_name: String,

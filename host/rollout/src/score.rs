@@ -45,7 +45,7 @@ impl Status {
 }
 
 /// One scored completion.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Scored {
     pub status: Status,
     /// The weighted sum of the plugins' rewards (a failed call counting `failure_reward`

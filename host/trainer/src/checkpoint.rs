@@ -36,6 +36,7 @@ pub struct State {
     pub weights_version: Option<u64>,
 }
 
+#[derive(Clone, Debug)]
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub state: State,

@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::{EngineHandle, InFlight, LoadOptions, Tokenizer};
+use wirl_engine::{Comm, EngineHandle, InFlight, LoadOptions, Tokenizer};
 use wirl_grpo::{Learner, Net, Optimizer, Policy};
 use wirl_rollout::{GroupAsk, RolloutGroup, SkippedTask, StepTasks, TaskSource};
 use wirl_sandbox::{Sandbox, SandboxSettings, printable};
@@ -94,9 +94,13 @@ pub struct Trainer {
     ahead: Option<Ahead>,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
     sandbox: Sandbox,
+    /// The data-parallel group this trainer is a rank of ([`Solo`]: alone). Every rank draws
+    /// the step's tasks and rolls its share; rank 0 alone writes the run's files.
+    ranks: Arc<dyn Comm>,
 }
 
 /// A step's tasks, drawn and their prompts fitted to the model, before any sampling.
+#[derive(Default)]
 struct Drawn {
     /// The step's groups to roll, seeded by their place in the step.
     picked: Vec<wirl_rollout::GroupAsk>,
@@ -129,6 +133,10 @@ impl Trainer {
     /// run's from `config` (its plugins' bytes kept in the run directory), a resumed run's
     /// as in force at its checkpoint (the later generations are switched in again at their
     /// steps). `config` is the run's resolved config.
+    ///
+    /// As a rank of the data-parallel group `ranks` (`wirl_engine::Solo`: alone). Rank 0 is made first
+    /// and writes the run's start (its manifest, its plugins' bytes); the others read it,
+    /// write nothing, and leave the control (`wirl ctl`) to rank 0. All share one `control`.
     pub fn new(
         base: TrainConfig,
         model: &Path,
@@ -136,9 +144,11 @@ impl Trainer {
         resume: Option<&Checkpoint>,
         control: Control,
         observer: &mut dyn Observer,
+        ranks: Arc<dyn Comm>,
     ) -> anyhow::Result<Self> {
         let store = PluginStore::new(run_dir);
-        let (manifest, scheduled, next_generation) = manifest_in_force(&base, run_dir, resume, &store)?;
+        let follower = ranks.rank() > 0;
+        let (manifest, scheduled, next_generation) = manifest_in_force(&base, run_dir, resume, &store, follower)?;
         let mut config = base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
         manifest.pin(&mut config, &store)?;
 
@@ -168,7 +178,10 @@ impl Trainer {
             next_generation.max(manifest.generation + 1),
             &tasks,
         ));
-        control.attach(swapper.clone());
+        if !follower {
+            control.attach(swapper.clone());
+            control.set_ranks(ranks.size());
+        }
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
         if let Some(checkpoint) = resume {
@@ -179,7 +192,7 @@ impl Trainer {
             config,
             run_dir: run_dir.to_path_buf(),
             tokenizer,
-            learner: Learner::new(policy, reference, optimizer),
+            learner: Learner { ranks: ranks.clone(), ..Learner::new(policy, reference, optimizer) },
             engine,
             tasks,
             allocation: allocation.groups,
@@ -193,7 +206,50 @@ impl Trainer {
             peak_rss: None,
             ahead: None,
             sandbox,
+            ranks,
         })
+    }
+
+    /// Every rank starts from the same config, plugins (by sha256), weights version and
+    /// step as rank 0, or all refuse to start, naming what differs on which rank.
+    fn check_ranks_agree(&self, start: usize) -> anyhow::Result<()> {
+        if self.ranks.size() == 1 {
+            return Ok(());
+        }
+        let fingerprint = serde_json::json!({
+            "config": serde_json::to_value(&self.swapper.base)?,
+            "plugins (sha256)": self.plugin_hashes(),
+            "weights version": self.weights_base,
+            "step": start,
+            "model": serde_json::to_value(&self.model_config)?,
+        });
+        let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &serde_json::to_vec(&fingerprint)?)?;
+        let theirs = all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<Vec<serde_json::Value>, _>>()?;
+        for (rank, other) in theirs.iter().enumerate().skip(1) {
+            for (key, value) in theirs[0].as_object().into_iter().flatten() {
+                if other.get(key) != Some(value) {
+                    bail!(
+                        "rank {rank} disagrees with rank 0 on its {key}: the ranks of a run must start from the same \
+                         config, plugins, weights and step"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this rank writes the run's files (rank 0, or a trainer alone).
+    fn writes(&self) -> bool {
+        self.ranks.rank() == 0
+    }
+
+    /// Whether any rank says `flag` (alone: `flag`). Every rank calls it at the same points.
+    fn agree(&self, flag: bool) -> anyhow::Result<bool> {
+        if self.ranks.size() == 1 {
+            return Ok(flag);
+        }
+        let any = self.ranks.all_reduce_sum(&candle_core::Tensor::new(&[f32::from(u8::from(flag))], &Device::Cpu)?)?;
+        Ok(any.to_vec1::<f32>()?[0] > 0.0)
     }
 
     /// The engine that samples from the policy (shared: a server may generate with it too).
@@ -500,6 +556,9 @@ impl Trainer {
     }
 
     fn checkpoint(&self, step: usize, before: &HeldOut, observer: &mut dyn Observer) -> anyhow::Result<()> {
+        if !self.writes() {
+            return Ok(());
+        }
         let state = checkpoint::State {
             step,
             optimizer_steps: self.learner.optimizer.steps,
@@ -532,22 +591,31 @@ impl Trainer {
         observer: &mut dyn Observer,
     ) -> anyhow::Result<Outcome> {
         let started = Instant::now();
-        let before = self.held_out_before(start, resumed)?;
+        self.check_ranks_agree(start)?;
+        // The held-out evaluation, the files and the checkpoints are rank 0's.
+        let writes = self.writes();
+        let before = if writes { self.held_out_before(start, resumed)? } else { HeldOut::default() };
         if let (0, Some(pass_rate)) = (start, before.overall) {
             observer.event(Event::HeldOut { after: false, pass_rate, problems: before.problems });
         }
-        let append = |name: &str| -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+        let append = |name: &str| -> anyhow::Result<Box<dyn Write>> {
+            if !writes {
+                return Ok(Box::new(std::io::sink()));
+            }
             let file = std::fs::OpenOptions::new().create(true).append(true).open(self.run_dir.join(name))?;
-            Ok(std::io::BufWriter::new(file))
+            Ok(Box::new(std::io::BufWriter::new(file)))
         };
         let (mut metrics, mut rollouts) = (append("metrics.jsonl")?, append("rollouts.jsonl")?);
-        let mut tensorboard = crate::tensorboard::EventWriter::create(&self.run_dir)?;
+        let mut tensorboard = writes.then(|| crate::tensorboard::EventWriter::create(&self.run_dir)).transpose()?;
         let steps = self.config.grpo.steps;
         let every = self.config.grpo.checkpoint_every;
         let mut step_times = Vec::new();
         let mut skipped_in_a_row = 0;
+        let alone = self.ranks.size() == 1;
         for step in start..steps {
-            if self.boundary(step, observer)? {
+            // Every rank stops at the same boundary (a stop seen by any of them).
+            let stop_here = self.boundary(step, observer)?;
+            if self.agree(stop_here)? {
                 // Stopped while paused between steps: nothing of the next step began.
                 rollouts.flush()?;
                 self.checkpoint(step, &before, observer)?;
@@ -563,7 +631,9 @@ impl Trainer {
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: true });
             };
             step_times.push(line.time_s.total);
-            self.publish(&line, &mut metrics, &mut tensorboard)?;
+            if let Some(tensorboard) = &mut tensorboard {
+                self.publish(&line, &mut metrics, tensorboard)?;
+            }
             rollouts.flush()?;
             let mean_step = step_times.iter().sum::<f64>() / step_times.len() as f64;
             let eta_s = mean_step * (steps - step - 1) as f64;
@@ -589,7 +659,8 @@ impl Trainer {
                     self.run_dir.display()
                 );
             }
-            let stopped = self.control.is_stopped();
+            // With ranks, a stop is agreed at the next boundary instead (a rank may see it later).
+            let stopped = alone && self.control.is_stopped();
             if step + 1 == steps || (every > 0 && (step + 1) % every == 0) || stopped {
                 self.checkpoint(step + 1, &before, observer)?;
             }
@@ -599,6 +670,18 @@ impl Trainer {
             }
         }
         self.swapper.discard_staged(steps, "the run ended (its last step done) before another step boundary");
+        if !writes {
+            let seconds_this_session = started.elapsed().as_secs_f64();
+            let summary = Summary {
+                steps,
+                held_out_pass_rate_before: None,
+                held_out_pass_rate_after: None,
+                held_out_tasks: 0,
+                held_out_by_task: BTreeMap::new(),
+                seconds_this_session,
+            };
+            return Ok(Outcome::Finished(summary));
+        }
         let summary = self.summarize(&before, started, observer)?;
         Ok(Outcome::Finished(summary))
     }
@@ -612,9 +695,20 @@ fn manifest_in_force(
     run_dir: &Path,
     resume: Option<&Checkpoint>,
     store: &PluginStore,
+    follower: bool,
 ) -> anyhow::Result<(Manifest, Vec<Manifest>, u64)> {
     let history = manifest::history(run_dir)?;
     let next_generation = history.last().map_or(0, |m| m.generation + 1);
+    if follower && resume.and_then(|c| c.state.manifest_generation).is_none() {
+        // Rank 0 wrote the new run's manifest just before: the same task set, read back.
+        let Some(manifest) = history.last().cloned() else {
+            bail!("{}: rank 0 wrote no manifest for the ranks to start from", run_dir.display());
+        };
+        if manifest.tasks != base.task_set() {
+            bail!("{}: the ranks disagree on the task set (rank 0 wrote another)", run_dir.display());
+        }
+        return Ok((manifest, Vec::new(), next_generation));
+    }
     let Some(generation) = resume.and_then(|c| c.state.manifest_generation) else {
         let manifest = Manifest::keep(next_generation, 0, "start", base.task_set(), store)?;
         manifest.write(run_dir)?;

@@ -86,9 +86,10 @@ impl Trainer {
         let stopped = move || stop.is_stopped();
         let mut clock = Clock::default();
 
-        let Some((Drawn { picked, skipped, placeholders }, lagged)) = self.draw(step, &stopped, &mut clock)? else {
-            return Ok(None);
+        let Some((drawn, lagged)) = self.draw(step, &stopped, &mut clock)? else {
+            return self.abandon();
         };
+        let Drawn { picked, skipped, placeholders } = self.share(drawn);
         for (t, skip) in &skipped {
             tracing::warn!("step {}, task `{}`: {}", step + 1, self.tasks[*t].spec.name, printable(&skip.to_string()));
         }
@@ -97,10 +98,10 @@ impl Trainer {
         let mut memory = PhaseMemory::start(self.peak_rss);
         let sampler_lag = u64::from(lagged.is_some());
         let Some(mut sampled) = self.generate(&picked, lagged, &stopped, &mut clock)? else {
-            return Ok(None);
+            return self.abandon();
         };
         let Some(episodes) = self.episodes(step, &picked, &mut sampled, &stopped, observer, &mut clock)? else {
-            return Ok(None);
+            return self.abandon();
         };
         let episode_times = episodes.times;
         let generate_peak = memory.phase_end();
@@ -112,12 +113,24 @@ impl Trainer {
         if stopped() {
             // The calls were cut short: their verdicts are not the plugins', so nothing of
             // this step is learned from or recorded.
+            return self.abandon();
+        }
+        // Every rank rolled its share: abandoned by all if any was stopped.
+        if self.agree(false)? {
             return Ok(None);
         }
         let advantaged = self.advantages(&groups, sampler_lag);
         let Some((update, learning_rate)) = self.update(step, &advantaged.batches, &stopped, observer, &mut clock)?
         else {
             return Ok(None);
+        };
+        // Rank 0 records and measures every rank's groups.
+        let (groups, advantaged) = match self.gather(&groups)? {
+            Some(all) => {
+                let advantaged = self.advantages(&all, sampler_lag);
+                (all, advantaged)
+            }
+            None => (groups, advantaged),
         };
         let train_peak = memory.phase_end();
         // The update's freed tensors stay in the allocator for the next update to reuse:
@@ -126,8 +139,10 @@ impl Trainer {
         // above the training peak.
         self.peak_rss = memory.run_peak;
         self.weights_written += update.weight_writes;
-        self.record(step, rollouts, &skipped, &groups)?;
-        self.probation(step, &groups);
+        if self.writes() {
+            self.record(step, rollouts, &skipped, &groups)?;
+            self.probation(step, &groups);
+        }
         let measured = Measured {
             peaks: PhasePeaks { generate: generate_peak, score: score_peak, train: train_peak },
             clock,
@@ -135,6 +150,51 @@ impl Trainer {
             started,
         };
         Ok(Some(self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured)))
+    }
+
+    /// A step stopped before its update: with ranks, after saying so to the others (who
+    /// then abandon it too, at the agreement before the update).
+    fn abandon(&self) -> anyhow::Result<Option<StepMetrics>> {
+        self.agree(true)?;
+        Ok(None)
+    }
+
+    /// This rank's share of the step's groups: a contiguous slice of the drawn ones (rank
+    /// r of n takes [r·P/n, (r+1)·P/n) of P), each keeping the seed of its place in the
+    /// whole step, so that the ranks together roll what one trainer would. The tasks
+    /// skipped and the groups that could not be sampled stay with rank 0, which records them.
+    fn share(&self, drawn: Drawn) -> Drawn {
+        let (rank, size) = (self.ranks.rank(), self.ranks.size());
+        if size == 1 {
+            return drawn;
+        }
+        let Drawn { picked, skipped, placeholders } = drawn;
+        let n = picked.len();
+        let mine = rank * n / size..(rank + 1) * n / size;
+        let picked = picked.into_iter().enumerate().filter(|(i, _)| mine.contains(i)).map(|(_, ask)| ask).collect();
+        if rank == 0 { Drawn { picked, skipped, placeholders } } else { Drawn { picked, ..Drawn::default() } }
+    }
+
+    /// Every rank's groups, in rank order, on rank 0 (`None` on the others, and alone).
+    fn gather(&self, groups: &Groups) -> anyhow::Result<Option<Groups>> {
+        if self.ranks.size() == 1 {
+            return Ok(None);
+        }
+        let mine: Vec<(usize, &RolloutGroup)> = groups.owners.iter().copied().zip(&groups.groups).collect();
+        let bytes = serde_json::to_vec(&mine)?;
+        let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &bytes)?;
+        if !self.writes() {
+            return Ok(None);
+        }
+        let mut gathered = Groups::default();
+        for (rank, bytes) in all.iter().enumerate() {
+            let theirs: Vec<(usize, RolloutGroup)> = serde_json::from_slice(bytes)
+                .map_err(|e| anyhow::anyhow!("rank {rank}'s groups could not be read: {e}"))?;
+            for (t, group) in theirs {
+                gathered.push(t, group);
+            }
+        }
+        Ok(Some(gathered))
     }
 
     fn phase(&self, observer: &mut dyn Observer, step: usize, phase: Phase) {
@@ -261,8 +321,13 @@ impl Trainer {
     ) {
         let started = Instant::now();
         let g = &self.config.grpo;
+        // With ranks, rank 0 runs the agents (their groups are not split: one call makes them).
+        let agents_here = self.writes();
         for (t, task) in self.tasks.iter().enumerate() {
             let TaskSource::Agent { agent, limits } = &task.source else { continue };
+            if !agents_here {
+                continue;
+            }
             if self.allocation[t] == 0 || stopped() {
                 continue;
             }
