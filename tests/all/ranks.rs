@@ -267,3 +267,34 @@ fn ranks_that_disagree_on_their_config_refuse_to_start() {
         assert!(error.contains("rank 1 disagrees with rank 0 on its config"), "{error}");
     }
 }
+
+/// `wirl generate --tp 2` (ranks as threads, each holding half of the heads, the MLP and the
+/// vocabulary): the text one model writes, greedy and sampled with a seed; a split that does
+/// not divide the heads is refused, naming the field.
+#[test]
+fn generate_on_two_tensor_parallel_ranks_writes_one_models_text() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), true);
+    let generate = |tp: &str, extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["generate", "--prompt", "w2", "--max-tokens", "12", "--tp", tp, "--model"])
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for extra in [&["--temperature", "0"][..], &["--temperature", "1", "--seed", "7", "-n", "3"][..]] {
+        let (ok1, one, said1) = generate("1", extra);
+        let (ok2, two, said2) = generate("2", extra);
+        assert!(ok1 && ok2, "{said1}\n{said2}");
+        assert!(!one.trim().is_empty());
+        assert_eq!(one, two, "{extra:?}");
+    }
+    let (ok, _, said) = generate("3", &[]);
+    assert!(!ok && said.contains("tensor-parallel ranks"), "{said}");
+}

@@ -54,6 +54,10 @@ pub struct Args {
     /// it streams the weights); on CUDA it runs bf16 throughout.
     #[arg(long, value_enum)]
     dtype: Option<WeightsDtype>,
+    /// Tensor-parallel ranks (threads of this process): each holds 1/N of every layer's heads
+    /// and MLP and of the vocabulary, and they sum their partial products (1: one model).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    tp: u16,
 }
 
 /// `--dtype` of the commands that load a model for inference.
@@ -75,13 +79,61 @@ impl WeightsDtype {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let path = crate::model::resolve(args.model.as_deref())?;
     let started = Instant::now();
     let options = LoadOptions { quantized: args.quantized, device: parse_device(&args.device)?, ..Default::default() };
     let options = WeightsDtype::apply(args.dtype, options);
-    let loaded = wirl_engine::load(&path, &options)?;
-    eprintln!("loaded {} in {:.2?}", path.display(), started.elapsed());
+    let tp = usize::from(args.tp);
+    if tp == 1 {
+        let loaded = wirl_engine::load(&path, &options)?;
+        eprintln!("loaded {} in {:.2?}", path.display(), started.elapsed());
+        return generate(&args, &loaded, true);
+    }
+    // Every rank samples the same tokens from the same (gathered) logits only with one seed.
+    args.seed = Some(args.seed.unwrap_or_else(rand_seed));
+    let comms = wirl_engine::ThreadComm::group(tp);
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let options = LoadOptions { comm: std::sync::Arc::new(comm), ..options.clone() };
+                let (path, args) = (&path, &args);
+                scope.spawn(move || -> anyhow::Result<ExitCode> {
+                    let rank0 = options.comm.rank() == 0;
+                    let loaded = wirl_engine::load(path, &options)?;
+                    if rank0 {
+                        eprintln!(
+                            "loaded {} on {tp} tensor-parallel ranks in {:.2?}",
+                            path.display(),
+                            started.elapsed()
+                        );
+                    }
+                    generate(args, &loaded, rank0)
+                })
+            })
+            .collect();
+        let mut results: Vec<anyhow::Result<ExitCode>> = ranks
+            .into_iter()
+            .map(|rank| rank.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect();
+        // A rank's own error says more than the others' "rank k left the group".
+        let first_error =
+            results.iter().position(|r| r.as_ref().is_err_and(|e| !format!("{e:#}").contains("left the group")));
+        results.swap_remove(first_error.unwrap_or(0))
+    })
+}
+
+/// A seed for sampling when none was given.
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    hasher.finish()
+}
+
+/// Generate from `loaded` as `args` say; `speaks`: this rank prints (rank 0, or alone).
+fn generate(args: &Args, loaded: &wirl_engine::LoadedModel, speaks: bool) -> anyhow::Result<ExitCode> {
     let text = match (&args.prompt, &args.chat) {
         (Some(prompt), _) => prompt.clone(),
         (None, Some(chat)) => {
@@ -110,12 +162,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let stream = args.samples == 1;
     let results = wirl_engine::generate(&loaded.model, &loaded.tokenizer, &[request], |_, _, piece| {
-        if stream {
+        if stream && speaks {
             print!("{piece}");
             let _ = std::io::stdout().flush();
         }
     })?;
     let elapsed = started.elapsed();
+    if !speaks {
+        return Ok(ExitCode::SUCCESS);
+    }
     let completions = &results[0];
     if stream {
         println!();
