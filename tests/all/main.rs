@@ -15,6 +15,7 @@ mod hotswap;
 mod install;
 mod languages;
 mod lora;
+mod mpi;
 mod multiturn;
 mod plugins;
 mod precision;

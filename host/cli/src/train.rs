@@ -58,6 +58,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if launched_by_mpirun() {
+        #[cfg(feature = "mpi")]
+        return run_mpi(args);
+        #[cfg(not(feature = "mpi"))]
+        anyhow::bail!(
+            "mpirun started this wirl as one of several processes, but it was built without MPI: build it with \
+             `cargo build --release -p wirl-cli --features mpi` (Open MPI's libopenmpi-dev installed)"
+        );
+    }
     let control = Control::new();
     forward_interrupts(control.clone());
     let mut terminal = Terminal;
@@ -178,19 +187,149 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             (outcome, _) => outcome,
         }
     });
-    match outcome? {
+    Ok(report(outcome?, &run_dir))
+}
+
+/// What a run's end says on the terminal, and its exit code.
+fn report(outcome: Outcome, run_dir: &Path) -> ExitCode {
+    match outcome {
         Outcome::Finished(summary) => {
             if let (Some(b), Some(a)) = (summary.held_out_pass_rate_before, summary.held_out_pass_rate_after) {
                 eprintln!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
             }
             eprintln!("run written to {}", run_dir.display());
-            Ok(ExitCode::SUCCESS)
+            ExitCode::SUCCESS
         }
         Outcome::Stopped { steps_done, abandoned } => {
             let when =
                 if abandoned { format!("during step {}", steps_done + 1) } else { format!("after step {steps_done}") };
             eprintln!("interrupted {when}: resume with `wirl train --resume {}`", run_dir.display());
-            Ok(ExitCode::from(130))
+            ExitCode::from(130)
+        }
+    }
+}
+
+/// Whether Open MPI's `mpirun` started this process as one of several.
+fn launched_by_mpirun() -> bool {
+    std::env::var("OMPI_COMM_WORLD_SIZE").ok().and_then(|n| n.parse::<usize>().ok()).is_some_and(|n| n > 1)
+}
+
+/// `mpirun -n N wirl train --dp N …`: this process is one rank. Rank 0 starts (or prepares
+/// the resume of) the run directory and loads first; then the others read what it wrote —
+/// the run directory's path, its resolved config, its newest checkpoint — and load. A rank
+/// that fails ends the whole job (`MPI_Abort`), naming itself, rather than leaving the
+/// others waiting in a collective.
+#[cfg(feature = "mpi")]
+fn run_mpi(args: Args) -> anyhow::Result<ExitCode> {
+    let comm = Arc::new(wirl_engine::MpiComm::world()?);
+    let rank = comm.rank();
+    let result = run_mpi_rank(&args, comm.clone());
+    drop(comm);
+    match result {
+        Ok(code) => {
+            wirl_engine::MpiComm::finalize();
+            Ok(code)
+        }
+        Err(error) => {
+            eprintln!("error: rank {rank}: {error:#}");
+            wirl_engine::MpiComm::abort(1)
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi_rank(args: &Args, comm: Arc<wirl_engine::MpiComm>) -> anyhow::Result<ExitCode> {
+    let (rank, size) = (comm.rank(), comm.size());
+    let dp = usize::from(args.dp);
+    if dp != size {
+        anyhow::bail!("mpirun started {size} processes but --dp is {dp}: pass --dp {size}");
+    }
+    if args.serve.is_some() || args.watch {
+        anyhow::bail!("--dp {dp}: --serve and --watch are not supported with several ranks yet");
+    }
+    let control = Control::new();
+    forward_interrupts(control.clone());
+    let ranks: Arc<dyn Comm> = comm.clone();
+    let mut terminal = Terminal;
+    let mut quiet = wirl_trainer::Quiet;
+    let observer: &mut dyn Observer = if rank == 0 { &mut terminal } else { &mut quiet };
+    // Rank 0 first: the run directory and its start exist before the others read them.
+    let started = if rank == 0 { Some(start_rank0(args, &control, ranks.clone(), observer)) } else { None };
+    let path = match &started {
+        Some(Ok((_, _, run_dir))) => run_dir.display().to_string(),
+        // Rank 0 failed: it aborts the job (the others are waiting here).
+        Some(Err(_)) | None => String::new(),
+    };
+    if let Some(Err(error)) = started {
+        return Err(error);
+    }
+    let paths = wirl_engine::all_gather_bytes(ranks.as_ref(), path.as_bytes())?;
+    let run_dir = PathBuf::from(String::from_utf8_lossy(&paths[0]).into_owned());
+    let (mut trainer, checkpoint) = match started {
+        Some(Ok((trainer, checkpoint, _))) => (trainer, checkpoint),
+        _ => {
+            // The config rank 0 resolved, with this rank's own overrides (the same
+            // command line: a resume's `--steps`); any difference is refused at start.
+            let mut config = run_dir::config(&run_dir)?;
+            apply_overrides(&mut config, args)?;
+            let checkpoint = match &args.resume {
+                Some(_) => wirl_trainer::checkpoint::latest(&run_dir)?,
+                None => None,
+            };
+            let model = model::resolve(Some(&config.model.path))?;
+            let trainer = Trainer::new(config, &model, &run_dir, checkpoint.as_ref(), control, observer, ranks)?;
+            (trainer, checkpoint)
+        }
+    };
+    let start = checkpoint.as_ref().map_or(0, |c| c.state.step);
+    let outcome = trainer.train(start, checkpoint.as_ref(), observer)?;
+    if rank > 0 {
+        return Ok(match outcome {
+            Outcome::Finished(_) => ExitCode::SUCCESS,
+            Outcome::Stopped { .. } => ExitCode::from(130),
+        });
+    }
+    Ok(report(outcome, &run_dir))
+}
+
+/// Rank 0 of an MPI job: the run directory created (or its resume prepared) and the trainer
+/// loaded, as one trainer alone would.
+#[cfg(feature = "mpi")]
+fn start_rank0(
+    args: &Args,
+    control: &Control,
+    ranks: Arc<dyn Comm>,
+    observer: &mut dyn Observer,
+) -> anyhow::Result<(Trainer, Option<wirl_trainer::checkpoint::Checkpoint>, PathBuf)> {
+    if let Some(run_dir) = &args.resume {
+        let mut config = run_dir::config(run_dir)?;
+        apply_overrides(&mut config, args)?;
+        check_ranks(&config, usize::from(args.dp))?;
+        let checkpoint = run_dir::prepare_resume(run_dir)?;
+        observer.event(Event::Resuming { run_dir, step: checkpoint.state.step });
+        let model = model::resolve(Some(&config.model.path))?;
+        let trainer = Trainer::new(config, &model, run_dir, Some(&checkpoint), control.clone(), observer, ranks)?;
+        return Ok((trainer, Some(checkpoint), run_dir.clone()));
+    }
+    let (mut config, text) = match &args.config {
+        Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
+        None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
+    };
+    apply_overrides(&mut config, args)?;
+    check_ranks(&config, usize::from(args.dp))?;
+    let run_dir = match &args.run_dir {
+        Some(dir) => dir.clone(),
+        None => run_dir::default_run_dir()?,
+    };
+    let existed = run_dir.exists();
+    run_dir::create(&run_dir, &text, &config)?;
+    let started = model::resolve(Some(&config.model.path))
+        .and_then(|model| Trainer::new(config, &model, &run_dir, None, control.clone(), observer, ranks));
+    match started {
+        Ok(trainer) => Ok((trainer, None, run_dir)),
+        Err(error) => {
+            run_dir::abandon(&run_dir, existed);
+            Err(error)
         }
     }
 }

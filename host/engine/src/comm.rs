@@ -39,6 +39,18 @@ pub fn all_gather_bytes(comm: &dyn Comm, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
     Ok(lengths.iter().enumerate().map(|(rank, &n)| all[rank * longest.max(1)..][..n as usize].to_vec()).collect())
 }
 
+/// Every rank's tensor summed in rank order — on every rank the same additions in the same
+/// order, so all ranks hold bit-identical results (ranks whose weights drifted apart by a
+/// rounding would no longer take the same optimizer step).
+pub(crate) fn sum_in_rank_order(all: Vec<Tensor>) -> Result<Tensor> {
+    let mut parts = all.into_iter();
+    let Some(mut sum) = parts.next() else { return Err(Error::Comm("a collective of no ranks".into())) };
+    for part in parts {
+        sum = (sum + part)?;
+    }
+    Ok(sum)
+}
+
 /// One rank: the collectives are identities.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Solo;
@@ -155,13 +167,7 @@ impl Comm for ThreadComm {
     }
 
     fn all_reduce_sum(&self, x: &Tensor) -> Result<Tensor> {
-        let all = self.exchange(x)?;
-        // Summed in rank order on every rank, so all ranks hold bit-identical results.
-        let mut sum = all[0].clone();
-        for part in &all[1..] {
-            sum = (sum + part)?;
-        }
-        Ok(sum)
+        sum_in_rank_order(self.exchange(x)?)
     }
 
     fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor> {

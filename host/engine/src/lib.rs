@@ -5,6 +5,8 @@
 pub mod actor;
 pub mod block_matmul;
 pub mod comm;
+#[cfg(feature = "mpi")]
+pub mod comm_mpi;
 pub mod config;
 mod decode_attention;
 mod decode_matmul;
@@ -30,6 +32,8 @@ pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
 pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, TextPiece, WeightsHold};
 pub use candle_core::{DType, Device};
 pub use comm::{Comm, Solo, ThreadComm, all_gather_bytes};
+#[cfg(feature = "mpi")]
+pub use comm_mpi::MpiComm;
 pub use config::Config;
 pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate};
 pub use llama::{KvCache, Model};
