@@ -118,7 +118,7 @@ fn a_rank_that_fails_or_is_killed_ends_the_job_saying_which() {
         assert!(started.elapsed() < Duration::from_secs(120), "no step in 2 min");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let rank1 = rank_pid(1).expect("rank 1's process");
+    let rank1 = rank_pid(1, &run).expect("rank 1's process");
     assert_eq!(unsafe { libc::kill(rank1, libc::SIGKILL) }, 0);
     let killed = Instant::now();
     loop {
@@ -133,14 +133,17 @@ fn a_rank_that_fails_or_is_killed_ends_the_job_saying_which() {
     assert!(said(&out).contains("signal 9") || said(&out).contains("Killed"), "{}", said(&out));
 }
 
-/// The pid of this machine's wirl process that Open MPI made rank `rank`.
-fn rank_pid(rank: usize) -> Option<i32> {
+/// The pid of the wirl process that Open MPI made rank `rank` of the job training in
+/// `run` (other tests' jobs may be running beside it).
+fn rank_pid(rank: usize, run: &str) -> Option<i32> {
     let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let is_wirl = std::fs::read_link(entry.path().join("exe")).is_ok_and(|exe| exe.ends_with("wirl"));
-        if is_wirl && environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes()) {
+        let ours = cmdline.split(|&b| b == 0).any(|arg| arg == run.as_bytes());
+        if is_wirl && ours && environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes()) {
             return Some(pid);
         }
     }

@@ -21,6 +21,18 @@ pub trait Comm: Send + Sync + std::fmt::Debug {
     fn all_reduce_sum(&self, x: &Tensor) -> Result<Tensor>;
     /// Every rank's `x` concatenated along `dim` in rank order, on every rank.
     fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor>;
+    /// `values` replaced, in place, by the element-wise sum of every rank's, added in rank
+    /// order (bit-identical on every rank). For host buffers such as summed gradients; a
+    /// transport may override it to skip the tensor round trip.
+    fn all_reduce_sum_in_place(&self, values: &mut [f32]) -> Result<()> {
+        if self.size() == 1 {
+            return Ok(());
+        }
+        let tensor = Tensor::from_slice(values, values.len(), &candle_core::Device::Cpu)?;
+        let summed: Vec<f32> = self.all_reduce_sum(&tensor)?.to_vec1()?;
+        values.copy_from_slice(&summed);
+        Ok(())
+    }
 }
 
 /// Every rank's `bytes`, in rank order, on every rank (messages of any length: lengths go

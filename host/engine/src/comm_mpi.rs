@@ -185,4 +185,25 @@ impl Comm for MpiComm {
     fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor> {
         Ok(Tensor::cat(&self.exchange(x)?, dim)?)
     }
+
+    fn all_reduce_sum_in_place(&self, values: &mut [f32]) -> Result<()> {
+        // The values' own bytes out, every rank's gathered, summed straight back into them:
+        // one gather and one pass, where the tensor path copied the bucket five more times.
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let all = self.gather(&bytes)?;
+        let ranks: Vec<&[u8]> = all.chunks(bytes.len()).collect();
+        for (i, value) in values.iter_mut().enumerate() {
+            let at = |rank: &[u8]| f32::from_ne_bytes([rank[4 * i], rank[4 * i + 1], rank[4 * i + 2], rank[4 * i + 3]]);
+            // In rank order, as `sum_in_rank_order` adds (so both paths give the same bits).
+            let mut sum = at(ranks[0]);
+            for rank in &ranks[1..] {
+                sum += at(rank);
+            }
+            *value = sum;
+        }
+        Ok(())
+    }
 }

@@ -84,12 +84,9 @@ impl Gradients {
     /// order: one collective per bucket, not per variable (a few hundred small messages
     /// would each pay the transport's latency), yet never a second copy of all gradients.
     pub fn all_reduce(&mut self, vars: &[&Var], ranks: &dyn Comm, extra: &[f32]) -> Result<Vec<f32>> {
-        let device = candle_core::Device::Cpu;
-        let reduce = |values: Vec<f32>| -> Result<Vec<f32>> {
-            let n = values.len();
-            let summed =
-                ranks.all_reduce_sum(&Tensor::from_vec(values, n, &device)?).map_err(candle_core::Error::wrap)?;
-            summed.to_vec1()
+        let reduce = |mut values: Vec<f32>| -> Result<Vec<f32>> {
+            ranks.all_reduce_sum_in_place(&mut values).map_err(candle_core::Error::wrap)?;
+            Ok(values)
         };
         // Which variables any rank has a gradient for, and the extras.
         let mut head: Vec<f32> = vars.iter().map(|v| f32::from(u8::from(self.get(v).is_some()))).collect();
@@ -116,9 +113,15 @@ impl Gradients {
             let summed = reduce(bucket)?;
             let mut offset = 0;
             for var in &present[start..end] {
-                let n = var.elem_count();
-                self.sums.insert(var.as_tensor().id(), (summed[offset..offset + n].to_vec(), var.shape().clone()));
-                offset += n;
+                let part = &summed[offset..offset + var.elem_count()];
+                // Into the existing buffer where there is one (no fresh allocation).
+                match self.sums.get_mut(&var.as_tensor().id()) {
+                    Some((sum, _)) => sum.copy_from_slice(part),
+                    None => {
+                        self.sums.insert(var.as_tensor().id(), (part.to_vec(), var.shape().clone()));
+                    }
+                }
+                offset += part.len();
             }
             start = end;
         }
