@@ -235,6 +235,36 @@ fn a_closed_stdout_ends_a_command_quietly_and_large_numbers_are_errors() {
 /// gigabytes of tensors in); a `GLIBC_TUNABLES` the user set, even empty, is left as it is.
 #[test]
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn a_process_bound_to_one_core_computes_on_one_thread() {
+    use std::os::unix::process::CommandExt;
+    let threads = |bound: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wirl"));
+        command.arg("--version").env("WIRL_LOG", "debug").env_remove("RAYON_NUM_THREADS");
+        if bound {
+            // SAFETY: only sched_setaffinity between fork and exec (async-signal-safe).
+            unsafe {
+                command.pre_exec(|| {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(0, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = command.output().unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        let said = log.split("candle computes on ").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string);
+        said.unwrap_or_else(|| panic!("no thread count in the debug log: {log}"))
+    };
+    // (`mpirun --bind-to core` binds a rank so: two threads on one core ran 1.5-2.8x slower.)
+    assert_eq!(threads(true), "1");
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(threads(false), cores.to_string());
+}
+
+#[test]
 fn the_binary_starts_with_allocator_tunables_unless_some_are_set() {
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     let kernel_gives_them = !thp.is_empty() && !thp.contains("[never]");

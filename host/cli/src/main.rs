@@ -177,6 +177,9 @@ fn main() -> ExitCode {
             tracing::debug!("the allocator keeps its memory in one heap (GLIBC_TUNABLES has {ONE_HEAP_TUNABLES})");
         }
     }
+    if let Ok(threads) = std::env::var("RAYON_NUM_THREADS") {
+        tracing::debug!("candle computes on {threads} threads (RAYON_NUM_THREADS)");
+    }
     let cli = Cli::parse();
     // Code runners with `workers` start children of this binary (`wirl code-worker`).
     if let Ok(exe) = std::env::current_exe() {

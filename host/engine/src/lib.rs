@@ -46,7 +46,11 @@ pub use tokenizer::{ChatMessage, TextStream, Tokenizer};
 /// Call once at the start of `main`, before any other thread exists.
 pub fn pin_thread_count() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let threads = candle_core::utils::get_num_threads();
+        // The cores this process may run on (`mpirun --bind-to core`, `taskset`, cgroups), not
+        // the machine's: two ranks bound to a core each ran two threads each on it, and
+        // trained 1.5-2.8x slower than with one (docs/BENCHMARKS.md).
+        let allowed = std::thread::available_parallelism().map_or(usize::MAX, std::num::NonZero::get);
+        let threads = candle_core::utils::get_num_threads().min(allowed).max(1);
         // SAFETY: documented to be called first in `main`, while the process has one thread,
         // so nothing reads the environment concurrently.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
