@@ -298,3 +298,39 @@ fn generate_on_two_tensor_parallel_ranks_writes_one_models_text() {
     let (ok, _, said) = generate("3", &[]);
     assert!(!ok && said.contains("tensor-parallel ranks"), "{said}");
 }
+
+/// A LoRA run (bf16 base, KL on) on two ranks: the adapters' gradients are what the ranks
+/// sum; the run writes one trainer's rollouts and a PEFT adapter of the same values.
+#[test]
+fn a_lora_run_on_two_ranks_trains_as_one_trainer_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 2, 0.05);
+    let text = std::fs::read_to_string(&config).unwrap().replace("beta = 0.0", "beta = 0.04");
+    std::fs::write(&config, format!("{text}\n[lora]\nrank = 4\nalpha = 8\nbase_dtype = \"bf16\"\n")).unwrap();
+    let train = |run: &std::path::Path, dp: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("train")
+            .arg(&config)
+            .args(["--dp", dp, "--run-dir"])
+            .arg(run)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "--dp {dp}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    train(&one, "1");
+    train(&two, "2");
+    let read = |run: &std::path::Path| std::fs::read_to_string(run.join("rollouts.jsonl")).unwrap();
+    assert_eq!(read(&one), read(&two));
+    let adapter = |run: &std::path::Path| {
+        let path = run.join("checkpoints/step-000002/adapter/adapter_model.safetensors");
+        let tensors = candle_core::safetensors::load(path, &candle_core::Device::Cpu).unwrap();
+        let mut names: Vec<_> = tensors.keys().cloned().collect();
+        names.sort();
+        names.iter().flat_map(|n| tensors[n].flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect::<Vec<f32>>()
+    };
+    let (a, b) = (adapter(&one), adapter(&two));
+    assert!(!a.is_empty() && a.len() == b.len());
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-4, "an adapter weight differs by {worst}");
+}
