@@ -81,7 +81,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(run_dir) => {
             let mut config = run_dir::config(run_dir)?;
             apply_overrides(&mut config, &args)?;
-            check_ranks(&config, dp)?;
             let checkpoint = run_dir::prepare_resume(run_dir)?;
             terminal.event(Event::Resuming { run_dir, step: checkpoint.state.step });
             let model = model::resolve(Some(&config.model.path))?;
@@ -119,7 +118,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
             };
             apply_overrides(&mut config, &args)?;
-            check_ranks(&config, dp)?;
             let run_dir = match &args.run_dir {
                 Some(dir) => dir.clone(),
                 None => run_dir::default_run_dir()?,
@@ -304,7 +302,6 @@ fn start_rank0(
     if let Some(run_dir) = &args.resume {
         let mut config = run_dir::config(run_dir)?;
         apply_overrides(&mut config, args)?;
-        check_ranks(&config, usize::from(args.dp))?;
         let checkpoint = run_dir::prepare_resume(run_dir)?;
         observer.event(Event::Resuming { run_dir, step: checkpoint.state.step });
         let model = model::resolve(Some(&config.model.path))?;
@@ -316,7 +313,6 @@ fn start_rank0(
         None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
     };
     apply_overrides(&mut config, args)?;
-    check_ranks(&config, usize::from(args.dp))?;
     let run_dir = match &args.run_dir {
         Some(dir) => dir.clone(),
         None => run_dir::default_run_dir()?,
@@ -376,17 +372,6 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let summary = wirl_trainer::eval::evaluate(&config.run_config()?, &model, &output, &mut EvalTerminal { started })?;
     println!("{summary}");
     Ok(ExitCode::SUCCESS)
-}
-
-/// What several data-parallel ranks cannot share yet, refused before anything starts.
-fn check_ranks(config: &TrainConfig, dp: usize) -> anyhow::Result<()> {
-    if dp > 1 && config.grpo.generation_lag > 0 {
-        anyhow::bail!(
-            "--dp {dp}: `grpo.generation_lag` = {} is not supported with several ranks yet (set it to 0)",
-            config.grpo.generation_lag
-        );
-    }
-    Ok(())
 }
 
 fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> {

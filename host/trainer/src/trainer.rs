@@ -107,6 +107,8 @@ struct Drawn {
     skipped: Vec<(usize, SkippedTask)>,
     /// Groups that cannot be sampled: a remote task whose server failed.
     placeholders: Vec<(usize, RolloutGroup)>,
+    /// Already this rank's share (a lagged step's, sampled during the previous update).
+    shared: bool,
 }
 
 /// A step begun during the previous one's update.
@@ -804,7 +806,7 @@ fn draw_tasks(
     stopped: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Option<Drawn>> {
     let group_size = grpo.group_size;
-    let mut drawn = Drawn { picked: Vec::new(), skipped: Vec::new(), placeholders: Vec::new() };
+    let mut drawn = Drawn::default();
     for (t, task) in tasks.iter_mut().enumerate() {
         let groups = allocation[t] as u64;
         // An agent makes its own tasks (after the others' generation).

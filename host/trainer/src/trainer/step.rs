@@ -89,7 +89,7 @@ impl Trainer {
         let Some((drawn, lagged)) = self.draw(step, &stopped, &mut clock)? else {
             return self.abandon();
         };
-        let Drawn { picked, skipped, placeholders } = self.share(drawn);
+        let Drawn { picked, skipped, placeholders, .. } = self.share(drawn);
         for (t, skip) in &skipped {
             tracing::warn!("step {}, task `{}`: {}", step + 1, self.tasks[*t].spec.name, printable(&skip.to_string()));
         }
@@ -165,14 +165,18 @@ impl Trainer {
     /// skipped and the groups that could not be sampled stay with rank 0, which records them.
     fn share(&self, drawn: Drawn) -> Drawn {
         let (rank, size) = (self.ranks.rank(), self.ranks.size());
-        if size == 1 {
+        if size == 1 || drawn.shared {
             return drawn;
         }
-        let Drawn { picked, skipped, placeholders } = drawn;
+        let Drawn { picked, skipped, placeholders, .. } = drawn;
         let n = picked.len();
         let mine = rank * n / size..(rank + 1) * n / size;
         let picked = picked.into_iter().enumerate().filter(|(i, _)| mine.contains(i)).map(|(_, ask)| ask).collect();
-        if rank == 0 { Drawn { picked, skipped, placeholders } } else { Drawn { picked, ..Drawn::default() } }
+        if rank == 0 {
+            Drawn { picked, skipped, placeholders, shared: true }
+        } else {
+            Drawn { picked, shared: true, ..Drawn::default() }
+        }
     }
 
     /// Every rank's groups, in rank order, on rank 0 (`None` on the others, and alone).
@@ -446,6 +450,8 @@ impl Trainer {
             let drawn = draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, &g, stopped);
             // On an error (or a stop) the next step draws again and meets it itself.
             if let Ok(Some(drawn)) = drawn {
+                // With ranks, each samples only its share of the next step.
+                let drawn = self.share(drawn);
                 let in_flight = collect::send(&self.engine, &drawn.picked);
                 let sampling = Some((in_flight, Instant::now()));
                 self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling });
