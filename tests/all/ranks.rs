@@ -330,3 +330,27 @@ fn a_lora_run_on_two_ranks_trains_as_one_trainer_does() {
     let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "an adapter weight differs by {worst}");
 }
+
+/// More ranks than the step has groups (6 ranks, 4 groups): the ranks without a group still
+/// take part in every step and the run equals one trainer's; out-of-range `--dp` and `--tp`
+/// are refused by clap, naming the flag.
+#[test]
+fn more_ranks_than_groups_still_train_as_one_trainer_and_bad_counts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 2, 0.01);
+    let wirl = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).args(args).output().unwrap();
+    let run = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (one, six) = (run("one"), run("six"));
+    let config = config.to_str().unwrap();
+    for (path, dp) in [(&one, "1"), (&six, "6")] {
+        let out = wirl(&["train", config, "--dp", dp, "--run-dir", path]);
+        assert!(out.status.success(), "--dp {dp}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let read = |run: &str| std::fs::read_to_string(std::path::Path::new(run).join("rollouts.jsonl")).unwrap();
+    assert_eq!(read(&one), read(&six));
+    for args in [["train", "--dp", "0"], ["train", "--dp", "65"], ["generate", "--tp", "0"]] {
+        let out = wirl(&args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(args[1]), "{args:?}: {said}");
+    }
+}
