@@ -18,11 +18,9 @@ pub struct Control {
     paused: Arc<AtomicBool>,
     /// The sandboxes whose calls a stop cuts short.
     interrupters: Arc<Mutex<Vec<Interrupter>>>,
-    /// The running trainer's swap state, once it has started.
+    /// The running trainer's swap state, once it has started (rank 0's, with ranks: the
+    /// others follow the task set it has in force at each step boundary).
     swapper: Arc<Mutex<Option<Arc<Swapper>>>>,
-    /// Data-parallel ranks of the run (0 or 1: one trainer). Swaps are refused with more:
-    /// a task set switched in on rank 0 alone would leave the others on the old one.
-    ranks: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Control {
@@ -78,7 +76,6 @@ impl Control {
         if self.is_stopped() {
             return Err(stopping());
         }
-        self.single_rank().map_err(|e| Refusal { message: e.to_string(), report: None })?;
         let swapper = self.swapper().map_err(|e| Refusal { message: e.to_string(), report: None })?;
         let applied = swapper.apply(tasks, options);
         // A stop during the checks cuts their plugin calls short: the refusal is the stop's,
@@ -100,7 +97,6 @@ impl Control {
 
     /// Go back to the task set in force before the last switch, at the next step boundary.
     pub fn rollback(&self) -> Result<String, ControlError> {
-        self.single_rank()?;
         let swapper = self.swapper()?;
         let mut state = swapper.state();
         let Some(previous) = &state.previous else {
@@ -124,22 +120,6 @@ impl Control {
             interrupter.interrupt();
         }
         self.interrupters.lock().unwrap_or_else(|e| e.into_inner()).push(interrupter);
-    }
-
-    pub(crate) fn set_ranks(&self, ranks: usize) {
-        self.ranks.store(ranks, Ordering::SeqCst);
-    }
-
-    /// An error for a swap or rollback in a run of several data-parallel ranks.
-    fn single_rank(&self) -> Result<(), ControlError> {
-        let ranks = self.ranks.load(Ordering::SeqCst);
-        if ranks > 1 {
-            return Err(ControlError::Conflict(format!(
-                "this run trains on {ranks} data-parallel ranks (--dp): swapping or rolling back its tasks is not \
-                 supported there yet; stop it and start a run with the new tasks, or train on one rank to swap live"
-            )));
-        }
-        Ok(())
     }
 
     pub(crate) fn attach(&self, swapper: Arc<Swapper>) {

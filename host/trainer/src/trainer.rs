@@ -182,7 +182,6 @@ impl Trainer {
         ));
         if !follower {
             control.attach(swapper.clone());
-            control.set_ranks(ranks.size());
         }
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
@@ -236,6 +235,42 @@ impl Trainer {
                     );
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// With ranks, at each step boundary: rank 0's task set in force on every rank — a
+    /// manifest that rank 0 switched to (a swap, a rollback) loaded and switched in by the
+    /// others at the same boundary, from the plugin bytes rank 0 keeps in the run directory;
+    /// then every rank's plugins checked against rank 0's.
+    fn follow_tasks(&mut self, step: usize, observer: &mut dyn Observer) -> anyhow::Result<()> {
+        if self.ranks.size() == 1 {
+            return Ok(());
+        }
+        let mine =
+            if self.writes() { serde_json::to_vec(&(&self.manifest, self.plugin_hashes()))? } else { Vec::new() };
+        let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &mine)?;
+        if self.writes() {
+            return Ok(());
+        }
+        let (manifest, plugins): (Manifest, Vec<(String, String)>) = serde_json::from_slice(&all[0])?;
+        if manifest.generation != self.manifest.generation {
+            let generation = manifest.generation;
+            let staged = self.stage(manifest).with_context(|| format!("rank {}", self.ranks.rank()))?;
+            self.switch(step, staged, false, observer)?;
+            tracing::debug!(
+                "rank {} switched to manifest generation {generation} at step {}",
+                self.ranks.rank(),
+                step + 1
+            );
+        }
+        if self.plugin_hashes() != plugins {
+            bail!(
+                "rank {} runs other plugins than rank 0 at step {} (by sha256: {:?} against {plugins:?})",
+                self.ranks.rank(),
+                step + 1,
+                self.plugin_hashes()
+            );
         }
         Ok(())
     }
@@ -367,7 +402,9 @@ impl Trainer {
         // `staged` already, it would otherwise be neither staged nor in force for a write's
         // time (a client reading the status then saw the swap vanish).
         self.swapper.switched(&manifest, Some(old_manifest.clone()), probation);
-        manifest.write(&self.run_dir)?;
+        if self.writes() {
+            manifest.write(&self.run_dir)?;
+        }
         self.previous =
             Some(Previous { manifest: old_manifest, specs: old_specs, tasks: old_tasks, allocation: old_allocation });
         let mut event = SwapEvent::new(step, "applied");
@@ -386,6 +423,9 @@ impl Trainer {
 
     /// Record a switch in `events.jsonl` and tell the observer.
     fn announce(&self, event: &SwapEvent, observer: &mut dyn Observer) {
+        if !self.writes() {
+            return;
+        }
         self.swapper.record(event);
         observer.event(Event::Swap {
             step: event.step,
@@ -615,8 +655,10 @@ impl Trainer {
         let mut skipped_in_a_row = 0;
         let alone = self.ranks.size() == 1;
         for step in start..steps {
-            // Every rank stops at the same boundary (a stop seen by any of them).
+            // Every rank stops at the same boundary (a stop seen by any of them), and runs
+            // the task set rank 0 has in force from it (a swap or rollback applied there).
             let stop_here = self.boundary(step, observer)?;
+            self.follow_tasks(step, observer)?;
             if self.agree(stop_here)? {
                 // Stopped while paused between steps: nothing of the next step began.
                 rollouts.flush()?;
