@@ -91,7 +91,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         return generate(&args, &loaded, true);
     }
     // Every rank samples the same tokens from the same (gathered) logits only with one seed.
-    args.seed = Some(args.seed.unwrap_or_else(rand_seed));
+    args.seed = Some(args.seed.unwrap_or_else(rand::random));
     let comms = wirl_engine::ThreadComm::group(tp);
     std::thread::scope(|scope| {
         let ranks: Vec<_> = comms
@@ -122,14 +122,6 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             results.iter().position(|r| r.as_ref().is_err_and(|e| !format!("{e:#}").contains("left the group")));
         results.swap_remove(first_error.unwrap_or(0))
     })
-}
-
-/// A seed for sampling when none was given.
-fn rand_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    hasher.finish()
 }
 
 /// Generate from `loaded` as `args` say; `speaks`: this rank prints (rank 0, or alone).

@@ -77,69 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut comms: Vec<Arc<dyn Comm>> =
         ThreadComm::group(dp).into_iter().map(|comm| Arc::new(comm) as Arc<dyn Comm>).collect();
     let rank0 = comms.remove(0);
-    let (mut trainer, checkpoint, run_dir, config, model) = match &args.resume {
-        Some(run_dir) => {
-            let mut config = run_dir::config(run_dir)?;
-            apply_overrides(&mut config, &args)?;
-            let checkpoint = run_dir::prepare_resume(run_dir)?;
-            terminal.event(Event::Resuming { run_dir, step: checkpoint.state.step });
-            let model = model::resolve(Some(&config.model.path))?;
-            let trainer = Trainer::new(
-                config.clone(),
-                &model,
-                run_dir,
-                Some(&checkpoint),
-                control.clone(),
-                &mut terminal,
-                rank0,
-            )?;
-            let current = trainer.plugin_hashes();
-            if current != checkpoint.state.plugins && checkpoint.state.manifest_generation.is_none() {
-                tracing::warn!("the plugins changed since the checkpoint (by sha256): {current:?}");
-            } else if current != checkpoint.state.plugins {
-                // The manifest in force names other bytes than those the checkpoint was
-                // trained with: the manifests were rewritten after it.
-                anyhow::bail!(
-                    "{}: the plugins of manifest generation {} are not those its checkpoint of step {} was trained \
-                     with (by sha256: checkpoint {:?}, manifest {:?}); the run directory's manifests changed after \
-                     the checkpoint. Refusing to resume on other bytes: restore the run directory, or start a new run",
-                    run_dir.display(),
-                    checkpoint.state.manifest_generation.map_or("?".into(), |g| g.to_string()),
-                    checkpoint.state.step,
-                    checkpoint.state.plugins,
-                    current
-                );
-            }
-            (trainer, Some(checkpoint), run_dir.clone(), config, model)
-        }
-        None => {
-            let (mut config, text) = match &args.config {
-                Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
-                None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
-            };
-            apply_overrides(&mut config, &args)?;
-            let run_dir = match &args.run_dir {
-                Some(dir) => dir.clone(),
-                None => run_dir::default_run_dir()?,
-            };
-            let existed = run_dir.exists();
-            run_dir::create(&run_dir, &text, &config)?;
-            let started = model::resolve(Some(&config.model.path)).and_then(|model| {
-                let trainer =
-                    Trainer::new(config.clone(), &model, &run_dir, None, control.clone(), &mut terminal, rank0)?;
-                Ok((trainer, model))
-            });
-            let (trainer, model) = match started {
-                Ok(started) => started,
-                Err(error) => {
-                    // Nothing trained: the directory must not refuse the corrected retry.
-                    run_dir::abandon(&run_dir, existed);
-                    return Err(error);
-                }
-            };
-            (trainer, None, run_dir, config, model)
-        }
-    };
+    let Started { mut trainer, checkpoint, run_dir, config, model } = start(&args, &control, rank0, &mut terminal)?;
     let _served = crate::ctl::serve(&run_dir, control.clone())?;
     let _serving = match &args.serve {
         Some(address) => Some(crate::serve::serve_training(address, args.api_key.clone(), &trainer, control.clone())?),
@@ -186,6 +124,76 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     });
     Ok(report(outcome?, &run_dir))
+}
+
+/// A run started (or its resume prepared) by its first rank, as one trainer alone starts it.
+struct Started {
+    trainer: Trainer,
+    checkpoint: Option<wirl_trainer::checkpoint::Checkpoint>,
+    run_dir: PathBuf,
+    config: TrainConfig,
+    model: PathBuf,
+}
+
+/// Rank 0's start (or a trainer alone's): a resume's config and checkpoint, refusing
+/// plugins other than the checkpoint's; or a new run directory, removed again if loading
+/// fails. `ranks`: the data-parallel group this trainer is rank 0 of.
+fn start(args: &Args, control: &Control, ranks: Arc<dyn Comm>, observer: &mut dyn Observer) -> anyhow::Result<Started> {
+    Ok(match &args.resume {
+        Some(run_dir) => {
+            let mut config = run_dir::config(run_dir)?;
+            apply_overrides(&mut config, args)?;
+            let checkpoint = run_dir::prepare_resume(run_dir)?;
+            observer.event(Event::Resuming { run_dir, step: checkpoint.state.step });
+            let model = model::resolve(Some(&config.model.path))?;
+            let trainer =
+                Trainer::new(config.clone(), &model, run_dir, Some(&checkpoint), control.clone(), observer, ranks)?;
+            let current = trainer.plugin_hashes();
+            if current != checkpoint.state.plugins && checkpoint.state.manifest_generation.is_none() {
+                tracing::warn!("the plugins changed since the checkpoint (by sha256): {current:?}");
+            } else if current != checkpoint.state.plugins {
+                // The manifest in force names other bytes than those the checkpoint was
+                // trained with: the manifests were rewritten after it.
+                anyhow::bail!(
+                    "{}: the plugins of manifest generation {} are not those its checkpoint of step {} was trained \
+                     with (by sha256: checkpoint {:?}, manifest {:?}); the run directory's manifests changed after \
+                     the checkpoint. Refusing to resume on other bytes: restore the run directory, or start a new run",
+                    run_dir.display(),
+                    checkpoint.state.manifest_generation.map_or("?".into(), |g| g.to_string()),
+                    checkpoint.state.step,
+                    checkpoint.state.plugins,
+                    current
+                );
+            }
+            Started { trainer, checkpoint: Some(checkpoint), run_dir: run_dir.clone(), config, model }
+        }
+        None => {
+            let (mut config, text) = match &args.config {
+                Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
+                None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
+            };
+            apply_overrides(&mut config, args)?;
+            let run_dir = match &args.run_dir {
+                Some(dir) => dir.clone(),
+                None => run_dir::default_run_dir()?,
+            };
+            let existed = run_dir.exists();
+            run_dir::create(&run_dir, &text, &config)?;
+            let started = model::resolve(Some(&config.model.path)).and_then(|model| {
+                let trainer = Trainer::new(config.clone(), &model, &run_dir, None, control.clone(), observer, ranks)?;
+                Ok((trainer, model))
+            });
+            let (trainer, model) = match started {
+                Ok(started) => started,
+                Err(error) => {
+                    // Nothing trained: the directory must not refuse the corrected retry.
+                    run_dir::abandon(&run_dir, existed);
+                    return Err(error);
+                }
+            };
+            Started { trainer, checkpoint: None, run_dir, config, model }
+        }
+    })
 }
 
 /// What a run's end says on the terminal, and its exit code.
@@ -252,20 +260,20 @@ fn run_mpi_rank(args: &Args, comm: Arc<wirl_engine::MpiComm>) -> anyhow::Result<
     let mut quiet = wirl_trainer::Quiet;
     let observer: &mut dyn Observer = if rank == 0 { &mut terminal } else { &mut quiet };
     // Rank 0 first: the run directory and its start exist before the others read them.
-    let started = if rank == 0 { Some(start_rank0(args, &control, ranks.clone(), observer)) } else { None };
+    let started = if rank == 0 { Some(start(args, &control, ranks.clone(), observer)) } else { None };
     let path = match &started {
-        Some(Ok((_, _, run_dir))) => run_dir.display().to_string(),
+        Some(Ok(started)) => started.run_dir.display().to_string(),
         // Rank 0 failed: it aborts the job (the others are waiting here).
         Some(Err(_)) | None => String::new(),
     };
-    if let Some(Err(error)) = started {
-        return Err(error);
-    }
+    let started = started.transpose()?;
     let paths = wirl_engine::all_gather_bytes(ranks.as_ref(), path.as_bytes())?;
     let run_dir = PathBuf::from(String::from_utf8_lossy(&paths[0]).into_owned());
+    // Rank 0 answers `wirl ctl`, as a trainer alone does.
+    let _served = if rank == 0 { Some(crate::ctl::serve(&run_dir, control.clone())?) } else { None };
     let (mut trainer, checkpoint) = match started {
-        Some(Ok((trainer, checkpoint, _))) => (trainer, checkpoint),
-        _ => {
+        Some(started) => (started.trainer, started.checkpoint),
+        None => {
             // The config rank 0 resolved, with this rank's own overrides (the same
             // command line: a resume's `--steps`); any difference is refused at start.
             let mut config = run_dir::config(&run_dir)?;
@@ -288,46 +296,6 @@ fn run_mpi_rank(args: &Args, comm: Arc<wirl_engine::MpiComm>) -> anyhow::Result<
         });
     }
     Ok(report(outcome, &run_dir))
-}
-
-/// Rank 0 of an MPI job: the run directory created (or its resume prepared) and the trainer
-/// loaded, as one trainer alone would.
-#[cfg(feature = "mpi")]
-fn start_rank0(
-    args: &Args,
-    control: &Control,
-    ranks: Arc<dyn Comm>,
-    observer: &mut dyn Observer,
-) -> anyhow::Result<(Trainer, Option<wirl_trainer::checkpoint::Checkpoint>, PathBuf)> {
-    if let Some(run_dir) = &args.resume {
-        let mut config = run_dir::config(run_dir)?;
-        apply_overrides(&mut config, args)?;
-        let checkpoint = run_dir::prepare_resume(run_dir)?;
-        observer.event(Event::Resuming { run_dir, step: checkpoint.state.step });
-        let model = model::resolve(Some(&config.model.path))?;
-        let trainer = Trainer::new(config, &model, run_dir, Some(&checkpoint), control.clone(), observer, ranks)?;
-        return Ok((trainer, Some(checkpoint), run_dir.clone()));
-    }
-    let (mut config, text) = match &args.config {
-        Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
-        None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
-    };
-    apply_overrides(&mut config, args)?;
-    let run_dir = match &args.run_dir {
-        Some(dir) => dir.clone(),
-        None => run_dir::default_run_dir()?,
-    };
-    let existed = run_dir.exists();
-    run_dir::create(&run_dir, &text, &config)?;
-    let started = model::resolve(Some(&config.model.path))
-        .and_then(|model| Trainer::new(config, &model, &run_dir, None, control.clone(), observer, ranks));
-    match started {
-        Ok(trainer) => Ok((trainer, None, run_dir)),
-        Err(error) => {
-            run_dir::abandon(&run_dir, existed);
-            Err(error)
-        }
-    }
 }
 
 #[derive(clap::Args)]

@@ -207,13 +207,9 @@ impl Learner {
     }
 
     /// Sums across the data-parallel group of `values` (themselves when alone).
-    fn summed(&self, values: Vec<f32>) -> anyhow::Result<Vec<f32>> {
-        if self.ranks.size() == 1 {
-            return Ok(values);
-        }
-        let n = values.len();
-        let tensor = Tensor::from_vec(values, n, &candle_core::Device::Cpu)?;
-        Ok(self.ranks.all_reduce_sum(&tensor)?.to_vec1()?)
+    fn summed(&self, mut values: Vec<f32>) -> anyhow::Result<Vec<f32>> {
+        self.ranks.all_reduce_sum_in_place(&mut values)?;
+        Ok(values)
     }
 
     /// Update the policy on `groups`. `engine`, when the policy's weights are shared with a
@@ -307,12 +303,11 @@ impl Learner {
         if data_parallel {
             let figures = vec![sums.loss, sums.kl, sums.entropy, sums.clip, sums.truncated, sums.lagged_tokens];
             let figures = self.summed(figures)?;
-            let counts = self.summed(vec![stats.groups_recomputed as f32, stats.updates_skipped as f32])?;
+            let recomputed = self.summed(vec![stats.groups_recomputed as f32])?;
             (sums.loss, sums.kl, sums.entropy, sums.clip) = (figures[0], figures[1], figures[2], figures[3]);
             (sums.truncated, sums.lagged_tokens) = (figures[4], figures[5]);
-            stats.groups_recomputed = counts[0] as usize;
-            // Every rank took the same step: skipped on each or on none.
-            stats.updates_skipped = counts[1] as usize / self.ranks.size();
+            stats.groups_recomputed = recomputed[0] as usize;
+            // (Skipped updates need no sum: every rank took the same step, so skipped the same.)
         }
         let epochs = settings.inner_epochs as f32;
         stats.loss = sums.loss / epochs;

@@ -282,11 +282,9 @@ impl Trainer {
 
     /// Whether any rank says `flag` (alone: `flag`). Every rank calls it at the same points.
     fn agree(&self, flag: bool) -> anyhow::Result<bool> {
-        if self.ranks.size() == 1 {
-            return Ok(flag);
-        }
-        let any = self.ranks.all_reduce_sum(&candle_core::Tensor::new(&[f32::from(u8::from(flag))], &Device::Cpu)?)?;
-        Ok(any.to_vec1::<f32>()?[0] > 0.0)
+        let mut any = [f32::from(u8::from(flag))];
+        self.ranks.all_reduce_sum_in_place(&mut any)?;
+        Ok(any[0] > 0.0)
     }
 
     /// The engine that samples from the policy (shared: a server may generate with it too).
