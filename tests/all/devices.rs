@@ -133,3 +133,35 @@ fn a_device_it_cannot_use_is_refused_by_name() {
     assert!(!out.status.success() && said.contains("model.device") && said.contains("train.toml"), "{said}");
     assert!(!run.exists(), "a refused start leaves no run directory");
 }
+
+/// `wirl model check-device --device cpu` on the tiny model: one JSON line that passes, with
+/// a difference that is not zero (the paths sum in other orders) over every variable of both
+/// backward paths; a tolerance below that difference fails with exit code 1; a tolerance
+/// that is not a positive number is refused.
+#[test]
+fn check_device_compares_the_generic_path_with_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), false);
+    let check = |tolerance: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["model", "check-device", "--device", "cpu", &format!("--tolerance={tolerance}"), "--model"])
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = check("1e-3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pass"], true);
+    let worst = report["agreement"]["worst_relative"].as_f64().unwrap();
+    assert!(worst > 0.0 && worst < 1e-4, "{report}");
+    let variables = wirl_engine::load::load_tensors(dir.path(), &Default::default()).unwrap().2.len() as u64;
+    assert_eq!(report["agreement"]["compared"].as_u64(), Some(2 * variables), "{report}");
+    let strict = check(&format!("{}", worst / 4.0));
+    assert_eq!(strict.status.code(), Some(1), "{}", String::from_utf8_lossy(&strict.stdout));
+    for bad in ["0", "-1", "NaN", "inf"] {
+        let out = check(bad);
+        assert!(!out.status.success(), "{bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--tolerance"), "{bad}");
+    }
+}

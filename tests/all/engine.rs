@@ -472,32 +472,39 @@ fn the_weights_barrier_waits_for_running_rows_and_counts_versions() {
     assert_eq!(engine.hold_weights().unwrap().version, 1);
 }
 
-/// A server's engine reuses the previous lone prompt's keys and values for the next prompt
-/// that starts like it: greedy and sampled completions equal those of the whole prompt
-/// computed at once (log-probs within 1e-4), whether the batch is idle or running, and a
-/// prompt sharing too little, or after the weights changed, is computed whole.
+/// The prefix cache: a prompt that starts with an earlier prompt's (or finished row's) whole
+/// blocks computes only the rest, and its greedy and sampled completions equal those of the
+/// whole prompt computed at once (log-probs within 1e-4: the cached keys were computed in
+/// another batch shape), whether the batch is idle or running; equal prompts admitted
+/// together are computed once; a hit and a miss admitted together each get their own pass;
+/// a block evicted (here: the whole cache cleared, as a weights change does) while a
+/// request that used it runs changes nothing for it; after the clear nothing is reused.
 #[test]
-fn a_reused_prompt_prefix_gives_what_the_whole_prompt_gives() {
+fn a_cached_prompt_prefix_gives_what_the_whole_prompt_gives() {
     let (_dir, m) = tiny(false);
     let shared: Vec<u32> = (5..25).collect();
     let with = |tail: &[u32]| -> Vec<u32> { shared.iter().chain(tail).copied().collect() };
+    let sampled = |max_tokens, seed| Sampling { max_tokens, seed: Some(seed), ..Default::default() };
     let requests = [
-        GenerateRequest {
-            prompt: with(&[40, 41]),
-            n: 2,
-            sampling: Sampling { max_tokens: 8, seed: Some(3), ..Default::default() },
-        },
+        GenerateRequest { prompt: with(&[40, 41]), n: 2, sampling: sampled(8, 3) },
         GenerateRequest { prompt: with(&[50]), n: 1, sampling: Sampling::greedy(6) },
-        GenerateRequest {
-            prompt: with(&[60, 61, 62]),
-            n: 2,
-            sampling: Sampling { max_tokens: 5, seed: Some(4), ..Default::default() },
-        },
+        GenerateRequest { prompt: with(&[60, 61, 62]), n: 2, sampling: sampled(5, 4) },
         GenerateRequest { prompt: (30..50).collect(), n: 1, sampling: Sampling::greedy(4) },
+        // Admitted together: two equal prompts, a hit and a miss.
+        GenerateRequest { prompt: with(&[7, 8]), n: 1, sampling: sampled(5, 5) },
+        GenerateRequest { prompt: with(&[7, 8]), n: 1, sampling: sampled(5, 6) },
+        GenerateRequest { prompt: (2..30).rev().collect(), n: 2, sampling: sampled(4, 7) },
     ];
     let alone: Vec<_> = requests.iter().map(|r| generate_alone(&m.model, &m.tokenizer, r)).collect();
+    let stats = std::sync::Arc::new(wirl_engine::prefix_cache::PrefixStats::default());
+    let cache = std::sync::Arc::new(std::sync::Mutex::new(wirl_engine::prefix_cache::PrefixCache::new(
+        1 << 20,
+        m.model.kv_bytes_per_position(),
+        stats.clone(),
+    )));
     let mut batch = wirl_engine::Batch::new(&m.model, &m.tokenizer);
-    batch.reuse_prefixes(true);
+    batch.use_prefix_cache(Some(cache.clone()));
+    batch.count_into(stats.clone());
     let mut results = vec![Vec::new(); requests.len()];
     let mut run = |batch: &mut wirl_engine::Batch, until_idle: bool| {
         loop {
@@ -509,21 +516,62 @@ fn a_reused_prompt_prefix_gives_what_the_whole_prompt_gives() {
             }
         }
     };
-    batch.admit(vec![(0, requests[0].clone())]).unwrap();
+    let admit = |batch: &mut wirl_engine::Batch, ids: &[usize]| {
+        batch.admit(ids.iter().map(|&i| (i as u64, requests[i].clone())).collect()).unwrap();
+    };
+    admit(&mut batch, &[0]);
     run(&mut batch, true);
-    // Idle: the second reuses the first's 20 shared positions.
-    batch.admit(vec![(1, requests[1].clone())]).unwrap();
+    // Idle: the second takes the first's whole block of the 20 shared positions.
+    admit(&mut batch, &[1]);
     run(&mut batch, false);
-    // Running: the third joins mid-decode, from the second's prefix.
-    batch.admit(vec![(2, requests[2].clone())]).unwrap();
+    assert_eq!(batch.reused_prefix_positions(), 16);
+    // Running: the third joins mid-decode from the same block; then the cache is cleared
+    // under it.
+    admit(&mut batch, &[2]);
+    cache.lock().unwrap().clear();
     run(&mut batch, true);
-    batch.forget_prefix();
-    batch.admit(vec![(3, requests[3].clone())]).unwrap();
+    assert_eq!(batch.reused_prefix_positions(), 32);
+    admit(&mut batch, &[3]);
     run(&mut batch, true);
+    assert_eq!(batch.reused_prefix_positions(), 32, "nothing is reused after a clear");
+    let computed_before = stats.positions().1;
+    admit(&mut batch, &[4, 5, 6]);
+    run(&mut batch, true);
+    // Request 2 finished after the clear and kept its blocks again (the shared one among
+    // them): the equal prompts are one row, of which 6 positions are computed, the other
+    // prompt 28.
+    assert_eq!(stats.positions().1 - computed_before, 6 + 28, "equal prompts computed once");
     for (i, (expected, got)) in alone.iter().zip(&results).enumerate() {
         assert_same_completions(expected, got, &format!("request {i}"));
     }
-    assert_eq!(batch.reused_prefix_positions(), 40, "the second and third each reused 20 positions");
+    // A finished row keeps its prompt and its tokens: a next turn that extends them takes
+    // every whole block, the completion's included (the turn is padded so that its
+    // completion's tokens complete a block).
+    let mut next_turn = requests[0].prompt.clone();
+    next_turn.extend(&results[0][0].tokens);
+    while next_turn.len() % 16 != 14 {
+        next_turn.push(9);
+    }
+    let turn = GenerateRequest {
+        prompt: next_turn.clone(),
+        n: 1,
+        sampling: Sampling { ignore_eos: true, ..Sampling::greedy(3) },
+    };
+    batch.admit(vec![(10, turn.clone())]).unwrap();
+    let mut completion = Vec::new();
+    while !batch.is_idle() {
+        for (_, done) in batch.step(|_, _, _| {}).unwrap() {
+            completion = done[0].tokens.clone();
+        }
+    }
+    assert_eq!(completion.len(), 3);
+    let reused = batch.reused_prefix_positions();
+    let mut again = next_turn.clone();
+    again.extend(&completion);
+    again.push(11);
+    batch.admit(vec![(11, GenerateRequest { prompt: again.clone(), ..turn })]).unwrap();
+    // The completion's last token was never run: the kept sequence ends one before it.
+    assert_eq!(batch.reused_prefix_positions() - reused, next_turn.len() + 2, "every whole block of the turn");
 }
 
 /// A directory saved by transformers 4.43 or later keeps its chat template in

@@ -295,6 +295,74 @@ fn generate_on_two_tensor_parallel_ranks_writes_one_models_text() {
     assert!(!ok && said.contains("tensor-parallel ranks"), "{said}");
 }
 
+/// `wirl serve --tp 2` (ranks as threads: the first batches and sends the other its plan
+/// every turn): answers as one model does, greedy and seeded; stays whole through a client
+/// that goes away mid-stream (its cancellation is part of the plan) and a burst of
+/// concurrent requests (joining mid-batch), after which it still answers as one model.
+#[test]
+fn serve_on_two_tensor_parallel_ranks_answers_as_one_model() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), true);
+    let one = crate::serve::Server::start_model(dir.path(), &[]);
+    let two = crate::serve::Server::start_model(dir.path(), &["--tp", "2"]);
+    let requests = [
+        json!({"prompt": "w2", "max_tokens": 12, "temperature": 0}),
+        json!({"prompt": "w3 w1", "max_tokens": 10, "temperature": 1, "seed": 7, "n": 3}),
+    ];
+    let answer = |server: &crate::serve::Server, body: &serde_json::Value| -> Vec<String> {
+        let (status, value) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{value}");
+        value["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap().to_string()).collect()
+    };
+    let expected: Vec<Vec<String>> = requests.iter().map(|r| answer(&one, r)).collect();
+    assert!(expected.iter().flatten().any(|text| !text.is_empty()));
+    for (request, expected) in requests.iter().zip(&expected) {
+        assert_eq!(&answer(&two, request), expected, "{request}");
+    }
+    drop(two.start_counting(400));
+    std::thread::scope(|scope| {
+        let burst: Vec<_> = (0..6)
+            .map(|i| {
+                let body = json!({"prompt": format!("w{} w{}", i + 1, i + 2), "max_tokens": 8 + i, "temperature": 1});
+                let two = &two;
+                scope.spawn(move || answer(two, &body))
+            })
+            .collect();
+        for request in burst {
+            assert_eq!(request.join().unwrap().len(), 1);
+        }
+    });
+    for (request, expected) in requests.iter().zip(&expected) {
+        assert_eq!(&answer(&two, request), expected, "after the burst: {request}");
+    }
+}
+
+/// What `wirl serve --tp` cannot do is refused before it listens, saying why: no ranks, a
+/// split that does not divide the heads, reloadable weights, a device this build lacks.
+#[test]
+fn serve_refuses_splits_it_cannot_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), true);
+    let serve = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["serve", "--port", "0", "--model"])
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?} was served");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(serve(&["--tp", "0"]).contains("--tp must be at least 1"));
+    assert!(serve(&["--tp", "3"]).contains("tensor-parallel ranks"));
+    let weights = dir.path().to_str().unwrap();
+    assert!(serve(&["--tp", "2", "--weights-dir", weights]).contains("--weights-dir"));
+    if !cfg!(feature = "cuda") {
+        assert!(serve(&["--tp", "2", "--device", "cuda"]).contains("built without CUDA"));
+    }
+}
+
 /// A LoRA run (bf16 base, KL on) on two ranks: the adapters' gradients are what the ranks
 /// sum; the run writes one trainer's rollouts and a PEFT adapter of the same values.
 #[test]

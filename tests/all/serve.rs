@@ -16,10 +16,14 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(flags: &[&str]) -> Server {
-        let model = crate::engine::default_model();
+        Server::start_model(&crate::engine::default_model(), flags)
+    }
+
+    /// A server of the model at `model`.
+    pub(crate) fn start_model(model: &Path, flags: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_wirl"))
             .args(["serve", "--port", "0", "--model"])
-            .arg(&model)
+            .arg(model)
             .args(flags)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -426,4 +430,52 @@ fn weights_loading_is_off_unless_a_directory_is_given() {
     let (status, answer) = server.post("/v1/load_weights", r#"{"path": "/"}"#);
     assert_eq!(status, 403, "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("--weights-dir"), "{answer}");
+}
+
+/// `wirl serve`'s prefix cache: a request that repeats an earlier one's start computes only
+/// the rest, its answer unchanged, and /metrics counts the positions taken from the cache;
+/// a flood of distinct prompts never holds more blocks than `--prefix-cache-mib` allows
+/// (the least recent go); a budget past 1 TiB is refused.
+#[test]
+fn served_requests_share_their_prefixes_within_a_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), false);
+    let server = Server::start_model(dir.path(), &["--prefix-cache-mib", "1"]);
+    let gauge = |name: &str| -> f64 {
+        let (_, _, text) = server.http("GET", "/metrics", &[], b"");
+        let line =
+            text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {text}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let words = |seed: usize, n: usize| {
+        (0..n).map(|i| format!("w{}", 2 + (seed * 7 + i * 3) % 40)).collect::<Vec<_>>().join(" ")
+    };
+    let complete = |prompt: &str| -> String {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": 4, "temperature": 0}).to_string();
+        let (status, value) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{value}");
+        value["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let long = words(1, 40);
+    let first = complete(&format!("{long} w3"));
+    assert_eq!(gauge("wirl_serve_prompt_positions_cached_total"), 0.0);
+    let again = complete(&format!("{long} w3"));
+    assert_eq!(first, again, "a cached start gives the same greedy answer");
+    assert!(gauge("wirl_serve_prompt_positions_cached_total") >= 32.0);
+    assert!(gauge("wirl_serve_prefix_cache_hit_rate") > 0.0);
+    // 2 layers × 2 × 2 key/value heads × 8 × 4 bytes = 256 bytes a position: 1 MiB is 256
+    // blocks of 16; 200 prompts of 40 tokens would keep 400.
+    for seed in 100..300 {
+        // Distinct from their first two tokens.
+        complete(&format!("w{} w{} {}", 2 + seed % 60, 2 + seed / 60, words(0, 38)));
+        assert!(gauge("wirl_serve_prefix_cache_blocks") <= 256.0, "after prompt {seed}");
+    }
+    assert!(gauge("wirl_serve_prefix_cache_blocks") >= 200.0, "the cache was used to its budget");
+    drop(server);
+    let out = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["serve", "--port", "0", "--prefix-cache-mib", "2000000", "--model"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--prefix-cache-mib"));
 }

@@ -82,7 +82,11 @@ impl WeightsDtype {
 pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let path = crate::model::resolve(args.model.as_deref())?;
     let started = Instant::now();
-    let options = LoadOptions { quantized: args.quantized, device: parse_device(&args.device)?, ..Default::default() };
+    let options = LoadOptions {
+        quantized: args.quantized,
+        device: crate::device::parse_device(&args.device)?,
+        ..Default::default()
+    };
     let options = WeightsDtype::apply(args.dtype, options);
     let tp = usize::from(args.tp);
     if tp == 1 {
@@ -92,12 +96,15 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     }
     // Every rank samples the same tokens from the same (gathered) logits only with one seed.
     args.seed = Some(args.seed.unwrap_or_else(rand::random));
-    let comms = wirl_engine::ThreadComm::group(tp);
+    let device = wirl_trainer::config::DeviceSpec::parse(&args.device).unwrap_or_default();
+    let comms = crate::ranks::threads(tp, device)?;
     std::thread::scope(|scope| {
         let ranks: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let options = LoadOptions { comm: std::sync::Arc::new(comm), ..options.clone() };
+                // CUDA ranks load on their own GPUs.
+                let device = comm.device().unwrap_or_else(|| options.device.clone());
+                let options = LoadOptions { comm, device, ..options.clone() };
                 let (path, args) = (&path, &args);
                 scope.spawn(move || -> anyhow::Result<ExitCode> {
                     let rank0 = options.comm.rank() == 0;
@@ -183,20 +190,4 @@ fn generate(args: &Args, loaded: &wirl_engine::LoadedModel, speaks: bool) -> any
         generated as f64 / elapsed.as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// `cpu`, `cuda` or `cuda:N`.
-pub fn parse_device(text: &str) -> anyhow::Result<wirl_engine::Device> {
-    let ordinal = match text {
-        "cpu" => return Ok(wirl_engine::Device::Cpu),
-        "cuda" => 0,
-        other => match other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
-            Some(n) => n,
-            None => anyhow::bail!("--device {other:?}: expected cpu, cuda or cuda:N"),
-        },
-    };
-    if !cfg!(feature = "cuda") {
-        anyhow::bail!("--device {text}: this wirl was built without CUDA; build one with scripts/build-cuda");
-    }
-    wirl_engine::Device::new_cuda(ordinal).map_err(|e| anyhow::anyhow!("--device {text}: {e}"))
 }

@@ -1,10 +1,12 @@
 //! The `wirl` command.
 
 mod ctl;
+mod device;
 mod generate;
 mod inspect;
 mod model;
 mod plot;
+mod ranks;
 mod scaffold;
 mod score;
 mod serve;
@@ -141,6 +143,10 @@ enum ModelCommand {
     /// Merge a LoRA adapter (PEFT's format, as LoRA runs checkpoint it) into its base model
     /// and write a plain Hugging Face directory.
     Merge(model::MergeArgs),
+    /// Does a device train as the CPU does: one fixed batch's loss and gradients on the CPU
+    /// and on `--device` (the device-generic step), compared; JSON out, exit 1 past the
+    /// tolerance. On `cpu` it compares the CPU's composed ops with its hand-written ones.
+    CheckDevice(model::CheckDeviceArgs),
 }
 
 #[derive(Subcommand)]
@@ -208,6 +214,7 @@ fn main() -> ExitCode {
         Command::Model(ModelCommand::Export(args)) => model::export(args),
         Command::Model(ModelCommand::Inspect(args)) => model::inspect(args),
         Command::Model(ModelCommand::Merge(args)) => model::merge(args),
+        Command::Model(ModelCommand::CheckDevice(args)) => model::check_device(args),
         Command::Ctl(args) => ctl::run(args),
         Command::Serve(args) => serve::run(args),
         Command::CodeWorker => code_worker(),

@@ -222,3 +222,44 @@ fn tempfile_dir(parent: &std::path::Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
+
+#[derive(clap::Args)]
+pub struct CheckDeviceArgs {
+    /// An HF model directory or a GGUF file (or the default model's name) [default: the
+    /// default model].
+    #[arg(long)]
+    model: Option<String>,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// The largest gradient difference allowed, relative to each gradient's largest value.
+    #[arg(long, default_value_t = 1e-3)]
+    tolerance: f32,
+}
+
+/// `wirl model check-device`: [`wirl_grpo::device_check::compare_with_cpu`], as one JSON line.
+pub fn check_device(args: CheckDeviceArgs) -> anyhow::Result<ExitCode> {
+    if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
+        anyhow::bail!("--tolerance {}: expected a positive number", args.tolerance);
+    }
+    let path = resolve(args.model.as_deref())?;
+    let device = crate::device::parse_device(&args.device)?;
+    let (config, _, tensors) = wirl_engine::load::load_tensors(&path, &Default::default())?;
+    let started = std::time::Instant::now();
+    let agreement = wirl_grpo::device_check::compare_with_cpu(&config, &tensors, &device)?;
+    let loss_relative = (agreement.loss_cpu - agreement.loss_device).abs() / agreement.loss_cpu.abs().max(1e-6);
+    let pass = agreement.worst_relative <= args.tolerance && loss_relative <= args.tolerance;
+    println!(
+        "{}",
+        serde_json::json!({
+            "model": path.display().to_string(),
+            "device": args.device,
+            "tolerance": args.tolerance,
+            "loss_relative": loss_relative,
+            "agreement": agreement,
+            "seconds": started.elapsed().as_secs_f64(),
+            "pass": pass,
+        })
+    );
+    Ok(if pass { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

@@ -43,6 +43,14 @@ pub struct Args {
     /// by the rounding of the weights).
     #[arg(long, value_enum)]
     dtype: Option<crate::generate::WeightsDtype>,
+    /// Where the model runs: `cpu`, `cuda` or `cuda:N` (a build made by scripts/build-cuda)
+    /// [default: cpu].
+    #[arg(long)]
+    device: Option<String>,
+    /// Split the model over this many tensor-parallel ranks (threads of this process; on
+    /// CUDA one GPU each, from the one `--device` names, summing over NCCL) [default: 1].
+    #[arg(long)]
+    tp: Option<u16>,
     /// Completions per request (`n`) at most [default: 16].
     #[arg(long)]
     max_n: Option<usize>,
@@ -72,6 +80,11 @@ pub struct Args {
     /// that alone needs more, 400 [default: 2048].
     #[arg(long)]
     kv_budget_mib: Option<usize>,
+    /// MiB of keys and values kept for later requests that start the same way (a shared
+    /// system prompt, a conversation's earlier turns): they compute only their new tokens;
+    /// least recently used blocks go first; 0 keeps none [default: 256].
+    #[arg(long)]
+    prefix_cache_mib: Option<u64>,
     /// The largest request body, in bytes [default: 1048576].
     #[arg(long)]
     max_body_bytes: Option<usize>,
@@ -96,6 +109,8 @@ struct ServeSection {
     name: Option<String>,
     quantized: Option<bool>,
     dtype: Option<crate::generate::WeightsDtype>,
+    device: Option<String>,
+    tp: Option<u16>,
     max_n: Option<usize>,
     max_tokens: Option<usize>,
     max_concurrent: Option<usize>,
@@ -104,6 +119,7 @@ struct ServeSection {
     max_connections: Option<usize>,
     header_timeout_s: Option<u64>,
     kv_budget_mib: Option<usize>,
+    prefix_cache_mib: Option<u64>,
     max_body_bytes: Option<usize>,
     max_episodes: Option<usize>,
     episode_idle_s: Option<u64>,
@@ -207,9 +223,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let run = file.tasks.as_ref().map(wirl_trainer::TrainConfig::run_config).transpose()?;
     let model = args.model.clone().or_else(|| run.as_ref().map(|r| r.model.clone())).or(file.model.clone());
     let path = crate::model::resolve(model.as_deref())?;
-    let options = wirl_engine::LoadOptions { quantized, ..Default::default() };
+    let device_name = args.device.clone().or(section.device.clone()).unwrap_or_else(|| "cpu".into());
+    let device = crate::device::parse_device(&device_name)?;
+    let tp = usize::from(args.tp.or(section.tp).unwrap_or(1));
+    if tp == 0 {
+        bail!("--tp must be at least 1");
+    }
+    if tp > 1 && weights_dir.is_some() {
+        bail!("--tp {tp} with --weights-dir: a tensor-parallel server's weights cannot be reloaded yet");
+    }
+    let options = wirl_engine::LoadOptions { quantized, device, ..Default::default() };
     let options = crate::generate::WeightsDtype::apply(args.dtype.or(section.dtype), options);
-    let loaded = wirl_engine::load(&path, &options)?;
+    let mut shards = if tp == 1 {
+        vec![wirl_engine::load(&path, &options)?]
+    } else {
+        let spec = wirl_trainer::config::DeviceSpec::parse(&device_name).unwrap_or_default();
+        crate::ranks::load_shards(&path, &options, tp, spec)?
+    };
+    let loaded = shards.remove(0);
     let context = loaded.config.max_position_embeddings;
     let name = args.name.clone().or(section.name.clone()).unwrap_or_else(|| match model.as_deref() {
         None | Some(crate::model::DEFAULT_MODEL) => crate::model::DEFAULT_MODEL.to_string(),
@@ -220,17 +251,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(run) => served_tasks(run, &tokenizer)?,
         None => Vec::new(),
     };
-    // Requests arrive one by one and share their chat preamble: each reuses the last one's
-    // shared prefix instead of recomputing it. Long prompts are prefilled in slices, very
-    // long ones decode in a lane of their own, and the cache in flight has a budget.
+    // Requests share their chat preamble and extend earlier conversations: the prefix cache
+    // keeps their keys and values. Long prompts are prefilled in slices, very long ones
+    // decode in a lane of their own, and the cache in flight has a budget.
+    let prefix_cache_mib = args.prefix_cache_mib.or(section.prefix_cache_mib).unwrap_or(256);
+    if prefix_cache_mib > 1 << 20 {
+        bail!("--prefix-cache-mib {prefix_cache_mib}: at most 1048576 (1 TiB); 0 keeps none");
+    }
     let options_engine = wirl_engine::EngineOptions {
-        reuse_prefixes: true,
+        prefix_cache_bytes: prefix_cache_mib.saturating_mul(1 << 20),
         prefill_chunk: Some(prefill_chunk),
         max_lanes: 4,
         kv_budget_bytes: Some((kv_budget_mib as u64) << 20),
     };
-    let (engine, _thread) =
-        wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), options_engine)?;
+    let models =
+        std::iter::once(loaded.model).chain(shards.into_iter().map(|shard| shard.model)).map(Arc::new).collect();
+    let (engine, _threads) = wirl_engine::EngineHandle::spawn_ranks(models, tokenizer.clone(), options_engine)?;
     let config = wirl_server::ServeConfig {
         model_name: name.clone(),
         api_key,

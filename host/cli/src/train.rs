@@ -7,8 +7,9 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use wirl_engine::{Comm, ThreadComm};
+use wirl_engine::Comm;
 use wirl_trainer::config::DEFAULT_TOML;
+use wirl_trainer::config::DeviceSpec;
 use wirl_trainer::{Control, Event, Observer, Outcome, Phase, TrainConfig, Trainer, run_dir};
 
 #[derive(clap::Args)]
@@ -74,8 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if dp > 1 && (args.serve.is_some() || args.watch) {
         anyhow::bail!("--dp {dp}: --serve and --watch are not supported with several ranks yet");
     }
-    let mut comms: Vec<Arc<dyn Comm>> =
-        ThreadComm::group(dp).into_iter().map(|comm| Arc::new(comm) as Arc<dyn Comm>).collect();
+    let mut comms = crate::ranks::threads(dp, if dp > 1 { wanted_device(&args)? } else { DeviceSpec::Cpu })?;
     let rank0 = comms.remove(0);
     let Started { mut trainer, checkpoint, run_dir, config, model } = start(&args, &control, rank0, &mut terminal)?;
     let _served = crate::ctl::serve(&run_dir, control.clone())?;
@@ -255,7 +255,7 @@ fn run_mpi_rank(args: &Args, comm: Arc<wirl_engine::MpiComm>) -> anyhow::Result<
     }
     let control = Control::new();
     forward_interrupts(control.clone());
-    let ranks: Arc<dyn Comm> = comm.clone();
+    let ranks = crate::ranks::over_mpi(comm.clone(), wanted_device(args)?)?;
     let mut terminal = Terminal;
     let mut quiet = wirl_trainer::Quiet;
     let observer: &mut dyn Observer = if rank == 0 { &mut terminal } else { &mut quiet };
@@ -340,6 +340,18 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let summary = wirl_trainer::eval::evaluate(&config.run_config()?, &model, &output, &mut EvalTerminal { started })?;
     println!("{summary}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The device a run's ranks compute on, as its config with the command line's overrides
+/// says: read before any rank loads, since CUDA ranks are joined (one GPU each) first.
+fn wanted_device(args: &Args) -> anyhow::Result<DeviceSpec> {
+    let mut config = match (&args.resume, &args.config) {
+        (Some(run_dir), _) => run_dir::config(run_dir)?,
+        (None, Some(path)) => TrainConfig::load(path)?,
+        (None, None) => TrainConfig::embedded_default()?,
+    };
+    apply_overrides(&mut config, args)?;
+    Ok(config.model.device.as_deref().and_then(DeviceSpec::parse).unwrap_or_default())
 }
 
 fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> {

@@ -6,12 +6,14 @@
 //! The model runs on a plain thread, not a tokio task: a decode step is seconds of CPU work
 //! that must not stall an async runtime. Callers await a tokio channel (or block on it).
 
+use crate::comm::Comm;
 use crate::generate::{Batch, Completion, GenerateRequest, RequestId, extent, validate};
 use crate::llama::Model;
+use crate::prefix_cache::{PrefixCache, PrefixStats};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 /// A piece of streamed text of one sample.
@@ -53,10 +55,12 @@ pub struct WeightsHold {
 /// How the engine thread batches.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EngineOptions {
-    /// A request admitted alone reuses the keys and values of the previous one's shared
-    /// prefix ([`Batch::reuse_prefixes`]): for a server, whose requests share a system prompt
-    /// and arrive one by one; not for a trainer, whose batches must not depend on history.
-    pub reuse_prefixes: bool,
+    /// Bytes of keys and values kept for later requests that start the same way
+    /// ([`PrefixCache`]: an episode's next turn, an agent's next call, a server's shared
+    /// system prompt); 0: none kept (prompts admitted together that are equal are still
+    /// computed once). Counted at the whole model's size on every tensor-parallel rank, so
+    /// that the ranks keep and find the same blocks.
+    pub prefix_cache_bytes: u64,
     /// Prompts longer than this are prefilled in slices between decode steps
     /// ([`Batch::prefill_in_slices`]): for a server, so that one long prompt does not hold
     /// every other client; not for a trainer (a sliced prompt rounds differently).
@@ -131,6 +135,7 @@ fn admission(
 #[derive(Clone)]
 pub struct EngineHandle {
     sender: mpsc::UnboundedSender<Message>,
+    stats: Arc<PrefixStats>,
 }
 
 impl EngineHandle {
@@ -146,11 +151,51 @@ impl EngineHandle {
         options: EngineOptions,
     ) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
         let (sender, receiver) = mpsc::unbounded_channel();
+        let stats = Arc::new(PrefixStats::default());
+        let counted = stats.clone();
         let thread = std::thread::Builder::new()
             .name("wirl-engine".into())
-            .spawn(move || run(model, tokenizer, receiver, options))
+            .spawn(move || run(model, tokenizer, receiver, options, counted))
             .map_err(|e| Error::Generation(format!("cannot start the engine thread: {e}")))?;
-        Ok((EngineHandle { sender }, thread))
+        Ok((EngineHandle { sender, stats }, thread))
+    }
+
+    /// Start a tensor-parallel engine: `ranks[r]` is rank r's shard of one model (loaded with
+    /// its `Comm`), each driven by a thread of its own. The first rank's thread batches as
+    /// [`spawn_with`](Self::spawn_with) does and, every turn, sends the others its plan (the
+    /// requests joining, with their seeds fixed, and those cancelled), which they follow, so
+    /// that every rank's forward pass meets the others' in the collectives. Its weights cannot
+    /// be changed (`set_model`, `hold_weights` are refused). The threads end when every handle
+    /// is dropped.
+    pub fn spawn_ranks(
+        ranks: Vec<Arc<Model>>,
+        tokenizer: Arc<Tokenizer>,
+        options: EngineOptions,
+    ) -> Result<(EngineHandle, Vec<std::thread::JoinHandle<()>>)> {
+        let mut ranks = ranks.into_iter();
+        let first = ranks.next().ok_or_else(|| Error::Input("a tensor-parallel engine of no ranks".into()))?;
+        if first.comm().rank() != 0 {
+            return Err(Error::Input(format!("the first model given is rank {}'s, not rank 0's", first.comm().rank())));
+        }
+        let mut threads = Vec::new();
+        for model in ranks {
+            let tokenizer = tokenizer.clone();
+            let name = format!("wirl-engine-rank-{}", model.comm().rank());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || follow(model, tokenizer, options))
+                    .map_err(|e| Error::Generation(format!("cannot start an engine thread: {e}")))?,
+            );
+        }
+        let (handle, leader) = Self::spawn_with(first, tokenizer, options)?;
+        threads.insert(0, leader);
+        Ok((handle, threads))
+    }
+
+    /// Prompt positions the engine took from its prefix cache and computed, since it began.
+    pub fn prefix_stats(&self) -> &Arc<PrefixStats> {
+        &self.stats
     }
 
     /// The `n` completions of `request`, generated alongside whatever else is running.
@@ -384,19 +429,19 @@ fn run(
     tokenizer: Arc<Tokenizer>,
     mut receiver: mpsc::UnboundedReceiver<Message>,
     options: EngineOptions,
+    stats: Arc<PrefixStats>,
 ) {
+    // A sharded model's ranks follow this thread's every change to the batches.
+    let ranks = (model.comm().size() > 1).then(|| model.comm().clone());
     let mut queue: VecDeque<Message> = VecDeque::new();
     let mut next_id: RequestId = 0;
     let mut version: u64 = 0;
     loop {
         let context = model.config().max_position_embeddings;
         let bytes_per_position = model.kv_bytes_per_position();
-        let new_lane = || {
-            let mut batch = Batch::new(&model, &tokenizer);
-            batch.reuse_prefixes(options.reuse_prefixes);
-            batch.prefill_in_slices(options.prefill_chunk);
-            batch
-        };
+        // A new model starts with an empty cache: no block may serve other weights.
+        let prefixes = prefix_cache(&model, &options, &stats);
+        let new_lane = || lane(&model, &tokenizer, &options, &prefixes, &stats);
         // Lane 0 always exists; the others open for requests of a very different length and
         // close when idle.
         let mut lanes: Vec<Batch> = vec![new_lane()];
@@ -405,7 +450,12 @@ fn run(
             if lanes.iter().all(Batch::is_idle) && queue.is_empty() {
                 match receiver.blocking_recv() {
                     Some(message) => queue.push_back(message),
-                    None => return,
+                    None => {
+                        if let Some(ranks) = &ranks {
+                            let _ = share_plan(ranks.as_ref(), None);
+                        }
+                        return;
+                    }
                 }
             }
             while let Ok(message) = receiver.try_recv() {
@@ -419,7 +469,7 @@ fn run(
             let mut loads: Vec<(usize, usize)> = lanes.iter().map(Batch::load).collect();
             let mut joining: Vec<Vec<(RequestId, GenerateRequest)>> = vec![Vec::new(); lanes.len()];
             while matches!(queue.front(), Some(Message::Generate { .. })) {
-                let Some(Message::Generate { request, reply, text, admitted }) = queue.pop_front() else {
+                let Some(Message::Generate { mut request, reply, text, admitted }) = queue.pop_front() else {
                     unreachable!()
                 };
                 if reply.is_closed() {
@@ -437,8 +487,7 @@ fn run(
                         continue;
                     }
                 };
-                if lane == lanes.len() {
-                    lanes.push(new_lane());
+                if lane == loads.len() {
                     loads.push((0, 0));
                     joining.push(Vec::new());
                 }
@@ -446,74 +495,56 @@ fn run(
                 if let Some(admitted) = admitted {
                     let _ = admitted.send(());
                 }
+                if ranks.is_some() && request.sampling.seed.is_none() {
+                    // Every rank must draw the same tokens.
+                    request.sampling.seed = Some(rand::random());
+                }
                 waiters.insert(next_id, Waiter { reply, text });
                 joining[lane].push((next_id, request));
                 next_id += 1;
             }
-            for (batch, joining) in lanes.iter_mut().zip(joining) {
-                if !joining.is_empty()
-                    && let Err(error) = batch.admit(joining)
-                {
-                    fail_lane(batch, &mut waiters, &error);
-                }
-            }
-            if lanes.iter().all(Batch::is_idle) {
-                lanes.truncate(1);
-                match queue.pop_front() {
-                    Some(Message::SetModel { model, reply }) => break (model, reply),
-                    Some(Message::Hold { held, release }) => {
-                        // No row is running: the holder may write the weights. A holder that
-                        // gave up before this point changed nothing.
-                        let holder_waits = held.send(version).is_ok();
-                        if holder_waits {
-                            let _ = release.blocking_recv();
-                            version += 1;
-                            lanes[0].forget_prefix();
-                        }
-                    }
-                    Some(other) => queue.push_front(other),
-                    None => {}
-                }
-                continue;
-            }
             // Callers that gave up (a client gone, an interrupted trainer): their rows are
             // dropped instead of decoded for no one.
-            let gone: HashSet<RequestId> =
-                waiters.iter().filter(|(_, w)| w.reply.is_closed()).map(|(&id, _)| id).collect();
-            if !gone.is_empty() {
-                waiters.retain(|id, _| !gone.contains(id));
-                for batch in &mut lanes {
-                    if let Err(error) = batch.cancel(&gone) {
-                        fail_lane(batch, &mut waiters, &error);
-                    }
+            let gone: Vec<RequestId> = waiters.iter().filter(|(_, w)| w.reply.is_closed()).map(|(&id, _)| id).collect();
+            waiters.retain(|id, _| !gone.contains(id));
+            let plan = Plan { joining, gone };
+            if let Some(ranks) = &ranks
+                && let Err(error) = share_plan(ranks.as_ref(), Some(&plan))
+            {
+                // The other ranks are gone: nothing more can be generated.
+                tracing::error!("the tensor-parallel ranks left: {error}");
+                for (_, waiter) in waiters.drain() {
+                    let _ =
+                        waiter.reply.send(Err(Error::Generation(format!("the tensor-parallel ranks left: {error}"))));
                 }
+                return;
             }
-            for batch in lanes.iter_mut().filter(|b| !b.is_idle()) {
-                let stepped = batch.step(|id, sample, piece| {
-                    if let Some(text) = waiters.get(&id).and_then(|w| w.text.as_ref()) {
-                        let _ = text.send(TextPiece { sample, text: piece.to_string() });
-                    }
-                });
-                match stepped {
-                    Ok(done) => {
-                        for (id, mut completions) in done {
-                            for completion in &mut completions {
-                                completion.weights_version = version;
-                            }
-                            if let Some(waiter) = waiters.remove(&id) {
-                                let _ = waiter.reply.send(Ok(completions));
-                            }
+            let stepped = apply(&mut lanes, plan, &new_lane, &mut Replies { waiters: &mut waiters, version });
+            if stepped {
+                continue;
+            }
+            match queue.pop_front() {
+                Some(Message::SetModel { model, reply }) if ranks.is_none() => break (model, reply),
+                Some(Message::Hold { held, release }) if ranks.is_none() => {
+                    // No row is running: the holder may write the weights. A holder that
+                    // gave up before this point changed nothing.
+                    let holder_waits = held.send(version).is_ok();
+                    if holder_waits {
+                        let _ = release.blocking_recv();
+                        version += 1;
+                        // The weights changed: every kept block was computed with others.
+                        if let Some(prefixes) = &prefixes {
+                            prefixes.lock().unwrap_or_else(|p| p.into_inner()).clear();
                         }
                     }
-                    Err(error) => fail_lane(batch, &mut waiters, &error),
                 }
+                Some(Message::SetModel { .. } | Message::Hold { .. }) => {
+                    // Dropped unanswered: the caller's error says the engine refused.
+                    tracing::error!("a tensor-parallel engine's weights cannot be changed");
+                }
+                Some(other) => queue.push_front(other),
+                None => {}
             }
-            // Lanes beyond the first close once idle.
-            let mut index = 0;
-            lanes.retain(|batch| {
-                index += 1;
-                index == 1 || !batch.is_idle()
-            });
         };
         drop(lanes);
         let (new_model, reply) = swap;
@@ -523,6 +554,183 @@ fn run(
     }
 }
 
+/// A rank of a tensor-parallel engine other than the first: it makes every change to its
+/// batches that the first rank makes (the same requests, seeds, cancellations and steps, so
+/// its share of every forward pass meets the others' in the collectives), answering no one.
+fn follow(model: Arc<Model>, tokenizer: Arc<Tokenizer>, options: EngineOptions) {
+    let ranks = model.comm().clone();
+    let stats = Arc::default();
+    let prefixes = prefix_cache(&model, &options, &stats);
+    let new_lane = || lane(&model, &tokenizer, &options, &prefixes, &stats);
+    let mut lanes: Vec<Batch> = vec![new_lane()];
+    loop {
+        match share_plan(ranks.as_ref(), None) {
+            Ok(Some(plan)) => {
+                apply(&mut lanes, plan, &new_lane, &mut Silent { rank: ranks.rank() });
+            }
+            Ok(None) => return,
+            Err(error) => {
+                tracing::error!("tensor-parallel rank {} stops: {error}", ranks.rank());
+                return;
+            }
+        }
+    }
+}
+
+type SharedPrefixes = Option<Arc<Mutex<PrefixCache>>>;
+
+fn lane<'m>(
+    model: &'m Model,
+    tokenizer: &'m Tokenizer,
+    options: &EngineOptions,
+    prefixes: &SharedPrefixes,
+    stats: &Arc<PrefixStats>,
+) -> Batch<'m> {
+    let mut batch = Batch::new(model, tokenizer);
+    batch.use_prefix_cache(prefixes.clone());
+    batch.count_into(stats.clone());
+    batch.prefill_in_slices(options.prefill_chunk);
+    batch
+}
+
+/// The engine's prefix cache for `model`, if it keeps one; its budget counted at the whole
+/// model's bytes per position (every rank of a split model counts alike).
+fn prefix_cache(model: &Model, options: &EngineOptions, stats: &Arc<PrefixStats>) -> SharedPrefixes {
+    if options.prefix_cache_bytes == 0 {
+        return None;
+    }
+    let config = model.config();
+    let per_position =
+        config.num_hidden_layers * 2 * config.num_kv_heads() * config.head_dim() * model.dtype().size_in_bytes();
+    Some(Arc::new(Mutex::new(PrefixCache::new(options.prefix_cache_bytes, per_position, stats.clone()))))
+}
+
+/// One turn of the engine's changes to its batches: the requests joining each lane (a lane
+/// past the last is opened), the requests whose callers went away; then every busy lane
+/// steps. What a tensor-parallel engine's first rank sends the others each turn.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Plan {
+    joining: Vec<Vec<(RequestId, GenerateRequest)>>,
+    gone: Vec<RequestId>,
+}
+
+/// The first rank's plan (`None`: stop) on every rank; the others pass `None`.
+fn share_plan(ranks: &dyn Comm, plan: Option<&Plan>) -> Result<Option<Plan>> {
+    let mine = if ranks.rank() == 0 {
+        serde_json::to_vec(&plan).map_err(|e| Error::Comm(format!("cannot encode the engine's plan: {e}")))?
+    } else {
+        Vec::new()
+    };
+    let all = crate::comm::all_gather_bytes(ranks, &mine)?;
+    serde_json::from_slice(&all[0]).map_err(|e| Error::Comm(format!("rank 0 sent an unreadable engine plan: {e}")))
+}
+
+/// What becomes of the lanes' results: the callers' replies, or (other ranks) nothing.
+trait Outcomes {
+    fn piece(&mut self, id: RequestId, sample: usize, piece: &str);
+    fn done(&mut self, id: RequestId, completions: Vec<Completion>);
+    /// A lane's step failed: every request in it is dropped; the engine goes on.
+    fn failed(&mut self, batch: &mut Batch, error: &Error);
+}
+
+struct Replies<'w> {
+    waiters: &'w mut HashMap<RequestId, Waiter>,
+    version: u64,
+}
+
+impl Outcomes for Replies<'_> {
+    fn piece(&mut self, id: RequestId, sample: usize, piece: &str) {
+        if let Some(text) = self.waiters.get(&id).and_then(|w| w.text.as_ref()) {
+            let _ = text.send(TextPiece { sample, text: piece.to_string() });
+        }
+    }
+
+    fn done(&mut self, id: RequestId, mut completions: Vec<Completion>) {
+        for completion in &mut completions {
+            completion.weights_version = self.version;
+        }
+        if let Some(waiter) = self.waiters.remove(&id) {
+            let _ = waiter.reply.send(Ok(completions));
+        }
+    }
+
+    fn failed(&mut self, batch: &mut Batch, error: &Error) {
+        let ids = batch.abandon();
+        tracing::error!("generation failed, {} requests dropped: {error}", ids.len());
+        for id in ids {
+            if let Some(waiter) = self.waiters.remove(&id) {
+                let _ = waiter.reply.send(Err(Error::Generation(error.to_string())));
+            }
+        }
+    }
+}
+
+struct Silent {
+    rank: usize,
+}
+
+impl Outcomes for Silent {
+    fn piece(&mut self, _: RequestId, _: usize, _: &str) {}
+
+    fn done(&mut self, _: RequestId, _: Vec<Completion>) {}
+
+    fn failed(&mut self, batch: &mut Batch, error: &Error) {
+        let ids = batch.abandon();
+        tracing::error!(
+            "tensor-parallel rank {}: generation failed, {} requests dropped: {error}",
+            self.rank,
+            ids.len()
+        );
+    }
+}
+
+/// Make `plan`'s changes; returns whether a lane stepped (`false`: every lane was idle, and
+/// the extra lanes are closed).
+fn apply<'m>(
+    lanes: &mut Vec<Batch<'m>>,
+    plan: Plan,
+    new_lane: &dyn Fn() -> Batch<'m>,
+    outcomes: &mut dyn Outcomes,
+) -> bool {
+    for (lane, joining) in plan.joining.into_iter().enumerate() {
+        if lane == lanes.len() {
+            lanes.push(new_lane());
+        }
+        if !joining.is_empty()
+            && let Err(error) = lanes[lane].admit(joining)
+        {
+            outcomes.failed(&mut lanes[lane], &error);
+        }
+    }
+    if lanes.iter().all(Batch::is_idle) {
+        lanes.truncate(1);
+        return false;
+    }
+    let gone: HashSet<RequestId> = plan.gone.into_iter().collect();
+    for batch in lanes.iter_mut() {
+        if let Err(error) = batch.cancel(&gone) {
+            outcomes.failed(batch, &error);
+        }
+    }
+    for batch in lanes.iter_mut().filter(|b| !b.is_idle()) {
+        match batch.step(|id, sample, piece| outcomes.piece(id, sample, piece)) {
+            Ok(done) => {
+                for (id, completions) in done {
+                    outcomes.done(id, completions);
+                }
+            }
+            Err(error) => outcomes.failed(batch, &error),
+        }
+    }
+    // Lanes beyond the first close once idle.
+    let mut index = 0;
+    lanes.retain(|batch| {
+        index += 1;
+        index == 1 || !batch.is_idle()
+    });
+    true
+}
+
 fn expand(message: Message) -> Vec<Message> {
     match message {
         Message::GenerateAll { jobs } => jobs
@@ -530,16 +738,5 @@ fn expand(message: Message) -> Vec<Message> {
             .map(|(request, reply)| Message::Generate { request, reply, text: None, admitted: None })
             .collect(),
         other => vec![other],
-    }
-}
-
-/// A lane's step failed: every request in it gets the error; the engine goes on.
-fn fail_lane(batch: &mut Batch, waiters: &mut HashMap<RequestId, Waiter>, error: &Error) {
-    let ids = batch.abandon();
-    tracing::error!("generation failed, {} requests dropped: {error}", ids.len());
-    for id in ids {
-        if let Some(waiter) = waiters.remove(&id) {
-            let _ = waiter.reply.send(Err(Error::Generation(error.to_string())));
-        }
     }
 }

@@ -21,9 +21,15 @@ pub trait Comm: Send + Sync + std::fmt::Debug {
     fn all_reduce_sum(&self, x: &Tensor) -> Result<Tensor>;
     /// Every rank's `x` concatenated along `dim` in rank order, on every rank.
     fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor>;
+    /// The device this rank's collectives run on, where its model must live (an NCCL rank's
+    /// GPU); `None`: any device (the collectives move what they are given).
+    fn device(&self) -> Option<candle_core::Device> {
+        None
+    }
     /// `values` replaced, in place, by the element-wise sum of every rank's, added in rank
-    /// order (bit-identical on every rank). For host buffers such as summed gradients; a
-    /// transport may override it to skip the tensor round trip.
+    /// order (bit-identical on every rank; NCCL: the same bits on every rank, its own order).
+    /// For host buffers such as summed gradients; a transport may override it to skip the
+    /// tensor round trip.
     fn all_reduce_sum_in_place(&self, values: &mut [f32]) -> Result<()> {
         if self.size() == 1 {
             return Ok(());

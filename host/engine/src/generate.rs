@@ -5,15 +5,17 @@
 //! open for requests that arrive over time.
 
 use crate::llama::{KvCache, Model};
+use crate::prefix_cache::{BLOCK, PrefixCache, PrefixStats};
 use crate::sampling::{Sampler, Sampling};
 use crate::tokenizer::{TextStream, Tokenizer};
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 
 /// `n` completions of one prompt.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub n: usize,
@@ -86,6 +88,8 @@ struct Row {
 /// A request whose samples are still running.
 struct Open {
     sampling: Sampling,
+    /// Kept for the prefix cache: a finished row's prompt and tokens are kept there.
+    prompt: Vec<u32>,
     prompt_len: usize,
     done: Vec<Option<Completion>>,
 }
@@ -97,8 +101,6 @@ struct Prefilling {
     request: GenerateRequest,
     cache: KvCache,
     done: usize,
-    /// Whether it was admitted alone (its prefix is then kept for the next request).
-    alone: bool,
 }
 
 /// Cache positions a request may come to need: its prompt and every token it may generate,
@@ -118,11 +120,11 @@ pub struct Batch<'m> {
     open: HashMap<RequestId, Open>,
     /// Requests that finished while being admitted (`n = 0`).
     finished: Vec<(RequestId, Vec<Completion>)>,
-    /// The last prompt admitted alone and its keys and values, when prefixes are reused
-    /// ([`Batch::reuse_prefixes`]).
-    prefix: Option<(Vec<u32>, KvCache)>,
-    reuse_prefixes: bool,
-    /// Prompt positions taken from a kept prefix instead of computed, so far.
+    /// Keys and values of earlier prompts and completions ([`Batch::use_prefix_cache`]).
+    prefix_cache: Option<Arc<Mutex<PrefixCache>>>,
+    /// Prompt positions taken from the prefix cache, and computed.
+    stats: Arc<PrefixStats>,
+    /// Prompt positions taken from the prefix cache so far.
     reused: usize,
     /// Prompts longer than this are prefilled in slices of this many positions, one slice
     /// per step, between the running rows' decode steps ([`Batch::prefill_in_slices`]).
@@ -132,13 +134,6 @@ pub struct Batch<'m> {
     /// Cache positions each open request may come to need (see [`extent`]).
     extents: HashMap<RequestId, usize>,
 }
-
-/// The shortest shared prefix worth reusing instead of recomputing.
-const MIN_PREFIX_REUSE: usize = 16;
-
-/// The longest prefix kept for reuse: a system prompt and a chat preamble, not a whole
-/// long document held in memory after its request is gone.
-const MAX_KEPT_PREFIX: usize = 1024;
 
 impl<'m> Batch<'m> {
     pub fn new(model: &'m Model, tokenizer: &'m Tokenizer) -> Self {
@@ -150,8 +145,8 @@ impl<'m> Batch<'m> {
             logits: None,
             open: HashMap::new(),
             finished: Vec::new(),
-            prefix: None,
-            reuse_prefixes: false,
+            prefix_cache: None,
+            stats: Arc::default(),
             reused: 0,
             prefill_chunk: None,
             prefilling: VecDeque::new(),
@@ -178,32 +173,47 @@ impl<'m> Batch<'m> {
         (rows, self.extents.values().copied().max().unwrap_or(0))
     }
 
-    /// Reuse the keys and values of the last prompt admitted alone for the next one that
-    /// starts like it (a server's requests share their system prompt and chat preamble):
-    /// only the rest of the prompt is computed. Off by default: a prefix computed apart
-    /// rounds differently from a whole prompt, and a trainer's batches must not depend on
-    /// what came before them.
-    pub fn reuse_prefixes(&mut self, on: bool) {
-        self.reuse_prefixes = on;
-        self.prefix = None;
+    /// Take prompts' keys and values from `cache` where an earlier prompt or completion
+    /// covered their start (whole blocks), computing only the rest, and keep every prompt's
+    /// and finished row's blocks there for later requests. Prompts admitted together that
+    /// are equal are computed once whether or not there is a cache. Off (`None`) by default:
+    /// a prefix computed in another batch rounds differently from a whole prompt (by float
+    /// summation order), so results then depend on what came before.
+    pub fn use_prefix_cache(&mut self, cache: Option<Arc<Mutex<PrefixCache>>>) {
+        self.prefix_cache = cache;
     }
 
-    /// Prompt positions reused from kept prefixes so far.
+    /// Count prompt positions (taken from the cache, computed) into `stats`.
+    pub fn count_into(&mut self, stats: Arc<PrefixStats>) {
+        self.stats = stats;
+    }
+
+    /// Prompt positions taken from the prefix cache so far.
     pub fn reused_prefix_positions(&self) -> usize {
         self.reused
     }
 
-    /// Forget the kept prefix (the weights changed under it).
-    pub fn forget_prefix(&mut self) {
-        self.prefix = None;
+    /// The cached blocks that cover the start of `prompt` (at least its last token is left
+    /// to compute: its logits are the next token's).
+    fn cached_blocks(&self, prompt: &[u32]) -> Vec<u64> {
+        match &self.prefix_cache {
+            Some(cache) => lock(cache).lookup(prompt, prompt.len().saturating_sub(1)),
+            None => Vec::new(),
+        }
     }
 
-    /// How much of `prompt` the kept prefix covers, if worth reusing (at least one token is
-    /// left to compute: its logits are the next token's).
-    fn reusable(&self, prompt: &[u32]) -> Option<usize> {
-        let (kept, _) = self.prefix.as_ref()?;
-        let common = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
-        (common >= MIN_PREFIX_REUSE).then_some(common)
+    /// A one-row cache of the first `len` positions of the blocks `keys`.
+    fn cache_of(&self, keys: &[u64], len: usize) -> Result<KvCache> {
+        let Some(cache) = &self.prefix_cache else { return Ok(self.model.new_cache()) };
+        if len == 0 {
+            return Ok(self.model.new_cache());
+        }
+        let span = lock(cache).assemble(&keys[..len.div_ceil(BLOCK)])?;
+        KvCache::from_span(&span, len)
+    }
+
+    fn keep(&self, tokens: &[u32], cache: &KvCache, row: usize, first: usize) -> Result<()> {
+        keep_blocks(self.prefix_cache.as_ref(), tokens, cache, row, first)
     }
 
     /// Rows decoding now.
@@ -243,77 +253,117 @@ impl<'m> Batch<'m> {
             self.extents.insert(*id, extent(request, context));
         }
 
-        let alone = self.reuse_prefixes && live.len() == 1;
-        let reused = if alone { self.reusable(&live[0].1.prompt) } else { None };
+        let mut live: Vec<(RequestId, GenerateRequest, Vec<u64>)> = live
+            .into_iter()
+            .map(|(id, request)| (id, self.cached_blocks(&request.prompt), request))
+            .map(|(id, keys, request)| (id, request, keys))
+            .collect();
         if let Some(chunk) = self.prefill_chunk {
             // Prompts with more than a slice left to compute are prefilled slice by slice.
             let (long, short): (Vec<_>, Vec<_>) =
-                live.into_iter().partition(|(_, request)| request.prompt.len() - reused.unwrap_or(0) > chunk);
-            for (id, request) in long {
-                let (cache, done) = match (reused, &self.prefix) {
-                    (Some(reused), Some((_, kept))) => {
-                        self.reused += reused;
-                        (kept.prefix_copy(reused)?, reused)
-                    }
-                    _ => (self.model.new_cache(), 0),
-                };
-                self.prefilling.push_back(Prefilling { id, request, cache, done, alone });
+                live.into_iter().partition(|(_, request, keys)| request.prompt.len() - keys.len() * BLOCK > chunk);
+            for (id, request, keys) in long {
+                let done = keys.len() * BLOCK;
+                let cache = self.cache_of(&keys, done)?;
+                self.reused += done;
+                self.stats.count(done, 0);
+                self.prefilling.push_back(Prefilling { id, request, cache, done });
             }
-            if short.is_empty() {
-                return Ok(());
-            }
-            return self.prefill_whole(short, reused, alone);
+            live = short;
         }
-        self.prefill_whole(live, reused, alone)
-    }
-
-    /// Prefill `live` (each prompt once, together, left-padded to the longest; or, with
-    /// `reused`, the one prompt past the kept prefix) and let its rows join.
-    fn prefill_whole(
-        &mut self,
-        live: Vec<(RequestId, GenerateRequest)>,
-        reused: Option<usize>,
-        alone: bool,
-    ) -> Result<()> {
-        let device = self.model.device();
-        let (logits, cache, prompt_pads) = match (reused, &self.prefix) {
-            // Only the part past the kept prefix is computed.
-            (Some(reused), Some((_, kept))) => {
-                let prompt = &live[0].1.prompt;
-                let mut cache = kept.prefix_copy(reused)?;
-                self.reused += reused;
-                let tokens = Tensor::from_vec(prompt[reused..].to_vec(), (1, prompt.len() - reused), device)?;
-                let logits = self.model.forward(&tokens, &[0], &mut cache, false)?;
-                (logits, cache, vec![0])
-            }
-            _ => {
-                // Prefill every prompt once, left-padded to the longest.
-                let longest = live.iter().map(|(_, r)| r.prompt.len()).max().unwrap_or(0);
-                let mut ids = Vec::with_capacity(live.len() * longest);
-                let mut prompt_pads = Vec::with_capacity(live.len());
-                for (_, request) in &live {
-                    let pad = longest - request.prompt.len();
-                    ids.extend(std::iter::repeat_n(0u32, pad));
-                    ids.extend(&request.prompt);
-                    prompt_pads.push(pad);
+        if live.is_empty() {
+            return Ok(());
+        }
+        // Equal prompts are computed once; the rest in two passes: those the cache covers
+        // in part (only their uncovered ends computed), and those it does not.
+        let mut unique: Vec<(usize, &[u64])> = Vec::new();
+        let mut slot_of = Vec::with_capacity(live.len());
+        for (i, (_, request, keys)) in live.iter().enumerate() {
+            match unique.iter().position(|&(j, _)| live[j].1.prompt == request.prompt) {
+                Some(slot) => slot_of.push(slot),
+                None => {
+                    slot_of.push(unique.len());
+                    unique.push((i, keys.as_slice()));
                 }
-                let tokens = Tensor::from_vec(ids, (live.len(), longest), device)?;
-                let mut cache = self.model.new_cache();
-                let logits = self.model.forward(&tokens, &prompt_pads, &mut cache, false)?;
-                (logits, cache, prompt_pads)
             }
-        };
-        if alone {
-            self.keep_prefix(&live[0].1.prompt, &cache)?;
         }
-        self.join(live, logits, cache, prompt_pads)
+        let mut passes: Vec<Vec<usize>> = vec![Vec::new(), Vec::new()];
+        for (slot, (_, keys)) in unique.iter().enumerate() {
+            passes[usize::from(keys.is_empty())].push(slot);
+        }
+        let prompts: Vec<(&[u32], &[u64])> =
+            unique.iter().map(|&(i, keys)| (live[i].1.prompt.as_slice(), keys)).collect();
+        let mut computed = Vec::new();
+        for pass in passes.into_iter().filter(|pass| !pass.is_empty()) {
+            let rows: Vec<(&[u32], &[u64])> = pass.iter().map(|&slot| prompts[slot]).collect();
+            computed.push((pass, self.prefill_rows(&rows)?));
+        }
+        let mut live: Vec<Option<(RequestId, GenerateRequest)>> =
+            live.into_iter().map(|(id, request, _)| Some((id, request))).collect();
+        for (pass, (logits, cache, pads)) in computed {
+            // The requests of this pass's prompts, each with its prompt's row.
+            let mut joining = Vec::new();
+            let mut rows = Vec::new();
+            for (i, &slot) in slot_of.iter().enumerate() {
+                if let Some(row) = pass.iter().position(|&s| s == slot) {
+                    joining.push(live[i].take().expect("each request joins once"));
+                    rows.push(row);
+                }
+            }
+            self.join(joining, rows, logits, cache, pads)?;
+        }
+        Ok(())
     }
 
-    /// Keep (at most [`MAX_KEPT_PREFIX`] positions of) a prompt admitted alone, for the next.
-    fn keep_prefix(&mut self, prompt: &[u32], cache: &KvCache) -> Result<()> {
-        let kept = cache.len().min(MAX_KEPT_PREFIX);
-        self.prefix = Some((prompt[..kept].to_vec(), cache.prefix_copy(kept)?));
-        Ok(())
+    /// Prefill `prompts` together, each past the part of its start that its cached blocks
+    /// cover, and keep their blocks: returns the last position's logits, the cache (one row
+    /// per prompt, left-padded) and each row's padding. The rows line up by computing the
+    /// same number of tokens `T` each — the longest uncovered end — so a row whose
+    /// uncovered end is shorter takes fewer cached positions (recomputing the rest of its
+    /// cached start), and one shorter than `T` is left-padded as an uncached prompt is.
+    fn prefill_rows(&mut self, prompts: &[(&[u32], &[u64])]) -> Result<(Tensor, KvCache, Vec<usize>)> {
+        let device = self.model.device();
+        let width = prompts.iter().map(|(p, keys)| p.len() - keys.len() * BLOCK).max().unwrap_or(0);
+        let taken: Vec<usize> = prompts.iter().map(|(p, _)| p.len().saturating_sub(width)).collect();
+        let past = taken.iter().copied().max().unwrap_or(0);
+        let mut cache = self.model.new_cache();
+        if past > 0 {
+            let cached: Vec<Option<KvCache>> = prompts
+                .iter()
+                .zip(&taken)
+                .map(|((_, keys), &take)| (take > 0).then(|| self.cache_of(keys, take)).transpose())
+                .collect::<Result<_>>()?;
+            let template = cached.iter().flatten().next().expect("some row takes cached positions");
+            let mut rows = Vec::with_capacity(prompts.len());
+            for (row, &take) in cached.iter().zip(&taken) {
+                rows.push(match row {
+                    Some(row) => row.left_pad(past - take)?,
+                    None => template.zeros_like(past)?,
+                });
+            }
+            let mut rows = rows.into_iter();
+            cache = rows.next().expect("at least one row");
+            for row in rows {
+                cache = cache.cat_rows(&row)?;
+            }
+        }
+        let mut ids = Vec::with_capacity(prompts.len() * width);
+        let mut pads = Vec::with_capacity(prompts.len());
+        for ((prompt, _), &take) in prompts.iter().zip(&taken) {
+            let rest = &prompt[take..];
+            let pad = width - rest.len();
+            ids.extend(std::iter::repeat_n(0u32, pad));
+            ids.extend(rest);
+            pads.push(past - take + pad);
+            self.reused += take;
+            self.stats.count(take, rest.len());
+        }
+        let tokens = Tensor::from_vec(ids, (prompts.len(), width), device)?;
+        let logits = self.model.forward(&tokens, &pads, &mut cache, false)?;
+        for (row, ((prompt, _), &pad)) in prompts.iter().zip(&pads).enumerate() {
+            self.keep(prompt, &cache, row, pad)?;
+        }
+        Ok((logits, cache, pads))
     }
 
     /// Compute the next slice of the first prompt being prefilled in slices; once its last
@@ -326,23 +376,23 @@ impl<'m> Batch<'m> {
         let tokens =
             Tensor::from_vec(prompt[prefilling.done..end].to_vec(), (1, end - prefilling.done), self.model.device())?;
         let logits = self.model.forward(&tokens, &[0], &mut prefilling.cache, false)?;
+        self.stats.count(0, end - prefilling.done);
         prefilling.done = end;
         if end < prompt.len() {
             self.prefilling.push_front(prefilling);
             return Ok(());
         }
-        let Prefilling { id, request, cache, alone, .. } = prefilling;
-        if alone {
-            self.keep_prefix(&request.prompt, &cache)?;
-        }
-        self.join(vec![(id, request)], logits, cache, vec![0])
+        let Prefilling { id, request, cache, .. } = prefilling;
+        self.keep(&request.prompt, &cache, 0, 0)?;
+        self.join(vec![(id, request)], vec![0], logits, cache, vec![0])
     }
 
     /// Let prefilled prompts' rows join the batch: `logits` and `cache` hold one row per
-    /// prompt, left-padded by `prompt_pads`.
+    /// prompt, left-padded by `prompt_pads`; request `i` of `live` takes row `slots[i]`.
     fn join(
         &mut self,
         live: Vec<(RequestId, GenerateRequest)>,
+        slots: Vec<usize>,
         logits: Tensor,
         cache: KvCache,
         prompt_pads: Vec<usize>,
@@ -351,7 +401,7 @@ impl<'m> Batch<'m> {
         // Each prompt's cache row and logits, repeated for its samples.
         let mut source_rows = Vec::new();
         let mut rows = Vec::new();
-        for (slot, (id, request)) in live.into_iter().enumerate() {
+        for ((id, request), slot) in live.into_iter().zip(slots) {
             for sample in 0..request.n {
                 source_rows.push(slot as u32);
                 rows.push(Row {
@@ -366,8 +416,12 @@ impl<'m> Batch<'m> {
                     text: String::new(),
                 });
             }
-            let open =
-                Open { sampling: request.sampling, prompt_len: request.prompt.len(), done: vec![None; request.n] };
+            let open = Open {
+                sampling: request.sampling,
+                prompt_len: request.prompt.len(),
+                prompt: if self.prefix_cache.is_some() { request.prompt } else { Vec::new() },
+                done: vec![None; request.n],
+            };
             self.open.insert(id, open);
         }
         let index = Tensor::from_vec(source_rows, rows.len(), device)?;
@@ -448,6 +502,13 @@ impl<'m> Batch<'m> {
             }
             match finish {
                 Some(finish) => {
+                    if self.prefix_cache.is_some() {
+                        // The row's prompt and all its tokens but the last (never run) are in
+                        // the cache: kept for a next turn that extends them.
+                        let mut sequence = open.prompt.clone();
+                        sequence.extend(&row.tokens[..row.tokens.len() - 1]);
+                        keep_blocks(self.prefix_cache.as_ref(), &sequence, &self.cache, position, row.pad)?;
+                    }
                     open.done[row.sample] = Some(Completion {
                         tokens: row.tokens,
                         logprobs: row.logprobs,
@@ -537,6 +598,25 @@ impl<'m> Batch<'m> {
         self.drop_shared_padding()?;
         Ok(())
     }
+}
+
+/// Keep `tokens`' whole blocks in the prefix cache (if any), from row `row` of `cache`,
+/// whose position 0 is at `first`.
+fn keep_blocks(
+    prefix_cache: Option<&Arc<Mutex<PrefixCache>>>,
+    tokens: &[u32],
+    cache: &KvCache,
+    row: usize,
+    first: usize,
+) -> Result<()> {
+    let Some(prefix_cache) = prefix_cache else { return Ok(()) };
+    lock(prefix_cache).insert(tokens, |start, len| cache.row_span(row, first + start, len))
+}
+
+/// The prefix cache, even if a thread panicked holding it (its blocks are whole: a block
+/// goes in only once copied).
+fn lock(cache: &Mutex<PrefixCache>) -> std::sync::MutexGuard<'_, PrefixCache> {
+    cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Generate the completions of every request in one batch. `on_text(request, sample, piece)`

@@ -7,6 +7,8 @@ pub mod block_matmul;
 pub mod comm;
 #[cfg(feature = "mpi")]
 pub mod comm_mpi;
+#[cfg(feature = "cuda")]
+pub mod comm_nccl;
 pub mod config;
 mod decode_attention;
 mod decode_matmul;
@@ -16,6 +18,7 @@ pub mod generate;
 pub mod llama;
 pub mod load;
 pub mod lora;
+pub mod prefix_cache;
 pub mod sampling;
 pub mod tokenizer;
 
@@ -34,6 +37,8 @@ pub use candle_core::{DType, Device};
 pub use comm::{Comm, Solo, ThreadComm, all_gather_bytes};
 #[cfg(feature = "mpi")]
 pub use comm_mpi::MpiComm;
+#[cfg(feature = "cuda")]
+pub use comm_nccl::NcclComm;
 pub use config::Config;
 pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate};
 pub use llama::{KvCache, Model};

@@ -295,6 +295,52 @@ impl KvCache {
         self.map(len, |t| Ok(t.narrow(2, 0, len)?.copy()?))
     }
 
+    /// A one-row cache of `span` (per layer `[kv_heads, ≥ len, dim]`): its first `len`
+    /// positions, in buffers of its own.
+    pub fn from_span(span: &[(Tensor, Tensor)], len: usize) -> Result<KvCache> {
+        let layers = span
+            .iter()
+            // `force_contiguous`: storage of its own, laid out as appending in place needs.
+            .map(|(k, v)| {
+                let own = |t: &Tensor| t.narrow(1, 0, len)?.unsqueeze(0)?.force_contiguous();
+                Ok(Some((own(k)?, own(v)?)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers, len })
+    }
+
+    /// Row `row`'s keys and values of positions `start..start + len`, per layer
+    /// `[kv_heads, len, dim]` (views of this cache's buffers).
+    pub fn row_span(&self, row: usize, start: usize, len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        if start + len > self.len {
+            return Err(Error::Input(format!("positions {start}..{} of a cache of {}", start + len, self.len)));
+        }
+        self.layers
+            .iter()
+            .map(|layer| match layer {
+                Some((k, v)) => Ok((k.get(row)?.narrow(1, start, len)?, v.get(row)?.narrow(1, start, len)?)),
+                None => Err(Error::Input("positions of an empty cache".into())),
+            })
+            .collect()
+    }
+
+    /// A one-row cache of `len` zero positions (all padding), shaped like this one's rows.
+    pub fn zeros_like(&self, len: usize) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                Some((k, _)) => {
+                    let (_, heads, _, dim) = k.dims4()?;
+                    let zeros = || Tensor::zeros((1, heads, len, dim), k.dtype(), k.device());
+                    Ok(Some((zeros()?, zeros()?)))
+                }
+                None => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers, len })
+    }
+
     /// Drop the first `n` positions of every row (padding that all rows share).
     pub fn drop_front(&self, n: usize) -> Result<KvCache> {
         let len = self.len - n;
@@ -555,6 +601,11 @@ impl Model {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The ranks this model is split over (one: [`Solo`]).
+    pub fn comm(&self) -> &Arc<dyn Comm> {
+        &self.comm
     }
 
     pub fn device(&self) -> &Device {

@@ -4,7 +4,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// Per-request sampling settings (mirrors `wirl:rl/types.sampling`).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sampling {
     pub max_tokens: usize,
     /// 0 is greedy.

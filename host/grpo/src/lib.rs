@@ -4,6 +4,7 @@
 //! gradient accumulation, the optimizer step through the engine's weights barrier).
 //! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
 
+pub mod device_check;
 mod fused;
 pub mod grads;
 mod head;

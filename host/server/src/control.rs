@@ -59,11 +59,26 @@ pub(crate) struct ServerFigures {
     pub paused: bool,
     pub weights_version: u64,
     pub episodes_open: usize,
+    /// Prompt positions taken from the engine's prefix cache, and computed.
+    pub prompt_positions_cached: u64,
+    pub prompt_positions_computed: u64,
+    pub prefix_cache_blocks: u64,
 }
 
 /// Prometheus text: the run's figures from its status, and the server's counters.
 pub(crate) fn metrics(status: Option<&Value>, server: &ServerFigures) -> String {
-    let ServerFigures { requests, tokens, refused, cancelled, paused, weights_version, episodes_open } = *server;
+    let ServerFigures {
+        requests,
+        tokens,
+        refused,
+        cancelled,
+        paused,
+        weights_version,
+        episodes_open,
+        prompt_positions_cached,
+        prompt_positions_computed,
+        prefix_cache_blocks,
+    } = *server;
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, value: f64| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
@@ -79,6 +94,23 @@ pub(crate) fn metrics(status: Option<&Value>, server: &ServerFigures) -> String 
         weights_version as f64,
     );
     gauge("wirl_serve_episodes_open", "Episodes open (/v1/episodes).", episodes_open as f64);
+    gauge(
+        "wirl_serve_prompt_positions_cached_total",
+        "Prompt positions whose keys and values came from the prefix cache.",
+        prompt_positions_cached as f64,
+    );
+    gauge("wirl_serve_prompt_positions_computed_total", "Prompt positions computed.", prompt_positions_computed as f64);
+    gauge(
+        "wirl_serve_prefix_cache_blocks",
+        "Blocks of 16 positions' keys and values the prefix cache holds.",
+        prefix_cache_blocks as f64,
+    );
+    let prompt_positions = prompt_positions_cached + prompt_positions_computed;
+    gauge(
+        "wirl_serve_prefix_cache_hit_rate",
+        "The share of prompt positions taken from the prefix cache, since the server began.",
+        if prompt_positions == 0 { 0.0 } else { prompt_positions_cached as f64 / prompt_positions as f64 },
+    );
     if let Some(status) = status {
         let number = |key: &str| status.get(key).and_then(Value::as_f64).unwrap_or(0.0);
         gauge("wirl_train_step", "Steps done.", number("step"));

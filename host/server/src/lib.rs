@@ -230,6 +230,7 @@ async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next)
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let status = state.control.as_ref().and_then(|c| c.status().ok());
+    let (cached, computed) = state.engine.prefix_stats().positions();
     let figures = control::ServerFigures {
         requests: state.requests.load(Ordering::Relaxed),
         tokens: state.generated_tokens.load(Ordering::Relaxed),
@@ -238,6 +239,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         paused: *state.paused.borrow(),
         weights_version: weights::current(&state),
         episodes_open: state.tasks.as_ref().map_or(0, |t| t.sessions()),
+        prompt_positions_cached: cached,
+        prompt_positions_computed: computed,
+        prefix_cache_blocks: state.engine.prefix_stats().held_blocks(),
     };
     let text = control::metrics(status.as_ref(), &figures);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()

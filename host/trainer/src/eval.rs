@@ -76,7 +76,8 @@ pub fn evaluate(
     let context = loaded.config.max_position_embeddings;
     let tokenizer = Arc::new(loaded.tokenizer);
     // Every group goes through the batching actor, first turns and episodes alike.
-    let (engine, _thread) = wirl_engine::EngineHandle::spawn(Arc::new(loaded.model), tokenizer.clone())?;
+    let options = wirl_engine::EngineOptions { prefix_cache_bytes: config.prefix_cache_bytes, ..Default::default() };
+    let (engine, _thread) = wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), options)?;
     let engine = Engine { handle: &engine, tokenizer: &tokenizer, context };
     let sandbox = Sandbox::new(SandboxSettings::default())?;
     let mut tasks = config

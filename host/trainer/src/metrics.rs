@@ -58,6 +58,12 @@ pub struct StepMetrics {
     pub generate_tokens_per_s: f64,
     /// Model turns after the first, over the step's episodes.
     pub episode_turns: usize,
+    /// Prompt positions the sampler took from its prefix cache (`model.prefix_cache_mib`)
+    /// and computed, since the previous step's record (this rank's engine: rank 0's).
+    #[serde(default)]
+    pub prompt_positions_cached: u64,
+    #[serde(default)]
+    pub prompt_positions_computed: u64,
     pub time_s: StepTimes,
     /// The same figures per task of the mixture, by task name.
     pub tasks: BTreeMap<String, TaskMetrics>,

@@ -55,6 +55,8 @@ impl EventWriter {
             ("groups/trajectories_masked".into(), metrics.trajectories_masked as f64),
             ("length/completion_tokens_mean".into(), f64::from(metrics.completion_tokens_mean)),
             ("length/completion_tokens_max".into(), metrics.completion_tokens_max as f64),
+            ("prefix/prompt_positions_cached".into(), metrics.prompt_positions_cached as f64),
+            ("prefix/prompt_positions_computed".into(), metrics.prompt_positions_computed as f64),
             ("time/generate_s".into(), metrics.time_s.generate),
             ("time/episodes_s".into(), metrics.time_s.episodes),
             ("time/agents_s".into(), metrics.time_s.agents),

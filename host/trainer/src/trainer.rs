@@ -90,6 +90,8 @@ pub struct Trainer {
     weights_written: u64,
     /// The process's peak resident memory so far, through the steps' phase resets.
     peak_rss: Option<u64>,
+    /// The engine's prompt positions (from its prefix cache, computed) at the last record.
+    prompt_positions_seen: (u64, u64),
     /// The next step, begun during this one's update.
     ahead: Option<Ahead>,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
@@ -154,7 +156,11 @@ impl Trainer {
         let mut config = base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
         manifest.pin(&mut config, &store)?;
 
-        let device = config.device.open()?;
+        // A rank of an NCCL group computes on its group's GPU; otherwise `model.device`.
+        let device = match ranks.device() {
+            Some(device) => device,
+            None => config.device.open()?,
+        };
         let (model_config, tokenizer, policy, reference) = load_policy(model, resume, &config, &device, observer)?;
         // The inference model shares the policy's storage: updates are seen without a copy
         // (a LoRA policy's adapters are applied beside the base, unmerged).
@@ -162,7 +168,9 @@ impl Trainer {
             wirl_engine::load::TensorSource { tensors: policy.shared_tensors(), lora_scale: policy.lora_scale() };
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
         let tokenizer = Arc::new(tokenizer);
-        let (engine, _thread) = EngineHandle::spawn(inference, tokenizer.clone())?;
+        let engine_options =
+            wirl_engine::EngineOptions { prefix_cache_bytes: config.prefix_cache_bytes, ..Default::default() };
+        let (engine, _thread) = EngineHandle::spawn_with(inference, tokenizer.clone(), engine_options)?;
 
         let sandbox = Sandbox::new(SandboxSettings::default())?;
         control.watch(sandbox.interrupter());
@@ -205,6 +213,7 @@ impl Trainer {
             weights_base: resume.map_or(0, |c| c.state.weights_version.unwrap_or(c.state.optimizer_steps as u64)),
             weights_written: 0,
             peak_rss: None,
+            prompt_positions_seen: (0, 0),
             ahead: None,
             sandbox,
             ranks,

@@ -140,9 +140,14 @@ impl TrainConfig {
             });
         }
         let s = &self.sampling;
+        let continues =
+            tasks.iter().any(|t| t.max_turns > 1 || matches!(t.source, wirl_rollout::SourceSpec::Agent { .. }));
+        let prefix_cache_mib =
+            self.model.prefix_cache_mib.unwrap_or(if continues { super::DEFAULT_PREFIX_CACHE_MIB } else { 0 });
         Ok(RunConfig {
             model: self.model.path.clone(),
             device: self.model.device.as_deref().and_then(DeviceSpec::parse).unwrap_or_default(),
+            prefix_cache_bytes: prefix_cache_mib.saturating_mul(1 << 20),
             tasks,
             sampling: SamplingSpec {
                 max_tokens: s.max_tokens,

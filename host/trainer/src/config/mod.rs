@@ -275,7 +275,16 @@ pub struct ModelSection {
     /// by scripts/build-cuda). Off the CPU the step takes candle's composed ops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// MiB of keys and values the sampler keeps for later requests that start the same way
+    /// (an episode's next turn, an agent's next call compute only their new tokens); 0: none.
+    /// Absent: 256 when a task is multi-turn or an agent, else 0 (single-turn groups share
+    /// nothing across requests: a group's samples already share their prompt's computation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_mib: Option<u64>,
 }
+
+/// `model.prefix_cache_mib` when the config does not say (for multi-turn tasks and agents).
+pub const DEFAULT_PREFIX_CACHE_MIB: u64 = 256;
 
 /// `model.device`, parsed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -550,6 +559,8 @@ pub struct RunConfig {
     pub model: String,
     /// Where the policy trains and samples.
     pub device: DeviceSpec,
+    /// Bytes of the sampler's prefix cache (`model.prefix_cache_mib`, resolved).
+    pub prefix_cache_bytes: u64,
     /// At least one; the trained ones' weights allocate at least one group each.
     pub tasks: Vec<TaskSpec>,
     /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the

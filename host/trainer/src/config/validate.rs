@@ -12,6 +12,9 @@ type FloatRule = (&'static str, f64, &'static str, fn(f64) -> bool);
 /// The largest plugin memory a config may ask for: the sandbox's `max_memory_bytes`.
 const MAX_MEMORY_MIB: u64 = 4 << 10;
 
+/// `model.prefix_cache_mib` past this is a typo (1 TiB).
+const MAX_PREFIX_CACHE_MIB: u64 = 1 << 20;
+
 impl TrainConfig {
     pub(super) fn check(&self, origin: &str) -> anyhow::Result<()> {
         self.check_with(origin, true)
@@ -51,6 +54,11 @@ impl TrainConfig {
             && super::DeviceSpec::parse(device).is_none()
         {
             bail!("{origin}: `model.device` = {device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\"");
+        }
+        if let Some(mib) = self.model.prefix_cache_mib
+            && mib > MAX_PREFIX_CACHE_MIB
+        {
+            bail!("{origin}: `model.prefix_cache_mib` = {mib}: at most {MAX_PREFIX_CACHE_MIB} (1 TiB); 0 keeps none");
         }
         self.check_counts(origin)?;
         self.check_swap_numbers(origin)?;
@@ -531,6 +539,33 @@ mod tests {
     fn refused(tasks: &str, extra: &str, says: &str) {
         let error = tasks_config(tasks, extra).map(|_| ()).expect_err(says);
         assert!(error.contains(says) && error.contains("t.toml"), "wanted {says:?}, got: {error}");
+    }
+
+    /// `model.prefix_cache_mib`: absent, 256 MiB for multi-turn tasks and agents and none
+    /// for single-turn ones; what the config says otherwise; a typo-sized or negative
+    /// budget refused naming the key.
+    #[test]
+    fn the_prefix_cache_follows_the_tasks_unless_the_config_says() {
+        let bytes =
+            |tasks: &str, extra: &str| tasks_config(tasks, extra).unwrap().run_config().unwrap().prefix_cache_bytes;
+        let multi_turn = ARITHMETIC.replace("name = \"a\"", "name = \"a\"\nmax_turns = 3");
+        assert_eq!(bytes(ARITHMETIC, ""), 0);
+        assert_eq!(bytes(&multi_turn, ""), 256 << 20);
+        let model = |mib: &str| format!("[model]\npath = \"m\"\nprefix_cache_mib = {mib}\n");
+        let with = |mib: &str, tasks: &str| {
+            let text = format!("{}\n[[rewards]]\nplugin = \"builtin:math-answer\"\n\n{tasks}", model(mib));
+            TrainConfig::parse(&text, "t.toml", Path::new(".")).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(with("0", &multi_turn).unwrap().run_config().unwrap().prefix_cache_bytes, 0);
+        assert_eq!(with("64", ARITHMETIC).unwrap().run_config().unwrap().prefix_cache_bytes, 64 << 20);
+        for (mib, says) in [
+            ("2000000", "`model.prefix_cache_mib` = 2000000: at most"),
+            ("-1", "prefix_cache_mib"),
+            ("1.5", "prefix_cache_mib"),
+        ] {
+            let error = with(mib, ARITHMETIC).map(|_| ()).unwrap_err();
+            assert!(error.contains(says) && error.contains("t.toml"), "{mib}: {error}");
+        }
     }
 
     #[test]

@@ -61,6 +61,9 @@ struct Measured {
     clock: Clock,
     episodes: EpisodeTimes,
     started: Instant,
+    /// Prompt positions the engine took from its prefix cache, and computed, since the
+    /// previous step's record.
+    prompt_positions: (u64, u64),
 }
 
 /// The learner's batches, and per task how many groups were kept and how many could not be.
@@ -143,11 +146,14 @@ impl Trainer {
             self.record(step, rollouts, &skipped, &groups)?;
             self.probation(step, &groups);
         }
+        let now = self.engine.prefix_stats().positions();
+        let seen = std::mem::replace(&mut self.prompt_positions_seen, now);
         let measured = Measured {
             peaks: PhasePeaks { generate: generate_peak, score: score_peak, train: train_peak },
             clock,
             episodes: episode_times,
             started,
+            prompt_positions: (now.0 - seen.0, now.1 - seen.1),
         };
         Ok(Some(self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured)))
     }
@@ -643,6 +649,8 @@ impl Trainer {
             generate_tokens_per_s: figures.tokens as f64
                 / (measured.clock.sampling_span + measured.episodes.generate_s).max(1e-9),
             episode_turns: measured.episodes.turns,
+            prompt_positions_cached: measured.prompt_positions.0,
+            prompt_positions_computed: measured.prompt_positions.1,
             time_s: StepTimes {
                 generate: measured.clock.generate,
                 episodes: measured.clock.episodes,
