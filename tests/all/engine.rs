@@ -574,6 +574,61 @@ fn a_cached_prompt_prefix_gives_what_the_whole_prompt_gives() {
     assert_eq!(batch.reused_prefix_positions() - reused, next_turn.len() + 2, "every whole block of the turn");
 }
 
+/// Prompts admitted together that share a start but not their ends (a few-shot preamble
+/// and different questions) compute the start's whole blocks once, alone, and take them from
+/// the cache; their completions equal those of each prompt computed whole (log-probs within
+/// 1e-4). A prompt that shares nothing beside them is computed whole; without a cache every
+/// prompt is.
+#[test]
+fn prompts_admitted_together_compute_their_shared_start_once() {
+    let (_dir, m) = tiny(false);
+    let preamble: Vec<u32> = (3..38).collect();
+    let asking = |tail: &[u32], seed| GenerateRequest {
+        prompt: preamble.iter().chain(tail).copied().collect(),
+        n: 2,
+        sampling: Sampling { max_tokens: 5, seed: Some(seed), ..Default::default() },
+    };
+    let requests = [
+        asking(&[40, 41], 1),
+        asking(&[42], 2),
+        asking(&[43, 44, 45], 3),
+        GenerateRequest { prompt: (20..40).rev().collect(), n: 1, sampling: Sampling::greedy(4) },
+    ];
+    let alone: Vec<_> = requests.iter().map(|r| generate_alone(&m.model, &m.tokenizer, r)).collect();
+    let run = |cached: bool| {
+        let stats = std::sync::Arc::new(wirl_engine::prefix_cache::PrefixStats::default());
+        let mut batch = wirl_engine::Batch::new(&m.model, &m.tokenizer);
+        if cached {
+            batch.use_prefix_cache(Some(std::sync::Arc::new(std::sync::Mutex::new(
+                wirl_engine::prefix_cache::PrefixCache::new(1 << 20, m.model.kv_bytes_per_position(), stats.clone()),
+            ))));
+        }
+        batch.count_into(stats.clone());
+        batch.admit(requests.iter().cloned().enumerate().map(|(i, r)| (i as u64, r)).collect()).unwrap();
+        let mut results = vec![Vec::new(); requests.len()];
+        while !batch.is_idle() {
+            for (id, completions) in batch.step(|_, _, _| {}).unwrap() {
+                results[id as usize] = completions;
+            }
+        }
+        (results, stats.positions())
+    };
+    let (results, (cached, computed)) = run(true);
+    for (i, (expected, got)) in alone.iter().zip(&results).enumerate() {
+        assert_same_completions(expected, got, &format!("request {i}"));
+    }
+    // The preamble's two whole blocks once; the three rows then line up on the longest end
+    // past them (6 positions each, the shorter ones taking fewer cached positions); the
+    // other prompt whole.
+    assert_eq!(computed, 32 + 3 * 6 + 20);
+    assert_eq!(cached, (37 - 6) + (36 - 6) + (38 - 6));
+    let (results, (cached, computed)) = run(false);
+    for (i, (expected, got)) in alone.iter().zip(&results).enumerate() {
+        assert_same_completions(expected, got, &format!("request {i}, no cache"));
+    }
+    assert_eq!((cached, computed), (0, 37 + 36 + 38 + 20));
+}
+
 /// A directory saved by transformers 4.43 or later keeps its chat template in
 /// `chat_template.jinja` beside `tokenizer_config.json` (TRL's `save_model` writes such a
 /// directory): the template is read from there, and wins over one in the config.

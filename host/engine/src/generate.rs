@@ -253,10 +253,13 @@ impl<'m> Batch<'m> {
             self.extents.insert(*id, extent(request, context));
         }
 
+        self.prime_shared_prefixes(live.iter().map(|(_, request)| request.prompt.as_slice()))?;
         let mut live: Vec<(RequestId, GenerateRequest, Vec<u64>)> = live
             .into_iter()
-            .map(|(id, request)| (id, self.cached_blocks(&request.prompt), request))
-            .map(|(id, keys, request)| (id, request, keys))
+            .map(|(id, request)| {
+                let keys = self.cached_blocks(&request.prompt);
+                (id, request, keys)
+            })
             .collect();
         if let Some(chunk) = self.prefill_chunk {
             // Prompts with more than a slice left to compute are prefilled slice by slice.
@@ -311,6 +314,41 @@ impl<'m> Batch<'m> {
                 }
             }
             self.join(joining, rows, logits, cache, pads)?;
+        }
+        Ok(())
+    }
+
+    /// With a prefix cache: the whole blocks that several prompts admitted together start with
+    /// (a few-shot preamble, a system prompt), and that the cache does not hold yet, are
+    /// computed once, alone, and kept; the prompts then take them from the cache. Prompts
+    /// are grouped by their first block; each group's common start counts up to the
+    /// shortest member's last token (which must be computed).
+    fn prime_shared_prefixes<'p>(&mut self, prompts: impl Iterator<Item = &'p [u32]>) -> Result<()> {
+        if self.prefix_cache.is_none() {
+            return Ok(());
+        }
+        let mut by_start: Vec<(&[u32], Vec<&[u32]>)> = Vec::new();
+        for prompt in prompts.filter(|p| p.len() > BLOCK) {
+            match by_start.iter_mut().find(|(start, _)| *start == &prompt[..BLOCK]) {
+                Some((_, members)) => members.push(prompt),
+                None => by_start.push((&prompt[..BLOCK], vec![prompt])),
+            }
+        }
+        for (_, members) in by_start.iter().filter(|(_, members)| members.len() > 1) {
+            let first = members[0];
+            let shared = members.iter().fold(first.len() - 1, |n, p| {
+                n.min(p.len() - 1).min(first.iter().zip(p.iter()).take_while(|(a, b)| a == b).count())
+            });
+            let shared = shared / BLOCK * BLOCK;
+            if shared < BLOCK || self.cached_blocks(&first[..=shared]).len() * BLOCK >= shared {
+                continue;
+            }
+            let prefix = &first[..shared];
+            let mut cache = self.model.new_cache();
+            let tokens = Tensor::from_vec(prefix.to_vec(), (1, shared), self.model.device())?;
+            self.model.forward(&tokens, &[0], &mut cache, false)?;
+            self.stats.count(0, shared);
+            self.keep(prefix, &cache, 0, 0)?;
         }
         Ok(())
     }
