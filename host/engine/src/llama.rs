@@ -286,15 +286,6 @@ impl KvCache {
         })
     }
 
-    /// A copy of the first `len` positions, in buffers of its own (appending to either never
-    /// touches the other's).
-    pub fn prefix_copy(&self, len: usize) -> Result<KvCache> {
-        if len > self.len {
-            return Err(Error::Input(format!("a prefix of {len} positions of a cache of {}", self.len)));
-        }
-        self.map(len, |t| Ok(t.narrow(2, 0, len)?.copy()?))
-    }
-
     /// A one-row cache of `span` (per layer `[kv_heads, ≥ len, dim]`): its first `len`
     /// positions, in buffers of its own.
     pub fn from_span(span: &[(Tensor, Tensor)], len: usize) -> Result<KvCache> {
