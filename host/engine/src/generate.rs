@@ -322,7 +322,8 @@ impl<'m> Batch<'m> {
     /// (a few-shot preamble, a system prompt), and that the cache does not hold yet, are
     /// computed once, alone, and kept; the prompts then take them from the cache. Prompts
     /// are grouped by their first block; each group's common start counts up to the
-    /// shortest member's last token (which must be computed).
+    /// shortest member's last token (which must be computed), and, when prompts are
+    /// prefilled in slices, up to one slice.
     fn prime_shared_prefixes<'p>(&mut self, prompts: impl Iterator<Item = &'p [u32]>) -> Result<()> {
         if self.prefix_cache.is_none() {
             return Ok(());
@@ -339,6 +340,12 @@ impl<'m> Batch<'m> {
             let shared = members.iter().fold(first.len() - 1, |n, p| {
                 n.min(p.len() - 1).min(first.iter().zip(p.iter()).take_while(|(a, b)| a == b).count())
             });
+            // Computed in one pass, alone: with slices, at most a slice's worth (a long shared
+            // start must not hold every other request, nor take whole-prompt attention).
+            let shared = match self.prefill_chunk {
+                Some(chunk) => shared.min(chunk.max(BLOCK)),
+                None => shared,
+            };
             let shared = shared / BLOCK * BLOCK;
             if shared < BLOCK || self.cached_blocks(&first[..=shared]).len() * BLOCK >= shared {
                 continue;
