@@ -10,6 +10,7 @@ import json
 import random
 import re
 import statistics
+import tempfile
 import time
 
 import torch
@@ -62,7 +63,7 @@ class Times(TrainerCallback):
 tok = AutoTokenizer.from_pretrained(args.model)
 model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to("cuda")
 config = GRPOConfig(
-    output_dir="/tmp/gpu-trl", max_steps=args.steps, learning_rate=1e-5, beta=0.04,
+    output_dir=tempfile.mkdtemp(prefix="gpu-trl-"), max_steps=args.steps, learning_rate=1e-5, beta=0.04,
     num_generations=args.generations, per_device_train_batch_size=args.prompts * args.generations,
     gradient_accumulation_steps=1, max_completion_length=args.max_tokens, logging_steps=1,
     save_strategy="no", report_to=[], seed=args.seed, bf16=False, temperature=1.0,

@@ -17,19 +17,10 @@ before=${1:?give the commit to compare against}
 steps=${STEPS:-2}
 rounds=${ROUNDS:-2}
 config=${CONFIG:-examples/train/multiturn.toml}
-work=$(mktemp -d)
-trap 'git -C "$root" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 cd "$root"
-target=${CARGO_TARGET_DIR:-$root/target}
-# Touching the sources makes each checkout's build compile its own crates.
-build() {
-    find "$1/host" -name '*.rs' -exec touch {} +
-    (cd "$1" && CARGO_TARGET_DIR=$target cargo build -q --release -p wirl-cli)
-    cp "$target/release/wirl" "$2"
-}
-git worktree add --detach "$work/tree" "$before" >/dev/null
-build "$work/tree" "$work/wirl-A"
-build "$root" "$work/wirl-B"
+# shellcheck source=benches/ab-build.sh
+source "$root/benches/ab-build.sh"
+ab_build "$before"
 for round in $(seq "$rounds"); do
     for side in A B; do
         run=$work/$side-$round

@@ -12,25 +12,10 @@ before=${1:?give the commit to compare against}
 after=${2:-}
 steps=${STEPS:-4}
 rounds=${ROUNDS:-3}
-work=$(mktemp -d)
-trap 'git -C "$root" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 cd "$root"
-target=${CARGO_TARGET_DIR:-$root/target}
-# Cargo does not tell two checkouts of the same crates apart by path alone: touching the
-# sources makes each build compile its own.
-build() {
-    find "$1/host" -name '*.rs' -exec touch {} +
-    (cd "$1" && CARGO_TARGET_DIR=$target cargo build -q --release -p wirl-cli)
-    cp "$target/release/wirl" "$2"
-}
-git worktree add --detach "$work/tree" "$before" >/dev/null
-build "$work/tree" "$work/wirl-A"
-if [ -n "$after" ]; then
-    git -C "$work/tree" checkout -q --detach "$after"
-    build "$work/tree" "$work/wirl-B"
-else
-    build "$root" "$work/wirl-B"
-fi
+# shellcheck source=benches/ab-build.sh
+source "$root/benches/ab-build.sh"
+ab_build "$before" "$after"
 for round in $(seq "$rounds"); do
     for side in A B; do
         run=$work/$side-$round

@@ -524,16 +524,16 @@ fn a_cached_prompt_prefix_gives_what_the_whole_prompt_gives() {
     // Idle: the second takes the first's whole block of the 20 shared positions.
     admit(&mut batch, &[1]);
     run(&mut batch, false);
-    assert_eq!(batch.reused_prefix_positions(), 16);
+    assert_eq!(stats.positions().0 as usize, 16);
     // Running: the third joins mid-decode from the same block; then the cache is cleared
     // under it.
     admit(&mut batch, &[2]);
     cache.lock().unwrap().clear();
     run(&mut batch, true);
-    assert_eq!(batch.reused_prefix_positions(), 32);
+    assert_eq!(stats.positions().0 as usize, 32);
     admit(&mut batch, &[3]);
     run(&mut batch, true);
-    assert_eq!(batch.reused_prefix_positions(), 32, "nothing is reused after a clear");
+    assert_eq!(stats.positions().0 as usize, 32, "nothing is reused after a clear");
     let computed_before = stats.positions().1;
     admit(&mut batch, &[4, 5, 6]);
     run(&mut batch, true);
@@ -565,13 +565,13 @@ fn a_cached_prompt_prefix_gives_what_the_whole_prompt_gives() {
         }
     }
     assert_eq!(completion.len(), 3);
-    let reused = batch.reused_prefix_positions();
+    let reused = stats.positions().0 as usize;
     let mut again = next_turn.clone();
     again.extend(&completion);
     again.push(11);
     batch.admit(vec![(11, GenerateRequest { prompt: again.clone(), ..turn })]).unwrap();
     // The completion's last token was never run: the kept sequence ends one before it.
-    assert_eq!(batch.reused_prefix_positions() - reused, next_turn.len() + 2, "every whole block of the turn");
+    assert_eq!(stats.positions().0 as usize - reused, next_turn.len() + 2, "every whole block of the turn");
 }
 
 /// Prompts admitted together that share a start but not their ends (a few-shot preamble

@@ -124,8 +124,6 @@ pub struct Batch<'m> {
     prefix_cache: Option<Arc<Mutex<PrefixCache>>>,
     /// Prompt positions taken from the prefix cache, and computed.
     stats: Arc<PrefixStats>,
-    /// Prompt positions taken from the prefix cache so far.
-    reused: usize,
     /// Prompts longer than this are prefilled in slices of this many positions, one slice
     /// per step, between the running rows' decode steps ([`Batch::prefill_in_slices`]).
     prefill_chunk: Option<usize>,
@@ -147,7 +145,6 @@ impl<'m> Batch<'m> {
             finished: Vec::new(),
             prefix_cache: None,
             stats: Arc::default(),
-            reused: 0,
             prefill_chunk: None,
             prefilling: VecDeque::new(),
             extents: HashMap::new(),
@@ -186,11 +183,6 @@ impl<'m> Batch<'m> {
     /// Count prompt positions (taken from the cache, computed) into `stats`.
     pub fn count_into(&mut self, stats: Arc<PrefixStats>) {
         self.stats = stats;
-    }
-
-    /// Prompt positions taken from the prefix cache so far.
-    pub fn reused_prefix_positions(&self) -> usize {
-        self.reused
     }
 
     /// The cached blocks that cover the start of `prompt` (at least its last token is left
@@ -268,7 +260,6 @@ impl<'m> Batch<'m> {
             for (id, request, keys) in long {
                 let done = keys.len() * BLOCK;
                 let cache = self.cache_of(&keys, done)?;
-                self.reused += done;
                 self.stats.count(done, 0);
                 self.prefilling.push_back(Prefilling { id, request, cache, done });
             }
@@ -400,7 +391,6 @@ impl<'m> Batch<'m> {
             ids.extend(std::iter::repeat_n(0u32, pad));
             ids.extend(rest);
             pads.push(past - take + pad);
-            self.reused += take;
             self.stats.count(take, rest.len());
         }
         let tokens = Tensor::from_vec(ids, (prompts.len(), width), device)?;

@@ -1,0 +1,25 @@
+# Sourced by the same-run A/B benches (step-ab.sh, multiturn.sh), with $root set: makes
+# $work (removed on exit, with its worktree) and builds wirl in release at commit $1 into
+# $work/wirl-A and at commit $2 (or, without one, the working tree) into $work/wirl-B, the
+# other commit in a worktree sharing the target directory.
+work=$(mktemp -d)
+trap 'git -C "$root" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+ab_build() {
+    local before=$1 after=${2:-}
+    local target=${CARGO_TARGET_DIR:-$root/target}
+    # Cargo does not tell two checkouts of the same crates apart by path alone: touching the
+    # sources makes each build compile its own.
+    build() {
+        find "$1/host" -name '*.rs' -exec touch {} +
+        (cd "$1" && CARGO_TARGET_DIR=$target cargo build -q --release -p wirl-cli)
+        cp "$target/release/wirl" "$2"
+    }
+    git -C "$root" worktree add --detach "$work/tree" "$before" >/dev/null
+    build "$work/tree" "$work/wirl-A"
+    if [ -n "$after" ]; then
+        git -C "$work/tree" checkout -q --detach "$after"
+        build "$work/tree" "$work/wirl-B"
+    else
+        build "$root" "$work/wirl-B"
+    fi
+}
