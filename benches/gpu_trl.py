@@ -25,6 +25,7 @@ ap.add_argument("--prompts", type=int, default=4)
 ap.add_argument("--generations", type=int, default=8)
 ap.add_argument("--max-tokens", type=int, default=64)
 ap.add_argument("--seed", type=int, default=0)
+ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script off the GPU machine")
 args = ap.parse_args()
 
 rng = random.Random(args.seed)
@@ -47,37 +48,46 @@ def correct(completions, answer, **_):
     return scores
 
 
+def synchronize():
+    if args.device != "cpu":
+        torch.cuda.synchronize()
+
+
 class Times(TrainerCallback):
     def __init__(self):
         self.started, self.steps = None, []
 
     def on_step_begin(self, *_, **__):
-        torch.cuda.synchronize()
+        synchronize()
         self.started = time.perf_counter()
 
     def on_step_end(self, *_, **__):
-        torch.cuda.synchronize()
+        synchronize()
         self.steps.append(time.perf_counter() - self.started)
 
 
 tok = AutoTokenizer.from_pretrained(args.model)
-model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to("cuda")
+model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device)
 config = GRPOConfig(
     output_dir=tempfile.mkdtemp(prefix="gpu-trl-"), max_steps=args.steps, learning_rate=1e-5, beta=0.04,
     num_generations=args.generations, per_device_train_batch_size=args.prompts * args.generations,
     gradient_accumulation_steps=1, max_completion_length=args.max_tokens, logging_steps=1,
     save_strategy="no", report_to=[], seed=args.seed, bf16=False, temperature=1.0,
+    use_cpu=args.device == "cpu",
 )
 times = Times()
 trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[correct], args=config,
                       train_dataset=Dataset.from_list(rows), callbacks=[times])
-torch.cuda.reset_peak_memory_stats()
+gpu = args.device != "cpu"
+if gpu:
+    torch.cuda.reset_peak_memory_stats()
 trainer.train()
 print(json.dumps({
     "check": "trl", "pass": True, "peer": "trl", "version": __import__("trl").__version__,
-    "device": torch.cuda.get_device_name(0), "prompts": args.prompts, "generations": args.generations,
-    "max_tokens": args.max_tokens, "steps": len(times.steps), "step_s": [round(s, 3) for s in times.steps],
+    "device": torch.cuda.get_device_name(0) if gpu else "cpu", "prompts": args.prompts, "generations": args.generations,
+    "max_tokens": args.max_tokens, "gradient_checkpointing": config.gradient_checkpointing,
+    "steps": len(times.steps), "step_s": [round(s, 3) for s in times.steps],
     "step_s_median_after_first": round(statistics.median(times.steps[1:] or times.steps), 3),
-    "peak_gpu_mib_allocated": torch.cuda.max_memory_allocated() // (1 << 20),
-    "peak_gpu_mib_reserved": torch.cuda.max_memory_reserved() // (1 << 20),
+    "peak_gpu_mib_allocated": torch.cuda.max_memory_allocated() // (1 << 20) if gpu else None,
+    "peak_gpu_mib_reserved": torch.cuda.max_memory_reserved() // (1 << 20) if gpu else None,
 }))

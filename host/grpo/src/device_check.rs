@@ -56,8 +56,12 @@ pub fn compare_with_cpu(config: &Config, tensors: &HashMap<String, Tensor>, devi
         let (loss_device, _) = other.loss_and_grads(&prompt, &completions, &limits, &mut got, loss_of)?;
         (agreement.loss_cpu, agreement.loss_device) = (loss_cpu, loss_device);
         for ((name, cpu_var), (_, device_var)) in cpu.vars().iter().zip(other.vars()) {
-            let (Some(want), Some(got)) = (want.get(cpu_var), got.get(device_var)) else {
-                if want.get(cpu_var).is_some() != got.get(device_var).is_some() {
+            let host = |grads: &Gradients, var| -> Result<Option<Vec<f32>>> {
+                grads.tensor(var)?.map(|t| t.flatten_all()?.to_vec1::<f32>()).transpose()
+            };
+            let (want, got) = (host(&want, cpu_var)?, host(&got, device_var)?);
+            let (Some(want), Some(got)) = (&want, &got) else {
+                if want.is_some() != got.is_some() {
                     candle_core::bail!("{name} has a gradient on one device only");
                 }
                 continue;

@@ -5,6 +5,10 @@
 //! Summing them as tensors (`earlier + new`) allocates a fresh copy per addition, and on
 //! this allocator a fresh 100 MB tensor is fresh pages: page faults and zeroing were a
 //! sixth of a step's time. Here each variable's sum is one buffer, added to in place.
+//!
+//! On a GPU the sums stay on the device as tensors: copying every piece to the host and
+//! adding there (a 113 MB head gradient per chunk of the head) was most of a CUDA step's
+//! backward (docs/BENCHMARKS.md, "On a GPU"), and the GPU's allocator makes a fresh sum cheap.
 
 use candle_core::backend::BackendStorage;
 use candle_core::backprop::GradStore;
@@ -12,15 +16,69 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, TensorId, Va
 use std::collections::HashMap;
 use wirl_engine::Comm;
 
-/// The summed gradients of some variables, one `f32` buffer each.
+/// The summed gradients of some variables: one `f32` buffer each on the CPU, one `f32`
+/// tensor each on the device where the gradients arrive on another device.
 #[derive(Default)]
 pub struct Gradients {
-    sums: HashMap<TensorId, (Vec<f32>, Shape)>,
+    sums: HashMap<TensorId, Sum>,
+    /// Keep sums as tensors even of CPU gradients (the device path, testable on the CPU).
+    tensors_always: bool,
+}
+
+enum Sum {
+    Host(Vec<f32>),
+    Device(Tensor),
+}
+
+/// One variable's summed gradient, where it is.
+pub enum GradSum<'a> {
+    Host(&'a [f32]),
+    Device(&'a Tensor),
+}
+
+impl GradSum<'_> {
+    /// The sum as a tensor of `shape` on `device` (a copy unless it is already there).
+    pub fn to_tensor(&self, shape: &Shape, device: &candle_core::Device) -> Result<Tensor> {
+        match self {
+            GradSum::Host(values) => Tensor::from_slice(values, shape, device),
+            GradSum::Device(tensor) => tensor.to_device(device)?.reshape(shape),
+        }
+    }
+
+    /// Its sum of squares, in f64 on the host (f32 on a device, summed there).
+    pub fn sum_of_squares(&self) -> Result<f64> {
+        match self {
+            GradSum::Host(values) => Ok(sum_of_squares(values)),
+            GradSum::Device(tensor) => Ok(f64::from(tensor.sqr()?.sum_all()?.to_scalar::<f32>()?)),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            GradSum::Host(values) => values.len(),
+            GradSum::Device(tensor) => tensor.elem_count(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Gradients {
     pub fn new() -> Self {
         Gradients::default()
+    }
+
+    /// Sums kept as tensors whatever the device: what every GPU's gradients get, here also
+    /// for CPU ones (that path's tests run on the CPU).
+    pub fn as_tensors() -> Self {
+        Gradients { tensors_always: true, ..Gradients::default() }
+    }
+
+    /// Whether sums of gradients on `device` stay there as tensors.
+    pub(crate) fn keeps_on(&self, device: &candle_core::Device) -> bool {
+        self.tensors_always || !device.is_cpu()
     }
 
     /// Take the gradients of `vars` out of `store` (leaving the intermediate tensors'
@@ -30,46 +88,78 @@ impl Gradients {
         for var in vars {
             let Some(grad) = store.remove(var.as_tensor()) else { continue };
             taken += 1;
-            match self.sums.get_mut(&var.as_tensor().id()) {
-                Some((sum, shape)) => {
-                    if grad.shape() != shape {
-                        candle_core::bail!("a gradient of shape {:?} for a variable of shape {shape:?}", grad.shape());
-                    }
-                    with_f32(&grad, |grad| {
-                        in_parts(sum, |start, part| add(part, &grad[start..]));
-                        Ok(())
-                    })?;
-                }
-                None => {
-                    let sum = with_f32(&grad, |grad| Ok(grad.to_vec()))?;
-                    self.sums.insert(var.as_tensor().id(), (sum, grad.shape().clone()));
-                }
-            }
+            self.add(var, grad)?;
         }
         Ok(taken)
     }
 
-    /// Add into `var`'s sum with `f`, which is handed the sum (zeros if nothing reached
-    /// `var` yet): for gradients that a product writes straight into it.
-    pub(crate) fn add_with(&mut self, var: &Var, f: impl FnOnce(&mut [f32])) {
-        let (sum, _) = self
-            .sums
-            .entry(var.as_tensor().id())
-            .or_insert_with(|| (vec![0f32; var.elem_count()], var.shape().clone()));
-        f(sum);
+    /// Add `grad` (of `var`'s shape) into `var`'s sum.
+    pub(crate) fn add(&mut self, var: &Var, grad: Tensor) -> Result<()> {
+        if grad.shape() != var.shape() {
+            candle_core::bail!("a gradient of shape {:?} for a variable of shape {:?}", grad.shape(), var.shape());
+        }
+        let on_device = self.keeps_on(grad.device());
+        match self.sums.get_mut(&var.as_tensor().id()) {
+            Some(Sum::Device(sum)) => *sum = (&*sum + grad.to_dtype(DType::F32)?)?,
+            Some(Sum::Host(sum)) => with_f32(&grad, |grad| {
+                in_parts(sum, |start, part| add(part, &grad[start..]));
+                Ok(())
+            })?,
+            None if on_device => {
+                self.sums.insert(var.as_tensor().id(), Sum::Device(grad.to_dtype(DType::F32)?.contiguous()?));
+            }
+            None => {
+                let sum = with_f32(&grad, |grad| Ok(grad.to_vec()))?;
+                self.sums.insert(var.as_tensor().id(), Sum::Host(sum));
+            }
+        }
+        Ok(())
     }
 
-    /// The summed gradient of `var`, if any reached it.
+    /// Add into `var`'s sum with `f`, which is handed the sum (zeros if nothing reached
+    /// `var` yet): for gradients that a product writes straight into it. A sum kept on a
+    /// device is brought to the host first (these products run on the CPU).
+    pub(crate) fn add_with(&mut self, var: &Var, f: impl FnOnce(&mut [f32])) -> Result<()> {
+        let id = var.as_tensor().id();
+        if let Some(Sum::Device(_)) = self.sums.get(&id) {
+            self.bring_to_host(var)?;
+        }
+        match self.sums.entry(id).or_insert_with(|| Sum::Host(vec![0f32; var.elem_count()])) {
+            Sum::Host(sum) => f(sum),
+            Sum::Device(_) => candle_core::bail!("a gradient sum left on its device"),
+        }
+        Ok(())
+    }
+
+    /// Move `var`'s sum to the host, if it is on a device.
+    fn bring_to_host(&mut self, var: &Var) -> Result<()> {
+        let id = var.as_tensor().id();
+        if let Some(Sum::Device(tensor)) = self.sums.get(&id) {
+            let values = tensor.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            self.sums.insert(id, Sum::Host(values));
+        }
+        Ok(())
+    }
+
+    /// The summed gradient of `var`, if any reached it, where it is.
+    pub fn sum(&self, var: &Var) -> Option<GradSum<'_>> {
+        self.sums.get(&var.as_tensor().id()).map(|sum| match sum {
+            Sum::Host(values) => GradSum::Host(values),
+            Sum::Device(tensor) => GradSum::Device(tensor),
+        })
+    }
+
+    /// The summed gradient of `var` as host values, if any reached it and it is on the host.
     pub fn get(&self, var: &Var) -> Option<&[f32]> {
-        self.sums.get(&var.as_tensor().id()).map(|(sum, _)| sum.as_slice())
+        match self.sums.get(&var.as_tensor().id())? {
+            Sum::Host(values) => Some(values),
+            Sum::Device(_) => None,
+        }
     }
 
     /// The summed gradient of `var` as a tensor (a copy, on the CPU), if any reached it.
     pub fn tensor(&self, var: &Var) -> Result<Option<Tensor>> {
-        self.sums
-            .get(&var.as_tensor().id())
-            .map(|(sum, shape)| Tensor::from_slice(sum, shape, &candle_core::Device::Cpu))
-            .transpose()
+        self.sum(var).map(|sum| sum.to_tensor(var.shape(), &candle_core::Device::Cpu)).transpose()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -84,6 +174,10 @@ impl Gradients {
     /// order: one collective per bucket, not per variable (a few hundred small messages
     /// would each pay the transport's latency), yet never a second copy of all gradients.
     pub fn all_reduce(&mut self, vars: &[&Var], ranks: &dyn Comm, extra: &[f32]) -> Result<Vec<f32>> {
+        // The transports sum host buffers (NCCL copies them to its GPU and back).
+        for var in vars {
+            self.bring_to_host(var)?;
+        }
         let reduce = |mut values: Vec<f32>| -> Result<Vec<f32>> {
             ranks.all_reduce_sum_in_place(&mut values).map_err(candle_core::Error::wrap)?;
             Ok(values)
@@ -116,9 +210,9 @@ impl Gradients {
                 let part = &summed[offset..offset + var.elem_count()];
                 // Into the existing buffer where there is one (no fresh allocation).
                 match self.sums.get_mut(&var.as_tensor().id()) {
-                    Some((sum, _)) => sum.copy_from_slice(part),
-                    None => {
-                        self.sums.insert(var.as_tensor().id(), (part.to_vec(), var.shape().clone()));
+                    Some(Sum::Host(sum)) => sum.copy_from_slice(part),
+                    _ => {
+                        self.sums.insert(var.as_tensor().id(), Sum::Host(part.to_vec()));
                     }
                 }
                 offset += part.len();
@@ -234,11 +328,11 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
-    #[test]
-    fn sums_in_place_what_backward_passes_return() {
+    /// Two variables, and `grads` after three backward passes of `k·Σa + Σb²` (k = 1, 2, 3):
+    /// a's gradient sums to 6 each, b's to 6·b.
+    fn three_passes(mut grads: Gradients) -> (Var, Var, Gradients) {
         let a = Var::new(&[1.0f32, 2.0, 3.0], &Device::Cpu).unwrap();
         let b = Var::new(&[[1.0f32, -1.0], [0.5, 2.0]], &Device::Cpu).unwrap();
-        let mut grads = Gradients::new();
         for k in 1..=3 {
             let loss = ((a.as_tensor() * k as f64).unwrap().sum_all().unwrap()
                 + b.as_tensor().sqr().unwrap().sum_all().unwrap())
@@ -247,9 +341,37 @@ mod tests {
             assert_eq!(grads.absorb(&mut store, [&a, &b]).unwrap(), 2);
             assert!(store.get(a.as_tensor()).is_none() && store.get(b.as_tensor()).is_none());
         }
+        (a, b, grads)
+    }
+
+    #[test]
+    fn sums_in_place_what_backward_passes_return() {
+        let (a, b, grads) = three_passes(Gradients::new());
         assert_eq!(grads.get(&a).unwrap(), [6.0, 6.0, 6.0]);
         assert_eq!(grads.get(&b).unwrap(), [6.0, -6.0, 3.0, 12.0]);
         assert_eq!(grads.tensor(&b).unwrap().unwrap().dims(), [2, 2]);
+    }
+
+    /// Sums kept as tensors (a GPU's) add up to the same, report where they are, and come
+    /// to the host for a product that writes into the sum or for a collective.
+    #[test]
+    fn sums_kept_as_tensors_equal_the_host_sums() {
+        let (a, b, mut grads) = three_passes(Gradients::as_tensors());
+        assert!(grads.get(&a).is_none(), "a tensor sum has no host values to lend");
+        let Some(GradSum::Device(sum)) = grads.sum(&b) else { panic!("b's sum is a tensor") };
+        assert_eq!(sum.to_vec2::<f32>().unwrap(), [[6.0, -6.0], [3.0, 12.0]]);
+        assert_eq!(grads.sum(&b).unwrap().sum_of_squares().unwrap(), 36.0 + 36.0 + 9.0 + 144.0);
+        assert_eq!(grads.tensor(&a).unwrap().unwrap().to_vec1::<f32>().unwrap(), [6.0, 6.0, 6.0]);
+        // A product writing into a's sum gets it on the host, then the sum stays there.
+        grads.add_with(&a, |sum| sum[0] += 1.0).unwrap();
+        assert_eq!(grads.get(&a).unwrap(), [7.0, 6.0, 6.0]);
+        // A wrong shape is refused, not broadcast.
+        let wrong = Tensor::new(&[1.0f32, 2.0], &Device::Cpu).unwrap();
+        assert!(grads.add(&b, wrong).is_err());
+        // One rank's collective is the identity, and leaves every sum on the host.
+        let one = wirl_engine::Solo;
+        grads.all_reduce(&[&a, &b], &one, &[]).unwrap();
+        assert_eq!(grads.get(&b).unwrap(), [6.0, -6.0, 3.0, 12.0]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! AdamW with global gradient-norm clipping and a learning-rate schedule. Written here rather
 //! than taken from candle-nn so that its moments can be checkpointed and restored exactly.
 
-use crate::grads::{Gradients, sum_of_squares, update_in_place, with_f32};
+use crate::grads::{GradSum, Gradients, update_in_place, with_f32};
 use candle_core::{Result, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
@@ -74,8 +74,14 @@ impl Optimizer {
     }
 
     /// The global L2 norm of the gradients of every variable.
-    pub fn grad_norm(&self, grads: &Gradients) -> f64 {
-        self.vars.iter().filter_map(|var| grads.get(var)).map(sum_of_squares).sum::<f64>().sqrt()
+    pub fn grad_norm(&self, grads: &Gradients) -> Result<f64> {
+        let mut sum = 0.0;
+        for var in &self.vars {
+            if let Some(g) = grads.sum(var) {
+                sum += g.sum_of_squares()?;
+            }
+        }
+        Ok(sum.sqrt())
     }
 
     /// One update with learning rate `lr`, the gradients scaled down so that their global
@@ -83,7 +89,7 @@ impl Optimizer {
     /// One AdamW update from `grads`, skipped (weights and moments untouched) when the
     /// gradient is not finite.
     pub fn step(&mut self, grads: &Gradients, lr: f64, max_norm: Option<f64>) -> Result<Update> {
-        let norm = self.grad_norm(grads);
+        let norm = self.grad_norm(grads)?;
         let scale = match max_norm {
             Some(max) if norm > max && norm.is_finite() => max / (norm + 1e-6),
             _ => 1.0,
@@ -104,18 +110,26 @@ impl Optimizer {
         // passes over memory where tensor ops made ten temporary copies of every weight.
         // Elsewhere candle's ops, the result copied into the variable's own storage.
         for (var, (m, v)) in self.vars.iter().zip(self.moments.iter_mut()) {
-            let Some(g) = grads.get(var) else { continue };
-            if g.len() != var.elem_count() {
-                candle_core::bail!("a gradient of {} values for a variable of {}", g.len(), var.elem_count());
+            let Some(sum) = grads.sum(var) else { continue };
+            if sum.len() != var.elem_count() {
+                candle_core::bail!("a gradient of {} values for a variable of {}", sum.len(), var.elem_count());
             }
-            if !(self.fast_paths && var.device().is_cpu() && var.dtype() == candle_core::DType::F32) {
-                let g = (Tensor::from_slice(g, var.shape(), var.device())?.to_dtype(var.dtype())? * f64::from(scale))?;
-                *m = ((&*m * f64::from(b1))? + (&g * f64::from(1.0 - b1))?)?;
-                *v = ((&*v * f64::from(b2))? + (g.sqr()? * f64::from(1.0 - b2))?)?;
-                let step = ((&*m / f64::from(c1))? / ((&*v / f64::from(c2))?.sqrt()? + f64::from(eps))?)?;
-                var.set(&((var.as_tensor().detach() * f64::from(decay))? - (step * f64::from(lr))?)?)?;
-                continue;
-            }
+            let host = match sum {
+                GradSum::Host(g)
+                    if self.fast_paths && var.device().is_cpu() && var.dtype() == candle_core::DType::F32 =>
+                {
+                    g
+                }
+                _ => {
+                    let g = (sum.to_tensor(var.shape(), var.device())?.to_dtype(var.dtype())? * f64::from(scale))?;
+                    *m = ((&*m * f64::from(b1))? + (&g * f64::from(1.0 - b1))?)?;
+                    *v = ((&*v * f64::from(b2))? + (g.sqr()? * f64::from(1.0 - b2))?)?;
+                    let step = ((&*m / f64::from(c1))? / ((&*v / f64::from(c2))?.sqrt()? + f64::from(eps))?)?;
+                    var.set(&((var.as_tensor().detach() * f64::from(decay))? - (step * f64::from(lr))?)?)?;
+                    continue;
+                }
+            };
+            let g = host;
             update_in_place(m, |start, m| {
                 for (m, &g) in m.iter_mut().zip(&g[start..]) {
                     *m = *m * b1 + g * scale * (1.0 - b1);
@@ -148,8 +162,11 @@ mod tests {
     use candle_core::Device;
     use candle_core::backprop::GradStore;
 
-    fn gradients(mut store: GradStore, var: &Var) -> Gradients {
-        let mut grads = Gradients::new();
+    fn gradients(store: GradStore, var: &Var) -> Gradients {
+        gradients_into(Gradients::new(), store, var)
+    }
+
+    fn gradients_into(mut grads: Gradients, mut store: GradStore, var: &Var) -> Gradients {
         grads.absorb(&mut store, [var]).unwrap();
         grads
     }
@@ -184,8 +201,9 @@ mod tests {
         assert!((w[0] - (0.95 - 0.1)).abs() < 1e-5, "{w:?}");
     }
 
-    /// The composed-ops update (what other devices run) equals the in-place loops, with
-    /// weight decay and clipping, over several steps.
+    /// The composed-ops update (what other devices run, from sums kept as tensors as a GPU
+    /// keeps them) equals the in-place loops, with weight decay and clipping, over several
+    /// steps.
     #[test]
     fn the_tensor_ops_update_equals_the_in_place_one() {
         let values: Vec<f32> = (0..300).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
@@ -197,7 +215,9 @@ mod tests {
                 let factor: Vec<f32> = (0..300).map(|i| ((i + step * 7) % 13) as f32 - 6.0).collect();
                 let factor = Tensor::new(factor.as_slice(), &Device::Cpu).unwrap();
                 let loss = (var.as_tensor().sqr().unwrap() * factor).unwrap().sum_all().unwrap();
-                let grads = gradients(loss.backward().unwrap(), &var);
+                let sums = if fast { Gradients::new() } else { Gradients::as_tensors() };
+                let grads = gradients_into(sums, loss.backward().unwrap(), &var);
+                assert_eq!(matches!(grads.sum(&var), Some(GradSum::Device(_))), !fast);
                 assert!(opt.step(&grads, 0.01, Some(5.0)).unwrap().applied);
             }
             (var.as_tensor().to_vec1::<f32>().unwrap(), opt.moments()[0].1.to_vec1::<f32>().unwrap())
