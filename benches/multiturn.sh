@@ -35,6 +35,11 @@ for r in (json.loads(line) for line in open(sys.argv[1])):
                       "agents_s": round(t["agents"], 2),
                       "first_s_per_turn": round(t["generate"] / 24, 4),
                       "later_s_per_turn": round(t["episodes"] / max(r["episode_turns"], 1), 4),
+                      # Per generated token (recorded since 2026-11-26; absent before: None).
+                      "first_s_per_token": (round(t["generate"] / (r["completion_tokens"] - r["episode_tokens"]), 5)
+                                            if r.get("completion_tokens", 0) > r.get("episode_tokens", 0) else None),
+                      "later_s_per_token": (round(t["episodes"] / r["episode_tokens"], 5)
+                                            if r.get("episode_tokens") else None),
                       "train_s": round(t["train"], 2), "total_s": round(t["total"], 2),
                       "backward_s": round(t["backward"], 2), "peak_train_mib": r["peak_rss_mib_by_phase"].get("train"),
                       "cached": r.get("prompt_positions_cached", 0), "computed": r.get("prompt_positions_computed"),
@@ -53,6 +58,11 @@ for side in "AB":
                            "total_s"]}
     m = med[side]
     ratio = m["later_s_per_turn"] / m["first_s_per_turn"] if m["first_s_per_turn"] else float("nan")
+    tokens = [(r["first_s_per_token"], r["later_s_per_token"]) for r in mine if r["later_s_per_token"]]
+    if tokens:
+        first, later = statistics.median(f for f, _ in tokens), statistics.median(l for _, l in tokens)
+        print(f"{side}: per generated token first {first * 1000:.1f} ms, later {later * 1000:.1f} ms "
+              f"(later/first {later / first:.2f})")
     print(f"{side}: per turn first {m['first_s_per_turn']:.3f} s, later {m['later_s_per_turn']:.3f} s "
           f"(later/first {ratio:.2f}); step: first turns {m['first_turns_s']:.1f} s, later turns "
           f"{m['later_turns_s']:.1f} s, agents {m['agents_s']:.1f} s, train {m['train_s']:.1f} s, total {m['total_s']:.1f} s")

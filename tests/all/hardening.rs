@@ -512,6 +512,76 @@ fn a_head_computed_by_chunks_gives_the_same_loss_and_gradients() {
     }
 }
 
+/// The head computed only where a token carries loss (a ledger's model tokens, not the
+/// environment's or the padding) gives the loss and gradients of the head over every
+/// position, when the loss weighs the skipped positions 0 — as GRPO's token weights do —
+/// through every backward path (whole graph or layer by layer, whole head or by chunks, the
+/// CPU's fused head or the generic ops), and the stats of a read-only pass agree where kept
+/// and are 0 where skipped.
+#[test]
+fn the_head_skips_positions_without_loss_and_changes_nothing_that_has_one() {
+    let (_dir, config, tensors) = tiny_weights();
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 5 % 60 + 2) as u32).collect();
+    // Row 0 a ledger: two model turns around the environment's three tokens; rows 1 and 2
+    // padded; row 2 carries no loss at all.
+    let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 17, 8, 40, 2], vec![5, 6], vec![44, 1, 8, 12]];
+    let trained: Vec<Vec<bool>> =
+        vec![vec![true, true, false, false, false, true, true], vec![true, true], vec![false, false, false, false]];
+    let width = 7;
+    let mut weights = vec![0f32; completions.len() * width];
+    for (row, mask) in trained.iter().enumerate() {
+        for (i, &t) in mask.iter().enumerate() {
+            weights[row * width + i] = if t { 0.5 + (row * width + i) as f32 / 10.0 } else { 0.0 };
+        }
+    }
+    let device = wirl_engine::Device::Cpu;
+    let weights = candle_core::Tensor::from_vec(weights, (completions.len(), width), &device).unwrap();
+    let weighted = |stats: &wirl_grpo::TokenStats| {
+        let terms = ((&stats.logp * 0.7)? + (&stats.entropy * 0.1)?)?;
+        let loss = (terms * &weights)?.sum_all()?;
+        Ok((loss.clone(), loss.to_scalar::<f32>()?))
+    };
+    let per_position = (completions.len() * config.vocab_size * 4) as u64;
+    for fast in [true, false] {
+        let mut policy = wirl_grpo::Policy::new(&config, &tensors, &device).unwrap();
+        policy.set_fast_paths(fast);
+        let part = wirl_grpo::Part::trained(&completions, &trained);
+        // Read-only stats: equal where kept, 0 where skipped.
+        let every = policy.net().completion_stats(&prompt, &completions).unwrap();
+        let kept = policy.net().parts_stats_chunked(&prompt, &[part], 2 * per_position).unwrap().pop().unwrap();
+        let (every_logp, kept_logp) = (every.logp.to_vec2::<f32>().unwrap(), kept.logp.to_vec2::<f32>().unwrap());
+        for row in 0..completions.len() {
+            for i in 0..width {
+                let carries = trained[row].get(i).copied().unwrap_or(false);
+                let (a, b) = (every_logp[row][i], kept_logp[row][i]);
+                if carries {
+                    assert!((a - b).abs() < 1e-5, "fast {fast}, row {row} position {i}: {a} vs {b}");
+                } else {
+                    assert_eq!(b, 0.0, "fast {fast}, row {row} position {i} is skipped");
+                }
+            }
+        }
+        for recompute_above in [u64::MAX, 0] {
+            for head_chunk in [u64::MAX, per_position, 3 * per_position] {
+                let limits = wirl_grpo::MemoryLimits { recompute_above, keep_layers: 0, head_chunk };
+                let mut all = wirl_grpo::Gradients::new();
+                let mut skipped = wirl_grpo::Gradients::new();
+                let (all_loss, _) = policy.loss_and_grads(&prompt, &completions, &limits, &mut all, weighted).unwrap();
+                let (loss, _) = policy.part_loss_and_grads(&prompt, part, &limits, &mut skipped, weighted).unwrap();
+                let what = format!("fast {fast}, recompute above {recompute_above}, head chunk {head_chunk}");
+                assert!((all_loss - loss).abs() < 1e-4 * all_loss.abs().max(1.0), "{what}: {all_loss} vs {loss}");
+                for (name, var) in policy.vars() {
+                    let a = all.tensor(var).unwrap().unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+                    let b = skipped.tensor(var).unwrap().unwrap_or_else(|| panic!("{what}: none skipped, {name}"));
+                    let difference = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                    let size = a.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-3);
+                    assert!(difference / size < 1e-4, "{what}: {name} differs by {difference} of {size}");
+                }
+            }
+        }
+    }
+}
+
 /// A completion token outside the vocabulary (only ever a target: the last token of a
 /// completion is never an input) is an error from every path, not a panic.
 #[test]

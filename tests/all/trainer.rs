@@ -287,6 +287,9 @@ fn a_weighted_multitask_run_records_each_task_and_resumes_exactly() {
         assert_eq!(tasks["retry"]["groups"], 1);
         // The tiny model never solves it: each of the 4 episodes takes 2 more turns.
         assert_eq!(line["episode_turns"], 4 * 2, "{line}");
+        // Their tokens are counted apart from the first turns' (per-token turn times).
+        let (all, later) = (line["completion_tokens"].as_u64().unwrap(), line["episode_tokens"].as_u64().unwrap());
+        assert!(later > 0 && later < all, "{later} of {all} tokens in later turns: {line}");
     }
     let rollouts: Vec<serde_json::Value> = std::fs::read_to_string(whole.join("rollouts.jsonl"))
         .unwrap()

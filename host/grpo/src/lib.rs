@@ -11,6 +11,7 @@ mod head;
 pub mod loss;
 pub mod optim;
 pub mod policy;
+mod positions;
 pub mod update;
 
 pub use grads::Gradients;
@@ -20,4 +21,5 @@ pub use loss::{
 };
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{MemoryLimits, Net, Policy, TokenStats};
+pub use positions::Part;
 pub use update::{GroupBatch, Learner, UpdateSettings, UpdateStats, UpdateTimes};

@@ -23,6 +23,7 @@
 
 use crate::grads::{Gradients, with_f32};
 use crate::head;
+use crate::positions::{Kept, Part};
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
@@ -133,19 +134,15 @@ impl Net {
         completions: &[Vec<u32>],
         chunk_bytes: u64,
     ) -> Result<TokenStats> {
-        let mut stats = self.parts_stats_chunked(prompt, &[completions], chunk_bytes)?;
+        let mut stats = self.parts_stats_chunked(prompt, &[Part::every_position(completions)], chunk_bytes)?;
         Ok(stats.pop().expect("one part"))
     }
 
     /// [`Net::completion_stats_chunked`] of each part of a group's completions, the prompt
-    /// run once for all of them (each part's rows attend to its keys and values).
-    pub fn parts_stats_chunked(
-        &self,
-        prompt: &[u32],
-        parts: &[&[Vec<u32>]],
-        chunk_bytes: u64,
-    ) -> Result<Vec<TokenStats>> {
-        let batches = parts.iter().map(|part| self.batch(prompt, part)).collect::<Result<Vec<_>>>()?;
+    /// run once for all of them (each part's rows attend to its keys and values); the head
+    /// only at the positions each part asks for ([`Part::trained`]), zeros elsewhere.
+    pub fn parts_stats_chunked(&self, prompt: &[u32], parts: &[Part<'_>], chunk_bytes: u64) -> Result<Vec<TokenStats>> {
+        let batches = parts.iter().map(|part| self.part_batch(prompt, part)).collect::<Result<Vec<_>>>()?;
         let frames = batches.iter().map(|b| self.frame(b.prefix, &b.inputs)).collect::<Result<Vec<_>>>()?;
         let (Some(first), Some(prefix_frame)) = (batches.first(), frames.first()) else {
             return Ok(Vec::new());
@@ -164,9 +161,10 @@ impl Net {
         xs.iter()
             .zip(&batches)
             .map(|(hidden, batch)| {
-                let (rows, width) = batch.inputs.dims2()?;
-                let chunk = self.head_chunk(rows, width, chunk_bytes);
-                self.head_stats_by_chunks(hidden, &batch.targets, chunk)
+                self.at_kept(hidden, batch, |hidden, targets| {
+                    let (rows, width) = (hidden.dim(0)?, hidden.dim(1)?);
+                    self.head_stats_by_chunks(hidden, targets, self.head_chunk(rows, width, chunk_bytes))
+                })
             })
             .collect()
     }
@@ -272,7 +270,28 @@ impl Net {
         }
         let inputs = Tensor::from_vec(inputs, (groups, width), &device)?;
         let targets = Tensor::from_vec(targets, (groups, width, 1), &device)?;
-        Ok(Batch { prefix, inputs, targets })
+        Ok(Batch { prefix, inputs, targets, kept: None })
+    }
+
+    /// [`Net::batch`] of a part, with the positions its head computes.
+    fn part_batch<'p>(&self, prompt: &'p [u32], part: &Part<'_>) -> Result<Batch<'p>> {
+        let mut batch = self.batch(prompt, part.completions)?;
+        batch.kept = Kept::of(part, batch.inputs.dim(1)?, batch.inputs.device())?;
+        Ok(batch)
+    }
+
+    /// `head` (hidden states and targets to stats) over the positions of `batch` that its
+    /// part asks for, gathered into one row; the stats put back at their positions, zeros
+    /// elsewhere. Differentiable both ways.
+    fn at_kept(
+        &self,
+        hidden: &Tensor,
+        batch: &Batch<'_>,
+        head: impl FnOnce(&Tensor, &Tensor) -> Result<TokenStats>,
+    ) -> Result<TokenStats> {
+        let Some(kept) = &batch.kept else { return head(hidden, &batch.targets) };
+        let stats = head(&kept.gather(hidden)?, &kept.gather(&batch.targets)?)?;
+        Ok(TokenStats { logp: kept.scatter(&stats.logp)?, entropy: kept.scatter(&stats.entropy)? })
     }
 
     /// Per-token stats from the last layer's hidden states.
@@ -541,6 +560,8 @@ struct Batch<'p> {
     prefix: &'p [u32],
     inputs: Tensor,
     targets: Tensor,
+    /// The positions the head computes, where not all ([`Kept`]).
+    kept: Option<Kept>,
 }
 
 /// One chunk of positions through the fused head.
@@ -687,28 +708,41 @@ impl Policy {
         grads: &mut Gradients,
         loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
     ) -> Result<(R, bool)> {
+        self.part_loss_and_grads(prompt, Part::every_position(completions), limits, grads, loss_of)
+    }
+
+    /// [`Policy::loss_and_grads`] of a part: the head only at the positions it asks for
+    /// ([`Part::trained`]); the stats `loss_of` sees are zeros elsewhere.
+    pub fn part_loss_and_grads<R>(
+        &self,
+        prompt: &[u32],
+        part: Part<'_>,
+        limits: &MemoryLimits,
+        grads: &mut Gradients,
+        loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
+    ) -> Result<(R, bool)> {
+        let completions = part.completions;
         let width = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let chunk = self.net.head_chunk(completions.len(), width, limits.head_chunk);
         // By chunks (fused where it can be) unless the whole head was asked for.
         let whole_head = limits.head_chunk == u64::MAX;
         let net = &self.net;
         if net.attention_graph_bytes(prompt.len(), completions.len(), width) <= limits.recompute_above {
+            let batch = net.part_batch(prompt, &part)?;
+            let top = net.forward(batch.prefix, &batch.inputs)?;
             if whole_head {
-                let stats = net.completion_stats(prompt, completions)?;
+                let stats = net.at_kept(&top, &batch, |hidden, targets| net.head_stats(hidden, targets))?;
                 let (loss, extra) = loss_of(&stats)?;
                 self.absorb(&mut loss.backward()?, grads)?;
                 return Ok((extra, false));
             }
             // The layers' graph whole, the head by chunks: its gradient with respect to the
             // last hidden states, then pulled through the layers.
-            let batch = net.batch(prompt, completions)?;
-            let top = net.forward(batch.prefix, &batch.inputs)?;
-            let (extra, grad_top) = self.head_by_chunks(&top.detach(), &batch.targets, chunk, grads, loss_of)?;
+            let (extra, grad_top) = self.head_by_chunks(&top.detach(), &batch, limits.head_chunk, grads, loss_of)?;
             self.absorb(&mut pulled([(&top, &grad_top)])?.backward()?, grads)?;
             return Ok((extra, false));
         }
         let mut loss_of = Some(loss_of);
-        let mut extras = self.parts_loss_and_grads(prompt, &[completions], limits, grads, |_, stats| {
+        let mut extras = self.parts_loss_and_grads(prompt, &[part], limits, grads, |_, stats| {
             loss_of.take().expect("one part, one loss")(stats)
         })?;
         Ok((extras.pop().expect("one part"), true))
@@ -724,14 +758,14 @@ impl Policy {
     pub fn parts_loss_and_grads<R>(
         &self,
         prompt: &[u32],
-        parts: &[&[Vec<u32>]],
+        parts: &[Part<'_>],
         limits: &MemoryLimits,
         grads: &mut Gradients,
         mut loss_of: impl FnMut(usize, &TokenStats) -> Result<(Tensor, R)>,
     ) -> Result<Vec<R>> {
         let net = &self.net;
         let whole_head = limits.head_chunk == u64::MAX;
-        let batches = parts.iter().map(|part| net.batch(prompt, part)).collect::<Result<Vec<_>>>()?;
+        let batches = parts.iter().map(|part| net.part_batch(prompt, part)).collect::<Result<Vec<_>>>()?;
         let frames = batches.iter().map(|b| net.frame(b.prefix, &b.inputs)).collect::<Result<Vec<_>>>()?;
         let (Some(first), Some(prefix_frame)) = (batches.first(), frames.first()) else {
             return Ok(Vec::new());
@@ -773,13 +807,11 @@ impl Policy {
         for (k, (top, batch)) in xs.iter().zip(&batches).enumerate() {
             let (extra, grad_top) = if whole_head {
                 let top = Var::from_tensor(top)?;
-                let stats = net.head_stats(top.as_tensor(), &batch.targets)?;
+                let stats = net.at_kept(top.as_tensor(), batch, |hidden, targets| net.head_stats(hidden, targets))?;
                 let (loss, extra) = loss_of(k, &stats)?;
                 (extra, self.take_grads(&mut loss.backward()?, grads, top.as_tensor())?)
             } else {
-                let (rows, width) = batch.inputs.dims2()?;
-                let chunk = net.head_chunk(rows, width, limits.head_chunk);
-                self.head_by_chunks(top, &batch.targets, chunk, grads, |stats| loss_of(k, stats))?
+                self.head_by_chunks(top, batch, limits.head_chunk, grads, |stats| loss_of(k, stats))?
             };
             extras.push(extra);
             x_grads.push(grad_top);
@@ -905,15 +937,26 @@ impl Policy {
     fn head_by_chunks<R>(
         &self,
         top: &Tensor,
-        targets: &Tensor,
-        chunk: usize,
+        batch: &Batch<'_>,
+        chunk_bytes: u64,
         grads: &mut Gradients,
         loss_of: impl FnOnce(&TokenStats) -> Result<(Tensor, R)>,
     ) -> Result<(R, Tensor)> {
-        let width = top.dim(1)?;
-        let stats = self.net.detached().head_stats_by_chunks(top, targets, chunk)?;
+        // Only the positions the part asks for, gathered into one row (all where none is
+        // skipped); their gradient put back at its positions at the end.
+        let (top, targets) = match &batch.kept {
+            Some(kept) => (kept.gather(top)?, kept.gather(&batch.targets)?),
+            None => (top.clone(), batch.targets.clone()),
+        };
+        let (rows, width) = (top.dim(0)?, top.dim(1)?);
+        let chunk = self.net.head_chunk(rows, width, chunk_bytes);
+        let stats = self.net.detached().head_stats_by_chunks(&top, &targets, chunk)?;
         let (logp, entropy) = (Var::from_tensor(&stats.logp)?, Var::from_tensor(&stats.entropy)?);
         let leaves = TokenStats { logp: logp.as_tensor().clone(), entropy: entropy.as_tensor().clone() };
+        let leaves = match &batch.kept {
+            Some(kept) => TokenStats { logp: kept.scatter(&leaves.logp)?, entropy: kept.scatter(&leaves.entropy)? },
+            None => leaves,
+        };
         let (loss, extra) = loss_of(&leaves)?;
         let leaf_grads = loss.backward()?;
         let (d_logp, d_entropy) =
@@ -948,7 +991,12 @@ impl Policy {
             };
             grad_top.push(self.take_grads(&mut sum.backward()?, grads, piece.as_tensor())?);
         }
-        Ok((extra, Tensor::cat(&grad_top, 1)?))
+        let grad_top = Tensor::cat(&grad_top, 1)?;
+        let grad_top = match &batch.kept {
+            Some(kept) => kept.scatter(&grad_top)?,
+            None => grad_top,
+        };
+        Ok((extra, grad_top))
     }
 
     /// One chunk of the fused head's backward: the head weight's gradient added into

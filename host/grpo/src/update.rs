@@ -9,6 +9,7 @@ use crate::grads::Gradients;
 use crate::loss::{Aggregation, LossParts, LossSettings, grpo_loss, masked_token_weights, token_weights};
 use crate::optim::Optimizer;
 use crate::policy::{MemoryLimits, Net, Policy, TokenStats};
+use crate::positions::Part;
 use anyhow::bail;
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -120,6 +121,11 @@ impl GroupBatch {
         }
         let device = policy.vars().first().map_or(candle_core::Device::Cpu, |(_, v)| v.device().clone());
         Ok(Some(Tensor::from_vec(values, (self.completions.len(), width), &device)?))
+    }
+
+    /// The group as the policy trains it: the head only where a token carries loss.
+    fn part(&self) -> Part<'_> {
+        Part::trained(&self.completions, &self.trainable)
     }
 
     /// Tokens of the group that carry loss.
@@ -362,7 +368,8 @@ impl Learner {
                 // Read-only: the detached net builds no graph.
                 let net = self.policy.net().detached();
                 let chunk = settings.memory.head_chunk;
-                old.push(Some(net.completion_stats_chunked(&group.prompt, &group.completions, chunk)?.logp));
+                let mut stats = net.parts_stats_chunked(&group.prompt, &[group.part()], chunk)?;
+                old.push(Some(stats.pop().expect("one part").logp));
             } else {
                 old.push(None);
             }
@@ -376,7 +383,7 @@ impl Learner {
             let micro = &groups[span.clone()];
             match &self.reference {
                 Some(net) => {
-                    let parts: Vec<&[Vec<u32>]> = micro.iter().map(|g| g.completions.as_slice()).collect();
+                    let parts: Vec<Part<'_>> = micro.iter().map(GroupBatch::part).collect();
                     let stats = net.parts_stats_chunked(&micro[0].prompt, &parts, settings.memory.head_chunk)?;
                     reference.extend(stats.into_iter().map(|s| Some(s.logp.detach())));
                 }
@@ -409,7 +416,7 @@ impl Learner {
         let span = micro.span;
         let batches = &groups[span.clone()];
         let results = if micro.shared && batches.len() > 1 {
-            let parts: Vec<&[Vec<u32>]> = batches.iter().map(|g| g.completions.as_slice()).collect();
+            let parts: Vec<Part<'_>> = batches.iter().map(GroupBatch::part).collect();
             let results = self.policy.parts_loss_and_grads(
                 &batches[0].prompt,
                 &parts,
@@ -422,9 +429,9 @@ impl Learner {
         } else {
             let mut results = Vec::with_capacity(batches.len());
             for k in span {
-                let (result, recomputed) = self.policy.loss_and_grads(
+                let (result, recomputed) = self.policy.part_loss_and_grads(
                     &groups[k].prompt,
-                    &groups[k].completions,
+                    groups[k].part(),
                     &settings.memory,
                     grads,
                     |token_stats| loss_of(k, token_stats),

@@ -122,6 +122,8 @@ pub struct EpisodeGroup<'a> {
 pub struct EpisodeTimes {
     /// Model turns after the first, summed over episodes.
     pub turns: usize,
+    /// Tokens those turns generated (their time per token is `generate_s / tokens`).
+    pub tokens: usize,
     /// Waiting for the engine.
     pub generate_s: f64,
     /// The host's own part: the environment's calls (start, step), rendering the template,
@@ -196,6 +198,9 @@ pub fn run_episodes(
         let generated = engine.generate_all_until(requests, stop)?;
         times.generate_s += generating.elapsed().as_secs_f64();
         for ((g, j), result) in asking.into_iter().zip(generated) {
+            if let Ok(completions) = &result {
+                times.tokens += completions.first().map_or(0, |c| c.tokens.len());
+            }
             if let Some((text, eos)) = lives[g][j].take_turn(result, tokenizer) {
                 times.turns += 1;
                 replies.push((g, j, text, eos));

@@ -58,6 +58,14 @@ pub struct StepMetrics {
     pub generate_tokens_per_s: f64,
     /// Model turns after the first, over the step's episodes.
     pub episode_turns: usize,
+    /// Tokens the model generated in the step's trajectories, every turn (`episode_tokens`
+    /// of them in turns after the first): per generated token, first turns took
+    /// `time_s.generate / (completion_tokens - episode_tokens)`, later ones
+    /// `time_s.episodes / episode_tokens`.
+    #[serde(default)]
+    pub completion_tokens: usize,
+    #[serde(default)]
+    pub episode_tokens: usize,
     /// Prompt positions the sampler took from its prefix cache (`model.prefix_cache_mib`)
     /// and computed, since the previous step's record (this rank's engine: rank 0's).
     #[serde(default)]

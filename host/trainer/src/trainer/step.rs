@@ -649,6 +649,8 @@ impl Trainer {
             generate_tokens_per_s: figures.tokens as f64
                 / (measured.clock.sampling_span + measured.episodes.generate_s).max(1e-9),
             episode_turns: measured.episodes.turns,
+            completion_tokens: figures.tokens,
+            episode_tokens: measured.episodes.tokens,
             prompt_positions_cached: measured.prompt_positions.0,
             prompt_positions_computed: measured.prompt_positions.1,
             time_s: StepTimes {
