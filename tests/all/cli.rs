@@ -286,3 +286,24 @@ fn the_binary_starts_with_allocator_tunables_unless_some_are_set() {
     assert_eq!(says(Some("glibc.malloc.arena_max=2")), (false, false), "the user's tunables are kept");
     assert!(says(Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")).0, "the user's own ask is seen");
 }
+
+/// A model file cut short (a copy that stopped, a disk that filled) is an error naming the
+/// file and the tensor it could not read, and nothing else: no stack trace of this machine,
+/// even with `RUST_BACKTRACE` set (candle attaches one to its errors then).
+#[test]
+fn a_truncated_model_file_is_named_without_a_backtrace() {
+    let model = crate::engine::default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["generate", "--model", cut.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cut.gguf") && stderr.contains("remaining in file"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line, no backtrace: {stderr}");
+}

@@ -85,8 +85,40 @@ pub enum Error {
     /// A collective across ranks failed (a rank left the group, a transport error).
     #[error("ranks: {0}")]
     Comm(String),
-    #[error("tensor: {0}")]
+    /// Shown without the backtrace candle attaches when `RUST_BACKTRACE` is set: the message
+    /// reaches users and HTTP clients, the backtrace (this machine's paths) would too.
+    #[error("tensor: {}", without_backtrace(.0))]
     Tensor(#[from] candle_core::Error),
 }
 
+/// `error` without the backtraces candle wraps around its errors when `RUST_BACKTRACE` is
+/// set (`candle_core::Error::WithBacktrace`): what a message for a user or a client says.
+pub fn without_backtrace(error: &candle_core::Error) -> &candle_core::Error {
+    match error {
+        candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(inner),
+        other => other,
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message names what failed, never the machine's stack: candle's backtrace (attached
+    /// when `RUST_BACKTRACE` is set) is left out, however deeply it is wrapped.
+    #[test]
+    fn errors_are_shown_without_candles_backtraces() {
+        let wrapped = candle_core::Error::WithBacktrace {
+            inner: Box::new(candle_core::Error::WithBacktrace {
+                inner: Box::new(candle_core::Error::Msg("tensor needs 2304 bytes".into())),
+                backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+            }),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        assert!(wrapped.to_string().lines().count() > 1, "candle's own display carries the backtrace");
+        assert_eq!(without_backtrace(&wrapped).to_string(), "tensor needs 2304 bytes");
+        assert_eq!(Error::from(wrapped).to_string(), "tensor: tensor needs 2304 bytes");
+    }
+}

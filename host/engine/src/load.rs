@@ -179,7 +179,8 @@ pub fn read_config(path: &Path) -> Result<Config> {
         return Ok(config);
     }
     let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
-    let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
+    let content = gguf_file::Content::read(&mut file)
+        .map_err(|e| format_error(format!("not a GGUF file: {}", crate::without_backtrace(&e))))?;
     let config = config_from_gguf(&content.metadata).map_err(format_error)?;
     config.validate().map_err(format_error)?;
     Ok(config)
@@ -221,7 +222,7 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
     let tensors =
         unsafe { candle_core::safetensors::MmapedSafetensors::multi(&shards) }.map_err(|e| Error::Format {
             file: shards.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
-            message: format!("not valid safetensors: {e}"),
+            message: format!("not valid safetensors: {}", crate::without_backtrace(&e)),
         })?;
     let source = SafetensorsSource {
         tensors,
@@ -300,7 +301,7 @@ impl SafetensorsSource {
     fn read(&self, name: &str, dtype: DType) -> Result<Tensor> {
         let tensor = self.tensors.load(name, &self.device).map_err(|e| Error::Format {
             file: self.dir.display().to_string(),
-            message: format!("weight `{name}`: {e}"),
+            message: format!("weight `{name}`: {}", crate::without_backtrace(&e)),
         })?;
         // Weights with NaN or infinity (a diverged run's) would sample garbage silently.
         if !all_finite(&tensor)? {
@@ -328,7 +329,8 @@ pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result
     let origin = path.display().to_string();
     let format_error = |message: String| Error::Format { file: origin.clone(), message };
     let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
-    let content = gguf_file::Content::read(&mut file).map_err(|e| format_error(format!("not a GGUF file: {e}")))?;
+    let content = gguf_file::Content::read(&mut file)
+        .map_err(|e| format_error(format!("not a GGUF file: {}", crate::without_backtrace(&e))))?;
     let config = config_from_gguf(&content.metadata).map_err(format_error)?;
     let tokenizer = gguf_tokenizer(path, &content.metadata, &config, &origin)?;
     let source = GgufSource {
@@ -398,7 +400,7 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
             .or_else(|_| value.to_u32().map(f64::from))
             .or_else(|_| value.to_f32().map(f64::from))
             .or_else(|_| value.to_f64())
-            .map_err(|e| format!("metadata key `{arch}.{key}`: {e}"))
+            .map_err(|e| format!("metadata key `{arch}.{key}`: {}", crate::without_backtrace(&e)))
     };
     let tokens = metadata.get("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()).map(Vec::len);
     let heads = number("attention.head_count")? as usize;
@@ -526,7 +528,7 @@ impl GgufSource {
         let gguf = self.gguf_name(name);
         self.content.tensor(&mut self.file, &gguf, &self.device).map_err(|e| Error::Format {
             file: self.origin.clone(),
-            message: format!("tensor `{gguf}` (for `{name}`): {e}"),
+            message: format!("tensor `{gguf}` (for `{name}`): {}", crate::without_backtrace(&e)),
         })
     }
 
