@@ -212,20 +212,8 @@ fn the_calculator_agents_rollouts_carry_the_sampled_tokens_and_its_example_train
     }
 
     // examples/train/agent.toml as shipped, on the tiny model: one step, evaluated.
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/train/agent.toml");
-    let run = dir.path().join("run");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["train", example, "--steps", "1", "--eval-tasks", "2", "--model"])
-        .arg(dir.path())
-        .arg("--run-dir")
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let metrics = crate::grpo::metrics(&run);
+    let (metrics, summary) = crate::trainer::run_example("agent.toml", dir.path(), &[]);
     assert_eq!(metrics[0]["tasks"]["calculator"]["groups"], 4, "{}", metrics[0]);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert!(summary["held_out_by_task"]["calculator"].is_array(), "{summary}");
 }
 

@@ -457,26 +457,46 @@ fn the_multitask_example_runs() {
     }
 }
 
+/// `examples/train/NAME` as shipped, one step on the tiny model written in `model_dir`,
+/// evaluated on two tasks, with `extra` arguments: the run's metrics and summary.
+pub(crate) fn run_example(name: &str, model_dir: &Path, extra: &[&str]) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/train").join(name);
+    let run = model_dir.join("run");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(&example)
+        .args(["--steps", "1", "--eval-tasks", "2"])
+        .args(extra)
+        .arg("--model")
+        .arg(model_dir)
+        .arg("--run-dir")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    let summary = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    (crate::grpo::metrics(&run), summary)
+}
+
 /// `examples/train/multiturn.toml` as shipped, on the tiny model: one step of retry
 /// episodes, their later turns run, evaluated as greedy episodes.
 #[test]
 fn the_multiturn_example_runs() {
     let dir = tempfile::tempdir().unwrap();
     crate::multiturn::write_tiny_model_with_context(dir.path(), 4096);
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/train/multiturn.toml");
-    let run = dir.path().join("run");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["train", example, "--steps", "1", "--eval-tasks", "2", "--model"])
-        .arg(dir.path())
-        .arg("--run-dir")
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let metrics = crate::grpo::metrics(&run);
+    let (metrics, summary) = run_example("multiturn.toml", dir.path(), &[]);
     assert!(metrics[0]["episode_turns"].as_u64().unwrap() > 0, "{}", metrics[0]);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
+}
+
+/// `examples/train/word-problems.toml` as shipped (the GPU issue's learning run: built-in
+/// reward, the checkout's Parquet files), on the tiny model: one step, evaluated.
+#[test]
+fn the_word_problems_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::multiturn::write_tiny_model_with_context(dir.path(), 4096);
+    let (metrics, summary) = run_example("word-problems.toml", dir.path(), &["--set", "sampling.max_tokens=8"]);
+    assert_eq!(metrics[0]["tasks"]["word-problems"]["groups"], 4, "{}", metrics[0]);
     assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
 }
 
