@@ -20,7 +20,7 @@ fn gradients(policy: &Policy, limits: &MemoryLimits, mut grads: Gradients) -> (f
 
 /// The generic path's loss and every gradient within 1e-4 (relative to the gradient's
 /// largest value) of the fast path's, through the whole graph and layer by layer; the
-/// generic path's sums kept as tensors, as a GPU's are (the embeddings' by a scatter-add).
+/// generic path's sums kept as tensors, as a GPU's are.
 fn generic_equals_fast(what: &str, make: &dyn Fn() -> Policy) {
     let layered = MemoryLimits { recompute_above: 0, keep_layers: 0, head_chunk: 64 };
     for limits in [MemoryLimits::WHOLE, layered] {

@@ -8,7 +8,7 @@
 //!
 //! On a GPU the sums stay on the device as tensors: copying every piece to the host and
 //! adding there (a 113 MB head gradient per chunk of the head) was most of a CUDA step's
-//! backward (docs/BENCHMARKS.md, "On a GPU"), and the GPU's allocator makes a fresh sum cheap.
+//! backward (docs/BENCHMARKS.md, "The CUDA trainer on one H200"), and the GPU's allocator makes a fresh sum cheap.
 
 use candle_core::backend::BackendStorage;
 use candle_core::backprop::GradStore;
@@ -76,11 +76,6 @@ impl Gradients {
         Gradients { tensors_always: true, ..Gradients::default() }
     }
 
-    /// Whether sums of gradients on `device` stay there as tensors.
-    pub(crate) fn keeps_on(&self, device: &candle_core::Device) -> bool {
-        self.tensors_always || !device.is_cpu()
-    }
-
     /// Take the gradients of `vars` out of `store` (leaving the intermediate tensors'
     /// gradients there), adding each into its sum. Returns how many `vars` had one.
     pub fn absorb<'a>(&mut self, store: &mut GradStore, vars: impl IntoIterator<Item = &'a Var>) -> Result<usize> {
@@ -98,7 +93,7 @@ impl Gradients {
         if grad.shape() != var.shape() {
             candle_core::bail!("a gradient of shape {:?} for a variable of shape {:?}", grad.shape(), var.shape());
         }
-        let on_device = self.keeps_on(grad.device());
+        let on_device = self.tensors_always || !grad.device().is_cpu();
         match self.sums.get_mut(&var.as_tensor().id()) {
             Some(Sum::Device(sum)) => *sum = (&*sum + grad.to_dtype(DType::F32)?)?,
             Some(Sum::Host(sum)) => with_f32(&grad, |grad| {

@@ -881,36 +881,25 @@ impl Policy {
         // Frozen embeddings (a LoRA policy): nothing to add.
         let Ok(embed) = self.var("model.embed_tokens.weight") else { return Ok(()) };
         let d = self.net.config.hidden_size;
-        let (mut ids, mut pieces): (Vec<u32>, Vec<Tensor>) = (Vec::new(), Vec::new());
+        let (mut ids, mut values): (Vec<u32>, Vec<f32>) = (Vec::new(), Vec::new());
         if let Some((prefix, grad)) = prefix {
             ids.extend_from_slice(prefix);
-            pieces.push(grad.flatten_all()?);
+            values.extend(grad.flatten_all()?.to_vec1::<f32>()?);
         }
         for (inputs, grad) in rows {
             ids.extend(inputs.flatten_all()?.to_vec1::<u32>()?);
-            pieces.push(grad.flatten_all()?);
+            values.extend(grad.flatten_all()?.to_vec1::<f32>()?);
         }
-        let values = Tensor::cat(&pieces, 0)?.to_dtype(DType::F32)?;
-        if values.elem_count() != ids.len() * d {
-            candle_core::bail!("{} gradient values for {} positions of width {d}", values.elem_count(), ids.len());
+        // Gemma's embeddings were scaled on the way in: so is their gradient.
+        if let Some(scale) = self.net.config.embed_scale() {
+            values.iter_mut().for_each(|v| *v *= scale as f32);
+        }
+        if values.len() != ids.len() * d {
+            candle_core::bail!("{} gradient values for {} positions of width {d}", values.len(), ids.len());
         }
         let vocab = embed.dim(0)?;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             candle_core::bail!("token {id} is outside the {vocab}-row embedding table");
-        }
-        // Gemma's embeddings were scaled on the way in: so is their gradient.
-        let scale = self.net.config.embed_scale().unwrap_or(1.0);
-        if grads.keeps_on(embed.device()) {
-            // On a GPU, one scatter-add there: a zeroed table is a memset, and nothing
-            // crosses to the host.
-            let rows = (values * scale)?.reshape((ids.len(), d))?;
-            let ids = Tensor::from_vec(ids, rows.dim(0)?, embed.device())?;
-            let table = Tensor::zeros(embed.shape(), DType::F32, embed.device())?;
-            return grads.add(embed, table.index_add(&ids, &rows, 0)?);
-        }
-        let mut values = values.to_vec1::<f32>()?;
-        if scale != 1.0 {
-            values.iter_mut().for_each(|v| *v *= scale as f32);
         }
         grads.add_with(embed, |sum| {
             for (&id, row) in ids.iter().zip(values.chunks_exact(d)) {
