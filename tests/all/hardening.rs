@@ -621,8 +621,35 @@ pub(crate) fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
         memory: wirl_grpo::MemoryLimits::WHOLE,
         micro_batch_rows: 0,
         split_by_length: false,
+        rows_per_pass: 0,
         tis_cap: 2.0,
     }
+}
+
+/// μ = 2 epochs, clipping, a KL term and an entropy bonus: every part of the loss at work.
+pub(crate) fn two_epochs_with_kl() -> wirl_grpo::UpdateSettings {
+    wirl_grpo::UpdateSettings {
+        loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
+        inner_epochs: 2,
+        ..tiny_update_settings()
+    }
+}
+
+/// A learner over `tensors` with a frozen KL reference and AdamW (no weight decay); `fast`:
+/// the CPU's hand-written ops, else candle's composed ops and the tensor-ops optimizer (a
+/// GPU's path).
+fn learner_with_reference(
+    config: &wirl_engine::Config,
+    tensors: &std::collections::HashMap<String, candle_core::Tensor>,
+    fast: bool,
+) -> wirl_grpo::Learner {
+    let mut policy = wirl_grpo::Policy::new(config, tensors, &wirl_engine::Device::Cpu).unwrap();
+    policy.set_fast_paths(fast);
+    let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
+    let reference = Some(policy.frozen_copy(&wirl_engine::Device::Cpu).unwrap());
+    let mut optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
+    optimizer.fast_paths = fast;
+    wirl_grpo::Learner::new(policy, reference, optimizer)
 }
 
 /// A group split into micro-batches (gradients summed) updates the weights as the whole group
@@ -657,14 +684,8 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
     // chunks of 3 positions (fused).
     let chunk_of_3 = (3 * 4 * config.vocab_size * 4) as u64;
     let weights_after = |micro_batch_rows: usize, split_by_length: bool, recompute: Option<u64>, chunked: bool| {
-        let policy = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
-        let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
-        let reference = Some(policy.frozen_copy(&wirl_engine::Device::Cpu).unwrap());
-        let optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
-        let mut learner = wirl_grpo::Learner::new(policy, reference, optimizer);
+        let mut learner = learner_with_reference(&config, &tensors, true);
         let settings = wirl_grpo::UpdateSettings {
-            loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
-            inner_epochs: 2,
             micro_batch_rows,
             split_by_length,
             memory: wirl_grpo::MemoryLimits {
@@ -672,7 +693,7 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
                 keep_layers: recompute.unwrap_or(0),
                 head_chunk: if chunked { chunk_of_3 } else { u64::MAX },
             },
-            ..tiny_update_settings()
+            ..two_epochs_with_kl()
         };
         let stats =
             learner.update(std::slice::from_ref(&group), &settings, None, &|| false, &mut |_, _| {}).unwrap().unwrap();
@@ -705,6 +726,101 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         assert!((whole_norm - norm).abs() < 1e-5 * whole_norm, "{what}: gradient norm {norm} vs {whole_norm}");
         let worst = whole.iter().flatten().zip(split.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < tolerance, "{what}: a weight differs by {worst}");
+    }
+}
+
+/// Rows of many groups packed into passes (`rows_per_pass`: a GPU's default) update the
+/// weights as group by group does: groups whose prompts share a template's beginning, one
+/// that starts elsewhere, a multi-turn group (environment tokens carry no loss), one sampled
+/// an update ago; μ = 2 (old log-probs from the sampler's), a KL reference, an entropy
+/// bonus; both aggregations; the whole graph, or layer by layer with the head by chunks.
+#[test]
+fn rows_of_many_groups_in_one_pass_update_as_group_by_group() {
+    let (_dir, config, tensors) = tiny_weights();
+    let template: Vec<u32> = vec![1, 2, 3, 4, 20];
+    let with = |rest: &[u32]| template.iter().chain(rest).copied().collect::<Vec<u32>>();
+    let current = wirl_grpo::Policy::new(&config, &tensors, &wirl_engine::Device::Cpu).unwrap();
+    let group = |prompt: Vec<u32>, completions: Vec<Vec<u32>>, advantages: Vec<f32>, lag: u64| {
+        let logp = current.net().completion_stats(&prompt, &completions).unwrap().logp.to_vec2::<f32>().unwrap();
+        // An update ago the sampler's weights gave each token a little less.
+        let shift = 0.3 * lag as f32;
+        let sampler_logprobs =
+            completions.iter().zip(&logp).map(|(c, row)| row[..c.len()].iter().map(|l| l - shift).collect()).collect();
+        wirl_grpo::GroupBatch {
+            prompt,
+            completions,
+            advantages,
+            trainable: Vec::new(),
+            sampler_logprobs,
+            sampler_lag: lag,
+        }
+    };
+    let long: Vec<u32> = (0..30).map(|i| (i * 7 % 60 + 2) as u32).collect();
+    let mut multi_turn = group(with(&[12]), vec![vec![8, 9, 10, 11, 12], vec![8, 30, 31]], vec![0.5, -0.5], 0);
+    multi_turn.trainable = vec![vec![true, false, false, true, true], vec![true, false, true]];
+    let groups = vec![
+        group(
+            with(&[10, 11]),
+            vec![vec![3, 9, 27], vec![5, 6, 11, 4], long, vec![44]],
+            vec![1.0, -0.5, 0.25, -0.75],
+            0,
+        ),
+        multi_turn,
+        group(vec![5, 6, 7], vec![vec![3, 3], vec![40, 41, 42]], vec![0.8, -0.8], 0),
+        group(with(&[13, 14, 15]), vec![vec![9, 9, 9], vec![17, 2]], vec![-1.0, 1.0], 1),
+    ];
+    let chunk_of_3 = (3 * 4 * config.vocab_size * 4) as u64;
+    let layered = wirl_grpo::MemoryLimits { recompute_above: 0, keep_layers: 0, head_chunk: chunk_of_3 };
+    // `fast: false`: candle's composed ops and the tensor-ops optimizer, as on a GPU.
+    let update = |rows_per_pass: usize, aggregation, memory, fast: bool| {
+        let mut learner = learner_with_reference(&config, &tensors, fast);
+        let settings = wirl_grpo::UpdateSettings {
+            aggregation,
+            memory,
+            split_by_length: true,
+            rows_per_pass,
+            ..two_epochs_with_kl()
+        };
+        let mut passes = 0;
+        let stats = learner.update(&groups, &settings, None, &|| false, &mut |_, n| passes = n).unwrap().unwrap();
+        let weights: Vec<f32> = learner
+            .policy
+            .vars()
+            .iter()
+            .flat_map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            .collect();
+        (stats, weights, passes)
+    };
+    use wirl_grpo::loss::Aggregation;
+    for aggregation in [Aggregation::TokenMean, Aggregation::SequenceMean] {
+        for memory in [wirl_grpo::MemoryLimits::WHOLE, layered] {
+            let (by_group, before, _) = update(0, aggregation, memory, true);
+            assert!(by_group.loss.abs() > 1e-4 && by_group.tis_truncated == 0.0, "{by_group:?}");
+            // 64: the template's groups of these weights, the lagged one, the other prompt; 3: the first
+            // of those in two passes; 1: a pass per row.
+            for (rows, expected_passes, fast) in [(64, 3, true), (3, 4, true), (1, 10, true), (64, 3, false)] {
+                let (packed, after, passes) = update(rows, aggregation, memory, fast);
+                let what = format!("{rows} rows a pass, {aggregation:?}, {memory:?}, fast paths {fast}");
+                assert_eq!(passes, expected_passes, "{what}: passes");
+                assert!(
+                    (by_group.loss - packed.loss).abs() < 1e-5,
+                    "{what}: loss {} vs {}",
+                    packed.loss,
+                    by_group.loss
+                );
+                assert!((by_group.kl - packed.kl).abs() < 1e-6, "{what}: kl {} vs {}", packed.kl, by_group.kl);
+                assert!((by_group.entropy - packed.entropy).abs() < 1e-4, "{what}: entropy");
+                let norm = (by_group.grad_norm - packed.grad_norm).abs();
+                assert!(
+                    norm < 1e-5 * by_group.grad_norm,
+                    "{what}: gradient norm {} vs {}",
+                    packed.grad_norm,
+                    by_group.grad_norm
+                );
+                let worst = before.iter().zip(&after).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(worst < 1e-4, "{what}: a weight differs by {worst}");
+            }
+        }
     }
 }
 

@@ -2,11 +2,11 @@
 //! share of a step's groups, sum their gradients and take the same optimizer step — the
 //! weights one learner reaches with every group, within float summation order.
 
-use crate::hardening::{tiny_update_settings, tiny_weights};
+use crate::hardening::{tiny_weights, two_epochs_with_kl};
 use std::collections::HashMap;
 use std::sync::Arc;
 use wirl_engine::{Comm, Device, ThreadComm};
-use wirl_grpo::{GroupBatch, Learner, UpdateSettings, UpdateStats};
+use wirl_grpo::{GroupBatch, Learner, UpdateStats};
 
 /// Four groups of different prompts, lengths and advantages.
 fn groups() -> Vec<GroupBatch> {
@@ -20,14 +20,6 @@ fn groups() -> Vec<GroupBatch> {
             sampler_lag: 0,
         })
         .collect()
-}
-
-fn settings() -> UpdateSettings {
-    UpdateSettings {
-        loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
-        inner_epochs: 2,
-        ..tiny_update_settings()
-    }
 }
 
 /// A learner over the tiny model (with a KL reference) in the group `ranks`.
@@ -72,7 +64,7 @@ fn run_ranks(shares: &[Vec<GroupBatch>], stop_on: Option<usize>) -> Vec<RankResu
                     let mut stats = Vec::new();
                     for step in 0..2 {
                         let stop = move || stop_on == Some(rank) && step == 0;
-                        stats.push(learner.update(share, &settings(), None, &stop, &mut |_, _| {})?);
+                        stats.push(learner.update(share, &two_epochs_with_kl(), None, &stop, &mut |_, _| {})?);
                     }
                     Ok((weights(&learner), stats))
                 })
@@ -144,7 +136,7 @@ fn a_rank_asked_to_stop_stops_every_rank_and_a_rank_that_fails_ends_the_others()
     let error = std::thread::scope(|scope| {
         let handle = scope.spawn(|| {
             let mut learner = learner(&config, &tensors, Arc::new(survivor));
-            learner.update(&all[..2], &settings(), None, &|| false, &mut |_, _| {}).map(|_| ())
+            learner.update(&all[..2], &two_epochs_with_kl(), None, &|| false, &mut |_, _| {}).map(|_| ())
         });
         std::thread::sleep(std::time::Duration::from_millis(100));
         drop(failed);

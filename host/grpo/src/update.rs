@@ -158,6 +158,10 @@ pub struct UpdateSettings {
     /// Split a group into micro-batches of similar completion lengths where that trains
     /// fewer padded positions (gradients summed, equal to the whole group's).
     pub split_by_length: bool,
+    /// Completions of different groups trained side by side in one forward and backward, at
+    /// most this many rows a pass ([`pack`]); 0: group by group (each group's prompt run
+    /// once, its micro-batches as `micro_batch_rows` and `split_by_length` say).
+    pub rows_per_pass: usize,
     /// The truncation C of the importance weight min(π_old / π_sampler, C) of groups
     /// sampled by older weights ([`GroupBatch::sampler_lag`] > 0).
     pub tis_cap: f64,
@@ -329,6 +333,11 @@ impl Learner {
     /// recomputing backward (micro-batches of at most N rows exist to bound memory, and
     /// sharing the prompt keeps all of a layer's rows alive at once).
     fn micro_batches(&self, groups: &[GroupBatch], settings: &UpdateSettings) -> (Vec<GroupBatch>, Vec<Span>) {
+        if settings.rows_per_pass > 0 {
+            let passes = pack(groups, settings.rows_per_pass);
+            let spans = (0..passes.len()).map(|k| (k..k + 1, false)).collect();
+            return (passes, spans);
+        }
         let mut split: Vec<GroupBatch> = Vec::new();
         let mut spans = Vec::with_capacity(groups.len());
         for group in groups {
@@ -461,6 +470,83 @@ impl Learner {
     }
 }
 
+/// The rows of `groups` packed into passes of at most `rows` completions, rows of different
+/// groups side by side. On a GPU a forward and backward cost about as much for 8 rows as for
+/// 64 — a fixed price in kernel launches (0.25 s per group on an H200, docs/BENCHMARKS.md) —
+/// so training group by group pays it once per group; TRL trains one padded batch.
+///
+/// A pass is a batch as a group's is: the prompt its rows share (their prompts' common
+/// beginning, run once), then per row the rest of its own prompt followed by its completion,
+/// the prompt's tokens marked as carrying no loss (as a multi-turn ledger's environment
+/// tokens are). Every token sits at its position and attends to what it did in its group, and
+/// the loss's token weights depend only on the step's totals: loss and gradients are the
+/// group-by-group ones. Rows pack with rows of the same sampler lag and the same knowledge of
+/// their sampler's log-probs (a pass has them for every row or for none) and the same first
+/// token (a pass shares at least one); sorted by length, so that a pass pads little. A group
+/// with an empty prompt (nothing to share) stays as it is.
+fn pack(groups: &[GroupBatch], rows: usize) -> Vec<GroupBatch> {
+    struct Row<'g> {
+        group: &'g GroupBatch,
+        index: usize,
+    }
+    let mut bins: std::collections::BTreeMap<(u64, bool, u32), Vec<Row<'_>>> = Default::default();
+    let mut passes = Vec::new();
+    for group in groups {
+        let Some(&first) = group.prompt.first() else {
+            passes.push(group.clone());
+            continue;
+        };
+        let known = group.sampler_logprobs.len() == group.completions.len()
+            && group.sampler_logprobs.iter().zip(&group.completions).all(|(l, c)| l.len() == c.len());
+        let bin = bins.entry((group.sampler_lag, known, first)).or_default();
+        bin.extend((0..group.completions.len()).map(|index| Row { group, index }));
+    }
+    for ((sampler_lag, known, _), mut bin) in bins {
+        bin.sort_by_key(|r| r.group.prompt.len() + r.group.completions[r.index].len());
+        // Passes of near-equal size: 65 rows at 64 a pass make two of 33 and 32, not 64 and 1.
+        let count = bin.len().div_ceil(rows.max(1));
+        let mut rest = &bin[..];
+        for k in 0..count {
+            let take = rest.len().div_ceil(count - k);
+            let (pass, after) = rest.split_at(take);
+            rest = after;
+            let first = &pass[0].group.prompt;
+            let shared = pass
+                .iter()
+                .fold(first.len(), |n, r| n.min(first.iter().zip(&r.group.prompt).take_while(|(a, b)| a == b).count()));
+            let mut batch = GroupBatch {
+                prompt: first[..shared].to_vec(),
+                completions: Vec::with_capacity(pass.len()),
+                advantages: Vec::with_capacity(pass.len()),
+                trainable: Vec::with_capacity(pass.len()),
+                sampler_logprobs: Vec::new(),
+                sampler_lag,
+            };
+            for Row { group, index } in pass {
+                let (own, completion) = (&group.prompt[shared..], &group.completions[*index]);
+                batch.completions.push(own.iter().chain(completion).copied().collect());
+                batch.advantages.push(group.advantages[*index]);
+                // An empty mask trains every token; a row without one, none (as `Kept` reads them).
+                let mut mask = if group.trainable.is_empty() {
+                    vec![true; completion.len()]
+                } else {
+                    group.trainable.get(*index).cloned().unwrap_or_default()
+                };
+                mask.resize(completion.len(), false);
+                batch.trainable.push(std::iter::repeat_n(false, own.len()).chain(mask).collect());
+                if known {
+                    let logprobs = &group.sampler_logprobs[*index];
+                    batch
+                        .sampler_logprobs
+                        .push(std::iter::repeat_n(0.0, own.len()).chain(logprobs.iter().copied()).collect());
+                }
+            }
+            passes.push(batch);
+        }
+    }
+    passes
+}
+
 /// A group's micro-batches (a range of them) and whether they share one pass of its prompt.
 type Span = (std::ops::Range<usize>, bool);
 
@@ -588,6 +674,52 @@ mod tests {
         // Off, or a short prompt with wildly different lengths: as asked.
         assert_eq!(g.split(0, false, false)[0].completions, g.completions);
         assert_eq!(group(0, &[1, 200]).length_parts(false), vec![vec![0], vec![1]]);
+    }
+
+    #[test]
+    fn passes_pack_rows_of_many_groups_behind_their_shared_prompt() {
+        use super::pack;
+        // Two groups share a chat template's first tokens (1, 1, 7, ...), a third starts
+        // elsewhere; the second is a multi-turn group (its third token is the environment's).
+        let a = GroupBatch { prompt: vec![1, 1, 7, 8], ..group(0, &[2, 5]) };
+        let mut b = GroupBatch { prompt: vec![1, 1, 9], ..group(0, &[3]) };
+        b.trainable = vec![vec![true, true, false]];
+        let c = GroupBatch { prompt: vec![4, 4], ..group(0, &[1, 1, 1]) };
+        let passes = pack(&[a, b, c.clone()], 64);
+        assert_eq!(passes.len(), 2, "one pass per first token");
+        let ab = &passes[0];
+        assert_eq!(ab.prompt, [1, 1], "the prompts' common beginning, once");
+        // Sorted by length: a's short row (4 + 2), b's row (3 + 3), a's long row (4 + 5).
+        assert_eq!(ab.completions, [vec![7, 8, 2, 2], vec![9, 2, 2, 2], vec![7, 8, 2, 2, 2, 2, 2]]);
+        assert_eq!(ab.advantages, [0.0, 0.0, 1.0]);
+        assert_eq!(
+            ab.trainable,
+            [
+                vec![false, false, true, true],
+                vec![false, true, true, false],
+                vec![false, false, true, true, true, true, true]
+            ]
+        );
+        assert!(ab.sampler_logprobs.is_empty(), "unknown stays unknown");
+        assert_eq!(passes[1].prompt, c.prompt);
+        assert_eq!(passes[1].completions, c.completions);
+        // Known log-probs travel with their tokens, zeros before them; near-equal passes.
+        let mut known = group(3, &[2, 2, 2, 2, 2]);
+        known.sampler_logprobs = vec![vec![-1.0, -2.0]; 5];
+        let passes = pack(&[known], 2);
+        assert_eq!(passes.iter().map(|p| p.completions.len()).collect::<Vec<_>>(), [2, 2, 1]);
+        assert_eq!(passes[0].prompt, [1, 1, 1]);
+        assert_eq!(passes[0].sampler_logprobs[0], [-1.0, -2.0]);
+        // A row whose sampler log-probs do not cover it makes its group's unknown; a lag
+        // packs apart.
+        let mut partial = GroupBatch { prompt: vec![1, 1, 5], ..group(0, &[2, 2]) };
+        partial.sampler_logprobs = vec![vec![-1.0, -1.0], vec![-1.0]];
+        let mut lagged = GroupBatch { prompt: vec![1, 1, 6], ..group(0, &[2]) };
+        lagged.sampler_lag = 1;
+        let passes = pack(&[partial, lagged], 64);
+        assert_eq!(passes.len(), 2);
+        assert!(passes.iter().all(|p| p.sampler_logprobs.is_empty()));
+        assert_eq!(passes.iter().map(|p| p.sampler_lag).collect::<Vec<_>>(), [0, 1]);
     }
 
     #[test]

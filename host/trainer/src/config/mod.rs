@@ -480,6 +480,12 @@ pub struct GrpoSection {
     /// fewer padded positions (one long completion no longer pads every row to its
     /// length); the gradients are the whole group's.
     pub split_by_length: bool,
+    /// Completions of different groups trained side by side in one forward and backward, at
+    /// most this many rows a pass (sorted by length; each row with its own prompt, the part
+    /// the pass's prompts share run once): a GPU's pass costs about as much for 8 rows as for
+    /// 64. 0: group by group, each group's prompt run once (what the CPU wants). Unset: 64 on
+    /// a GPU, 0 on the CPU. The loss and gradients are the same either way.
+    pub rows_per_pass: Option<usize>,
     /// Overlap a step's phases where the result cannot change: a group is scored as soon
     /// as its samples finish (while others still generate) and the next step's tasks are
     /// drawn while this step trains. `false` runs them one after another (same metrics).
@@ -523,6 +529,7 @@ impl Default for GrpoSection {
             head_chunk_mib: 32,
             micro_batch_rows: 0,
             split_by_length: true,
+            rows_per_pass: None,
             overlap: true,
             generation_lag: 0,
             tis_cap: 2.0,
