@@ -2,7 +2,7 @@
 //! the trainer runs candle's composed ops — every one of which has a CUDA kernel — as it does
 //! on a GPU. Here, on the CPU, that path's gradients and updates equal the fast path's.
 
-use crate::hardening::{tiny_update_settings, tiny_weights};
+use crate::hardening::tiny_weights;
 use candle_core::Tensor;
 use std::collections::HashMap;
 use wirl_engine::Device;
@@ -73,11 +73,7 @@ fn the_generic_path_updates_as_the_fast_path_does() {
         sampler_logprobs: Vec::new(),
         sampler_lag: 0,
     };
-    let settings = wirl_grpo::UpdateSettings {
-        loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
-        inner_epochs: 2,
-        ..tiny_update_settings()
-    };
+    let settings = crate::hardening::two_epochs_with_kl();
     let weights_after = |fast: bool| {
         let mut policy = Policy::new(&config, &tensors, &Device::Cpu).unwrap();
         policy.set_fast_paths(fast);
@@ -132,6 +128,27 @@ fn a_device_it_cannot_use_is_refused_by_name() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("model.device") && said.contains("train.toml"), "{said}");
     assert!(!run.exists(), "a refused start leaves no run directory");
+    // `wirl eval` reads the device too (it ran on the CPU whatever the config said).
+    let eval = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("eval")
+            .arg(&config)
+            .arg("--output")
+            .arg(dir.path().join("eval.jsonl"))
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (passed, said) = eval(&[]);
+    assert!(!passed && said.contains("model.device") && said.contains("train.toml"), "{said}");
+    std::fs::write(&config, &text).unwrap();
+    let (passed, said) = eval(&["--device", "gpu"]);
+    assert!(!passed && said.contains("`model.device` = \"gpu\""), "{said}");
+    if !cfg!(feature = "cuda") {
+        let (passed, said) = eval(&["--device", "cuda"]);
+        assert!(!passed && said.contains("cuda:0") && said.contains("scripts/build-cuda"), "{said}");
+    }
 }
 
 /// `wirl model check-device --device cpu` on the tiny model: one JSON line that passes, with

@@ -231,10 +231,24 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", shown(&error));
             ExitCode::from(2)
         }
     }
+}
+
+/// An error and its causes as anyhow's `{:#}` joins them, each tensor error without the
+/// backtrace candle attaches when `RUST_BACKTRACE` is set (a stack of this machine's frames
+/// after the message; a CUDA resume's optimizer error printed 20 lines of it).
+fn shown(error: &anyhow::Error) -> String {
+    let causes: Vec<String> = error
+        .chain()
+        .map(|cause| match cause.downcast_ref::<candle_core::Error>() {
+            Some(tensor) => wirl_engine::without_backtrace(tensor).to_string(),
+            None => cause.to_string(),
+        })
+        .collect();
+    causes.join(": ")
 }
 
 /// `wirl code-worker`: serve the parent that started this process until it closes stdin.
@@ -324,4 +338,22 @@ impl PluginArgs {
 /// A plugin named on the command line: a `.wasm` file or `builtin:NAME`.
 pub fn plugin_spec(reference: &std::path::Path) -> anyhow::Result<wirl_sandbox::PluginSpec> {
     wirl_builtins::spec(reference).map_err(|message| anyhow::anyhow!("--plugin: {message}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn a_tensor_error_is_shown_without_its_backtrace() {
+        let tensor = candle_core::Error::WithBacktrace {
+            inner: Box::new(candle_core::Error::Msg("device mismatch in add".into())),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        let error = anyhow::Error::from(tensor).context("step 151").context("training");
+        assert_eq!(shown(&error), "training: step 151: device mismatch in add");
+        // Other errors read as anyhow's alternate form does.
+        let plain = anyhow::anyhow!("no such file").context("reading config.toml");
+        assert_eq!(shown(&plain), format!("{plain:#}"));
+    }
 }

@@ -316,6 +316,9 @@ pub struct EvalArgs {
     /// Where the per-task results go, one JSON line per task (default: eval.jsonl).
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Override `model.device`: `cpu`, `cuda` or `cuda:N` (a build made by scripts/build-cuda).
+    #[arg(long)]
+    device: Option<String>,
 }
 
 /// `wirl eval`: greedy pass rate on the config's held-out tasks (indices from
@@ -334,6 +337,10 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     if let Some(samples) = args.samples {
         config.eval.samples = samples;
     }
+    if let Some(device) = &args.device {
+        config.model.device = Some(device.clone());
+    }
+    config.check_numbers("the command line (--tasks, --samples, --device)")?;
     let output = args.output.clone().unwrap_or_else(|| PathBuf::from("eval.jsonl"));
     let model = model::resolve(Some(&config.model.path))?;
     let started = std::time::Instant::now();

@@ -63,12 +63,26 @@ impl Optimizer {
         &self.moments
     }
 
-    /// Restore moments saved by a checkpoint.
+    /// Restore moments saved by a checkpoint (read on the CPU): each pair goes to its
+    /// variable's device, where the update reads it (a GPU's update is tensor ops).
     pub fn set_moments(&mut self, moments: Vec<(Tensor, Tensor)>, steps: usize) -> Result<()> {
         if moments.len() != self.vars.len() {
             candle_core::bail!("{} moment pairs for {} variables", moments.len(), self.vars.len());
         }
-        self.moments = moments;
+        let mut placed = Vec::with_capacity(moments.len());
+        for (i, ((m, v), var)) in moments.into_iter().zip(&self.vars).enumerate() {
+            if m.shape() != var.shape() || v.shape() != var.shape() {
+                candle_core::bail!(
+                    "the moments of variable {i} are {:?} and {:?}, the variable {:?}",
+                    m.dims(),
+                    v.dims(),
+                    var.dims()
+                );
+            }
+            let device = var.device();
+            placed.push((m.to_device(device)?.to_dtype(var.dtype())?, v.to_device(device)?.to_dtype(var.dtype())?));
+        }
+        self.moments = placed;
         self.steps = steps;
         Ok(())
     }
@@ -159,8 +173,8 @@ impl Optimizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
     use candle_core::backprop::GradStore;
+    use candle_core::{DType, Device};
 
     fn gradients(store: GradStore, var: &Var) -> Gradients {
         gradients_into(Gradients::new(), store, var)
@@ -169,6 +183,22 @@ mod tests {
     fn gradients_into(mut grads: Gradients, mut store: GradStore, var: &Var) -> Gradients {
         grads.absorb(&mut store, [var]).unwrap();
         grads
+    }
+
+    #[test]
+    fn restored_moments_must_fit_their_variables() {
+        let var = Var::new(&[1.0f32, -2.0], &Device::Cpu).unwrap();
+        let mut optimizer = Optimizer::new(vec![var], 0.0).unwrap();
+        let pair = |n: usize| {
+            (Tensor::zeros(n, DType::F32, &Device::Cpu).unwrap(), Tensor::ones(n, DType::F32, &Device::Cpu).unwrap())
+        };
+        let error = optimizer.set_moments(vec![pair(3)], 5).unwrap_err().to_string();
+        assert!(error.contains("variable 0 are [3]") && error.contains("the variable [2]"), "{error}");
+        assert!(optimizer.moments().is_empty() && optimizer.steps == 0, "nothing taken from a refused checkpoint");
+        assert!(optimizer.set_moments(vec![], 5).is_err());
+        optimizer.set_moments(vec![pair(2)], 5).unwrap();
+        assert_eq!(optimizer.steps, 5);
+        assert_eq!(optimizer.moments()[0].1.device().location(), optimizer.vars[0].device().location());
     }
 
     #[test]

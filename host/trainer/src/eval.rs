@@ -72,7 +72,9 @@ pub fn evaluate(
         anyhow::bail!("pass@{k} needs at least {k} samples per task, but `eval.samples` is {}", eval.samples);
     }
     observer.event(Event::Loading { path: model });
-    let loaded = wirl_engine::load(model, &LoadOptions::default())?;
+    // On `model.device`, as training samples (it read the CPU only, whatever the config said).
+    let options = LoadOptions { device: config.device.open()?, ..LoadOptions::default() };
+    let loaded = wirl_engine::load(model, &options)?;
     let context = loaded.config.max_position_embeddings;
     let tokenizer = Arc::new(loaded.tokenizer);
     // Every group goes through the batching actor, first turns and episodes alike.
