@@ -411,7 +411,7 @@ struct Step<'a> {
 
 enum StepKind<'a> {
     /// Any number of tokens, any device: candle ops, with each token's rotary angles
-    /// (`[batch, 1, len, dim/2]`) and the additive mask; sliding layers' own in `local`.
+    /// (`[batch, len, dim/2]`) and the additive mask; sliding layers' own in `local`.
     Tensors { cos: Tensor, sin: Tensor, mask: Option<Tensor>, local: Option<Box<LocalFrame>> },
     /// One token per row on the CPU (f32): the decoding kernels.
     Decode {
@@ -664,7 +664,7 @@ impl Model {
                     (0..batch).flat_map(|b| (0..len).map(move |t| (past + t).saturating_sub(pads[b]) as u32)).collect();
                 let positions = Tensor::from_vec(positions, batch * len, &self.device)?;
                 let angles = |table: &Tensor| -> Result<Tensor> {
-                    Ok(table.index_select(&positions, 0)?.reshape((batch, 1, len, ()))?)
+                    Ok(table.index_select(&positions, 0)?.reshape((batch, len, ()))?)
                 };
                 let local = match (&self.local_rope, self.config.window()) {
                     (Some((cos, sin)), Some(window)) => Some(Box::new(LocalFrame {
@@ -770,8 +770,11 @@ impl Attention {
             q = norm.q.forward(&q)?;
             k = norm.k.forward(&k)?;
         }
-        let q = rotate_half_rope(&q, cos, sin)?;
-        let k = rotate_half_rope(&k, cos, sin)?;
+        // candle's fused rotary kernel (one op where the composed one launches ~8 kernels
+        // for q and for k each: a GPU's decoding step is launch-bound); inference only, it
+        // has no backward. Each row has its own positions: the tables are `[batch, len, dim/2]`.
+        let q = candle_nn::rotary_emb::rope(&q.contiguous()?, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope(&k.contiguous()?, cos, sin)?;
         let (k, v) = append_kv(cache, past, &k, &v)?;
         // Grouped-query attention without copying keys and values per query head: the query
         // heads that share a key/value head are folded into its rows, `[b, kv, groups·len, d]`
