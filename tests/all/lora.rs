@@ -34,7 +34,7 @@ pub(crate) fn engine_model(
 ) -> wirl_engine::Model {
     let mut all = tensors.clone();
     all.extend(adapter.tensors.clone());
-    let mut source = TensorSource { tensors: &all, lora_scale: Some(adapter.spec.scale()) };
+    let mut source = TensorSource::new(&all).with_lora_scale(Some(adapter.spec.scale()));
     wirl_engine::Model::load(config, &mut source, &Device::Cpu).unwrap()
 }
 

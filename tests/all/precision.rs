@@ -192,3 +192,89 @@ fn generate_takes_bf16_weights_and_refuses_other_dtypes() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("f32") && said.contains("bf16"), "{said}");
 }
+
+/// A trainer's bf16 inference copy (`TensorSource::copied_as`, a GPU's default): the engine
+/// keeps its own weights, and after an update the learner refreshes them inside the barrier
+/// to the new f32 weights rounded — the copy's logits are a fresh bf16 load's of the updated
+/// weights, exactly; without the refresh they would still be the old ones. Frozen weights
+/// and a tied table asked for twice are copied once and never refreshed.
+#[test]
+fn a_bf16_inference_copy_follows_the_trainers_updates() {
+    let (_dir, config, tensors) = crate::hardening::tiny_weights();
+    let policy = wirl_grpo::Policy::new(&config, &tensors, &Device::Cpu).unwrap();
+    let names: Vec<String> = policy.vars().iter().map(|(name, _)| name.clone()).collect();
+    let frozen = names[0].clone(); // one weight the mirror is told is not trained
+    let mut source = TensorSource::new(policy.shared_tensors()).copied_as(DType::BF16);
+    let copy = wirl_engine::Model::load(&config, &mut source, &Device::Cpu).unwrap();
+    assert_eq!(copy.dtype(), DType::BF16);
+    let mirror = source.mirror(|name| name != frozen && names.iter().any(|n| n == name));
+    let var_bytes: u64 =
+        policy.vars().iter().filter(|(n, _)| *n != frozen).map(|(_, v)| v.elem_count() as u64 * 2).sum();
+    assert_eq!(mirror.bytes(), var_bytes, "each trained weight copied once, in bf16");
+
+    let ids: Vec<u32> = (0..12).map(|i| (i * 5 + 2) % 60).collect();
+    let logits = |model: &wirl_engine::Model| -> Vec<Vec<f32>> {
+        let tokens = Tensor::from_vec(ids.clone(), (1, ids.len()), &Device::Cpu).unwrap();
+        let out = model.forward(&tokens, &[0], &mut model.new_cache(), true).unwrap();
+        out.squeeze(0).unwrap().to_dtype(DType::F32).unwrap().to_vec2().unwrap()
+    };
+    let fresh = |tensors: &HashMap<String, Tensor>| {
+        let mut source = TensorSource::new(tensors).copied_as(DType::BF16);
+        wirl_engine::Model::load(&config, &mut source, &Device::Cpu).unwrap()
+    };
+    let before = logits(&copy);
+    assert_eq!(max_difference(&before, &logits(&fresh(policy.shared_tensors()))), 0.0);
+
+    let vars: Vec<_> = policy.vars().iter().map(|(_, v)| v.clone()).collect();
+    let optimizer = wirl_grpo::optim::Optimizer::new(vars, 0.0).unwrap();
+    let mut learner = wirl_grpo::Learner { mirror: Some(mirror), ..wirl_grpo::Learner::new(policy, None, optimizer) };
+    let group = wirl_grpo::GroupBatch {
+        prompt: ids.clone(),
+        completions: vec![vec![3, 9, 27], vec![5, 6]],
+        advantages: vec![1.0, -1.0],
+        trainable: Vec::new(),
+        sampler_logprobs: Vec::new(),
+        sampler_lag: 0,
+    };
+    let settings = wirl_grpo::UpdateSettings { learning_rate: 0.05, ..crate::hardening::tiny_update_settings() };
+    learner.update(&[group], &settings, None, &|| false, &mut |_, _| {}).unwrap().unwrap();
+
+    // The frozen weight keeps its first copy: the expected model has its old value.
+    let mut updated = learner.policy.shared_tensors().clone();
+    updated.insert(frozen.clone(), tensors[&frozen].clone());
+    let after = logits(&copy);
+    assert!(max_difference(&after, &before) > 1e-3, "the copy did not change with the update");
+    assert_eq!(max_difference(&after, &logits(&fresh(&updated))), 0.0, "the copy is the updated weights, rounded");
+}
+
+/// `model.inference_dtype`: a run whose sampler keeps a bf16 copy (a GPU's default) trains on
+/// the CPU too (every step's loss finite); a dtype it cannot keep is refused by key before
+/// any run directory is made.
+#[test]
+fn a_run_with_a_bf16_sampler_copy_trains_and_bad_dtypes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 2, 0.01);
+    let train = |run: &str, dtype: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .arg("train")
+            .arg(&config)
+            .arg("--run-dir")
+            .arg(dir.path().join(run))
+            .args(["--eval-tasks", "0", "--set", &format!("model.inference_dtype={dtype}")])
+            .output()
+            .unwrap()
+    };
+    let out = train("bad", "f8");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("`model.inference_dtype` = \"f8\"") && said.contains("bf16"),
+        "{said}"
+    );
+    assert!(!dir.path().join("bad").exists());
+    let out = train("copy", "bf16");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metrics = std::fs::read_to_string(dir.path().join("copy/metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps.len(), 2);
+    assert!(steps.iter().all(|s| s["loss"].as_f64().is_some_and(f64::is_finite)), "{metrics}");
+}

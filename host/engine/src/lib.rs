@@ -42,7 +42,7 @@ pub use comm_nccl::NcclComm;
 pub use config::Config;
 pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate};
 pub use llama::{KvCache, Model};
-pub use load::{LoadOptions, LoadedModel, load};
+pub use load::{LoadOptions, LoadedModel, WeightMirror, load};
 pub use sampling::Sampling;
 pub use tokenizer::{ChatMessage, TextStream, Tokenizer};
 

@@ -125,15 +125,50 @@ fn open(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dy
 /// Weights already in memory, under HF names (the trainer's variables). Tensors are shared,
 /// not copied: a model built from them sees every in-place update. With a LoRA scale, the
 /// adapters' A and B under their in-memory names (`crate::lora`) are applied beside the
-/// weights they adapt.
+/// weights they adapt. [`TensorSource::copied_as`]: the model gets its own copies in another
+/// dtype instead (a GPU's bf16 inference weights beside the trainer's f32), which a
+/// [`WeightMirror`] refreshes after each update.
 pub struct TensorSource<'a> {
     pub tensors: &'a HashMap<String, Tensor>,
     pub lora_scale: Option<f64>,
+    /// The dtype of the model's own copies; `None`: the tensors themselves.
+    copy_as: Option<DType>,
+    /// The copies made, by name (a tied table asked for twice is copied once).
+    copies: HashMap<String, Tensor>,
 }
 
 impl<'a> TensorSource<'a> {
     pub fn new(tensors: &'a HashMap<String, Tensor>) -> Self {
-        TensorSource { tensors, lora_scale: None }
+        TensorSource { tensors, lora_scale: None, copy_as: None, copies: HashMap::new() }
+    }
+
+    /// With the LoRA adapters among `tensors` applied at `scale` (`None`: none).
+    pub fn with_lora_scale(mut self, scale: Option<f64>) -> Self {
+        self.lora_scale = scale;
+        self
+    }
+
+    /// The model gets its own copy of every tensor, converted to `dtype` (the tensors' own
+    /// dtype: shared, as without this).
+    pub fn copied_as(mut self, dtype: DType) -> Self {
+        self.copy_as = Some(dtype);
+        self
+    }
+
+    /// What refreshes the copies of the tensors that `trained` names from their sources
+    /// (the others, frozen, were copied once). Empty when nothing was copied.
+    pub fn mirror(self, trained: impl Fn(&str) -> bool) -> WeightMirror {
+        let mut pairs: Vec<(String, Tensor, Tensor)> = self
+            .copies
+            .into_iter()
+            .filter(|(name, _)| trained(name))
+            .map(|(name, copy)| {
+                let source = self.tensors[&name].detach();
+                (name, source, copy)
+            })
+            .collect();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        WeightMirror { pairs: pairs.into_iter().map(|(_, source, copy)| (source, copy)).collect() }
     }
 }
 
@@ -146,10 +181,22 @@ impl WeightSource for TensorSource<'_> {
         // Detached: the same storage (a trainer's updates are seen), but inference builds no
         // gradient graph through a trainer's variables — else every cached key and value
         // would keep the whole history of activations that made it alive.
-        self.tensors
+        let tensor = self
+            .tensors
             .get(name)
             .map(Tensor::detach)
-            .ok_or_else(|| Error::Format { file: "weights".into(), message: format!("no tensor `{name}`") })
+            .ok_or_else(|| Error::Format { file: "weights".into(), message: format!("no tensor `{name}`") })?;
+        match self.copy_as {
+            Some(dtype) if dtype != tensor.dtype() => {
+                if let Some(copy) = self.copies.get(name) {
+                    return Ok(copy.clone());
+                }
+                let copy = tensor.to_dtype(dtype)?;
+                self.copies.insert(name.to_owned(), copy.clone());
+                Ok(copy)
+            }
+            _ => Ok(tensor),
+        }
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -163,6 +210,35 @@ impl WeightSource for TensorSource<'_> {
             return Ok(None);
         }
         Ok(Some(LoraPair { a: self.dense(&a)?, b: self.dense(&b)?, scale }))
+    }
+}
+
+/// A model's own copies of trained weights, each paired with the weights it copies: after an
+/// update of those, [`WeightMirror::refresh`] writes them into the copies in place, on their
+/// device (no host round trip), converting the dtype. Call it while the engine's weights are
+/// held ([`crate::EngineHandle::hold_weights`]): no row samples from half-written weights.
+#[derive(Debug, Default)]
+pub struct WeightMirror {
+    pairs: Vec<(Tensor, Tensor)>,
+}
+
+impl WeightMirror {
+    /// Whether there is anything to refresh (the model shares its weights' storage).
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// Bytes of the copies refreshed.
+    pub fn bytes(&self) -> u64 {
+        self.pairs.iter().map(|(_, copy)| (copy.elem_count() * copy.dtype().size_in_bytes()) as u64).sum()
+    }
+
+    /// Every copy overwritten with its source's values (converted).
+    pub fn refresh(&self) -> Result<()> {
+        for (source, copy) in &self.pairs {
+            copy.slice_set(&source.to_dtype(copy.dtype())?, 0, 0)?;
+        }
+        Ok(())
     }
 }
 

@@ -14,7 +14,7 @@ use anyhow::bail;
 use candle_core::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::{Comm, EngineHandle, Solo};
+use wirl_engine::{Comm, EngineHandle, Solo, WeightMirror};
 
 /// One group as the learner sees it: the prompt once, its completions, and each
 /// completion's advantage.
@@ -208,12 +208,16 @@ pub struct Learner {
     /// groups of the step; the step's token and sequence totals, the gradients and the
     /// figures are summed across the group, so every rank takes the same optimizer step.
     pub ranks: Arc<dyn Comm>,
+    /// The sampling engine's own copy of the weights (bf16 on a GPU), refreshed from the
+    /// policy's after each optimizer step, inside the engine's barrier; `None`: the engine
+    /// shares the policy's storage and sees each update in place.
+    pub mirror: Option<WeightMirror>,
 }
 
 impl Learner {
     /// A learner alone (no data-parallel group).
     pub fn new(policy: Policy, reference: Option<Net>, optimizer: Optimizer) -> Self {
-        Learner { policy, reference, optimizer, ranks: Arc::new(Solo) }
+        Learner { policy, reference, optimizer, ranks: Arc::new(Solo), mirror: None }
     }
 
     /// Sums across the data-parallel group of `values` (themselves when alone).
@@ -304,6 +308,13 @@ impl Learner {
                 let hold = engine.map(EngineHandle::hold_weights).transpose()?;
                 stats.weight_writes += u64::from(hold.is_some());
                 let update = self.optimizer.step(&grads, settings.learning_rate, settings.max_grad_norm)?;
+                if update.applied
+                    && let Some(mirror) = &self.mirror
+                {
+                    // On the device, still inside the barrier: no row samples from a copy
+                    // half old and half new.
+                    mirror.refresh()?;
+                }
                 drop(hold);
                 stats.grad_norm = update.grad_norm;
                 stats.updates_skipped += usize::from(!update.applied);

@@ -162,11 +162,16 @@ impl Trainer {
             None => config.device.open()?,
         };
         let (model_config, tokenizer, policy, reference) = load_policy(model, resume, &config, &device, observer)?;
-        // The inference model shares the policy's storage: updates are seen without a copy
-        // (a LoRA policy's adapters are applied beside the base, unmerged).
-        let mut source =
-            wirl_engine::load::TensorSource { tensors: policy.shared_tensors(), lora_scale: policy.lora_scale() };
+        // The inference model shares the policy's storage, updates seen without a copy; or
+        // (`model.inference_dtype`, bf16 on a GPU) keeps its own copy, which the learner
+        // refreshes on the device after each update (a LoRA policy's adapters are applied
+        // beside the base, unmerged).
+        let mut source = wirl_engine::load::TensorSource::new(policy.shared_tensors())
+            .with_lora_scale(policy.lora_scale())
+            .copied_as(config.inference_dtype_on(&device));
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
+        let trained: std::collections::HashSet<&str> = policy.vars().iter().map(|(name, _)| name.as_str()).collect();
+        let mirror = source.mirror(|name| trained.contains(name));
         let tokenizer = Arc::new(tokenizer);
         let engine_options =
             wirl_engine::EngineOptions { prefix_cache_bytes: config.prefix_cache_bytes, ..Default::default() };
@@ -201,7 +206,11 @@ impl Trainer {
             config,
             run_dir: run_dir.to_path_buf(),
             tokenizer,
-            learner: Learner { ranks: ranks.clone(), ..Learner::new(policy, reference, optimizer) },
+            learner: Learner {
+                ranks: ranks.clone(),
+                mirror: (!mirror.is_empty()).then_some(mirror),
+                ..Learner::new(policy, reference, optimizer)
+            },
             engine,
             tasks,
             allocation: allocation.groups,

@@ -119,7 +119,7 @@ impl TrainConfig {
     /// A config with no task, for path handling.
     pub(super) fn minimal() -> Self {
         TrainConfig {
-            model: ModelSection { path: String::new(), device: None, prefix_cache_mib: None },
+            model: ModelSection { path: String::new(), device: None, prefix_cache_mib: None, inference_dtype: None },
             tasks: Vec::new(),
             environment: None,
             dataset: None,

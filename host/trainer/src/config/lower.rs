@@ -148,6 +148,7 @@ impl TrainConfig {
             model: self.model.path.clone(),
             device: self.model.device.as_deref().and_then(DeviceSpec::parse).unwrap_or_default(),
             prefix_cache_bytes: prefix_cache_mib.saturating_mul(1 << 20),
+            inference_dtype: self.model.inference_dtype.as_deref().and_then(super::parse_inference_dtype),
             tasks,
             sampling: SamplingSpec {
                 max_tokens: s.max_tokens,

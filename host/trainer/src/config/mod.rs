@@ -281,6 +281,24 @@ pub struct ModelSection {
     /// nothing across requests: a group's samples already share their prompt's computation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache_mib: Option<u64>,
+    /// The dtype of the sampler's weights while training: `f32` shares the trainer's (no
+    /// copy: every update is seen in place); `bf16` or `f16` keeps a copy on the device,
+    /// refreshed from the trainer's f32 weights after every update inside the weights
+    /// barrier (half the bytes each decoding step reads; the sampler's log-probs are then
+    /// not the trainer's, so μ > 1 computes old log-probs by a pass). Absent: `bf16` on a
+    /// GPU, `f32` on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_dtype: Option<String>,
+}
+
+/// `model.inference_dtype`, parsed.
+pub fn parse_inference_dtype(text: &str) -> Option<candle_core::DType> {
+    match text {
+        "f32" => Some(candle_core::DType::F32),
+        "bf16" => Some(candle_core::DType::BF16),
+        "f16" => Some(candle_core::DType::F16),
+        _ => None,
+    }
 }
 
 /// `model.prefix_cache_mib` when the config does not say (for multi-turn tasks and agents).
@@ -568,6 +586,8 @@ pub struct RunConfig {
     pub device: DeviceSpec,
     /// Bytes of the sampler's prefix cache (`model.prefix_cache_mib`, resolved).
     pub prefix_cache_bytes: u64,
+    /// `model.inference_dtype` (`None`: by the device, [`RunConfig::inference_dtype_on`]).
+    pub inference_dtype: Option<candle_core::DType>,
     /// At least one; the trained ones' weights allocate at least one group each.
     pub tasks: Vec<TaskSpec>,
     /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the
@@ -583,6 +603,12 @@ pub struct RunConfig {
 pub use wirl_rollout::TaskSpec;
 
 impl RunConfig {
+    /// The dtype of the sampler's weights on `device`: as configured, else bf16 on a GPU
+    /// (a copy) and the trainer's f32 on the CPU (shared).
+    pub fn inference_dtype_on(&self, device: &candle_core::Device) -> candle_core::DType {
+        self.inference_dtype.unwrap_or(if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 })
+    }
+
     /// Groups per step for each task, by Megatron's rule (checked on load).
     pub fn allocation(&self) -> anyhow::Result<wirl_rollout::Allocation> {
         let weights: Vec<f64> = self.tasks.iter().map(|t| t.weight).collect();

@@ -55,6 +55,13 @@ impl TrainConfig {
         {
             bail!("{origin}: `model.device` = {device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\"");
         }
+        if let Some(dtype) = &self.model.inference_dtype
+            && super::parse_inference_dtype(dtype).is_none()
+        {
+            bail!(
+                "{origin}: `model.inference_dtype` = {dtype:?}: expected \"f32\" (share the trainer's weights), \"bf16\" or \"f16\" (a copy refreshed after each update)"
+            );
+        }
         if let Some(mib) = self.model.prefix_cache_mib
             && mib > MAX_PREFIX_CACHE_MIB
         {

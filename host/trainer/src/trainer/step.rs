@@ -400,8 +400,15 @@ impl Trainer {
                     } else {
                         Vec::new()
                     },
-                    // Sampled this step by the weights this update starts from.
-                    sampler_logprobs: usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect(),
+                    // The sampler's log-probs: the old log-probs of μ > 1 when it sampled with
+                    // the weights this update starts from, the behaviour policy's with a lag.
+                    // Not the former from a converted copy of the weights (bf16 on a GPU):
+                    // rounded, they are no longer the policy's, and the old pass runs.
+                    sampler_logprobs: if sampler_lag > 0 || self.learner.mirror.is_none() {
+                        usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect()
+                    } else {
+                        Vec::new()
+                    },
                     sampler_lag,
                 })
             })
