@@ -191,10 +191,12 @@ fn main() -> ExitCode {
     if let Ok(exe) = std::env::current_exe() {
         wirl_sandbox::register_worker_command(exe, &["code-worker"]);
     }
-    if !matches!(cli.command, Command::Train(_) | Command::Eval(_)) {
+    if !matches!(cli.command, Command::Train(_) | Command::Eval(_) | Command::Serve(_)) {
         // A reader that goes away (`wirl plugin inspect … | head`) ends the command quietly,
         // as with any Unix tool. Training keeps SIGPIPE ignored: a closed log pipe must not
-        // kill a run before its checkpoint.
+        // kill a run before its checkpoint. So does the server: a vectored write (`writev`,
+        // which has no MSG_NOSIGNAL) to a client that reset its connection raised SIGPIPE and
+        // killed `wirl serve` — every other client's requests reset with it.
         // SAFETY: restoring the default disposition of one signal, before any thread starts.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
