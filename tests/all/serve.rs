@@ -509,8 +509,8 @@ fn served_requests_share_their_prefixes_within_a_budget() {
 }
 
 /// Clients that reset their streams mid-way (a crash, a proxy giving up) leave the server
-/// running. Writing to such a connection fails with EPIPE, and a vectored write (`writev`,
-/// which has no MSG_NOSIGNAL) also raises SIGPIPE: `wirl serve` had it at the default
+/// running. Writing to such a connection fails with EPIPE and can raise SIGPIPE (most likely
+/// through a vectored `writev`, which has no MSG_NOSIGNAL): `wirl serve` had it at the default
 /// disposition and died, every other client's connection reset with it — seen as
 /// `ranks::serve_on_two_tensor_parallel_ranks_answers_as_one_model`'s rare failure (about 1
 /// run in 100 under load here, after its cancelled stream; its server's exit status: signal

@@ -194,9 +194,9 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Train(_) | Command::Eval(_) | Command::Serve(_)) {
         // A reader that goes away (`wirl plugin inspect … | head`) ends the command quietly,
         // as with any Unix tool. Training keeps SIGPIPE ignored: a closed log pipe must not
-        // kill a run before its checkpoint. So does the server: a vectored write (`writev`,
-        // which has no MSG_NOSIGNAL) to a client that reset its connection raised SIGPIPE and
-        // killed `wirl serve` — every other client's requests reset with it.
+        // kill a run before its checkpoint. So does the server: a write to a client that
+        // reset its connection raised SIGPIPE (most likely a vectored `writev`, which has no
+        // MSG_NOSIGNAL) and killed `wirl serve`, every other client's requests with it.
         // SAFETY: restoring the default disposition of one signal, before any thread starts.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
