@@ -91,11 +91,17 @@ tasks = 0
 }
 
 pub fn train(config: &Path, run_dir: &Path) -> std::process::Output {
+    train_with(config, run_dir, &[])
+}
+
+/// `wirl train CONFIG --run-dir RUN_DIR ARGS...`.
+pub fn train_with(config: &Path, run_dir: &Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
         .arg("train")
         .arg(config)
         .arg("--run-dir")
         .arg(run_dir)
+        .args(args)
         .output()
         .unwrap()
 }

@@ -824,6 +824,38 @@ fn rows_of_many_groups_in_one_pass_update_as_group_by_group() {
     }
 }
 
+/// `grpo.rows_per_pass` from the command line: a negative or non-integer count is refused by
+/// key before any run directory is made; a count far past the step's rows packs them all
+/// into one pass and trains as group by group does (rewards and losses equal step by step).
+#[test]
+fn rows_per_pass_is_refused_by_key_or_trains_as_group_by_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 2, 0.01);
+    let train = |run: &str, value: &str| {
+        let set = format!("grpo.rows_per_pass={value}");
+        crate::grpo::train_with(&config, &dir.path().join(run), &["--eval-tasks", "0", "--set", &set])
+    };
+    for bad in ["-1", "2.5", "\"many\""] {
+        let out = train("bad", bad);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains("rows_per_pass"), "{bad}: {said}");
+        assert!(!dir.path().join("bad").exists(), "{bad}");
+    }
+    let figures = |run: &str, value: &str| -> Vec<(f64, f64)> {
+        let out = train(run, value);
+        assert!(out.status.success(), "{value}: {}", String::from_utf8_lossy(&out.stderr));
+        let metrics = crate::grpo::metrics(&dir.path().join(run));
+        metrics.iter().map(|m| (m["reward_mean"].as_f64().unwrap(), m["loss"].as_f64().unwrap())).collect()
+    };
+    let (by_group, packed) = (figures("by-group", "0"), figures("packed", "1000000000000"));
+    assert_eq!(by_group.len(), 2);
+    assert!(by_group.iter().any(|(_, loss)| loss.abs() > 1e-6), "a loss to compare: {by_group:?}");
+    for ((reward, loss), (packed_reward, packed_loss)) in by_group.iter().zip(&packed) {
+        assert_eq!(reward, packed_reward, "the same rollouts");
+        assert!((loss - packed_loss).abs() < 1e-5, "loss {packed_loss} vs {loss}");
+    }
+}
+
 /// A group sampled one update ago (`sampler_lag` 1) weighs each token's loss by the
 /// truncated importance weight min(π_old / π_sampler, C): with the sampler's log-probs equal
 /// to the current ones the update is the on-policy one; lower by δ, the loss is e^δ times

@@ -255,14 +255,8 @@ fn a_run_with_a_bf16_sampler_copy_trains_and_bad_dtypes_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = crate::grpo::write_config(dir.path(), "", 2, 0.01);
     let train = |run: &str, dtype: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-            .arg("train")
-            .arg(&config)
-            .arg("--run-dir")
-            .arg(dir.path().join(run))
-            .args(["--eval-tasks", "0", "--set", &format!("model.inference_dtype={dtype}")])
-            .output()
-            .unwrap()
+        let set = format!("model.inference_dtype={dtype}");
+        crate::grpo::train_with(&config, &dir.path().join(run), &["--eval-tasks", "0", "--set", &set])
     };
     let out = train("bad", "f8");
     let said = String::from_utf8_lossy(&out.stderr);
@@ -273,8 +267,7 @@ fn a_run_with_a_bf16_sampler_copy_trains_and_bad_dtypes_are_refused() {
     assert!(!dir.path().join("bad").exists());
     let out = train("copy", "bf16");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let metrics = std::fs::read_to_string(dir.path().join("copy/metrics.jsonl")).unwrap();
-    let steps: Vec<serde_json::Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps = crate::grpo::metrics(&dir.path().join("copy"));
     assert_eq!(steps.len(), 2);
-    assert!(steps.iter().all(|s| s["loss"].as_f64().is_some_and(f64::is_finite)), "{metrics}");
+    assert!(steps.iter().all(|s| s["loss"].as_f64().is_some_and(f64::is_finite)), "{steps:?}");
 }

@@ -158,17 +158,13 @@ impl<'a> TensorSource<'a> {
     /// What refreshes the copies of the tensors that `trained` names from their sources
     /// (the others, frozen, were copied once). Empty when nothing was copied.
     pub fn mirror(self, trained: impl Fn(&str) -> bool) -> WeightMirror {
-        let mut pairs: Vec<(String, Tensor, Tensor)> = self
+        let pairs = self
             .copies
             .into_iter()
             .filter(|(name, _)| trained(name))
-            .map(|(name, copy)| {
-                let source = self.tensors[&name].detach();
-                (name, source, copy)
-            })
+            .map(|(name, copy)| (self.tensors[&name].detach(), copy))
             .collect();
-        pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        WeightMirror { pairs: pairs.into_iter().map(|(_, source, copy)| (source, copy)).collect() }
+        WeightMirror { pairs }
     }
 }
 

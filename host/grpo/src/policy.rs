@@ -73,6 +73,11 @@ impl Net {
         self.fast_paths = on;
     }
 
+    /// Where the net computes.
+    pub fn device(&self) -> &Device {
+        self.cos.device()
+    }
+
     pub fn config(&self) -> &Config {
         &self.config
     }

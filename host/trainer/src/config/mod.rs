@@ -603,6 +603,12 @@ pub struct RunConfig {
 pub use wirl_rollout::TaskSpec;
 
 impl RunConfig {
+    /// `grpo.rows_per_pass` on `device`: as configured, else 64 on a GPU (the big job's 512
+    /// rows in 8 passes, not 64 groups' own) and 0 (group by group) on the CPU.
+    pub fn rows_per_pass_on(&self, device: &candle_core::Device) -> usize {
+        self.grpo.rows_per_pass.unwrap_or(if device.is_cpu() { 0 } else { 64 })
+    }
+
     /// The dtype of the sampler's weights on `device`: as configured, else bf16 on a GPU
     /// (a copy) and the trainer's f32 on the CPU (shared).
     pub fn inference_dtype_on(&self, device: &candle_core::Device) -> candle_core::DType {

@@ -15,10 +15,6 @@ use std::time::Instant;
 use wirl_engine::InFlight;
 use wirl_grpo::{GroupBatch, LossSettings, MemoryLimits, UpdateSettings, UpdateStats};
 use wirl_rollout::collect::{self, Episodes, Sampled};
-
-/// `grpo.rows_per_pass` on a GPU when unset: rows of many groups in one pass (the big job's
-/// 512 rows in 8 passes, not 64 groups' own).
-const GPU_ROWS_PER_PASS: usize = 64;
 use wirl_rollout::{EpisodeTimes, GroupAsk, RolloutGroup, SkippedTask, TaskSource, seed_for};
 use wirl_sandbox::printable;
 
@@ -416,11 +412,6 @@ impl Trainer {
         Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag }
     }
 
-    /// Whether the policy trains on a GPU (whose defaults differ: `grpo.rows_per_pass`).
-    fn on_gpu(&self) -> bool {
-        self.learner.policy.vars().first().is_some_and(|(_, v)| !v.device().is_cpu())
-    }
-
     /// The learner's settings for `step` (its learning rate by the schedule).
     fn update_settings(&self, step: usize) -> UpdateSettings {
         let g = &self.config.grpo;
@@ -441,7 +432,7 @@ impl Trainer {
             },
             micro_batch_rows: g.micro_batch_rows,
             split_by_length: g.split_by_length,
-            rows_per_pass: g.rows_per_pass.unwrap_or(if self.on_gpu() { GPU_ROWS_PER_PASS } else { 0 }),
+            rows_per_pass: self.config.rows_per_pass_on(self.learner.policy.net().device()),
             tis_cap: g.tis_cap,
         }
     }
