@@ -117,7 +117,12 @@ fn an_installed_wirl_runs_the_default_job_and_its_plugins_from_an_empty_folder()
 
     let eval = wirl.run(&["eval", "--tasks", "2"]);
     assert!(String::from_utf8_lossy(&eval.stderr).contains("[2/2]"), "{}", String::from_utf8_lossy(&eval.stderr));
-    assert_eq!(json_lines(&std::fs::read(wirl.work.join("eval.jsonl")).unwrap()).len(), 2);
+    // Beside the runs, named after the model; nothing loose in the current folder.
+    let written: Vec<PathBuf> =
+        std::fs::read_dir(wirl.work.join("runs/eval")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(json_lines(&std::fs::read(&written[0]).unwrap()).len(), 2);
+    assert!(!wirl.work.join("eval.jsonl").exists());
 
     let mut score = wirl.command(&["score", "--plugin", "builtin:math-answer"]);
     let mut child = score.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();

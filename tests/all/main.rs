@@ -26,8 +26,13 @@ mod sandbox;
 mod serve;
 mod serve_tasks;
 mod trainer;
+mod untrusted;
 
 use std::sync::Arc;
+
+/// As `wirl` does: chat templates rendered in these tests run under a memory budget.
+#[global_allocator]
+static ALLOCATOR: wirl_engine::memory_budget::BudgetAllocator = wirl_engine::memory_budget::BudgetAllocator;
 use wirl_sandbox::{Plugin, PluginSpec, Sandbox, SandboxSettings, Task};
 
 /// A sandbox whose compiled-component cache is private to the test.

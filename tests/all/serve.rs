@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// A `wirl serve` on a free loopback port.
 pub(crate) struct Server {
-    child: Child,
+    pub(crate) child: Child,
     pub(crate) address: String,
 }
 

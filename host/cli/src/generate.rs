@@ -97,6 +97,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     // Every rank samples the same tokens from the same (gathered) logits only with one seed.
     args.seed = Some(args.seed.unwrap_or_else(rand::random));
     let device = wirl_trainer::config::DeviceSpec::parse(&args.device).unwrap_or_default();
+    crate::ranks::check_split(&path, tp, "--tp")?;
     let comms = crate::ranks::threads(tp, device)?;
     std::thread::scope(|scope| {
         let ranks: Vec<_> = comms

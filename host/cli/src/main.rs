@@ -14,6 +14,12 @@ mod tasks;
 mod train;
 
 use clap::{Parser, Subcommand};
+
+/// The system allocator, counting what the threads that run a model's chat template hold:
+/// a template that would take more than its budget stops there instead of taking the
+/// machine's memory (`wirl_engine::memory_budget`).
+#[global_allocator]
+static ALLOCATOR: wirl_engine::memory_budget::BudgetAllocator = wirl_engine::memory_budget::BudgetAllocator;
 use std::process::ExitCode;
 
 /// The tunable that makes glibc's allocator ask for transparent huge pages for its heap.
@@ -114,6 +120,7 @@ const LONG_VERSION: &str = concat!(
     "0.1.0",
     "\nfeatures: cpu",
     cuda_feature!(),
+    mpi_feature!(),
 );
 
 #[cfg(feature = "cuda")]
@@ -129,6 +136,20 @@ macro_rules! cuda_feature {
     };
 }
 use cuda_feature;
+
+#[cfg(feature = "mpi")]
+macro_rules! mpi_feature {
+    () => {
+        ", mpi"
+    };
+}
+#[cfg(not(feature = "mpi"))]
+macro_rules! mpi_feature {
+    () => {
+        ""
+    };
+}
+use mpi_feature;
 
 #[derive(Subcommand)]
 enum ModelCommand {
@@ -332,9 +353,27 @@ impl PluginArgs {
         }
         let settings = wirl_sandbox::SandboxSettings { fuel: self.fuel.is_some(), ..Default::default() };
         let sandbox = wirl_sandbox::Sandbox::new(settings)?;
-        let plugin = sandbox.load(spec)?;
+        let name = self.plugin.display().to_string();
+        let plugin =
+            said_if_slow(&format!("compiling {name} (once: the compiled plugin is cached)"), || sandbox.load(spec))?;
         Ok((sandbox, plugin))
     }
+}
+
+/// `work()`, saying `what` on stderr if it takes more than a second (a new plugin's first
+/// compilation takes seconds; a cached one a few milliseconds, and says nothing).
+pub fn said_if_slow<T>(what: &str, work: impl FnOnce() -> T) -> T {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let what = what.to_string();
+    let notice = std::thread::spawn(move || {
+        if finished.recv_timeout(std::time::Duration::from_secs(1)) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            eprintln!("{what} ...");
+        }
+    });
+    let result = work();
+    drop(done);
+    let _ = notice.join();
+    result
 }
 
 /// A plugin named on the command line: a `.wasm` file or `builtin:NAME`.

@@ -45,6 +45,12 @@ pub fn default_model() -> anyhow::Result<PathBuf> {
 
 /// Resolve `--model`: a path, or the default model's name, or (absent) the default model.
 pub fn resolve(model: Option<&str>) -> anyhow::Result<PathBuf> {
+    resolve_named(model, "--model ")
+}
+
+/// [`resolve`], a missing path named as `named` gave it (`--model `, or empty for an
+/// argument of its own).
+pub fn resolve_named(model: Option<&str>, named: &str) -> anyhow::Result<PathBuf> {
     match model {
         None => default_model(),
         Some(name) if name == DEFAULT_MODEL => default_model(),
@@ -52,7 +58,7 @@ pub fn resolve(model: Option<&str>) -> anyhow::Result<PathBuf> {
             let path = PathBuf::from(path);
             if !path.exists() {
                 bail!(
-                    "--model {}: no such file or directory (give a GGUF file, an HF model directory, or {DEFAULT_MODEL})",
+                    "{named}{}: no such file or directory (give a GGUF file, an HF model directory, or {DEFAULT_MODEL})",
                     path.display()
                 );
             }
@@ -92,7 +98,7 @@ pub struct InspectArgs {
 /// family and shapes, its parameters and what training every one of them in f32 with AdamW
 /// holds (weights, gradients, two moments: 16 bytes each; the KL reference adds 4).
 pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let path = resolve(Some(&args.model))?;
+    let path = resolve_named(Some(&args.model), "")?;
     let config = wirl_engine::load::read_config(&path)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&config)?);
@@ -135,7 +141,11 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
             config.logit_softcap().map(|cap| format!("; logits soft-capped at {cap}")).unwrap_or_default()
         );
     }
-    println!("context       {} positions", config.max_position_embeddings);
+    if config.context() == config.max_position_embeddings {
+        println!("context       {} positions", config.max_position_embeddings);
+    } else {
+        println!("context       {} positions claimed, {} run", config.max_position_embeddings, config.context());
+    }
     println!("head          {}", if config.tie_word_embeddings { "tied to the embeddings" } else { "its own matrix" });
     println!(
         "parameters    {parameters} ({:.2} GiB in f32); full f32 training with AdamW holds {:.1} GiB before \
@@ -148,14 +158,14 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    let gguf = resolve(Some(&args.gguf))?;
+    let gguf = resolve_named(Some(&args.gguf), "")?;
     wirl_engine::export::gguf_to_hf_dir(&gguf, &args.dir)?;
     eprintln!("wrote {} from {}", args.dir.display(), gguf.display());
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn merge(args: MergeArgs) -> anyhow::Result<ExitCode> {
-    let base = resolve(Some(&args.model))?;
+    let base = resolve_named(Some(&args.model), "")?;
     wirl_engine::export::merge_to_hf_dir(&base, &args.adapter, &args.dir)?;
     eprintln!(
         "wrote {} from {} with the adapter {} merged",

@@ -126,3 +126,58 @@ pub fn load_shards(
         Ok(shards)
     })
 }
+
+/// Refused before any model is loaded: `ranks` data-parallel copies of the model at `path`
+/// that cannot fit in this machine's memory (each rank holds the weights in f32 at least;
+/// training needs several times that). `flag` names the setting.
+pub fn check_copies_fit(path: &std::path::Path, ranks: usize, flag: &str) -> anyhow::Result<()> {
+    if ranks <= 1 {
+        return Ok(());
+    }
+    let config = wirl_engine::load::read_config(path)?;
+    let gib = |bytes: u64| bytes as f64 / f64::from(1u32 << 30);
+    let one = config.parameter_count().saturating_mul(4);
+    let all = one.saturating_mul(ranks as u64);
+    if let Some(available) = available_memory()
+        && all > available
+    {
+        anyhow::bail!(
+            "{flag} {ranks}: each rank loads its own copy of the model ({:.2} GiB of f32 weights at least), {:.1} GiB \
+             for {ranks} ranks, but this machine has {:.1} GiB available; use fewer ranks",
+            gib(one),
+            gib(all),
+            gib(available)
+        );
+    }
+    Ok(())
+}
+
+/// Refused before any model is loaded: a tensor-parallel split that the model at `path`'s
+/// heads or MLP width do not divide.
+pub fn check_split(path: &std::path::Path, tp: usize, flag: &str) -> anyhow::Result<()> {
+    if tp <= 1 {
+        return Ok(());
+    }
+    let config = wirl_engine::load::read_config(path)?;
+    for (field, value) in [
+        ("num_attention_heads", config.num_attention_heads),
+        ("num_key_value_heads", config.num_kv_heads()),
+        ("intermediate_size", config.intermediate_size),
+    ] {
+        if !value.is_multiple_of(tp) {
+            anyhow::bail!(
+                "{flag} {tp}: the model's {field} ({value}) does not split over {tp} tensor-parallel ranks; use a \
+                 number of ranks that divides it"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (None where there is no such file).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}

@@ -232,6 +232,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if tp > 1 && weights_dir.is_some() {
         bail!("--tp {tp} with --weights-dir: a tensor-parallel server's weights cannot be reloaded yet");
     }
+    // Settings that a model's config or the machine refuse are refused before it loads.
+    crate::ranks::check_split(&path, tp, "--tp")?;
+    let prefix_cache_mib = args.prefix_cache_mib.or(section.prefix_cache_mib).unwrap_or(256);
+    if prefix_cache_mib > 1 << 20 {
+        bail!("--prefix-cache-mib {prefix_cache_mib}: at most 1048576 (1 TiB); 0 keeps none");
+    }
     let options = wirl_engine::LoadOptions { quantized, device, ..Default::default() };
     let options = crate::generate::WeightsDtype::apply(args.dtype.or(section.dtype), options);
     let mut shards = if tp == 1 {
@@ -241,7 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         crate::ranks::load_shards(&path, &options, tp, spec)?
     };
     let loaded = shards.remove(0);
-    let context = loaded.config.max_position_embeddings;
+    let context = loaded.config.context();
     let name = args.name.clone().or(section.name.clone()).unwrap_or_else(|| match model.as_deref() {
         None | Some(crate::model::DEFAULT_MODEL) => crate::model::DEFAULT_MODEL.to_string(),
         Some(_) => path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()),
@@ -254,10 +260,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Requests share their chat preamble and extend earlier conversations: the prefix cache
     // keeps their keys and values. Long prompts are prefilled in slices, very long ones
     // decode in a lane of their own, and the cache in flight has a budget.
-    let prefix_cache_mib = args.prefix_cache_mib.or(section.prefix_cache_mib).unwrap_or(256);
-    if prefix_cache_mib > 1 << 20 {
-        bail!("--prefix-cache-mib {prefix_cache_mib}: at most 1048576 (1 TiB); 0 keeps none");
-    }
     let options_engine = wirl_engine::EngineOptions {
         prefix_cache_bytes: prefix_cache_mib.saturating_mul(1 << 20),
         prefill_chunk: Some(prefill_chunk),
@@ -304,11 +306,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         let router = wirl_server::router(engine, tokenizer, context, config, None, served);
         let limits =
-            wirl_server::ConnectionLimits { max_connections, header_timeout: Duration::from_secs(header_timeout_s) };
+            wirl_server::ConnectionLimits { max_connections, header_timeout: Duration::from_secs(header_timeout_s), ..Default::default() };
         wirl_server::serve_with(listener, router, limits, shutdown_signal()).await.context("serving")?;
-        eprintln!("wirl serve: stopped (requests in flight were finished)");
+        eprintln!(
+            "wirl serve: stopped (requests in flight were given {} s to finish)",
+            wirl_server::DRAIN.as_secs()
+        );
         anyhow::Ok(())
     })?;
+    // Work still running off the async threads (a chat template near its time limit) is not
+    // waited for: the process ends.
+    runtime.shutdown_timeout(Duration::from_millis(200));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -75,7 +75,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if dp > 1 && (args.serve.is_some() || args.watch) {
         anyhow::bail!("--dp {dp}: --serve and --watch are not supported with several ranks yet");
     }
-    let mut comms = crate::ranks::threads(dp, if dp > 1 { wanted_device(&args)? } else { DeviceSpec::Cpu })?;
+    let device = if dp > 1 { wanted_device(&args)? } else { DeviceSpec::Cpu };
+    if dp > 1 && matches!(device, DeviceSpec::Cpu) {
+        // Before any rank loads: copies of the model the machine cannot hold are refused.
+        crate::ranks::check_copies_fit(&wanted_model(&args)?, dp, "--dp")?;
+    }
+    let mut comms = crate::ranks::threads(dp, device)?;
     let rank0 = comms.remove(0);
     let Started { mut trainer, checkpoint, run_dir, config, model } = start(&args, &control, rank0, &mut terminal)?;
     let _served = crate::ctl::serve(&run_dir, control.clone())?;
@@ -313,12 +318,26 @@ pub struct EvalArgs {
     /// Override `eval.samples` (completions per task for pass@k; 0: greedy only).
     #[arg(long)]
     samples: Option<usize>,
-    /// Where the per-task results go, one JSON line per task (default: eval.jsonl).
+    /// Where the per-task results go, one JSON line per task (default: under `runs/eval/`,
+    /// named after the model or the run and step of a checkpoint).
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
     /// Override `model.device`: `cpu`, `cuda` or `cuda:N` (a build made by scripts/build-cuda).
     #[arg(long)]
     device: Option<String>,
+}
+
+/// `runs/eval/NAME.jsonl`: a checkpoint's `RUN/checkpoints/step-N/model` is named
+/// `RUN-step-N`, any other model by its file or directory name. Beside the runs, never
+/// loose in the current folder.
+fn default_eval_output(model: &std::path::Path) -> PathBuf {
+    let name = |p: &std::path::Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    let step = model.parent().filter(|step| step.parent().and_then(name).as_deref() == Some("checkpoints"));
+    let label = match step.and_then(|step| Some((name(step)?, name(step.parent()?.parent()?)?))) {
+        Some((step, run)) => format!("{run}-{step}"),
+        None => model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()),
+    };
+    PathBuf::from("runs").join("eval").join(format!("{label}.jsonl"))
 }
 
 /// `wirl eval`: greedy pass rate on the config's held-out tasks (indices from
@@ -341,8 +360,8 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
         config.model.device = Some(device.clone());
     }
     config.check_numbers("the command line (--tasks, --samples, --device)")?;
-    let output = args.output.clone().unwrap_or_else(|| PathBuf::from("eval.jsonl"));
     let model = model::resolve(Some(&config.model.path))?;
+    let output = args.output.clone().unwrap_or_else(|| default_eval_output(&model));
     let started = std::time::Instant::now();
     let summary = wirl_trainer::eval::evaluate(&config.run_config()?, &model, &output, &mut EvalTerminal { started })?;
     println!("{summary}");
@@ -351,14 +370,23 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
 
 /// The device a run's ranks compute on, as its config with the command line's overrides
 /// says: read before any rank loads, since CUDA ranks are joined (one GPU each) first.
-fn wanted_device(args: &Args) -> anyhow::Result<DeviceSpec> {
+fn wanted_config(args: &Args) -> anyhow::Result<TrainConfig> {
     let mut config = match (&args.resume, &args.config) {
         (Some(run_dir), _) => run_dir::config(run_dir)?,
         (None, Some(path)) => TrainConfig::load(path)?,
         (None, None) => TrainConfig::embedded_default()?,
     };
     apply_overrides(&mut config, args)?;
-    Ok(config.model.device.as_deref().and_then(DeviceSpec::parse).unwrap_or_default())
+    Ok(config)
+}
+
+fn wanted_device(args: &Args) -> anyhow::Result<DeviceSpec> {
+    Ok(wanted_config(args)?.model.device.as_deref().and_then(DeviceSpec::parse).unwrap_or_default())
+}
+
+/// The model the run would load (the default one fetched if it is not cached yet).
+fn wanted_model(args: &Args) -> anyhow::Result<std::path::PathBuf> {
+    crate::model::resolve(Some(wanted_config(args)?.model.path.as_str()))
 }
 
 fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> {
@@ -498,6 +526,13 @@ impl Observer for Terminal {
                     m.time_s.score,
                     m.time_s.train,
                 );
+                if m.groups_kept == 0 {
+                    // A loss and KL of zero read as a bug without this: nothing was trained.
+                    eprintln!(
+                        "          no update: every group's samples scored alike (no signal to learn from), so this \
+                         step trained nothing"
+                    );
+                }
             }
             Event::HeldOut { after: false, pass_rate, problems } => {
                 eprintln!("held-out greedy pass rate before training: {pass_rate:.3} ({problems} tasks)")

@@ -437,7 +437,7 @@ fn run(
     let mut next_id: RequestId = 0;
     let mut version: u64 = 0;
     loop {
-        let context = model.config().max_position_embeddings;
+        let context = model.config().context();
         let bytes_per_position = model.kv_bytes_per_position();
         // A new model starts with an empty cache: no block may serve other weights.
         let prefixes = prefix_cache(&model, &options, &stats);

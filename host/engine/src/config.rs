@@ -79,6 +79,21 @@ pub struct Config {
     pub eos_token_id: Option<EosTokenId>,
 }
 
+/// The most positions the engine runs a model over, whatever its config claims: rope
+/// tables and key/value caches are sized by it (a config claiming 10^7 positions asked for
+/// gigabytes of tables before a weight was read). 128 Ki positions; [`Config::context`].
+pub const MAX_CONTEXT: usize = 1 << 17;
+/// The largest context a config may claim at all (Llama 4 claims 10 M).
+pub const MAX_CLAIMED_CONTEXT: usize = 1 << 30;
+/// Bounds on a config's sizes, each far above any released decoder's (vocabularies reach
+/// 262,144, widths 16,384, layers 126, heads 128, head dims 256, parameters 4 × 10^11).
+pub const MAX_VOCAB: usize = 1 << 24;
+pub const MAX_WIDTH: usize = 1 << 16;
+pub const MAX_LAYERS: usize = 1 << 10;
+pub const MAX_HEADS: usize = 1 << 10;
+pub const MAX_HEAD_DIM: usize = 1 << 12;
+pub const MAX_PARAMETERS: u64 = 1 << 42;
+
 /// The `model_type`s this engine runs.
 pub const SUPPORTED: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "gemma3_text"];
 
@@ -256,12 +271,52 @@ impl Config {
         names
     }
 
+    /// The shape a tensor of [`Config::tensor_names`] has in an HF checkpoint of this config
+    /// (`None`: a name it does not describe).
+    pub fn expected_shape(&self, name: &str) -> Option<Vec<usize>> {
+        let (hidden, ffn, vocab, head_dim) =
+            (self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim());
+        let q = self.num_attention_heads.checked_mul(head_dim)?;
+        let kv = self.num_kv_heads().checked_mul(head_dim)?;
+        if matches!(name, "model.embed_tokens.weight" | "lm_head.weight") {
+            return Some(vec![vocab, hidden]);
+        }
+        if name == "model.norm.weight" {
+            return Some(vec![hidden]);
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (_, part) = rest.split_once('.')?;
+        Some(match part {
+            "self_attn.q_proj.weight" => vec![q, hidden],
+            "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, hidden],
+            "self_attn.o_proj.weight" => vec![hidden, q],
+            "self_attn.q_proj.bias" => vec![q],
+            "self_attn.k_proj.bias" | "self_attn.v_proj.bias" => vec![kv],
+            "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => vec![head_dim],
+            "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![ffn, hidden],
+            "mlp.down_proj.weight" => vec![hidden, ffn],
+            part if part.ends_with("layernorm.weight") => vec![hidden],
+            _ => return None,
+        })
+    }
+
+    /// An error naming `name` when `dims` (as stored) is not the shape the config gives it.
+    pub fn check_shape(&self, name: &str, dims: &[usize]) -> Result<(), String> {
+        match self.expected_shape(name) {
+            Some(expected) if expected != dims => Err(format!(
+                "tensor `{name}` has shape {dims:?}, but config.json's sizes give it {expected:?}: the config does \
+                 not describe these weights"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub fn num_kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
     pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+        self.head_dim.unwrap_or(self.hidden_size.checked_div(self.num_attention_heads).unwrap_or(0))
     }
 
     pub fn qkv_bias(&self) -> bool {
@@ -272,6 +327,104 @@ impl Config {
     /// Qwen3's `q_norm` and `k_norm`.
     pub fn qk_norm(&self) -> bool {
         self.model_type == "qwen3" || self.is_gemma3()
+    }
+
+    /// The positions this engine runs the model over: the claimed context
+    /// (`max_position_embeddings`), no more than [`MAX_CONTEXT`] (rope tables and caches are
+    /// sized by it), and for Mistral no more than its `sliding_window` (within the window,
+    /// attending to every earlier position is exactly what the window does; past it, it is
+    /// not, and this engine does not slide).
+    pub fn context(&self) -> usize {
+        let mut context = self.max_position_embeddings.min(MAX_CONTEXT);
+        if self.model_type == "mistral"
+            && let Some(window) = self.sliding_window.filter(|&w| w > 0)
+        {
+            context = context.min(window);
+        }
+        context
+    }
+
+    /// Every size, count and parameter a model file gives, checked before anything is
+    /// sized by it: positive, finite, within what any real model has, consistent with each
+    /// other. The message names the field and the limit.
+    fn check_numbers(&self) -> Result<(), String> {
+        let within = |field: &str, value: usize, max: usize| -> Result<(), String> {
+            if value == 0 || value > max {
+                return Err(format!("{field} is {value}: it must be between 1 and {max}"));
+            }
+            Ok(())
+        };
+        within("vocab_size", self.vocab_size, MAX_VOCAB)?;
+        within("hidden_size", self.hidden_size, MAX_WIDTH)?;
+        within("intermediate_size", self.intermediate_size, MAX_WIDTH * 16)?;
+        within("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
+        within("num_attention_heads", self.num_attention_heads, MAX_HEADS)?;
+        within("num_key_value_heads", self.num_kv_heads(), MAX_HEADS)?;
+        within("head_dim", self.head_dim(), MAX_HEAD_DIM)?;
+        within("max_position_embeddings", self.max_position_embeddings, MAX_CLAIMED_CONTEXT)?;
+        if let Some(types) = &self.layer_types
+            && types.len() != self.num_hidden_layers
+        {
+            return Err(format!(
+                "layer_types has {} entries for num_hidden_layers {}: one per layer",
+                types.len(),
+                self.num_hidden_layers
+            ));
+        }
+        let positive = |field: &str, value: f64| -> Result<(), String> {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(format!("{field} is {value}: it must be a positive, finite number"));
+            }
+            Ok(())
+        };
+        positive("rms_norm_eps", self.rms_norm_eps)?;
+        if self.rms_norm_eps >= 1.0 {
+            return Err(format!(
+                "rms_norm_eps is {}: it must be below 1 (real models use 1e-6 to 1e-5)",
+                self.rms_norm_eps
+            ));
+        }
+        positive("rope_theta", self.rope_theta)?;
+        if self.rope_theta <= 1.0 {
+            return Err(format!("rope_theta is {}: the rope's base must be above 1", self.rope_theta));
+        }
+        if let Some(base) = self.rope_local_base_freq {
+            positive("rope_local_base_freq", base)?;
+            if base <= 1.0 {
+                return Err(format!("rope_local_base_freq is {base}: the rope's base must be above 1"));
+            }
+        }
+        if let Some(scaling) = &self.rope_scaling {
+            if let Some(factor) = scaling.factor {
+                positive("rope_scaling.factor", factor)?;
+            }
+            if scaling.rope_type == "llama3" {
+                let low = scaling.low_freq_factor.unwrap_or(1.0);
+                let high = scaling.high_freq_factor.unwrap_or(4.0);
+                positive("rope_scaling.low_freq_factor", low)?;
+                positive("rope_scaling.high_freq_factor", high)?;
+                if high <= low {
+                    return Err(format!(
+                        "rope_scaling.high_freq_factor ({high}) must be above rope_scaling.low_freq_factor ({low})"
+                    ));
+                }
+                if scaling.original_max_position_embeddings == Some(0) {
+                    return Err("rope_scaling.original_max_position_embeddings must be at least 1".into());
+                }
+            }
+        }
+        if let Some(window) = self.sliding_window
+            && window > MAX_CLAIMED_CONTEXT
+        {
+            return Err(format!("sliding_window is {window}: it must be at most {MAX_CLAIMED_CONTEXT}"));
+        }
+        if self.parameter_count() > MAX_PARAMETERS {
+            return Err(format!(
+                "the config describes {} parameters: more than this engine loads ({MAX_PARAMETERS})",
+                self.parameter_count()
+            ));
+        }
+        Ok(())
     }
 
     /// Check what the model code relies on; the message names the field.
@@ -336,6 +489,7 @@ impl Config {
                 self.num_kv_heads()
             ));
         }
+        self.check_numbers()?;
         if !self.head_dim().is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim()));
         }

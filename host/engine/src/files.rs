@@ -48,3 +48,60 @@ fn partial_path(dir: &Path) -> PathBuf {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     dir.with_file_name(format!(".{name}.partial"))
 }
+
+/// The most bytes read from a model's small files (`config.json`, `tokenizer_config.json`,
+/// `generation_config.json`, an adapter's config): real ones are kilobytes.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+/// The most bytes read from a `tokenizer.json` (Gemma 3's, the largest here, is 33 MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
+/// Open `path` for reading only if it is a regular file (a link is followed, then checked):
+/// a FIFO would block for ever, `/dev/zero` would never end.
+pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
+    let metadata = std::fs::metadata(path).map_err(|e| io(path, e))?;
+    if !metadata.is_file() {
+        return Err(Error::Io {
+            file: path.display().to_string(),
+            message: "not a regular file (a model's files must be plain files, not FIFOs, devices or directories)"
+                .into(),
+        });
+    }
+    std::fs::File::open(path).map_err(|e| io(path, e))
+}
+
+/// The text of the regular file `path`, refused past `limit` bytes (naming the limit).
+pub(crate) fn read_text_within(path: &Path, limit: u64) -> Result<String> {
+    use std::io::Read;
+    let file = open_regular(path)?;
+    let mut text = String::new();
+    file.take(limit + 1).read_to_string(&mut text).map_err(|e| io(path, e))?;
+    if text.len() as u64 > limit {
+        return Err(Error::Io {
+            file: path.display().to_string(),
+            message: format!("over {limit} bytes: not a model's file of this kind"),
+        });
+    }
+    Ok(text)
+}
+
+/// `name`, as a model's index gives it, inside `dir`: a relative path without `..`, and
+/// (links followed) still inside `dir`. The error quotes `name` as given, never what it
+/// resolves to.
+pub(crate) fn inside(dir: &Path, name: &str, origin: &Path) -> Result<PathBuf> {
+    let relative = Path::new(name);
+    let plain = relative.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    let refuse = |why: &str| Error::Format {
+        file: origin.display().to_string(),
+        message: format!("names the file {name:?}: {why}; a shard must be a file inside the model's directory"),
+    };
+    if name.is_empty() || !plain {
+        return Err(refuse("an absolute path or one through `..`"));
+    }
+    let joined = dir.join(relative);
+    if let (Ok(real_dir), Ok(real)) = (dir.canonicalize(), joined.canonicalize())
+        && !real.starts_with(&real_dir)
+    {
+        return Err(refuse("a link out of the directory"));
+    }
+    Ok(joined)
+}

@@ -57,7 +57,7 @@ pub fn validate(model: &Model, request: &GenerateRequest) -> Result<()> {
     if request.prompt.is_empty() {
         return Err(Error::Input("the prompt is empty".into()));
     }
-    let context = model.config().max_position_embeddings;
+    let context = model.config().context();
     if request.prompt.len() >= context {
         return Err(Error::Input(format!(
             "the prompt has {} tokens, the model's context is {context}",
@@ -240,7 +240,7 @@ impl<'m> Batch<'m> {
         if live.is_empty() {
             return Ok(());
         }
-        let context = self.model.config().max_position_embeddings;
+        let context = self.model.config().context();
         for (id, request) in &live {
             self.extents.insert(*id, extent(request, context));
         }
@@ -498,7 +498,17 @@ impl<'m> Batch<'m> {
             return Ok(done);
         };
         let logits_rows: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
-        let context = self.model.config().max_position_embeddings;
+        // NaN or +∞ logits (weights that overflow, a config whose numbers break the maths)
+        // would sample token 0 for ever with a log-prob of NaN: an error, never an answer.
+        if let Some(position) =
+            logits_rows.par_iter().position_any(|row| row.iter().any(|x| x.is_nan() || *x == f32::INFINITY))
+        {
+            return Err(Error::Generation(format!(
+                "the model's logits are NaN or infinite (row {position}): its weights or config give non-finite \
+                 values, so nothing it samples means anything"
+            )));
+        }
+        let context = self.model.config().context();
         let eos = self.tokenizer.eos_ids();
         let mut keep = Vec::with_capacity(self.rows.len());
         let mut next = Vec::with_capacity(self.rows.len());

@@ -15,9 +15,11 @@ mod decode_matmul;
 pub mod export;
 mod files;
 pub mod generate;
+pub mod gguf_check;
 pub mod llama;
 pub mod load;
 pub mod lora;
+pub mod memory_budget;
 pub mod prefix_cache;
 pub mod sampling;
 pub mod tokenizer;
@@ -60,6 +62,38 @@ pub fn pin_thread_count() {
         // so nothing reads the environment concurrently.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
     }
+}
+
+thread_local! {
+    /// Set while [`contained`] runs third-party code whose panics it turns into errors.
+    static CONTAINING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` (third-party code fed input from someone else: a tokenizer's regular expressions,
+/// which panic when a pattern backtracks past the regex engine's retry limit), turning a
+/// panic into an error that says `what` failed, without the panic's message on stderr (the
+/// process's panic hook is kept for every other panic).
+pub(crate) fn contained<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    static QUIET_HOOK: std::sync::Once = std::sync::Once::new();
+    QUIET_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CONTAINING.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    let was = CONTAINING.with(|c| c.replace(true));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CONTAINING.with(|c| c.set(was));
+    outcome.unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        Err(Error::Tokenizer(format!("{what} failed: {message}")))
+    })
 }
 
 /// What can go wrong in the engine. File errors name the file; config errors the field.

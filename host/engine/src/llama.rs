@@ -647,10 +647,11 @@ impl Model {
         let past = cache.len();
         // Padding does not count: a row's positions start after its pads.
         let longest = (0..batch).map(|b| (past + len).saturating_sub(pads[b])).max().unwrap_or(0);
-        if longest > self.config.max_position_embeddings {
+        if longest > self.config.context() {
             return Err(Error::Input(format!(
-                "{longest} positions exceed the model's context of {} (max_position_embeddings)",
-                self.config.max_position_embeddings
+                "{longest} positions exceed the model's context of {} (max_position_embeddings, within this \
+                 engine's limits)",
+                self.config.context()
             )));
         }
         let kind = match &self.host_rope {
@@ -926,7 +927,7 @@ pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
     Ok(x.unsqueeze(2)?.expand((batch, kv_heads, groups, len, dim))?.reshape((batch, kv_heads * groups, len, dim))?)
 }
 
-/// `cos` and `sin` of every position's rotary angles: `[max_position_embeddings, head_dim / 2]`.
+/// `cos` and `sin` of every position's rotary angles: `[context, head_dim / 2]` ([`Config::context`]).
 pub fn rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
     tables_of(config, config.rope_inv_freq(), device, dtype)
 }
@@ -938,7 +939,7 @@ pub fn local_rope_tables(config: &Config, device: &Device, dtype: DType) -> Resu
 
 fn tables_of(config: &Config, inv_freq: Vec<f32>, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
     let half = inv_freq.len();
-    let positions = config.max_position_embeddings;
+    let positions = config.context();
     let mut angles = Vec::with_capacity(positions * half);
     for p in 0..positions {
         angles.extend(inv_freq.iter().map(|f| p as f32 * f));

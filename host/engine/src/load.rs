@@ -6,7 +6,7 @@ use crate::comm::{Comm, Solo};
 use crate::config::Config;
 use crate::llama::{LoraPair, Model, Weight, WeightSource};
 use crate::tokenizer::Tokenizer;
-use crate::{Error, Result};
+use crate::{Error, Result, files};
 use candle_core::quantized::{GgmlDType, QMatMul, gguf_file};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -250,16 +250,17 @@ pub fn read_config(path: &Path) -> Result<Config> {
         config.validate().map_err(format_error)?;
         return Ok(config);
     }
-    let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
-    let content = gguf_file::Content::read(&mut file)
-        .map_err(|e| format_error(format!("not a GGUF file: {}", crate::without_backtrace(&e))))?;
+    let mut file = files::open_regular(path)?;
+    let content = read_gguf(&mut file).map_err(format_error)?;
     let config = config_from_gguf(&content.metadata).map_err(format_error)?;
     config.validate().map_err(format_error)?;
     Ok(config)
 }
 
+/// A model's small text file (a config, a template), as a dataset is read: regular files
+/// only, within [`files::MAX_CONFIG_BYTES`].
 fn read_text(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })
+    files::read_text_within(path, files::MAX_CONFIG_BYTES)
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value> {
@@ -277,10 +278,10 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
             file: index.display().to_string(),
             message: "missing field `weight_map`".into(),
         })?;
-        let mut files: Vec<String> = weight_map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
-        files.sort();
-        files.dedup();
-        files.into_iter().map(|f| dir.join(f)).collect()
+        let mut names: Vec<String> = weight_map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
+        names.sort();
+        names.dedup();
+        names.iter().map(|name| files::inside(dir, name, &index)).collect::<Result<_>>()?
     } else {
         vec![dir.join("model.safetensors")]
     };
@@ -288,6 +289,8 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
         if !shard.exists() {
             return Err(Error::Io { file: shard.display().to_string(), message: "weights file missing".into() });
         }
+        // A FIFO would block the memory map for ever; a device would map without end.
+        files::open_regular(shard)?;
     }
     // SAFETY: the files are memory-mapped read-only; wirl does not modify model files while
     // they are loaded, and the tensors are copied out before the map is dropped.
@@ -297,6 +300,7 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
             message: format!("not valid safetensors: {}", crate::without_backtrace(&e)),
         })?;
     let source = SafetensorsSource {
+        config: config.clone(),
         tensors,
         device: options.device.clone(),
         dtype: options.dense_dtype(),
@@ -317,7 +321,7 @@ fn read_tokenizer(dir: &Path, config: &Config) -> Result<Tokenizer> {
     // transformers (4.43 on) writes the template to a file of its own beside the config;
     // it is the one in force when both are there.
     let template_file = dir.join("chat_template.jinja");
-    if template_file.is_file() {
+    if template_file.exists() {
         let template = read_text(&template_file)?;
         let config = tokenizer_config.get_or_insert_with(|| serde_json::json!({}));
         if let Some(config) = config.as_object_mut() {
@@ -326,7 +330,7 @@ fn read_tokenizer(dir: &Path, config: &Config) -> Result<Tokenizer> {
     }
     let tokenizer_path = dir.join("tokenizer.json");
     let mut tokenizer = Tokenizer::from_json(
-        read_text(&tokenizer_path)?,
+        files::read_text_within(&tokenizer_path, files::MAX_TOKENIZER_BYTES)?,
         tokenizer_config.as_ref(),
         &tokenizer_path.display().to_string(),
     )?;
@@ -347,6 +351,8 @@ fn read_tokenizer(dir: &Path, config: &Config) -> Result<Tokenizer> {
 }
 
 struct SafetensorsSource {
+    /// What each tensor's shape is checked against.
+    config: Config,
     tensors: candle_core::safetensors::MmapedSafetensors,
     device: Device,
     dtype: DType,
@@ -371,6 +377,22 @@ impl WeightSource for SafetensorsSource {
 impl SafetensorsSource {
     /// The tensor `name` in `dtype`, checked finite.
     fn read(&self, name: &str, dtype: DType) -> Result<Tensor> {
+        // The shape first, from the header: a config that does not describe the weights is
+        // named here, not as a shape error inside the first forward.
+        if let Ok(view) = self.tensors.get(name) {
+            self.config
+                .check_shape(name, view.shape())
+                .map_err(|message| Error::Format { file: self.dir.display().to_string(), message })?;
+            if !matches!(view.dtype(), safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16) {
+                return Err(Error::Format {
+                    file: self.dir.display().to_string(),
+                    message: format!(
+                        "weight `{name}` is stored as {:?}: model weights must be F32, F16 or BF16",
+                        view.dtype()
+                    ),
+                });
+            }
+        }
         let tensor = self.tensors.load(name, &self.device).map_err(|e| Error::Format {
             file: self.dir.display().to_string(),
             message: format!("weight `{name}`: {}", crate::without_backtrace(&e)),
@@ -400,12 +422,13 @@ pub fn all_finite(tensor: &Tensor) -> Result<bool> {
 pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result<(Config, Tokenizer, GgufSource)> {
     let origin = path.display().to_string();
     let format_error = |message: String| Error::Format { file: origin.clone(), message };
-    let mut file = std::fs::File::open(path).map_err(|e| Error::Io { file: origin.clone(), message: e.to_string() })?;
-    let content = gguf_file::Content::read(&mut file)
-        .map_err(|e| format_error(format!("not a GGUF file: {}", crate::without_backtrace(&e))))?;
+    let mut file = files::open_regular(path)?;
+    let content = read_gguf(&mut file).map_err(format_error)?;
     let config = config_from_gguf(&content.metadata).map_err(format_error)?;
+    config.validate().map_err(format_error)?;
     let tokenizer = gguf_tokenizer(path, &content.metadata, &config, &origin)?;
     let source = GgufSource {
+        config: config.clone(),
         gemma: config.is_gemma3(),
         content,
         file,
@@ -446,6 +469,16 @@ fn gguf_tokenizer(
             ),
         }),
     }
+}
+
+/// A GGUF file's metadata and tensor table, what candle's reader trusts checked first
+/// ([`crate::gguf_check`]).
+pub fn read_gguf(file: &mut std::fs::File) -> std::result::Result<gguf_file::Content, String> {
+    crate::gguf_check::alignment(file).map_err(|e| format!("not a usable GGUF file: {e}"))?;
+    let content =
+        gguf_file::Content::read(file).map_err(|e| format!("not a GGUF file: {}", crate::without_backtrace(&e)))?;
+    crate::gguf_check::tensor_dims(&content).map_err(|e| format!("not a usable GGUF file: {e}"))?;
+    Ok(content)
 }
 
 /// The GGUF architectures this engine reads.
@@ -548,6 +581,8 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
 }
 
 pub(crate) struct GgufSource {
+    /// What each tensor's shape is checked against.
+    config: Config,
     /// Gemma 3's names and conventions (norms stored as `1 + w`, q/k rows not permuted).
     gemma: bool,
     content: gguf_file::Content,
@@ -598,6 +633,12 @@ impl GgufSource {
 
     fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
         let gguf = self.gguf_name(name);
+        if let Some(info) = self.content.tensor_infos.get(&gguf) {
+            self.config.check_shape(name, info.shape.dims()).map_err(|message| Error::Format {
+                file: self.origin.clone(),
+                message: format!("{message} (GGUF tensor `{gguf}`)"),
+            })?;
+        }
         self.content.tensor(&mut self.file, &gguf, &self.device).map_err(|e| Error::Format {
             file: self.origin.clone(),
             message: format!("tensor `{gguf}` (for `{name}`): {}", crate::without_backtrace(&e)),

@@ -257,8 +257,12 @@ enum TargetModules {
 pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
     let config_path = dir.join(CONFIG_FILE);
     let origin = config_path.display().to_string();
-    let text = std::fs::read_to_string(&config_path)
-        .map_err(|e| Error::Io { file: origin.clone(), message: format!("{e} (a PEFT adapter directory has one)") })?;
+    let text = crate::files::read_text_within(&config_path, crate::files::MAX_CONFIG_BYTES).map_err(|e| match e {
+        Error::Io { file, message } => {
+            Error::Io { file, message: format!("{message} (a PEFT adapter directory has one)") }
+        }
+        other => other,
+    })?;
     let peft: PeftConfig =
         serde_json::from_str(&text).map_err(|e| Error::Format { file: origin.clone(), message: e.to_string() })?;
     let refuse = |message: String| Error::Format { file: origin.clone(), message };
@@ -296,6 +300,8 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
     spec.validate().map_err(refuse)?;
     let weights_path = dir.join(WEIGHTS_FILE);
     let weights_origin = weights_path.display().to_string();
+    // A link to a device or a FIFO would be read without end, or block.
+    crate::files::open_regular(&weights_path)?;
     let stored = candle_core::safetensors::load(&weights_path, &Device::Cpu)
         .map_err(|e| Error::Format { file: weights_origin.clone(), message: e.to_string() })?;
     let mut tensors = HashMap::new();
@@ -311,6 +317,14 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
         let inner = inner
             .replace(".lora_A.default.weight", ".lora_A.weight")
             .replace(".lora_B.default.weight", ".lora_B.weight");
+        // Non-finite adapter weights would sample garbage, train on it, or merge into a
+        // model of NaN: refused as the base's are.
+        if !crate::load::all_finite(&tensor)? {
+            return Err(Error::Format {
+                file: weights_origin,
+                message: format!("tensor `{name}` holds NaN or infinite values; this adapter is unusable"),
+            });
+        }
         tensors.insert(inner, tensor.to_dtype(DType::F32)?);
     }
     let adapter = Adapter { spec, tensors };
@@ -363,6 +377,14 @@ pub fn merge(base: &mut HashMap<String, Tensor>, adapter: &Adapter, config: &Con
         let weight = base.get(&name).ok_or_else(|| Error::Input(format!("the base model has no `{name}`")))?;
         let delta = (pair.b.matmul(&pair.a)? * pair.scale)?;
         let merged = (weight.to_dtype(DType::F32)? + delta.to_device(weight.device())?)?;
+        // Finite adapters can still overflow f32 in `B·A`: a merged model of infinities is
+        // refused, never written.
+        if !crate::load::all_finite(&merged)? {
+            return Err(Error::Input(format!(
+                "merging the adapter into `{name}` gives NaN or infinite weights (its product B·A · scale \
+                 overflows f32): nothing is written"
+            )));
+        }
         base.insert(name, merged);
     }
     Ok(())

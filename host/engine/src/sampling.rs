@@ -58,6 +58,12 @@ impl Sampling {
         named("temperature", self.temperature, rules::temperature(self.temperature.into()))?;
         named("top_p", self.top_p, rules::top_p(self.top_p.into()))?;
         named("min_p", self.min_p, rules::min_p(self.min_p.into()))?;
+        if self.max_tokens == 0 {
+            return Err("max_tokens must be at least 1, got 0".into());
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err("stop holds an empty string, which would stop before any text".into());
+        }
         Ok(())
     }
 }

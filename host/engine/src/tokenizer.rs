@@ -4,6 +4,7 @@
 use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// A chat message to render with the model's template.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -27,6 +28,11 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     /// The tokenizer.json document (kept to write an HF directory back out).
     json: String,
+    /// Where the tokenizer (and its template) came from, for messages.
+    origin: String,
+    /// Why the chat template is refused from now on, once a render of it passed a limit
+    /// (its thread may still be running or stopped; it is not run again).
+    template_refused: Arc<Mutex<Option<String>>>,
 }
 
 impl Tokenizer {
@@ -64,7 +70,18 @@ impl Tokenizer {
         escapable.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
         escapable.dedup();
         escapable.push(ESCAPE_OPEN.to_string());
-        Ok(Tokenizer { inner, plain, escapable, chat_template, bos_token, eos_token, eos_ids, json })
+        Ok(Tokenizer {
+            inner,
+            plain,
+            escapable,
+            chat_template,
+            bos_token,
+            eos_token,
+            eos_ids,
+            json,
+            origin: origin.to_string(),
+            template_refused: Arc::new(Mutex::new(None)),
+        })
     }
 
     /// Build a GPT-2-style byte-level BPE tokenizer from GGUF metadata
@@ -98,6 +115,15 @@ impl Tokenizer {
                 .collect::<Result<_>>()?,
             None => vec![1; tokens.len()],
         };
+        // A shorter list would leave the last tokens' kinds unsaid: chat markers read as
+        // plain text, the prompt tokenized differently, without a word.
+        if types.len() != tokens.len() {
+            return Err(error(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens (tokenizer.ggml.tokens): one per token",
+                types.len(),
+                tokens.len()
+            )));
+        }
         let pre = metadata.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).map_or("default", |s| s.as_str());
         let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
         let pre_tokenizer = match pre {
@@ -157,8 +183,12 @@ impl Tokenizer {
     /// tokenized as the characters they are).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encode = |tokenizer: &tokenizers::Tokenizer, text: &str| -> Result<Vec<u32>> {
-            let encoding = tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
-            Ok(encoding.get_ids().to_vec())
+            // The tokenizer's split patterns come with the model: one that backtracks without
+            // end panics in the regex engine, which becomes this text's error.
+            crate::contained("tokenizing (the tokenizer's split pattern)", || {
+                let encoding = tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+                Ok(encoding.get_ids().to_vec())
+            })
         };
         if !text.contains(ESCAPE_OPEN) {
             return encode(&self.inner, text);
@@ -264,28 +294,167 @@ impl Tokenizer {
     /// `apply_chat_template(..., tokenize=False)` does; special-token strings inside the
     /// messages' content are [escaped](Self::escape), so that [`encode`](Self::encode) keeps
     /// them plain text while the template's own markup stays special.
+    ///
+    /// The template is a program someone else wrote: it runs on a thread of its own under
+    /// [`TemplateLimits`] (instructions, output, memory, time). A render that passes one is
+    /// an error naming the model and the limit, and the template is refused from then on.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_chat_within(messages, add_generation_prompt, &TemplateLimits::for_messages(messages))
+    }
+
+    /// [`render_chat`](Self::render_chat) under the given limits.
+    pub fn render_chat_within(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        limits: &TemplateLimits,
+    ) -> Result<String> {
         let template = self
             .chat_template
-            .as_deref()
+            .clone()
             .ok_or_else(|| Error::Tokenizer("the model has no chat template; use a plain prompt".into()))?;
-        let mut env = minijinja::Environment::new();
-        env.set_trim_blocks(false);
-        env.add_function("raise_exception", |message: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
-        });
-        env.add_template("chat", template).map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
+        if let Some(reason) = self.template_refused.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(Error::Tokenizer(format!("the chat template of {} is refused: {reason}", self.origin)));
+        }
         let escaped: Vec<ChatMessage> =
             messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: self.escape(&m.content) }).collect();
-        let context = minijinja::context! {
-            messages => escaped,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
+        let (bos, eos) = (self.bos_token.clone().unwrap_or_default(), self.eos_token.clone().unwrap_or_default());
+        let budget = crate::memory_budget::Budget::new(limits.memory_bytes);
+        let (send, receive) = std::sync::mpsc::sync_channel(1);
+        let (thread_budget, thread_limits) = (budget.clone(), limits.clone());
+        std::thread::Builder::new()
+            .name("chat-template".into())
+            .stack_size(16 << 20)
+            .spawn(move || {
+                let _budget = thread_budget.enter();
+                let rendered = render_template(&template, escaped, add_generation_prompt, bos, eos, &thread_limits);
+                let _ = send.send(rendered);
+            })
+            .map_err(|e| Error::Tokenizer(format!("cannot start the chat template's thread: {e}")))?;
+        let started = std::time::Instant::now();
+        let outcome = loop {
+            match receive.recv_timeout(std::time::Duration::from_millis(10)) {
+                Ok(rendered) => break rendered,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(TemplateFailure::Limit("its thread ended without an answer".into()));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if budget.exceeded() {
+                break Err(TemplateFailure::Limit(format!(
+                    "rendering took more than {} MiB of memory",
+                    limits.memory_bytes >> 20
+                )));
+            }
+            if started.elapsed() >= limits.time {
+                break Err(TemplateFailure::Limit(format!("rendering took longer than {:?}", limits.time)));
+            }
         };
-        env.get_template("chat")
-            .and_then(|t| t.render(context))
-            .map_err(|e| Error::Tokenizer(format!("rendering the chat template: {e}")))
+        outcome.map_err(|failure| match failure {
+            TemplateFailure::Limit(reason) => {
+                *self.template_refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
+                Error::Tokenizer(format!(
+                    "the chat template of {}: {reason}; it is refused from now on (a chat template must render a \
+                     conversation quickly; use a plain prompt, or fix the model's chat template)",
+                    self.origin
+                ))
+            }
+            TemplateFailure::Error(message) => Error::Tokenizer(format!("rendering the chat template: {message}")),
+        })
+    }
+}
+
+/// How far a chat template may go in one render.
+#[derive(Clone, Debug)]
+pub struct TemplateLimits {
+    /// minijinja instructions (loops, calls, expressions).
+    pub fuel: u64,
+    /// Bytes of rendered text.
+    pub output_bytes: usize,
+    /// Bytes the rendering thread may hold at once (where the binary installs
+    /// [`crate::memory_budget::BudgetAllocator`]).
+    pub memory_bytes: usize,
+    pub time: std::time::Duration,
+}
+
+impl TemplateLimits {
+    /// Room for `messages`: real templates take some thousands of instructions and write
+    /// their messages with some markup around them. The fixed parts bound a hostile
+    /// template's loops (~0.1-0.5 s of fuel); the parts that grow with the messages let a
+    /// long conversation through.
+    pub fn for_messages(messages: &[ChatMessage]) -> Self {
+        let bytes: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
+        TemplateLimits {
+            fuel: 20_000_000u64.saturating_add(1_000u64.saturating_mul(messages.len() as u64)),
+            output_bytes: (1usize << 20).saturating_add(bytes.saturating_mul(4)),
+            memory_bytes: (256usize << 20).saturating_add(bytes.saturating_mul(16)),
+            time: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a render failed: the template's own error, or a limit (after which it is refused).
+enum TemplateFailure {
+    Error(String),
+    Limit(String),
+}
+
+/// The render itself, on the template's own thread: minijinja with fuel, its output
+/// written through a writer that stops at the limit.
+fn render_template(
+    template: &str,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    bos_token: String,
+    eos_token: String,
+    limits: &TemplateLimits,
+) -> std::result::Result<String, TemplateFailure> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(false);
+    env.set_fuel(Some(limits.fuel));
+    env.add_function("raise_exception", |message: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
+    });
+    env.add_template("chat", template).map_err(|e| TemplateFailure::Error(format!("chat template: {e}")))?;
+    let context = minijinja::context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    };
+    let mut out = BoundedWriter { bytes: Vec::new(), limit: limits.output_bytes, full: false };
+    let rendered = env.get_template("chat").and_then(|t| t.render_captured_to(context, &mut out).map(drop));
+    if out.full {
+        return Err(TemplateFailure::Limit(format!("it wrote more than {} bytes", limits.output_bytes)));
+    }
+    match rendered {
+        Ok(_) => String::from_utf8(out.bytes).map_err(|e| TemplateFailure::Error(e.to_string())),
+        Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => {
+            Err(TemplateFailure::Limit(format!("it ran more than {} instructions", limits.fuel)))
+        }
+        Err(e) => Err(TemplateFailure::Error(e.to_string())),
+    }
+}
+
+/// Collects rendered text up to `limit` bytes; past it, every write fails.
+struct BoundedWriter {
+    bytes: Vec<u8>,
+    limit: usize,
+    full: bool,
+}
+
+impl std::io::Write for BoundedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > self.limit {
+            self.full = true;
+            return Err(std::io::Error::other("the chat template's output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -186,7 +186,30 @@ impl InferenceHost for EngineInference {
             if conversations.is_empty() {
                 return Ok(Vec::new());
             }
-            let max_tokens = (sampling.max_tokens as usize).min(self.sampling.max_tokens);
+            // Bounded within the call, before anything is tokenized: a call's conversations,
+            // their roles and sizes, and the tokens it may still make.
+            if conversations.len() > MAX_CONVERSATIONS_PER_CALL {
+                return Err(format!(
+                    "one generate call carries {} conversations: at most {MAX_CONVERSATIONS_PER_CALL}",
+                    conversations.len()
+                ));
+            }
+            for (i, conversation) in conversations.iter().enumerate() {
+                check_conversation(i, conversation, self.context)?;
+            }
+            if sampling.max_tokens == 0 {
+                return Err("sampling.max_tokens is 0: ask for at least one token".into());
+            }
+            let left = self.limits.tokens.saturating_sub(self.ledgers().tokens);
+            // Each conversation may make its share of what the rollouts have left, no more.
+            let share = usize::try_from(left / conversations.len() as u64).unwrap_or(usize::MAX);
+            if share == 0 {
+                return Err(format!(
+                    "{} conversations in one call, {left} tokens left of agent.max_tokens: not one token each",
+                    conversations.len()
+                ));
+            }
+            let max_tokens = (sampling.max_tokens as usize).min(self.sampling.max_tokens).min(share);
             let mut requests = Vec::new();
             let mut prompts = Vec::new();
             for (i, conversation) in conversations.iter().enumerate() {
@@ -255,6 +278,36 @@ impl InferenceHost for EngineInference {
             Ok(out)
         })
     }
+}
+
+/// The most conversations one `generate` call may carry (a group's rollouts each ask for
+/// their own; a call of a thousand was gigabytes of prompts at once).
+pub const MAX_CONVERSATIONS_PER_CALL: usize = 64;
+/// Roles an agent's messages may have (what chat templates know).
+pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+/// A conversation's text is refused before tokenizing when it is this many bytes a token of
+/// the context: no tokenizer's tokens are that long on average, so it could not fit.
+const MAX_BYTES_PER_TOKEN: usize = 64;
+
+/// A conversation an agent gives: not empty, known roles, text that could fit the context.
+fn check_conversation(i: usize, conversation: &[Message], context: usize) -> Result<(), String> {
+    if conversation.is_empty() {
+        return Err(format!("conversation {i} is empty: give at least one message"));
+    }
+    if let Some(message) = conversation.iter().find(|m| !ROLES.contains(&m.role.as_str())) {
+        return Err(format!(
+            "conversation {i} has a message with the role {:?}: roles are {}",
+            message.role.escape_debug().to_string(),
+            ROLES.join(", ")
+        ));
+    }
+    let bytes: usize = conversation.iter().map(|m| m.content.len()).sum();
+    if bytes > context.saturating_mul(MAX_BYTES_PER_TOKEN) {
+        return Err(format!(
+            "conversation {i} is {bytes} bytes of text: it cannot fit the model's context of {context} tokens"
+        ));
+    }
+    Ok(())
 }
 
 /// What an agent task's step needs.

@@ -309,15 +309,23 @@ pub struct ConnectionLimits {
     /// A request's headers must arrive within this (a connection idle between requests
     /// waits at most this for the next one): half-sent headers do not hold a connection.
     pub header_timeout: Duration,
+    /// After the shutdown signal, requests in flight get this long to finish; then their
+    /// connections are closed (a generation or a prompt that never ends cannot keep the
+    /// server from stopping).
+    pub drain: Duration,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        ConnectionLimits { max_connections: 1024, header_timeout: Duration::from_secs(10) }
+        ConnectionLimits { max_connections: 1024, header_timeout: Duration::from_secs(10), drain: DRAIN }
     }
 }
 
-/// Serve `router` on `listener` until `shutdown` resolves; requests in flight then finish.
+/// How long a stopping server waits for requests in flight.
+pub const DRAIN: Duration = Duration::from_secs(10);
+
+/// Serve `router` on `listener` until `shutdown` resolves; requests in flight then finish
+/// (within [`DRAIN`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -376,7 +384,15 @@ pub async fn serve_with(
     }
     drop(listener);
     let _ = closing.send(true);
-    while connections.join_next().await.is_some() {}
+    let drained = tokio::time::timeout(limits.drain, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            "{} connections still busy {} s after the shutdown signal: closed",
+            connections.len(),
+            limits.drain.as_secs()
+        );
+        connections.shutdown().await;
+    }
     Ok(())
 }
 
@@ -452,15 +468,22 @@ async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Respons
     common.sampling.top_logprobs = top;
     let messages: Vec<ChatMessage> =
         request::messages(&body)?.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
-    let prompt = match request::spliced_ids(&body, state.tokenizer.vocab_size())? {
-        Some(ids) => spliced_prompt(&state, &messages, &ids)?,
+    let spliced = request::spliced_ids(&body, state.tokenizer.vocab_size())?;
+    // The chat template is the model's program and tokenizing a long conversation takes
+    // time: both run off the server's async threads, so that a slow template (bounded in
+    // its own right) never holds up `/health` or other requests.
+    let rendering = state.clone();
+    let prompt = tokio::task::spawn_blocking(move || match spliced {
+        Some(ids) => spliced_prompt(&rendering, &messages, &ids),
         None => {
-            let text = state.tokenizer.render_chat(&messages, true).map_err(|e| {
+            let text = rendering.tokenizer.render_chat(&messages, true).map_err(|e| {
                 ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the messages cannot be rendered: {e}"))
             })?;
-            encode(&state, &text)?
+            encode(&rendering, &text)
         }
-    };
+    })
+    .await
+    .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("rendering the prompt: {e}")))??;
     generate(state, common, prompt, Kind::Chat).await
 }
 

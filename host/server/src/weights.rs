@@ -194,14 +194,14 @@ fn load_like_served(
 ) -> Result<wirl_engine::Model, ApiError> {
     let loaded = wirl_engine::load(full, options)
         .map_err(|e| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("{shown}: {e:#}")))?;
-    if loaded.tokenizer.vocab_size() != vocab || loaded.config.max_position_embeddings != context {
+    if loaded.tokenizer.vocab_size() != vocab || loaded.config.context() != context {
         return Err(ApiError::with_status(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!(
                 "{shown}: its vocabulary ({}) or context ({}) differs from the served model's ({vocab}, {context}); \
                  serve another model with another server",
                 loaded.tokenizer.vocab_size(),
-                loaded.config.max_position_embeddings
+                loaded.config.context()
             ),
         ));
     }

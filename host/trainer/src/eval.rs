@@ -75,7 +75,7 @@ pub fn evaluate(
     // On `model.device`, as training samples (it read the CPU only, whatever the config said).
     let options = LoadOptions { device: config.device.open()?, ..LoadOptions::default() };
     let loaded = wirl_engine::load(model, &options)?;
-    let context = loaded.config.max_position_embeddings;
+    let context = loaded.config.context();
     let tokenizer = Arc::new(loaded.tokenizer);
     // Every group goes through the batching actor, first turns and episodes alike.
     let options = wirl_engine::EngineOptions { prefix_cache_bytes: config.prefix_cache_bytes, ..Default::default() };

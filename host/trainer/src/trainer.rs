@@ -317,7 +317,7 @@ impl Trainer {
 
     /// The model's context length in tokens.
     pub fn context(&self) -> usize {
-        self.model_config.max_position_embeddings
+        self.model_config.context()
     }
 
     /// `(name, sha256)` of every task's environment and reward plugins, each once.
@@ -560,7 +560,7 @@ impl Trainer {
         if count == 0 {
             return Ok(HeldOut::default());
         }
-        let context = self.model_config.max_position_embeddings;
+        let context = self.model_config.context();
         let first = self.config.eval.first_index;
         let asks = wirl_rollout::collect::held_out_asks(
             &mut self.tasks,

@@ -225,7 +225,7 @@ impl Trainer {
             return Ok(Some((drawn, sampling)));
         }
         let started = Instant::now();
-        let context = self.model_config.max_position_embeddings;
+        let context = self.model_config.context();
         let drawn =
             draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, step, &self.config.grpo, stopped)?;
         clock.draw = started.elapsed().as_secs_f64();
@@ -312,11 +312,7 @@ impl Trainer {
 
     /// The engine as the rolling path calls it.
     fn rolling_engine(&self) -> collect::Engine<'_> {
-        collect::Engine {
-            handle: &self.engine,
-            tokenizer: &self.tokenizer,
-            context: self.model_config.max_position_embeddings,
-        }
+        collect::Engine { handle: &self.engine, tokenizer: &self.tokenizer, context: self.model_config.context() }
     }
 
     /// Agents: each produces its groups itself, calling the engine; one after another, after
@@ -346,7 +342,7 @@ impl Trainer {
                 agent,
                 engine: &self.engine,
                 tokenizer: &self.tokenizer,
-                context: self.model_config.max_position_embeddings,
+                context: self.model_config.context(),
                 groups: self.allocation[t],
                 group_size: g.group_size,
                 sampling: task.spec.sampling,
@@ -453,7 +449,7 @@ impl Trainer {
         let started = Instant::now();
         let settings = self.update_settings(step);
         let g = self.config.grpo.clone();
-        let context = self.model_config.max_position_embeddings;
+        let context = self.model_config.context();
         let steps = g.steps;
         let mut progress = |group, groups| {
             observer.event(Event::Phase { step: step + 1, steps, phase: Phase::Training { group, groups } })
