@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """TRL's GRPOTrainer on the GPU, for scripts/gpu-check: the default job's shape (4 prompts
-x 8 completions, 64 new tokens, lr 1e-5, beta 0.04, f32) or a bigger one (--prompts 64
+x 8 completions, 64 new tokens, lr 1e-5, beta 0.04, f32, or --bf16 for TRL's mixed precision) or a bigger one (--prompts 64
 --max-tokens 256), on an HF directory that `wirl model export` wrote. The prompts are sums
 of a few small integers in the default job's format, scored 1 when the last number of the
 completion is the sum: the same shape of work as wirl's arithmetic task, not the same
@@ -26,6 +26,7 @@ ap.add_argument("--generations", type=int, default=8)
 ap.add_argument("--max-tokens", type=int, default=64)
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script off the GPU machine")
+ap.add_argument("--bf16", action="store_true", help="TRL's bf16=True (autocast, f32 master weights): what its users run")
 args = ap.parse_args()
 
 rng = random.Random(args.seed)
@@ -72,7 +73,7 @@ config = GRPOConfig(
     output_dir=tempfile.mkdtemp(prefix="gpu-trl-"), max_steps=args.steps, learning_rate=1e-5, beta=0.04,
     num_generations=args.generations, per_device_train_batch_size=args.prompts * args.generations,
     gradient_accumulation_steps=1, max_completion_length=args.max_tokens, logging_steps=1,
-    save_strategy="no", report_to=[], seed=args.seed, bf16=False, temperature=1.0,
+    save_strategy="no", report_to=[], seed=args.seed, bf16=args.bf16, temperature=1.0,
     use_cpu=args.device == "cpu",
 )
 times = Times()
@@ -85,7 +86,7 @@ trainer.train()
 print(json.dumps({
     "check": "trl", "pass": True, "peer": "trl", "version": __import__("trl").__version__,
     "device": torch.cuda.get_device_name(0) if gpu else "cpu", "prompts": args.prompts, "generations": args.generations,
-    "max_tokens": args.max_tokens, "gradient_checkpointing": config.gradient_checkpointing,
+    "max_tokens": args.max_tokens, "gradient_checkpointing": config.gradient_checkpointing, "bf16": args.bf16,
     "steps": len(times.steps), "step_s": [round(s, 3) for s in times.steps],
     "step_s_median_after_first": round(statistics.median(times.steps[1:] or times.steps), 3),
     "peak_gpu_mib_allocated": torch.cuda.max_memory_allocated() // (1 << 20) if gpu else None,

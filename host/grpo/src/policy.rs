@@ -49,6 +49,10 @@ pub struct Net {
     /// where they apply (f32 on the CPU); false: candle's composed ops everywhere, the path
     /// other devices take.
     fast_paths: bool,
+    /// The dtype the products (projections, attention, the head) are computed in: f32, or
+    /// bf16 (mixed precision: both operands rounded for the product, the result widened
+    /// back; weights, norms, softmax, log-probs and the loss stay f32 — autocast's rule).
+    compute: DType,
 }
 
 /// Per-token results for one group's completions, `[G, width]`.
@@ -64,7 +68,35 @@ impl Net {
         let dtype = weights.get("model.embed_tokens.weight").map_or(DType::F32, |t| t.dtype());
         let (cos, sin) = rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
         let local_rope = local_rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
-        Ok(Net { config: config.clone(), weights, lora_scale: None, cos, sin, local_rope, fast_paths: true })
+        Ok(Net {
+            config: config.clone(),
+            weights,
+            lora_scale: None,
+            cos,
+            sin,
+            local_rope,
+            fast_paths: true,
+            compute: DType::F32,
+        })
+    }
+
+    /// Compute the products in `dtype` (F32, or BF16 for mixed precision): see
+    /// [`Net::compute`]. The CPU's fused head and frozen products are f32 ops: with BF16
+    /// products the composed ops run instead.
+    pub fn set_compute_dtype(&mut self, dtype: DType) {
+        self.compute = dtype;
+    }
+
+    pub fn compute_dtype(&self) -> DType {
+        self.compute
+    }
+
+    /// `a · b` (broadcast over leading dims) in the compute dtype, returned in `a`'s dtype.
+    fn product(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        if self.compute == a.dtype() {
+            return a.broadcast_matmul(b);
+        }
+        a.to_dtype(self.compute)?.broadcast_matmul(&b.to_dtype(self.compute)?)?.to_dtype(a.dtype())
     }
 
     /// Whether the CPU's hand-written ops are taken where they apply (the default), or
@@ -92,8 +124,8 @@ impl Net {
 
     fn linear(&self, x: &Tensor, name: &str) -> Result<Tensor> {
         let weight = self.w(&format!("{name}.weight"))?;
-        let y = if weight.is_variable() {
-            x.broadcast_matmul(&weight.t()?)?
+        let y = if weight.is_variable() || self.compute != DType::F32 {
+            self.product(x, &weight.t()?)?
         } else {
             crate::fused::frozen_linear(x, weight, self.fast_paths)?
         };
@@ -214,6 +246,7 @@ impl Net {
     /// Whether the head runs fused: `f32` weights on the CPU, logits not soft-capped.
     fn fused_head(&self) -> bool {
         self.fast_paths
+            && self.compute == DType::F32
             && self.config.logit_softcap().is_none()
             && self.w(self.head_name()).is_ok_and(|w| w.device().is_cpu() && w.dtype() == DType::F32)
     }
@@ -252,6 +285,7 @@ impl Net {
             sin: self.sin.clone(),
             local_rope: self.local_rope.clone(),
             fast_paths: self.fast_paths,
+            compute: self.compute,
         }
     }
 
@@ -308,7 +342,7 @@ impl Net {
     /// The targets' log-probabilities and, if `entropy`, each position's entropy.
     fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
         let hidden = self.rms_norm(hidden, "model.norm.weight")?;
-        let mut logits = hidden.broadcast_matmul(&self.w(self.head_name())?.t()?)?;
+        let mut logits = self.product(&hidden, &self.w(self.head_name())?.t()?)?;
         if let Some(cap) = self.config.logit_softcap() {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
@@ -499,9 +533,9 @@ impl Net {
         let groups = heads / kv_heads;
         let keys = repeat_kv(&keys, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
         let values = repeat_kv(&values, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
-        let scores = (q.matmul(&keys.t()?)? * self.config.attention_scale())?.broadcast_add(mask)?;
+        let scores = (self.product(&q, &keys.t()?)? * self.config.attention_scale())?.broadcast_add(mask)?;
         let weights = crate::fused::softmax_last_dim(&scores, self.fast_paths)?;
-        let out = weights.matmul(&values)?.transpose(1, 2)?.reshape((batch, len, heads * dim))?;
+        let out = self.product(&weights, &values)?.transpose(1, 2)?.reshape((batch, len, heads * dim))?;
         Ok((out, k, v))
     }
 
@@ -680,6 +714,11 @@ impl Policy {
     /// See [`Net::set_fast_paths`] (references made after this inherit it).
     pub fn set_fast_paths(&mut self, on: bool) {
         self.net.fast_paths = on;
+    }
+
+    /// See [`Net::set_compute_dtype`] (references made after this inherit it).
+    pub fn set_compute_dtype(&mut self, dtype: DType) {
+        self.net.compute = dtype;
     }
 
     /// The LoRA scale, when the policy trains adapters.
@@ -1050,6 +1089,7 @@ impl Policy {
             let base = self.net.weights.iter().filter(|(n, _)| !trained(n)).map(|(n, t)| (n.clone(), t.detach()));
             let mut reference = Net::new(self.net.config(), base.collect(), device)?;
             reference.fast_paths = self.net.fast_paths;
+            reference.compute = self.net.compute;
             return Ok(reference);
         }
         self.frozen_copy(device)
@@ -1061,6 +1101,7 @@ impl Policy {
             self.vars.iter().map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?.detach()))).collect::<Result<_>>()?;
         let mut copy = Net::new(self.net.config(), weights, device)?;
         copy.fast_paths = self.net.fast_paths;
+        copy.compute = self.net.compute;
         Ok(copy)
     }
 }

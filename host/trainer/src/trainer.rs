@@ -809,7 +809,8 @@ fn load_policy(
             Some(checkpoint) => checkpoint::read_adapter(checkpoint, &model_config, lora)?,
             None => wirl_engine::lora::Adapter::init(&lora.spec(), &model_config, lora.seed, device)?,
         };
-        let policy = Policy::with_adapter(&model_config, tensors, &adapter, device)?;
+        let mut policy = Policy::with_adapter(&model_config, tensors, &adapter, device)?;
+        policy.set_compute_dtype(config.train_dtype);
         let reference = if beta > 0.0 { Some(policy.reference(device)?) } else { None };
         return Ok((model_config, tokenizer, policy, reference));
     }
@@ -825,14 +826,17 @@ fn load_policy(
     let policy_path = resume.map_or(model.to_path_buf(), Checkpoint::model_dir);
     observer.event(Event::Loading { path: &policy_path });
     let (model_config, tokenizer, tensors) = wirl_engine::load::load_tensors(&policy_path, &options)?;
-    let policy = Policy::new(&model_config, &tensors, device)?;
+    let mut policy = Policy::new(&model_config, &tensors, device)?;
+    policy.set_compute_dtype(config.train_dtype);
     drop(tensors);
     let reference = match (beta > 0.0, resume) {
         (false, _) => None,
         (true, None) => Some(policy.reference(device)?),
         (true, Some(_)) => {
             let (base_config, _, base) = wirl_engine::load::load_tensors(model, &options)?;
-            Some(Net::new(&base_config, base, device)?)
+            let mut reference = Net::new(&base_config, base, device)?;
+            reference.set_compute_dtype(config.train_dtype);
+            Some(reference)
         }
     };
     Ok((model_config, tokenizer, policy, reference))

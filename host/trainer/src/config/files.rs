@@ -119,7 +119,13 @@ impl TrainConfig {
     /// A config with no task, for path handling.
     pub(super) fn minimal() -> Self {
         TrainConfig {
-            model: ModelSection { path: String::new(), device: None, prefix_cache_mib: None, inference_dtype: None },
+            model: ModelSection {
+                path: String::new(),
+                device: None,
+                prefix_cache_mib: None,
+                inference_dtype: None,
+                train_dtype: None,
+            },
             tasks: Vec::new(),
             environment: None,
             dataset: None,

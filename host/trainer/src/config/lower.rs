@@ -149,6 +149,12 @@ impl TrainConfig {
             device: self.model.device.as_deref().and_then(DeviceSpec::parse).unwrap_or_default(),
             prefix_cache_bytes: prefix_cache_mib.saturating_mul(1 << 20),
             inference_dtype: self.model.inference_dtype.as_deref().and_then(super::parse_inference_dtype),
+            train_dtype: self
+                .model
+                .train_dtype
+                .as_deref()
+                .and_then(super::parse_train_dtype)
+                .unwrap_or(candle_core::DType::F32),
             tasks,
             sampling: SamplingSpec {
                 max_tokens: s.max_tokens,

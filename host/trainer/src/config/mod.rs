@@ -289,6 +289,13 @@ pub struct ModelSection {
     /// GPU, `f32` on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference_dtype: Option<String>,
+    /// The dtype of the trainer's products (projections, attention, the head): `f32`, or
+    /// `bf16` — mixed precision: the weights the optimizer updates, its moments, norms,
+    /// softmax, log-probs and the loss stay f32; only the products' operands are rounded
+    /// (PyTorch autocast's rule). Absent: `f32` on every device (the GPU's default is to be
+    /// chosen by a measurement there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_dtype: Option<String>,
 }
 
 /// `model.inference_dtype`, parsed.
@@ -297,6 +304,15 @@ pub fn parse_inference_dtype(text: &str) -> Option<candle_core::DType> {
         "f32" => Some(candle_core::DType::F32),
         "bf16" => Some(candle_core::DType::BF16),
         "f16" => Some(candle_core::DType::F16),
+        _ => None,
+    }
+}
+
+/// `model.train_dtype`, parsed.
+pub fn parse_train_dtype(text: &str) -> Option<candle_core::DType> {
+    match text {
+        "f32" => Some(candle_core::DType::F32),
+        "bf16" => Some(candle_core::DType::BF16),
         _ => None,
     }
 }
@@ -588,6 +604,8 @@ pub struct RunConfig {
     pub prefix_cache_bytes: u64,
     /// `model.inference_dtype` (`None`: by the device, [`RunConfig::inference_dtype_on`]).
     pub inference_dtype: Option<candle_core::DType>,
+    /// `model.train_dtype`: the dtype of the trainer's products (f32 when absent).
+    pub train_dtype: candle_core::DType,
     /// At least one; the trained ones' weights allocate at least one group each.
     pub tasks: Vec<TaskSpec>,
     /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the

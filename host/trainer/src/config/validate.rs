@@ -62,6 +62,14 @@ impl TrainConfig {
                 "{origin}: `model.inference_dtype` = {dtype:?}: expected \"f32\" (share the trainer's weights), \"bf16\" or \"f16\" (a copy refreshed after each update)"
             );
         }
+        if let Some(dtype) = &self.model.train_dtype
+            && super::parse_train_dtype(dtype).is_none()
+        {
+            bail!(
+                "{origin}: `model.train_dtype` = {dtype:?}: expected \"f32\" or \"bf16\" (bf16 products, f32 weights, \
+                 optimizer, norms, softmax and loss)"
+            );
+        }
         if let Some(mib) = self.model.prefix_cache_mib
             && mib > MAX_PREFIX_CACHE_MIB
         {
