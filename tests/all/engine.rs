@@ -657,3 +657,44 @@ fn a_chat_template_in_its_own_jinja_file_is_read() {
     let both = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
     assert_eq!(both.tokenizer.render_chat(&messages, true).unwrap(), "<user> w5 w6\n<assistant>");
 }
+
+/// Tokens drawn where the logits are (`Batch::sample_on_device`, a GPU's way, run here on
+/// the CPU) are the host sampler's: greedy rows exactly, seeded rows given the same uniform
+/// draws up to the rounding of the running sum (a draw within it of a boundary between two
+/// tokens may take the neighbour: the engine's unit test bounds it), log-probs within 1e-5;
+/// a row with a top-k cut samples on the host, as before.
+#[test]
+fn sampling_on_the_device_draws_the_host_samplers_tokens() {
+    let (_dir, m) = tiny(false);
+    let prompts = [prompt(&[3, 4, 5, 6, 7]), prompt(&[10]), prompt(&[11, 12, 13])];
+    let (mut same, mut all) = (0, 0);
+    for seed in 0..8 {
+        for sampling in [
+            Sampling::greedy(12),
+            Sampling { max_tokens: 12, seed: Some(seed), ..Default::default() },
+            Sampling { max_tokens: 12, seed: Some(seed), temperature: 0.7, ..Default::default() },
+            Sampling { max_tokens: 12, seed: Some(seed), top_k: 5, ..Default::default() },
+        ] {
+            let requests: Vec<GenerateRequest> = prompts
+                .iter()
+                .map(|p| GenerateRequest { prompt: p.clone(), n: 2, sampling: sampling.clone() })
+                .collect();
+            let run = |device: bool| {
+                wirl_engine::generate_with(&m.model, &m.tokenizer, &requests, device, |_, _, _| {}).unwrap()
+            };
+            let (host, device) = (run(false), run(true));
+            for (h, d) in host.iter().flatten().zip(device.iter().flatten()) {
+                all += 1;
+                let exact = sampling.temperature == 0.0 || sampling.top_k > 0;
+                if h.tokens != d.tokens {
+                    assert!(!exact, "{sampling:?}: {:?} vs {:?}", h.tokens, d.tokens);
+                    continue;
+                }
+                same += 1;
+                let gap = h.logprobs.iter().zip(&d.logprobs).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(gap < 1e-5, "{sampling:?}: log-prob gap {gap}");
+            }
+        }
+    }
+    assert!(same * 100 >= all * 95, "{same} of {all} completions the same");
+}

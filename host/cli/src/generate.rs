@@ -58,6 +58,11 @@ pub struct Args {
     /// and MLP and of the vocabulary, and they sum their partial products (1: one model).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     tp: u16,
+    /// Draw each step's tokens where the logits are (on a GPU: only a token and a log-prob
+    /// per row come back to the host); without top-k, top-p or min-p cuts. Being measured
+    /// (issue 45): off by default.
+    #[arg(long)]
+    device_sampling: bool,
 }
 
 /// `--dtype` of the commands that load a model for inference.
@@ -161,12 +166,18 @@ fn generate(args: &Args, loaded: &wirl_engine::LoadedModel, speaks: bool) -> any
     let request = GenerateRequest { prompt: prompt.clone(), n: args.samples, sampling };
     let started = Instant::now();
     let stream = args.samples == 1;
-    let results = wirl_engine::generate(&loaded.model, &loaded.tokenizer, &[request], |_, _, piece| {
-        if stream && speaks {
-            print!("{piece}");
-            let _ = std::io::stdout().flush();
-        }
-    })?;
+    let results = wirl_engine::generate_with(
+        &loaded.model,
+        &loaded.tokenizer,
+        &[request],
+        args.device_sampling,
+        |_, _, piece| {
+            if stream && speaks {
+                print!("{piece}");
+                let _ = std::io::stdout().flush();
+            }
+        },
+    )?;
     let elapsed = started.elapsed();
     if !speaks {
         return Ok(ExitCode::SUCCESS);

@@ -265,6 +265,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         prefill_chunk: Some(prefill_chunk),
         max_lanes: 4,
         kv_budget_bytes: Some((kv_budget_mib as u64) << 20),
+        ..Default::default()
     };
     let models =
         std::iter::once(loaded.model).chain(shards.into_iter().map(|shard| shard.model)).map(Arc::new).collect();

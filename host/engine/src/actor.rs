@@ -76,6 +76,8 @@ pub struct EngineOptions {
     /// refused with [`Error::Busy`], one that alone would, with [`Error::Input`]. `None`:
     /// unbounded (a trainer sizes its own batches).
     pub kv_budget_bytes: Option<u64>,
+    /// Draw tokens where the logits are ([`Batch::sample_on_device`]); off by default.
+    pub device_sampling: bool,
 }
 
 /// Cache buffers grow with room to spare (half their length again, `llama::reserve_kv`):
@@ -587,6 +589,7 @@ fn lane<'m>(
     stats: &Arc<PrefixStats>,
 ) -> Batch<'m> {
     let mut batch = Batch::new(model, tokenizer);
+    batch.sample_on_device(options.device_sampling);
     batch.use_prefix_cache(prefixes.clone());
     batch.count_into(stats.clone());
     batch.prefill_in_slices(options.prefill_chunk);

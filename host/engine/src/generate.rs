@@ -131,6 +131,8 @@ pub struct Batch<'m> {
     prefilling: VecDeque<Prefilling>,
     /// Cache positions each open request may come to need (see [`extent`]).
     extents: HashMap<RequestId, usize>,
+    /// Draw tokens where the logits are ([`Batch::sample_on_device`]).
+    device_sampling: bool,
 }
 
 impl<'m> Batch<'m> {
@@ -148,7 +150,17 @@ impl<'m> Batch<'m> {
             prefill_chunk: None,
             prefilling: VecDeque::new(),
             extents: HashMap::new(),
+            device_sampling: false,
         }
+    }
+
+    /// Draw each step's tokens where the logits are (`device_sampling`): only a token and a
+    /// log-probability per row come back to the host, not the rows' logits. A step with a
+    /// row that cuts its distribution (top-k, top-p, min-p) or asks for `top_logprobs`
+    /// samples on the host as before. Off by default: on the CPU the host sampler is the
+    /// same memory, and on a GPU its figure is still to be measured (issue 45).
+    pub fn sample_on_device(&mut self, on: bool) {
+        self.device_sampling = on;
     }
 
     /// Prefill prompts longer than `chunk` positions in slices of `chunk`, one slice per
@@ -497,31 +509,12 @@ impl<'m> Batch<'m> {
         let Some(logits) = self.logits.take() else {
             return Ok(done);
         };
-        let logits_rows: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
-        // NaN or +∞ logits (weights that overflow, a config whose numbers break the maths)
-        // would sample token 0 for ever with a log-prob of NaN: an error, never an answer.
-        if let Some(position) =
-            logits_rows.par_iter().position_any(|row| row.iter().any(|x| x.is_nan() || *x == f32::INFINITY))
-        {
-            return Err(Error::Generation(format!(
-                "the model's logits are NaN or infinite (row {position}): its weights or config give non-finite \
-                 values, so nothing it samples means anything"
-            )));
-        }
+        let drawn = self.draw(&logits)?;
         let context = self.model.config().context();
         let eos = self.tokenizer.eos_ids();
         let mut keep = Vec::with_capacity(self.rows.len());
         let mut next = Vec::with_capacity(self.rows.len());
-        // Rows sample independently (each has its own generator): in parallel, as a pass of
-        // `exp` over the vocabulary per row is a few percent of a decoding step.
-        let drawn: Vec<(u32, f32)> =
-            self.rows.par_iter_mut().zip(&logits_rows).map(|(row, logits)| row.sampler.sample(logits)).collect();
-        for (row, logits) in self.rows.iter_mut().zip(&logits_rows) {
-            let k = self.open.get(&row.request).map_or(0, |open| open.sampling.top_logprobs);
-            if k > 0 {
-                row.top_logprobs.push(crate::sampling::top_logprobs(logits, k));
-            }
-        }
+        let rows_before = self.rows.len();
         for (position, mut row) in std::mem::take(&mut self.rows).into_iter().enumerate() {
             let open = self.open.get_mut(&row.request).ok_or_else(|| Error::Input("row without request".into()))?;
             let (token, logprob) = drawn[position];
@@ -580,7 +573,7 @@ impl<'m> Batch<'m> {
             return Ok(done);
         }
         let device = self.model.device();
-        if keep.len() != logits_rows.len() {
+        if keep.len() != rows_before {
             self.cache = self.cache.select_rows(&Tensor::from_vec(keep, self.rows.len(), device)?)?;
         }
         self.drop_shared_padding()?;
@@ -588,6 +581,57 @@ impl<'m> Batch<'m> {
         let tokens = Tensor::from_vec(next, (self.rows.len(), 1), device)?;
         self.logits = Some(self.model.forward(&tokens, &pads, &mut self.cache, false)?);
         Ok(done)
+    }
+
+    /// Each row's next token and its log-probability, drawn from `logits` (`[rows, vocab]`)
+    /// on the device when [`Batch::sample_on_device`] allows this step, else on the host
+    /// (with any `top_logprobs` asked for). Non-finite logits (weights that overflow, a
+    /// config whose numbers break the maths) are an error, never an answer: they would
+    /// sample token 0 for ever with a log-prob of NaN.
+    fn draw(&mut self, logits: &Tensor) -> Result<Vec<(u32, f32)>> {
+        let non_finite = || {
+            Error::Generation(
+                "the model's logits are NaN or infinite: its weights or config give non-finite values, so nothing it \
+                 samples means anything"
+                    .into(),
+            )
+        };
+        let host_only = self.rows.iter().any(|row| {
+            let sampler = row.sampler.settings();
+            sampler.top_logprobs > 0 || (sampler.temperature > 0.0 && !sampler.unfiltered())
+        });
+        if self.device_sampling && !host_only {
+            let logits = logits.to_dtype(DType::F32)?;
+            // x − x is 0 for every finite x and NaN for NaN and ±∞: one number comes back.
+            if !(logits.clone() - &logits)?.sum_all()?.to_scalar::<f32>()?.is_finite() {
+                return Err(non_finite());
+            }
+            let draws: Vec<crate::device_sampling::Draw> = self
+                .rows
+                .iter_mut()
+                .map(|row| crate::device_sampling::Draw {
+                    temperature: row.sampler.settings().temperature,
+                    uniform: row.sampler.next_uniform(),
+                })
+                .collect();
+            let (tokens, logprobs) = crate::device_sampling::sample_rows(&logits, &draws)?;
+            return Ok(tokens.into_iter().zip(logprobs).collect());
+        }
+        let logits_rows: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
+        if logits_rows.par_iter().any(|row| row.iter().any(|x| x.is_nan() || *x == f32::INFINITY)) {
+            return Err(non_finite());
+        }
+        // Rows sample independently (each has its own generator): in parallel, as a pass of
+        // `exp` over the vocabulary per row is a few percent of a decoding step.
+        let drawn: Vec<(u32, f32)> =
+            self.rows.par_iter_mut().zip(&logits_rows).map(|(row, logits)| row.sampler.sample(logits)).collect();
+        for (row, logits) in self.rows.iter_mut().zip(&logits_rows) {
+            let k = self.open.get(&row.request).map_or(0, |open| open.sampling.top_logprobs);
+            if k > 0 {
+                row.top_logprobs.push(crate::sampling::top_logprobs(logits, k));
+            }
+        }
+        Ok(drawn)
     }
 
     /// Padding every row has at its front is dead weight once the rows that needed no
@@ -670,6 +714,18 @@ pub fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
     requests: &[GenerateRequest],
+    on_text: impl FnMut(usize, usize, &str),
+) -> Result<Vec<Vec<Completion>>> {
+    generate_with(model, tokenizer, requests, false, on_text)
+}
+
+/// [`generate`], drawing tokens where the logits are when `device_sampling`
+/// ([`Batch::sample_on_device`]).
+pub fn generate_with(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    requests: &[GenerateRequest],
+    device_sampling: bool,
     mut on_text: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Vec<Completion>>> {
     for (i, request) in requests.iter().enumerate() {
@@ -679,6 +735,7 @@ pub fn generate(
         })?;
     }
     let mut batch = Batch::new(model, tokenizer);
+    batch.sample_on_device(device_sampling);
     batch.admit(requests.iter().cloned().enumerate().map(|(i, r)| (i as RequestId, r)).collect())?;
     let mut results: Vec<Vec<Completion>> = vec![Vec::new(); requests.len()];
     while !batch.is_idle() {

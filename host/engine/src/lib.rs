@@ -12,6 +12,7 @@ pub mod comm_nccl;
 pub mod config;
 mod decode_attention;
 mod decode_matmul;
+pub mod device_sampling;
 pub mod export;
 mod files;
 pub mod generate;
@@ -42,7 +43,7 @@ pub use comm_mpi::MpiComm;
 #[cfg(feature = "cuda")]
 pub use comm_nccl::NcclComm;
 pub use config::Config;
-pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate};
+pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate, generate_with};
 pub use llama::{KvCache, Model};
 pub use load::{LoadOptions, LoadedModel, WeightMirror, load};
 pub use sampling::Sampling;

@@ -46,7 +46,7 @@ impl Sampling {
     }
 
     /// Neither top-k, top-p nor min-p cuts the distribution.
-    fn unfiltered(&self) -> bool {
+    pub fn unfiltered(&self) -> bool {
         self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
     }
 
@@ -118,82 +118,100 @@ impl Sampler {
     /// The next token, and its log-probability under the unmodified (temperature 1)
     /// distribution, which is what the trainer's importance ratios need.
     pub fn sample(&mut self, logits: &[f32]) -> (u32, f32) {
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if self.settings.temperature == 1.0 && self.settings.unfiltered() {
-            // At temperature 1 the draw's weights are the log-prob's terms: one pass of
-            // `exp` over the vocabulary instead of two (the same numbers either way).
-            let weights: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-            let total: f32 = weights.iter().sum();
-            let token = self.draw_weighted(&weights, total).unwrap_or_else(|| argmax(logits));
-            return (token, logits[token as usize] - (max + total.ln()));
-        }
-        let log_norm = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
-        let token = if self.settings.temperature == 0.0 { argmax(logits) } else { self.draw(logits, max) };
-        (token, logits[token as usize] - log_norm)
+        let uniform = self.next_uniform();
+        sample_with(&self.settings, logits, uniform)
     }
 
-    fn draw(&mut self, logits: &[f32], max: f32) -> u32 {
-        let s = &self.settings;
-        let inv_t = 1.0 / s.temperature;
-        if s.unfiltered() {
-            // One pass over the whole vocabulary, no sorting.
-            let weights: Vec<f32> = logits.iter().map(|&l| ((l - max) * inv_t).exp()).collect();
-            let total: f32 = weights.iter().sum();
-            return self.draw_weighted(&weights, total).unwrap_or_else(|| argmax(logits));
-        }
-        // Candidates by probability, most likely first.
-        let mut candidates: Vec<(u32, f32)> =
-            logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l - max) * inv_t).exp())).collect();
-        let by_weight = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
-        if s.top_k > 0 && s.top_k < candidates.len() {
-            candidates.select_nth_unstable_by(s.top_k - 1, by_weight);
-            candidates.truncate(s.top_k);
-        } else {
-            // Tokens below 1e-9 of the most likely one can never fall inside a top-p or
-            // min-p cut of practical size; dropping them first keeps the sort short.
-            candidates.retain(|&(_, w)| w > 1e-9);
-        }
-        candidates.sort_unstable_by(by_weight);
-        if s.min_p > 0.0 {
-            let floor = candidates[0].1 * s.min_p;
-            candidates.retain(|&(_, w)| w >= floor);
-        }
-        let total: f32 = candidates.iter().map(|c| c.1).sum();
-        if s.top_p < 1.0 {
-            let mut kept = 0.0;
-            let mut cut = candidates.len();
-            for (i, c) in candidates.iter().enumerate() {
-                kept += c.1 / total;
-                if kept >= s.top_p {
-                    cut = i + 1;
-                    break;
-                }
-            }
-            candidates.truncate(cut);
-        }
-        let total: f32 = candidates.iter().map(|c| c.1).sum();
-        let mut target = self.rng.random::<f32>() * total;
-        for &(token, w) in &candidates {
-            target -= w;
-            if target <= 0.0 {
-                return token;
-            }
-        }
-        candidates[0].0
+    /// The uniform draw of this row's next token (none for greedy rows: their stream does
+    /// not advance), from the row's own seeded stream: what a device sampler is given, so
+    /// that it draws what [`Sampler::sample`] would have.
+    pub fn next_uniform(&mut self) -> f32 {
+        if self.settings.temperature == 0.0 { 0.0 } else { self.rng.random::<f32>() }
     }
 
-    /// Token `i` with probability `weights[i] / total`; None if rounding left the draw past
-    /// the end.
-    fn draw_weighted(&mut self, weights: &[f32], total: f32) -> Option<u32> {
-        let mut target = self.rng.random::<f32>() * total;
-        for (i, w) in weights.iter().enumerate() {
-            target -= w;
-            if target <= 0.0 {
-                return Some(i as u32);
+    pub fn settings(&self) -> &Sampling {
+        &self.settings
+    }
+}
+
+/// The token that `settings` draws from `logits` with the uniform draw `uniform` (in
+/// [0, 1); unused when greedy), and its temperature-1 log-probability: the inverse of the
+/// cumulative weights, walked in vocabulary order (the most likely first once filtered).
+pub fn sample_with(settings: &Sampling, logits: &[f32], uniform: f32) -> (u32, f32) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if settings.temperature == 1.0 && settings.unfiltered() {
+        // At temperature 1 the draw's weights are the log-prob's terms: one pass of
+        // `exp` over the vocabulary instead of two (the same numbers either way).
+        let weights: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+        let total: f32 = weights.iter().sum();
+        let token = draw_weighted(&weights, total, uniform).unwrap_or_else(|| argmax(logits));
+        return (token, logits[token as usize] - (max + total.ln()));
+    }
+    let log_norm = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let token = if settings.temperature == 0.0 { argmax(logits) } else { draw(settings, logits, max, uniform) };
+    (token, logits[token as usize] - log_norm)
+}
+
+fn draw(s: &Sampling, logits: &[f32], max: f32, uniform: f32) -> u32 {
+    let inv_t = 1.0 / s.temperature;
+    if s.unfiltered() {
+        // One pass over the whole vocabulary, no sorting.
+        let weights: Vec<f32> = logits.iter().map(|&l| ((l - max) * inv_t).exp()).collect();
+        let total: f32 = weights.iter().sum();
+        return draw_weighted(&weights, total, uniform).unwrap_or_else(|| argmax(logits));
+    }
+    // Candidates by probability, most likely first.
+    let mut candidates: Vec<(u32, f32)> =
+        logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l - max) * inv_t).exp())).collect();
+    let by_weight = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
+    if s.top_k > 0 && s.top_k < candidates.len() {
+        candidates.select_nth_unstable_by(s.top_k - 1, by_weight);
+        candidates.truncate(s.top_k);
+    } else {
+        // Tokens below 1e-9 of the most likely one can never fall inside a top-p or
+        // min-p cut of practical size; dropping them first keeps the sort short.
+        candidates.retain(|&(_, w)| w > 1e-9);
+    }
+    candidates.sort_unstable_by(by_weight);
+    if s.min_p > 0.0 {
+        let floor = candidates[0].1 * s.min_p;
+        candidates.retain(|&(_, w)| w >= floor);
+    }
+    let total: f32 = candidates.iter().map(|c| c.1).sum();
+    if s.top_p < 1.0 {
+        let mut kept = 0.0;
+        let mut cut = candidates.len();
+        for (i, c) in candidates.iter().enumerate() {
+            kept += c.1 / total;
+            if kept >= s.top_p {
+                cut = i + 1;
+                break;
             }
         }
-        None
+        candidates.truncate(cut);
     }
+    let total: f32 = candidates.iter().map(|c| c.1).sum();
+    let mut target = uniform * total;
+    for &(token, w) in &candidates {
+        target -= w;
+        if target <= 0.0 {
+            return token;
+        }
+    }
+    candidates[0].0
+}
+
+/// Token `i` with probability `weights[i] / total` for a uniform draw; None if rounding
+/// left the draw past the end.
+fn draw_weighted(weights: &[f32], total: f32, uniform: f32) -> Option<u32> {
+    let mut target = uniform * total;
+    for (i, w) in weights.iter().enumerate() {
+        target -= w;
+        if target <= 0.0 {
+            return Some(i as u32);
+        }
+    }
+    None
 }
 
 /// The `k` most likely tokens under the unmodified (temperature 1) distribution, most likely
