@@ -70,9 +70,8 @@ fn chat_templates_end_at_their_limits_naming_them() {
     for (template, limit) in cases {
         let dir = model_with_template(template);
         let loaded = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
-        let started = Instant::now();
+        // The limit named is the one that ended it (not the time limit, which would say so).
         let error = loaded.tokenizer.render_chat(&user("w3"), true).unwrap_err().to_string();
-        assert!(started.elapsed() < Duration::from_secs(12), "{limit}: {:?}", started.elapsed());
         assert!(error.contains(limit) && error.contains(&dir.path().display().to_string()), "{limit}: {error}");
         let again = loaded.tokenizer.render_chat(&user("w3"), true).unwrap_err().to_string();
         assert!(again.contains("refused"), "{again}");
@@ -88,15 +87,14 @@ fn chat_templates_end_at_their_limits_naming_them() {
     assert!(rendered.len() > 2000 * 200 * 3, "{}", rendered.len());
 }
 
-/// `wirl generate --chat` with a looping template ends with the limit, not never.
+/// `wirl generate --chat` with a looping template ends with the instruction limit (it
+/// never returned).
 #[test]
 fn generate_with_a_looping_template_ends_naming_the_limit() {
     let dir = model_with_template(LOOPING);
-    let started = Instant::now();
     let out = wirl(&["generate", "--model", dir.path().to_str().unwrap(), "--chat", "w3", "--max-tokens", "2"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("instructions"), "{}", stderr(&out));
-    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
 }
 
 /// Three chat requests rendering a looping template: `/health` answers within a second the
@@ -494,8 +492,8 @@ fn rank_and_cache_settings_are_refused_before_the_model_loads() {
         c["num_attention_heads"] = 128.into();
         c["num_key_value_heads"] = 8.into();
     });
-    let started = Instant::now();
+    // Refused by the config's size alone: its weights (the tiny model's) were never read
+    // against it, which loading would have refused as the wrong shapes.
     let out = wirl(&["train", "--model", big.path().to_str().unwrap(), "--dp", "2", "--steps", "1"]);
     assert!(stderr(&out).contains("--dp 2") && stderr(&out).contains("available"), "{}", stderr(&out));
-    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
 }
