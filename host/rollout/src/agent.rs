@@ -57,6 +57,8 @@ pub struct EngineInference {
     sampling: SamplingSpec,
     seed: u64,
     limits: AgentLimits,
+    /// Conversations one `generate` call may carry ([`EngineInference::with_max_conversations`]).
+    max_conversations: usize,
     ledgers: Mutex<Ledgers>,
 }
 
@@ -70,7 +72,22 @@ impl EngineInference {
         seed: u64,
         limits: AgentLimits,
     ) -> Self {
-        EngineInference { engine, tokenizer, context, sampling, seed, limits, ledgers: Mutex::default() }
+        EngineInference {
+            engine,
+            tokenizer,
+            context,
+            sampling,
+            seed,
+            limits,
+            max_conversations: MAX_CONVERSATIONS_PER_CALL,
+            ledgers: Mutex::default(),
+        }
+    }
+
+    /// At most `max` conversations a call (default [`MAX_CONVERSATIONS_PER_CALL`]).
+    pub fn with_max_conversations(mut self, max: usize) -> Self {
+        self.max_conversations = max;
+        self
     }
 
     fn ledgers(&self) -> std::sync::MutexGuard<'_, Ledgers> {
@@ -188,10 +205,12 @@ impl InferenceHost for EngineInference {
             }
             // Bounded within the call, before anything is tokenized: a call's conversations,
             // their roles and sizes, and the tokens it may still make.
-            if conversations.len() > MAX_CONVERSATIONS_PER_CALL {
+            if conversations.len() > self.max_conversations {
                 return Err(format!(
-                    "one generate call carries {} conversations: at most {MAX_CONVERSATIONS_PER_CALL}",
-                    conversations.len()
+                    "one generate call carries {} conversations: at most {} (four per rollout asked for, at least \
+                     {MAX_CONVERSATIONS_PER_CALL})",
+                    conversations.len(),
+                    self.max_conversations
                 ));
             }
             for (i, conversation) in conversations.iter().enumerate() {
@@ -280,9 +299,12 @@ impl InferenceHost for EngineInference {
     }
 }
 
-/// The most conversations one `generate` call may carry (a group's rollouts each ask for
-/// their own; a call of a thousand was gigabytes of prompts at once).
+/// The fewest conversations one `generate` call may carry; an agent's call for a step's
+/// rollouts may carry four per rollout asked for (one each is the common case; a call of a
+/// thousand for eight rollouts was gigabytes of prompts and caches at once).
 pub const MAX_CONVERSATIONS_PER_CALL: usize = 64;
+/// Conversations a call may carry per rollout asked for (best-of-n tool use, drafts).
+const CONVERSATIONS_PER_ROLLOUT: u64 = 4;
 /// Roles an agent's messages may have (what chat templates know).
 pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 /// A conversation's text is refused before tokenizing when it is this many bytes a token of
@@ -297,7 +319,7 @@ fn check_conversation(i: usize, conversation: &[Message], context: usize) -> Res
     if let Some(message) = conversation.iter().find(|m| !ROLES.contains(&m.role.as_str())) {
         return Err(format!(
             "conversation {i} has a message with the role {:?}: roles are {}",
-            message.role.escape_debug().to_string(),
+            message.role,
             ROLES.join(", ")
         ));
     }
@@ -333,17 +355,24 @@ pub struct AgentCall<'a> {
 /// masked trajectories naming the failure. Groups beyond those asked are dropped.
 pub fn agent_groups(call: &AgentCall<'_>) -> Vec<RolloutGroup> {
     let rollouts = (call.groups * call.group_size).max(1) as u64;
-    let host = Arc::new(EngineInference::new(
-        call.engine.clone(),
-        call.tokenizer.clone(),
-        call.context,
-        call.sampling,
-        call.seed,
-        AgentLimits {
-            generate_calls: call.limits.generate_calls.saturating_mul(rollouts),
-            tokens: call.limits.tokens.saturating_mul(rollouts),
-        },
-    ));
+    let host = Arc::new(
+        EngineInference::new(
+            call.engine.clone(),
+            call.tokenizer.clone(),
+            call.context,
+            call.sampling,
+            call.seed,
+            AgentLimits {
+                generate_calls: call.limits.generate_calls.saturating_mul(rollouts),
+                tokens: call.limits.tokens.saturating_mul(rollouts),
+            },
+        )
+        .with_max_conversations(
+            usize::try_from(rollouts.saturating_mul(CONVERSATIONS_PER_ROLLOUT))
+                .unwrap_or(usize::MAX)
+                .max(MAX_CONVERSATIONS_PER_CALL),
+        ),
+    );
     let request = RolloutRequest {
         groups: call.groups as u32,
         group_size: call.group_size as u32,
