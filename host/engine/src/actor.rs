@@ -1,27 +1,28 @@
-//! The batching actor: one thread owns the model and a [`Batch`]; any number of callers (agents,
-//! the trainer, a server) send it requests through an [`EngineHandle`]. Requests join the
-//! running batch between decode steps and leave it when their samples finish (continuous
-//! batching), so concurrent callers share every forward pass.
+//! The batching actor: one thread owns the model and its lanes ([`Batch`]es); any number of
+//! callers (agents, the trainer, a server) send it requests through an [`EngineHandle`].
+//! Requests join the running batch between decode steps and leave it when their samples
+//! finish (continuous batching), so concurrent callers share every forward pass.
+//!
+//! Each turn of its loop is vLLM v1's three parts: the scheduler (`scheduler.rs`) places the
+//! requests that arrived in lanes within the cache's budget and writes the turn's [`Plan`];
+//! each lane's step runs the executor (`executor.rs`: the forward and the draw, everything
+//! on the device) and the output processor (`output.rs`: text, stop checks, completions),
+//! whose outcomes go to the callers. This file holds the thread, its messages and the
+//! weights barrier.
 //!
 //! The model runs on a plain thread, not a tokio task: a decode step is seconds of CPU work
 //! that must not stall an async runtime. Callers await a tokio channel (or block on it).
 
-use crate::comm::Comm;
 use crate::generate::{Batch, Completion, GenerateRequest, RequestId, extent, validate};
 use crate::llama::Model;
+use crate::output::{Outcomes, Replies, Silent, TextPiece, Waiter};
 use crate::prefix_cache::{PrefixCache, PrefixStats};
+use crate::scheduler::{Plan, Scheduler, share_plan};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
-
-/// A piece of streamed text of one sample.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TextPiece {
-    pub sample: usize,
-    pub text: String,
-}
 
 enum Message {
     Generate {
@@ -78,58 +79,6 @@ pub struct EngineOptions {
     pub kv_budget_bytes: Option<u64>,
     /// Draw tokens where the logits are ([`Batch::sample_on_device`]); off by default.
     pub device_sampling: bool,
-}
-
-/// Cache buffers grow with room to spare (half their length again, `llama::reserve_kv`):
-/// the budget counts them at that size.
-fn budgeted_bytes(positions: usize, bytes_per_position: usize) -> u64 {
-    (positions as u64 * 3 / 2 + 32) * bytes_per_position as u64
-}
-
-/// Where a request goes, given the lanes' loads `(rows, longest extent)`.
-enum Admission {
-    Lane(usize),
-    Refused(Error),
-}
-
-/// Choose a lane for a request of `rows` samples and `extent` positions: the one it pads
-/// least, or a new lane when joining would more than double what it adds by itself; then
-/// check the budget over every lane.
-fn admission(
-    loads: &[(usize, usize)],
-    rows: usize,
-    extent: usize,
-    options: &EngineOptions,
-    bytes_per_position: usize,
-) -> Admission {
-    let added = |&(r, longest): &(usize, usize)| (r + rows) * longest.max(extent) - r * longest;
-    let alone = rows * extent;
-    let (mut lane, mut cost) =
-        loads.iter().enumerate().map(|(i, load)| (i, added(load))).min_by_key(|&(_, c)| c).unwrap_or((0, alone));
-    if loads.is_empty() || (cost > 2 * alone && loads.len() < options.max_lanes.max(1)) {
-        (lane, cost) = (loads.len(), alone);
-    }
-    let Some(budget) = options.kv_budget_bytes else { return Admission::Lane(lane) };
-    let alone_bytes = budgeted_bytes(alone, bytes_per_position);
-    if alone_bytes > budget {
-        return Admission::Refused(Error::Input(format!(
-            "the request needs {} MiB of key/value cache ({rows} samples × {extent} positions: prompt and \
-             max_tokens), more than this engine's budget of {} MiB; ask for fewer samples, fewer max_tokens or a \
-             shorter prompt",
-            alone_bytes >> 20,
-            budget >> 20
-        )));
-    }
-    let now: usize = loads.iter().map(|(r, longest)| r * longest).sum();
-    let total = budgeted_bytes(now + cost, bytes_per_position);
-    if total > budget {
-        return Admission::Refused(Error::Busy(format!(
-            "the requests in flight hold the key/value cache's budget ({} MiB of {} MiB with this one)",
-            total >> 20,
-            budget >> 20
-        )));
-    }
-    Admission::Lane(lane)
 }
 
 /// Sends work to the engine thread. Cheap to clone; the thread ends when every handle is
@@ -420,12 +369,6 @@ impl InFlight {
     }
 }
 
-/// A caller waiting for its request.
-struct Waiter {
-    reply: oneshot::Sender<Result<Vec<Completion>>>,
-    text: Option<mpsc::UnboundedSender<TextPiece>>,
-}
-
 fn run(
     mut model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
@@ -467,9 +410,9 @@ fn run(
             if queue.iter().any(|m| matches!(m, Message::GenerateAll { .. })) {
                 queue = queue.into_iter().flat_map(expand).collect();
             }
-            // Everything queued before the next model swap joins now, each request in its lane.
-            let mut loads: Vec<(usize, usize)> = lanes.iter().map(Batch::load).collect();
-            let mut joining: Vec<Vec<(RequestId, GenerateRequest)>> = vec![Vec::new(); lanes.len()];
+            // Everything queued before the next model swap joins now, each request in the lane
+            // the scheduler places it in.
+            let mut scheduler = Scheduler::new(lanes.iter().map(Batch::load).collect(), &options, bytes_per_position);
             while matches!(queue.front(), Some(Message::Generate { .. })) {
                 let Some(Message::Generate { mut request, reply, text, admitted }) = queue.pop_front() else {
                     unreachable!()
@@ -481,35 +424,26 @@ fn run(
                     let _ = reply.send(Err(error));
                     continue;
                 }
-                let reach = extent(&request, context);
-                let lane = match admission(&loads, request.n, reach, &options, bytes_per_position) {
-                    Admission::Lane(lane) => lane,
-                    Admission::Refused(error) => {
-                        let _ = reply.send(Err(error));
-                        continue;
-                    }
-                };
-                if lane == loads.len() {
-                    loads.push((0, 0));
-                    joining.push(Vec::new());
-                }
-                loads[lane] = (loads[lane].0 + request.n, loads[lane].1.max(reach));
-                if let Some(admitted) = admitted {
-                    let _ = admitted.send(());
-                }
                 if ranks.is_some() && request.sampling.seed.is_none() {
                     // Every rank must draw the same tokens.
                     request.sampling.seed = Some(rand::random());
                 }
+                let reach = extent(&request, context);
+                if let Err(error) = scheduler.place(next_id, request, reach) {
+                    let _ = reply.send(Err(error));
+                    continue;
+                }
+                if let Some(admitted) = admitted {
+                    let _ = admitted.send(());
+                }
                 waiters.insert(next_id, Waiter { reply, text });
-                joining[lane].push((next_id, request));
                 next_id += 1;
             }
             // Callers that gave up (a client gone, an interrupted trainer): their rows are
             // dropped instead of decoded for no one.
             let gone: Vec<RequestId> = waiters.iter().filter(|(_, w)| w.reply.is_closed()).map(|(&id, _)| id).collect();
             waiters.retain(|id, _| !gone.contains(id));
-            let plan = Plan { joining, gone };
+            let plan = scheduler.plan(gone);
             if let Some(ranks) = &ranks
                 && let Err(error) = share_plan(ranks.as_ref(), Some(&plan))
             {
@@ -608,85 +542,6 @@ fn prefix_cache(model: &Model, options: &EngineOptions, stats: &Arc<PrefixStats>
     Some(Arc::new(Mutex::new(PrefixCache::new(options.prefix_cache_bytes, per_position, stats.clone()))))
 }
 
-/// One turn of the engine's changes to its batches: the requests joining each lane (a lane
-/// past the last is opened), the requests whose callers went away; then every busy lane
-/// steps. What a tensor-parallel engine's first rank sends the others each turn.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Plan {
-    joining: Vec<Vec<(RequestId, GenerateRequest)>>,
-    gone: Vec<RequestId>,
-}
-
-/// The first rank's plan (`None`: stop) on every rank; the others pass `None`.
-fn share_plan(ranks: &dyn Comm, plan: Option<&Plan>) -> Result<Option<Plan>> {
-    let mine = if ranks.rank() == 0 {
-        serde_json::to_vec(&plan).map_err(|e| Error::Comm(format!("cannot encode the engine's plan: {e}")))?
-    } else {
-        Vec::new()
-    };
-    let all = crate::comm::all_gather_bytes(ranks, &mine)?;
-    serde_json::from_slice(&all[0]).map_err(|e| Error::Comm(format!("rank 0 sent an unreadable engine plan: {e}")))
-}
-
-/// What becomes of the lanes' results: the callers' replies, or (other ranks) nothing.
-trait Outcomes {
-    fn piece(&mut self, id: RequestId, sample: usize, piece: &str);
-    fn done(&mut self, id: RequestId, completions: Vec<Completion>);
-    /// A lane's step failed: every request in it is dropped; the engine goes on.
-    fn failed(&mut self, batch: &mut Batch, error: &Error);
-}
-
-struct Replies<'w> {
-    waiters: &'w mut HashMap<RequestId, Waiter>,
-    version: u64,
-}
-
-impl Outcomes for Replies<'_> {
-    fn piece(&mut self, id: RequestId, sample: usize, piece: &str) {
-        if let Some(text) = self.waiters.get(&id).and_then(|w| w.text.as_ref()) {
-            let _ = text.send(TextPiece { sample, text: piece.to_string() });
-        }
-    }
-
-    fn done(&mut self, id: RequestId, mut completions: Vec<Completion>) {
-        for completion in &mut completions {
-            completion.weights_version = self.version;
-        }
-        if let Some(waiter) = self.waiters.remove(&id) {
-            let _ = waiter.reply.send(Ok(completions));
-        }
-    }
-
-    fn failed(&mut self, batch: &mut Batch, error: &Error) {
-        let ids = batch.abandon();
-        tracing::error!("generation failed, {} requests dropped: {error}", ids.len());
-        for id in ids {
-            if let Some(waiter) = self.waiters.remove(&id) {
-                let _ = waiter.reply.send(Err(Error::Generation(error.to_string())));
-            }
-        }
-    }
-}
-
-struct Silent {
-    rank: usize,
-}
-
-impl Outcomes for Silent {
-    fn piece(&mut self, _: RequestId, _: usize, _: &str) {}
-
-    fn done(&mut self, _: RequestId, _: Vec<Completion>) {}
-
-    fn failed(&mut self, batch: &mut Batch, error: &Error) {
-        let ids = batch.abandon();
-        tracing::error!(
-            "tensor-parallel rank {}: generation failed, {} requests dropped: {error}",
-            self.rank,
-            ids.len()
-        );
-    }
-}
-
 /// Make `plan`'s changes; returns whether a lane stepped (`false`: every lane was idle, and
 /// the extra lanes are closed).
 fn apply<'m>(
@@ -702,7 +557,7 @@ fn apply<'m>(
         if !joining.is_empty()
             && let Err(error) = lanes[lane].admit(joining)
         {
-            outcomes.failed(&mut lanes[lane], &error);
+            outcomes.failed(lanes[lane].abandon(), &error);
         }
     }
     if lanes.iter().all(Batch::is_idle) {
@@ -712,7 +567,7 @@ fn apply<'m>(
     let gone: HashSet<RequestId> = plan.gone.into_iter().collect();
     for batch in lanes.iter_mut() {
         if let Err(error) = batch.cancel(&gone) {
-            outcomes.failed(batch, &error);
+            outcomes.failed(batch.abandon(), &error);
         }
     }
     for batch in lanes.iter_mut().filter(|b| !b.is_idle()) {
@@ -722,7 +577,7 @@ fn apply<'m>(
                     outcomes.done(id, completions);
                 }
             }
-            Err(error) => outcomes.failed(batch, &error),
+            Err(error) => outcomes.failed(batch.abandon(), &error),
         }
     }
     // Lanes beyond the first close once idle.

@@ -13,6 +13,7 @@ pub mod config;
 mod decode_attention;
 mod decode_matmul;
 pub mod device_sampling;
+mod executor;
 pub mod export;
 mod files;
 pub mod generate;
@@ -21,8 +22,10 @@ pub mod llama;
 pub mod load;
 pub mod lora;
 pub mod memory_budget;
+mod output;
 pub mod prefix_cache;
 pub mod sampling;
+mod scheduler;
 pub mod tokenizer;
 
 /// Deterministic test inputs for the kernels' unit tests.
@@ -35,7 +38,7 @@ pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
     }
 }
 
-pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, TextPiece, WeightsHold};
+pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, WeightsHold};
 pub use candle_core::{DType, Device};
 pub use comm::{Comm, Solo, ThreadComm, all_gather_bytes};
 #[cfg(feature = "mpi")]
@@ -46,6 +49,7 @@ pub use config::Config;
 pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate, generate_with};
 pub use llama::{KvCache, Model};
 pub use load::{LoadOptions, LoadedModel, WeightMirror, load};
+pub use output::TextPiece;
 pub use sampling::Sampling;
 pub use tokenizer::{ChatMessage, TextStream, Tokenizer};
 
