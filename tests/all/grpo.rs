@@ -340,3 +340,37 @@ fn training_on_a_jsonl_dataset() {
     let reason = skipped[0]["reason"].as_str().unwrap();
     assert!(reason.contains("train.jsonl") && reason.contains("line 2") && reason.contains("not JSON"), "{reason}");
 }
+
+/// `model.device_sampling = true`: the sampler draws its tokens where the logits are, and a
+/// run samples what the host sampler samples given the same draws (the tiny model's tokens
+/// are nowhere near a rounding boundary of the running sums) — the same rollouts, step after
+/// step; a value that is not a boolean is refused naming the key.
+#[test]
+fn a_run_sampling_on_the_device_rolls_out_what_the_host_sampler_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let rollouts = |run: &str, set: &[&str]| {
+        let mut args = vec!["--eval-tasks", "0"];
+        args.extend(set);
+        let out = train_with(&config, &dir.path().join(run), &args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = std::fs::read_to_string(dir.path().join(run).join("rollouts.jsonl")).unwrap();
+        // Everything but timings.
+        text.lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                if let Some(o) = v.as_object_mut() {
+                    o.retain(|k, _| !k.contains("time") && !k.ends_with("_s") && !k.ends_with("_ms"));
+                }
+                v
+            })
+            .collect::<Vec<_>>()
+    };
+    let host = rollouts("host", &[]);
+    let device = rollouts("device", &["--set", "model.device_sampling=true"]);
+    assert!(!host.is_empty());
+    assert_eq!(host, device);
+    let out = train_with(&config, &dir.path().join("bad"), &["--set", "model.device_sampling=yes"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("device_sampling"), "{said}");
+}

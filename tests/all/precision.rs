@@ -207,6 +207,7 @@ fn a_bf16_inference_copy_follows_the_trainers_updates() {
     let mut source = TensorSource::new(policy.shared_tensors()).copied_as(DType::BF16);
     let copy = wirl_engine::Model::load(&config, &mut source, &Device::Cpu).unwrap();
     assert_eq!(copy.dtype(), DType::BF16);
+    assert!(copy.fused_projections() > 0, "the copy is the model's own: q/k/v and gate/up fused");
     let mirror = source.mirror(|name| name != frozen && names.iter().any(|n| n == name));
     let var_bytes: u64 =
         policy.vars().iter().filter(|(n, _)| *n != frozen).map(|(_, v)| v.elem_count() as u64 * 2).sum();
@@ -328,4 +329,29 @@ const GRAD_BOUND: f32 = 0.05;
 #[test]
 fn a_run_with_bf16_products_trains_and_bad_dtypes_are_refused() {
     refused_or_trains("model.train_dtype", "f16", "bf16");
+}
+
+/// A model loaded from its files keeps q/k/v and gate/up as one matrix each (one product
+/// where there were three and two); it computes what the same weights kept apart compute —
+/// the trainer's shared tensors are never fused — bit for bit, with and without biases,
+/// prefilling 40 positions (the general product) and decoding one at a time (the CPU's
+/// kernels); the bf16 copy's fused rows follow the trainer's updates (the test above).
+#[test]
+fn fused_projections_compute_what_the_projections_apart_do() {
+    let (qwen3, _) = tiny("qwen3");
+    let (gemma3, _) = tiny("gemma3");
+    let qwen2 = tempfile::tempdir().unwrap(); // q/k/v biases
+    crate::engine::write_tiny_model(qwen2.path(), true);
+    crate::engine::write_tiny_tokenizer(qwen2.path());
+    for (family, dir) in [("qwen3", &qwen3), ("gemma3", &gemma3), ("qwen2", &qwen2)] {
+        let fused = wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap();
+        let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+        let apart = wirl_engine::Model::load(&config, &mut TensorSource::new(&tensors), &Device::Cpu).unwrap();
+        assert!(fused.model.fused_projections() > 0 && apart.fused_projections() == 0, "{family}");
+        let ids: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 64).collect();
+        let (fused_prefill, fused_decoded) = prefill_and_decode(&fused.model, &ids, 12);
+        let (apart_prefill, apart_decoded) = prefill_and_decode(&apart, &ids, 12);
+        assert_eq!(max_difference(&fused_prefill, &apart_prefill), 0.0, "{family}: prefill");
+        assert_eq!(max_difference(&fused_decoded, &apart_decoded), 0.0, "{family}: decoding");
+    }
 }

@@ -141,13 +141,84 @@ pub trait WeightSource {
     fn interleaved(&self, _name: &str) -> bool {
         false
     }
+    /// The tensors `parts` (read as `names`, each `[out_i, ..]`, one dtype) as one tensor of
+    /// `[Σ out_i, ..]`, when the model may keep its own copy of them in that form: where
+    /// several projections read the same input (q/k/v, gate/up) one product then does the
+    /// work of several — on a GPU, one kernel launch instead of three. `None` (the default):
+    /// keep them apart — a trainer's weights, which the model shares so that every update is
+    /// seen in place.
+    fn fuse(&mut self, _names: &[String], _parts: &[&Tensor]) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
+/// Projections that read the same input: apart (a product each), or fused into one
+/// product on the model's own copy of their weights ([`WeightSource::fuse`]), its output
+/// split by `widths`. Both give the same values: each output is the same dot product.
+#[derive(Clone, Debug)]
+enum Projections<const N: usize> {
+    Apart([Linear; N]),
+    Fused { linear: Linear, widths: [usize; N] },
+}
+
+impl<const N: usize> Projections<N> {
+    /// `parts` (read from the modules `names`) fused when the source allows it and they can
+    /// be: dense, one dtype, no adapter (applied beside each base), biases on all or none.
+    fn new(source: &mut dyn WeightSource, names: [String; N], parts: [Linear; N]) -> Result<Self> {
+        let weights: Vec<&Tensor> = parts
+            .iter()
+            .filter_map(|p| match (&p.weight, &p.adapter) {
+                (Weight::Dense(w), None) => Some(w),
+                _ => None,
+            })
+            .collect();
+        let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias.as_ref()).collect();
+        let dtype = weights.first().map(|w| w.dtype());
+        if weights.len() != N
+            || !(biases.is_empty() || biases.len() == N)
+            || weights.iter().any(|w| Some(w.dtype()) != dtype)
+        {
+            return Ok(Projections::Apart(parts));
+        }
+        let mut widths = [0; N];
+        for (width, w) in widths.iter_mut().zip(&weights) {
+            *width = w.dim(0)?;
+        }
+        let named = |suffix: &str| names.iter().map(|n| format!("{n}.{suffix}")).collect::<Vec<_>>();
+        let Some(weight) = source.fuse(&named("weight"), &weights)? else { return Ok(Projections::Apart(parts)) };
+        let bias = match biases.is_empty() {
+            true => None,
+            false => match source.fuse(&named("bias"), &biases)? {
+                Some(bias) => Some(bias),
+                None => return Ok(Projections::Apart(parts)),
+            },
+        };
+        Ok(Projections::Fused { linear: Linear { weight: Weight::Dense(weight), bias, adapter: None }, widths })
+    }
+
+    /// Each projection of `x`, in order: views of the one product's output when fused.
+    fn forward(&self, x: &Tensor) -> Result<[Tensor; N]> {
+        let outputs: Vec<Tensor> = match self {
+            Projections::Apart(parts) => parts.iter().map(|p| p.forward(x)).collect::<Result<_>>()?,
+            Projections::Fused { linear, widths } => {
+                let y = linear.forward(x)?;
+                let mut start = 0;
+                let mut outputs = Vec::with_capacity(N);
+                for &width in widths {
+                    outputs.push(y.narrow(D::Minus1, start, width)?);
+                    start += width;
+                }
+                outputs
+            }
+        };
+        Ok(outputs.try_into().unwrap_or_else(|_| unreachable!("N projections")))
+    }
 }
 
 #[derive(Clone, Debug)]
 struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// q, k and v.
+    qkv: Projections<3>,
     o: Linear,
     heads: usize,
     kv_heads: usize,
@@ -203,8 +274,8 @@ impl Norm {
 
 #[derive(Clone, Debug)]
 struct Mlp {
-    gate: Linear,
-    up: Linear,
+    /// gate and up.
+    gate_up: Projections<2>,
     down: Linear,
     activation: Activation,
 }
@@ -519,9 +590,15 @@ impl Model {
             blocks.push(Block {
                 attn_norm: norm(source, "input_layernorm")?,
                 attn: Attention {
-                    q: linear(source, &format!("{p}.self_attn.q_proj"), bias, Rows)?,
-                    k: linear(source, &format!("{p}.self_attn.k_proj"), bias, Rows)?,
-                    v: linear(source, &format!("{p}.self_attn.v_proj"), bias, Rows)?,
+                    qkv: {
+                        let names = ["q", "k", "v"].map(|x| format!("{p}.self_attn.{x}_proj"));
+                        let parts = [
+                            linear(source, &names[0], bias, Rows)?,
+                            linear(source, &names[1], bias, Rows)?,
+                            linear(source, &names[2], bias, Rows)?,
+                        ];
+                        Projections::new(source, names, parts)?
+                    },
                     o: linear(source, &format!("{p}.self_attn.o_proj"), false, Columns)?,
                     heads: heads / size,
                     kv_heads: kv_heads / size,
@@ -539,8 +616,11 @@ impl Model {
                 post_attn_norm,
                 mlp_norm,
                 mlp: Mlp {
-                    gate: linear(source, &format!("{p}.mlp.gate_proj"), false, Rows)?,
-                    up: linear(source, &format!("{p}.mlp.up_proj"), false, Rows)?,
+                    gate_up: {
+                        let names = ["gate", "up"].map(|x| format!("{p}.mlp.{x}_proj"));
+                        let parts = [linear(source, &names[0], false, Rows)?, linear(source, &names[1], false, Rows)?];
+                        Projections::new(source, names, parts)?
+                    },
                     down: linear(source, &format!("{p}.mlp.down_proj"), false, Columns)?,
                     activation: config.activation(),
                 },
@@ -605,6 +685,19 @@ impl Model {
 
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// How many of the layers' projection groups (q/k/v, gate/up) are fused into one product
+    /// ([`WeightSource::fuse`]).
+    pub fn fused_projections(&self) -> usize {
+        let fused = |fused: bool| usize::from(fused);
+        self.blocks
+            .iter()
+            .map(|b| {
+                fused(matches!(b.attn.qkv, Projections::Fused { .. }))
+                    + fused(matches!(b.mlp.gate_up, Projections::Fused { .. }))
+            })
+            .sum()
     }
 
     /// Bytes of keys and values one cache position takes (every layer, this rank's heads).
@@ -764,9 +857,10 @@ impl Attention {
             }
         };
         let (batch, len, _) = x.dims3()?;
-        let mut q = self.project(&self.q, x, self.heads, self.q_interleaved)?;
-        let mut k = self.project(&self.k, x, self.kv_heads, self.k_interleaved)?;
-        let v = self.project(&self.v, x, self.kv_heads, false)?;
+        let [q, k, v] = self.qkv.forward(x)?;
+        let mut q = self.heads_of(&q, self.heads, self.q_interleaved)?;
+        let mut k = self.heads_of(&k, self.kv_heads, self.k_interleaved)?;
+        let v = self.heads_of(&v, self.kv_heads, false)?;
         if let Some(norm) = &self.qk_norm {
             q = norm.q.forward(&q)?;
             k = norm.k.forward(&k)?;
@@ -807,9 +901,8 @@ impl Attention {
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
         let batch = x.dim(0)?;
-        let mut q = self.q.forward(x)?.contiguous()?;
-        let mut k = self.k.forward(x)?.contiguous()?;
-        let v = self.v.forward(x)?.contiguous()?;
+        let [q, k, v] = self.qkv.forward(x)?;
+        let (mut q, mut k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         if let Some(norm) = &self.qk_norm {
             q = norm.q.forward_flat(&q, self.heads)?;
             k = norm.k.forward_flat(&k, self.kv_heads)?;
@@ -823,10 +916,10 @@ impl Attention {
         self.o.forward(&out)
     }
 
-    /// Project and split into heads: `[batch, heads, len, head_dim]`.
-    fn project(&self, linear: &Linear, x: &Tensor, heads: usize, interleaved: bool) -> Result<Tensor> {
-        let (batch, len, _) = x.dims3()?;
-        let y = linear.forward(x)?;
+    /// A projection's output `[batch, len, heads · head_dim]` split into heads:
+    /// `[batch, heads, len, head_dim]`.
+    fn heads_of(&self, y: &Tensor, heads: usize, interleaved: bool) -> Result<Tensor> {
+        let (batch, len, _) = y.dims3()?;
         let y = if interleaved {
             // llama.cpp stores q/k rows as interleaved pairs; reorder each head's outputs
             // (pairs (2i, 2i+1)) to HF's halves (i, i + dim/2).
@@ -845,23 +938,41 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // The fused kernel computes the base's gate and up only: not with adapters.
-        if let (Weight::Dense(gate), Weight::Dense(up), None, None, None, None) =
-            (&self.gate.weight, &self.up.weight, &self.gate.bias, &self.up.bias, &self.gate.adapter, &self.up.adapter)
+        // The CPU's decoding kernel computes silu(gate) · up in one pass over both matrices
+        // (the fused matrix's halves are contiguous views); the base's only: not with
+        // adapters or biases.
+        if let Some((gate, up)) = self.dense_gate_up()?
             && self.activation == Activation::Silu
-            && decoding_kernel(x, gate)
+            && decoding_kernel(x, &gate)
         {
             let hidden = decode_matmul::on_rows(x, gate.dim(0)?, |x2| {
                 x2.apply_op3_no_bwd(&gate.contiguous()?, &up.contiguous()?, &SwiGluMatmul)
             })?;
             return self.down.forward(&hidden);
         }
-        let gate = self.gate.forward(x)?;
+        let [gate, up] = self.gate_up.forward(x)?;
         let gate = match self.activation {
             Activation::Silu => candle_nn::ops::silu(&gate)?,
             Activation::GeluTanh => gate.gelu()?,
         };
-        self.down.forward(&(gate * self.up.forward(x)?)?)
+        self.down.forward(&(gate * up)?)
+    }
+
+    /// The gate and up matrices, when both are plain dense weights without bias or adapter.
+    fn dense_gate_up(&self) -> Result<Option<(Tensor, Tensor)>> {
+        match &self.gate_up {
+            Projections::Apart([gate, up]) => match (gate, up) {
+                (
+                    Linear { weight: Weight::Dense(g), bias: None, adapter: None },
+                    Linear { weight: Weight::Dense(u), bias: None, adapter: None },
+                ) => Ok(Some((g.clone(), u.clone()))),
+                _ => Ok(None),
+            },
+            Projections::Fused { linear: Linear { weight: Weight::Dense(w), bias: None, .. }, widths: [g, u] } => {
+                Ok(Some((w.narrow(0, 0, *g)?, w.narrow(0, *g, *u)?)))
+            }
+            Projections::Fused { .. } => Ok(None),
+        }
     }
 }
 

@@ -135,11 +135,14 @@ pub struct TensorSource<'a> {
     copy_as: Option<DType>,
     /// The copies made, by name (a tied table asked for twice is copied once).
     copies: HashMap<String, Tensor>,
+    /// Copies fused into one tensor ([`WeightSource::fuse`]): each source's name, the fused
+    /// tensor and the row it starts at.
+    fused: Vec<(String, Tensor, usize)>,
 }
 
 impl<'a> TensorSource<'a> {
     pub fn new(tensors: &'a HashMap<String, Tensor>) -> Self {
-        TensorSource { tensors, lora_scale: None, copy_as: None, copies: HashMap::new() }
+        TensorSource { tensors, lora_scale: None, copy_as: None, copies: HashMap::new(), fused: Vec::new() }
     }
 
     /// With the LoRA adapters among `tensors` applied at `scale` (`None`: none).
@@ -158,11 +161,11 @@ impl<'a> TensorSource<'a> {
     /// What refreshes the copies of the tensors that `trained` names from their sources
     /// (the others, frozen, were copied once). Empty when nothing was copied.
     pub fn mirror(self, trained: impl Fn(&str) -> bool) -> WeightMirror {
-        let pairs = self
-            .copies
-            .into_iter()
-            .filter(|(name, _)| trained(name))
-            .map(|(name, copy)| (self.tensors[&name].detach(), copy))
+        let whole = self.copies.into_iter().map(|(name, copy)| (name, copy, 0));
+        let pairs = whole
+            .chain(self.fused)
+            .filter(|(name, _, _)| trained(name))
+            .map(|(name, copy, row)| (self.tensors[&name].detach(), copy, row))
             .collect();
         WeightMirror { pairs }
     }
@@ -199,6 +202,28 @@ impl WeightSource for TensorSource<'_> {
         self.tensors.contains_key(name)
     }
 
+    /// Only copies are fused (the model's own; a shared tensor stays where the trainer
+    /// updates it), each part the whole copy made of its name; the mirror then refreshes
+    /// each part's rows of the fused tensor.
+    fn fuse(&mut self, names: &[String], parts: &[&Tensor]) -> Result<Option<Tensor>> {
+        let whole_copies = names.len() == parts.len()
+            && names
+                .iter()
+                .zip(parts)
+                .all(|(name, part)| self.copies.get(name).is_some_and(|copy| copy.id() == part.id()));
+        if !whole_copies {
+            return Ok(None);
+        }
+        let fused = Tensor::cat(parts, 0)?;
+        let mut row = 0;
+        for (name, part) in names.iter().zip(parts) {
+            self.copies.remove(name);
+            self.fused.push((name.clone(), fused.clone(), row));
+            row += part.dim(0)?;
+        }
+        Ok(Some(fused))
+    }
+
     fn adapter(&mut self, module: &str) -> Result<Option<LoraPair>> {
         let Some(scale) = self.lora_scale else { return Ok(None) };
         let (a, b) = (LoraPair::a_name(module), LoraPair::b_name(module));
@@ -215,7 +240,9 @@ impl WeightSource for TensorSource<'_> {
 /// held ([`crate::EngineHandle::hold_weights`]): no row samples from half-written weights.
 #[derive(Debug, Default)]
 pub struct WeightMirror {
-    pairs: Vec<(Tensor, Tensor)>,
+    /// Each trained tensor, its copy, and the row of the copy where it starts (a fused copy
+    /// holds several).
+    pairs: Vec<(Tensor, Tensor, usize)>,
 }
 
 impl WeightMirror {
@@ -226,13 +253,13 @@ impl WeightMirror {
 
     /// Bytes of the copies refreshed.
     pub fn bytes(&self) -> u64 {
-        self.pairs.iter().map(|(_, copy)| (copy.elem_count() * copy.dtype().size_in_bytes()) as u64).sum()
+        self.pairs.iter().map(|(source, copy, _)| (source.elem_count() * copy.dtype().size_in_bytes()) as u64).sum()
     }
 
     /// Every copy overwritten with its source's values (converted).
     pub fn refresh(&self) -> Result<()> {
-        for (source, copy) in &self.pairs {
-            copy.slice_set(&source.to_dtype(copy.dtype())?, 0, 0)?;
+        for (source, copy, row) in &self.pairs {
+            copy.slice_set(&source.to_dtype(copy.dtype())?, 0, *row)?;
         }
         Ok(())
     }
@@ -371,6 +398,11 @@ impl WeightSource for SafetensorsSource {
 
     fn contains(&self, name: &str) -> bool {
         self.tensors.get(name).is_ok()
+    }
+
+    /// The model's weights are its own: fused.
+    fn fuse(&mut self, _names: &[String], parts: &[&Tensor]) -> Result<Option<Tensor>> {
+        Ok(Some(Tensor::cat(parts, 0)?))
     }
 }
 
@@ -729,6 +761,11 @@ impl WeightSource for GgufSource {
 
     fn contains(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(&self.gguf_name(name))
+    }
+
+    /// Dense matrices read from the file are the model's own: fused.
+    fn fuse(&mut self, _names: &[String], parts: &[&Tensor]) -> Result<Option<Tensor>> {
+        Ok(Some(Tensor::cat(parts, 0)?))
     }
 
     fn interleaved(&self, name: &str) -> bool {

@@ -78,8 +78,8 @@ pub fn evaluate(
     let context = loaded.config.context();
     let tokenizer = Arc::new(loaded.tokenizer);
     // Every group goes through the batching actor, first turns and episodes alike.
-    let options = wirl_engine::EngineOptions { prefix_cache_bytes: config.prefix_cache_bytes, ..Default::default() };
-    let (engine, _thread) = wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), options)?;
+    let (engine, _thread) =
+        wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), config.engine_options())?;
     let engine = Engine { handle: &engine, tokenizer: &tokenizer, context };
     let sandbox = Sandbox::new(SandboxSettings::default())?;
     let mut tasks = config

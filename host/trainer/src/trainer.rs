@@ -161,6 +161,11 @@ impl Trainer {
             Some(device) => device,
             None => config.device.open()?,
         };
+        if device.is_cuda() {
+            // candle keeps this switch per process (cuBLAS's compute type for f32 products);
+            // one run trains per process, so its config sets it.
+            candle_core::cuda::set_gemm_reduced_precision_f32(config.tf32);
+        }
         let (model_config, tokenizer, policy, reference) = load_policy(model, resume, &config, &device, observer)?;
         // The inference model shares the policy's storage, updates seen without a copy; or
         // (`model.inference_dtype`, bf16 on a GPU) keeps its own copy, which the learner
@@ -173,9 +178,7 @@ impl Trainer {
         let trained: std::collections::HashSet<&str> = policy.vars().iter().map(|(name, _)| name.as_str()).collect();
         let mirror = source.mirror(|name| trained.contains(name));
         let tokenizer = Arc::new(tokenizer);
-        let engine_options =
-            wirl_engine::EngineOptions { prefix_cache_bytes: config.prefix_cache_bytes, ..Default::default() };
-        let (engine, _thread) = EngineHandle::spawn_with(inference, tokenizer.clone(), engine_options)?;
+        let (engine, _thread) = EngineHandle::spawn_with(inference, tokenizer.clone(), config.engine_options())?;
 
         let sandbox = Sandbox::new(SandboxSettings::default())?;
         control.watch(sandbox.interrupter());

@@ -125,6 +125,8 @@ impl TrainConfig {
                 prefix_cache_mib: None,
                 inference_dtype: None,
                 train_dtype: None,
+                device_sampling: None,
+                tf32: None,
             },
             tasks: Vec::new(),
             environment: None,

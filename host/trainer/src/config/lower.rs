@@ -155,6 +155,8 @@ impl TrainConfig {
                 .as_deref()
                 .and_then(super::parse_train_dtype)
                 .unwrap_or(candle_core::DType::F32),
+            device_sampling: self.model.device_sampling.unwrap_or(false),
+            tf32: self.model.tf32.unwrap_or(false),
             tasks,
             sampling: SamplingSpec {
                 max_tokens: s.max_tokens,

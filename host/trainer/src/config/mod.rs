@@ -296,6 +296,15 @@ pub struct ModelSection {
     /// chosen by a measurement there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_dtype: Option<String>,
+    /// Draw the sampler's tokens where the logits are (`wirl_engine::device_sampling`):
+    /// only a token and a log-prob per row come back to the host each decoding step.
+    /// Absent: off (its gain on a GPU is still to be measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_sampling: Option<bool>,
+    /// Let a GPU's f32 products use TF32 tensor cores (10-bit mantissas in, f32 sums out:
+    /// PyTorch's `allow_tf32`). Absent: off; no effect on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tf32: Option<bool>,
 }
 
 /// `model.inference_dtype`, parsed.
@@ -606,6 +615,10 @@ pub struct RunConfig {
     pub inference_dtype: Option<candle_core::DType>,
     /// `model.train_dtype`: the dtype of the trainer's products (f32 when absent).
     pub train_dtype: candle_core::DType,
+    /// `model.device_sampling`: the sampler draws where the logits are.
+    pub device_sampling: bool,
+    /// `model.tf32`: a GPU's f32 products on TF32 tensor cores.
+    pub tf32: bool,
     /// At least one; the trained ones' weights allocate at least one group each.
     pub tasks: Vec<TaskSpec>,
     /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the
@@ -631,6 +644,15 @@ impl RunConfig {
     /// (a copy) and the trainer's f32 on the CPU (shared).
     pub fn inference_dtype_on(&self, device: &candle_core::Device) -> candle_core::DType {
         self.inference_dtype.unwrap_or(if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 })
+    }
+
+    /// How the run's sampler batches (training and the held-out pass alike).
+    pub fn engine_options(&self) -> wirl_engine::EngineOptions {
+        wirl_engine::EngineOptions {
+            prefix_cache_bytes: self.prefix_cache_bytes,
+            device_sampling: self.device_sampling,
+            ..Default::default()
+        }
     }
 
     /// Groups per step for each task, by Megatron's rule (checked on load).
