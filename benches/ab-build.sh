@@ -1,11 +1,17 @@
 # Sourced by the same-run A/B benches (step-ab.sh, multiturn.sh), with $root set: makes
 # $work (removed on exit, with its worktree) and builds wirl in release at commit $1 into
 # $work/wirl-A and at commit $2 (or, without one, the working tree) into $work/wirl-B, the
-# other commit in a worktree sharing the target directory.
+# other commit in a worktree sharing the target directory. With AB_KEEP=DIR: the two builds
+# are kept in DIR, and a later bench given the same AB_KEEP uses them without building
+# (step-ab.sh and decode-ab.sh on the same pair of commits).
 work=$(mktemp -d)
 trap 'git -C "$root" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 ab_build() {
     local before=$1 after=${2:-}
+    if [ -n "${AB_KEEP:-}" ] && [ -x "$AB_KEEP/wirl-A" ] && [ -x "$AB_KEEP/wirl-B" ]; then
+        cp "$AB_KEEP/wirl-A" "$AB_KEEP/wirl-B" "$work/"
+        return
+    fi
     local target=${CARGO_TARGET_DIR:-$root/target}
     # Cargo does not tell two checkouts of the same crates apart by path alone: touching the
     # sources makes each build compile its own.
@@ -21,5 +27,8 @@ ab_build() {
         build "$work/tree" "$work/wirl-B"
     else
         build "$root" "$work/wirl-B"
+    fi
+    if [ -n "${AB_KEEP:-}" ]; then
+        mkdir -p "$AB_KEEP" && cp "$work/wirl-A" "$work/wirl-B" "$AB_KEEP/"
     fi
 }

@@ -27,11 +27,18 @@ ap.add_argument("--max-tokens", type=int, default=64)
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script off the GPU machine")
 ap.add_argument("--bf16", action="store_true", help="TRL's bf16=True (autocast, f32 master weights): what its users run")
+ap.add_argument("--tasks", help="a JSONL file as `wirl tasks` writes it: its prompts (messages) and answers, in order, "
+                                "instead of generated sums (benches/gpu-scale.sh: the tasks wirl's run draws from)")
 args = ap.parse_args()
 
 rng = random.Random(args.seed)
 rows = []
-for _ in range(args.prompts * args.steps):
+if args.tasks:
+    for line in open(args.tasks):
+        task = json.loads(line)["task"]
+        rows.append({"prompt": task["messages"], "answer": task["answer"]})
+    assert len(rows) >= args.prompts * args.steps, f"{args.tasks} has {len(rows)} tasks, the run takes {args.prompts * args.steps}"
+for _ in range(0 if args.tasks else args.prompts * args.steps):
     terms = [rng.randint(1, 9) for _ in range(rng.randint(2, 4))]
     signs = [rng.choice("+-") for _ in terms[1:]]
     expression = str(terms[0]) + "".join(f" {s} {t}" for s, t in zip(signs, terms[1:]))

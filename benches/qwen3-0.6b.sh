@@ -33,40 +33,13 @@ peak_mib() { sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' 
 
 [ -d "$work/smollm2-hf" ] || "$wirl" model export smollm2-135m-instruct "$work/smollm2-hf" 2> /dev/null
 [ -d "$work/model" ] || "$python" benches/qwen3_shaped.py "$work/smollm2-hf" "$work/model" 2> "$work/build.log"
-environment='kind = "chain_sum", min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1'
 "$wirl" tasks --plugin builtin:arithmetic --count 64 --config kind=chain_sum --config min_terms=2 \
     --config max_terms=2 --config min_digits=1 --config max_digits=1 > "$work/tasks.jsonl" 2> /dev/null
 
+# shellcheck source=benches/length-job.sh
+source "$root/benches/length-job.sh"
 for mode in $modes; do
-    lora=""
-    peer_lora=()
-    if [ "$mode" = lora ]; then
-        lora=$'[lora]\nrank = 16\nalpha = 32'
-        peer_lora=(--lora-rank 16 --lora-alpha 32)
-    elif [ "$mode" = lora-bf16 ]; then
-        lora=$'[lora]\nrank = 16\nalpha = 32\nbase_dtype = "bf16"'
-        peer_lora=(--lora-rank 16 --lora-alpha 32 --base-dtype bf16)
-    fi
-    cat > "$work/$mode.toml" <<TOML
-[model]
-path = "$work/model"
-[environment]
-plugin = "builtin:arithmetic"
-config = { $environment }
-[[rewards]]
-plugin = "$reward"
-[sampling]
-max_tokens = 64
-[grpo]
-steps = $steps
-prompts_per_step = 4
-group_size = 8
-learning_rate = 1e-4
-beta = 0.04
-[eval]
-tasks = 0
-$lora
-TOML
+    length_job "$work/$mode.toml" "$work/model" "$reward" "$steps" "$mode"
     rm -rf "$work/run-$mode"
     /usr/bin/time -v "$wirl" train "$work/$mode.toml" --run-dir "$work/run-$mode" > /dev/null 2> "$work/wirl-$mode.log" ||
         { tail -20 "$work/wirl-$mode.log" >&2; exit 1; }

@@ -1,5 +1,7 @@
 """The peer of benches/qwen3-0.6b.sh: TRL's GRPOTrainer (with PEFT's LoRA, or every weight)
-on CPU in float32, on the same model directory and the same prompts as wirl's run.
+on CPU in float32, on the same model directory and the same prompts as wirl's run; and of
+benches/gpu-scale.sh on a GPU (--device cuda --bf16: TRL's mixed precision, what its users
+run there).
 
 Prompts: the `messages` of a JSONL file as `wirl tasks` writes it (wirl's arithmetic
 environment, with its few-shot turns), as chat prompts. Reward: the completion's length in
@@ -40,6 +42,8 @@ def main():
     ap.add_argument("--grad-checkpointing", action="store_true")
     ap.add_argument("--base-dtype", choices=["f32", "bf16"], default="f32",
                     help="the dtype the model is loaded in (with LoRA, PEFT keeps the adapters in f32)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--bf16", action="store_true", help="TRL's bf16=True (autocast over f32 master weights)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -87,7 +91,7 @@ def main():
         num_generations=args.generations,
         max_completion_length=args.max_tokens, temperature=1.0, learning_rate=args.lr,
         lr_scheduler_type="constant", beta=args.beta, max_steps=args.steps, logging_steps=1, save_strategy="no",
-        report_to="none", bf16=False, fp16=False, use_vllm=False, use_cpu=True,
+        report_to="none", bf16=args.bf16, fp16=False, use_vllm=False, use_cpu=args.device == "cpu",
         gradient_checkpointing=args.grad_checkpointing,
         seed=0, dataloader_num_workers=0, dataloader_pin_memory=False, disable_tqdm=True)
     timer = StepTimer()
@@ -98,7 +102,9 @@ def main():
     print(json.dumps({"system": "trl+peft" if peft_config else "trl", "steps": len(timer.steps),
                       "micro_batch": micro, "grad_checkpointing": args.grad_checkpointing,
                       "step_s": [round(s, 2) for s in timer.steps],
-                      "step_s_median": round(statistics.median(timer.steps), 2)}))
+                      "step_s_median": round(statistics.median(timer.steps), 2),
+                      "device": args.device, "bf16": args.bf16, "base_dtype": args.base_dtype,
+                      "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20) if args.device == "cuda" else None}))
 
 
 if __name__ == "__main__":
