@@ -355,6 +355,49 @@ fn requests_joining_a_running_batch_get_what_they_get_alone() {
     }
 }
 
+/// Rows that finish leave their slots of the cache behind (the CPU's decoding kernels read
+/// each row's own slot): sixteen rows finishing one step apart are copied into new buffers
+/// only when half the slots are left — three times with a newcomer's join, where each of
+/// the fifteen steps that rows finished copied every other row before — and each request
+/// gets what it gets alone (the same keys, in other places). A request joining the batch
+/// then finds its rows in order again.
+#[test]
+fn finished_rows_leave_their_slots_without_copying_the_others() {
+    let (_dir, m) = tiny(false);
+    assert!(m.model.decodes_in_slots());
+    let requests: Vec<GenerateRequest> = (0..16)
+        .map(|i| GenerateRequest {
+            prompt: prompt(&[3 + i % 5, 7, 9 + i % 3]),
+            n: 1,
+            sampling: Sampling { max_tokens: 2 + i, seed: Some(i as u64), ignore_eos: true, ..Default::default() },
+        })
+        .collect();
+    let alone: Vec<_> = requests.iter().map(|r| generate_alone(&m.model, &m.tokenizer, r)).collect();
+    let mut batch = wirl_engine::Batch::new(&m.model, &m.tokenizer);
+    batch.admit(requests.iter().cloned().enumerate().map(|(i, r)| (i as u64, r)).collect()).unwrap();
+    let mut results = vec![Vec::new(); requests.len() + 1];
+    let mut joined = false;
+    while !batch.is_idle() {
+        for (id, completions) in batch.step(|_, _, _| {}).unwrap() {
+            results[id as usize] = completions;
+        }
+        if !joined && batch.rows() == 5 {
+            // Eleven slots left behind: a newcomer joins rows in order.
+            assert_eq!(batch.compactions(), 1, "16 -> 8 rows");
+            batch.admit(vec![(16, requests[3].clone())]).unwrap();
+            assert_eq!(batch.compactions(), 2);
+            joined = true;
+        }
+    }
+    assert!(joined);
+    // After the join: 6 rows; one copy when 3 are left; the last two finish together.
+    assert_eq!(batch.compactions(), 3);
+    for (i, expected) in alone.iter().enumerate() {
+        assert_same_completions(expected, &results[i], &format!("request {i}"));
+    }
+    assert_eq!(alone[3][0].tokens, results[16][0].tokens, "the newcomer");
+}
+
 /// Requests sent to the batching actor concurrently get what each gets alone; streamed text
 /// arrives; a bad request fails alone; a model swap applies to the requests sent after it.
 #[test]

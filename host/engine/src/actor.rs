@@ -13,11 +13,12 @@
 //! The model runs on a plain thread, not a tokio task: a decode step is seconds of CPU work
 //! that must not stall an async runtime. Callers await a tokio channel (or block on it).
 
-use crate::generate::{Batch, Completion, GenerateRequest, RequestId, extent, validate};
+use crate::generate::Batch;
 use crate::llama::Model;
 use crate::output::{Outcomes, Replies, Silent, TextPiece, Waiter};
 use crate::prefix_cache::{PrefixCache, PrefixStats};
-use crate::scheduler::{Plan, Scheduler, share_plan};
+use crate::request::{Completion, GenerateRequest, RequestId, extent, validate};
+use crate::scheduler::{LaneLimits, Plan, Scheduler, share_plan};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -412,7 +413,12 @@ fn run(
             }
             // Everything queued before the next model swap joins now, each request in the lane
             // the scheduler places it in.
-            let mut scheduler = Scheduler::new(lanes.iter().map(Batch::load).collect(), &options, bytes_per_position);
+            let limits = LaneLimits {
+                max_lanes: options.max_lanes,
+                kv_budget_bytes: options.kv_budget_bytes,
+                bytes_per_position,
+            };
+            let mut scheduler = Scheduler::new(lanes.iter().map(Batch::load).collect(), limits);
             while matches!(queue.front(), Some(Message::Generate { .. })) {
                 let Some(Message::Generate { mut request, reply, text, admitted }) = queue.pop_front() else {
                     unreachable!()

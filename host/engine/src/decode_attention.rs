@@ -54,9 +54,13 @@ impl RopeTables {
 }
 
 /// Write the new token's keys or values, `[batch, 1, heads · dim]`, at position `at` of a
-/// cache buffer `[batch, heads, capacity, dim]`; keys rotated for each row's position.
+/// cache buffer `[slots, heads, capacity, dim]`, row `b` into slot `slots[b]` (a batch's
+/// rows keep their slots while others leave: nothing is copied); keys rotated for each
+/// row's position.
 pub(crate) struct StoreToken<'a> {
     pub at: usize,
+    /// Each row's slot of the buffer (distinct).
+    pub slots: &'a [usize],
     /// The rope tables and each row's position, for keys; `None` for values.
     pub rope: Option<(&'a RopeTables, &'a [usize])>,
 }
@@ -68,13 +72,20 @@ impl InplaceOp2 for StoreToken<'_> {
 
     fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<()> {
         let new = f32_contiguous(s2, l2, self.name())?;
-        let (batch, heads, capacity, dim) = l1.shape().dims4()?;
+        let (slots, heads, capacity, dim) = l1.shape().dims4()?;
         let (CpuStorage::F32(buffer), Some((start, end))) = (s1, l1.contiguous_offsets()) else {
             bail!("store-token writes into a contiguous f32 buffer")
         };
         let buffer = &mut buffer[start..end];
-        if new.len() != batch * heads * dim || self.at >= capacity {
-            bail!("store-token: {} values for a buffer {:?} at position {}", new.len(), l1.dims(), self.at)
+        let batch = self.slots.len();
+        if new.len() != batch * heads * dim || self.at >= capacity || !distinct_below(self.slots, slots) {
+            bail!(
+                "store-token: {} values for a buffer {:?} at position {}, slots {:?}",
+                new.len(),
+                l1.dims(),
+                self.at,
+                self.slots
+            )
         }
         if let Some((tables, positions)) = self.rope
             && (positions.len() != batch || positions.iter().any(|&p| p >= tables.positions()))
@@ -82,7 +93,8 @@ impl InplaceOp2 for StoreToken<'_> {
             bail!("store-token: positions {positions:?} for {batch} rows and {} rope positions", tables.positions())
         }
         for (row_head, source) in new.chunks_exact(dim).enumerate() {
-            let target = &mut buffer[(row_head * capacity + self.at) * dim..][..dim];
+            let slot_head = self.slots[row_head / heads] * heads + row_head % heads;
+            let target = &mut buffer[(slot_head * capacity + self.at) * dim..][..dim];
             match self.rope {
                 Some((tables, positions)) => tables.rotate(source, positions[row_head / heads], target),
                 None => target.copy_from_slice(source),
@@ -93,12 +105,14 @@ impl InplaceOp2 for StoreToken<'_> {
 }
 
 /// Attention of one new query per row, `q [batch, 1, heads · dim]` (not yet rotated),
-/// against the first `total` positions of the cache buffers `k`, `v [batch, kv_heads,
-/// capacity, dim]`, the new token's included. Row `b` attends to positions
-/// `first[b]..total` (those before are its padding). Returns `[batch, 1, heads · dim]`.
+/// against the first `total` positions of the cache buffers `k`, `v [slots, kv_heads,
+/// capacity, dim]`, the new token's included. Row `b` reads slot `slots[b]` and attends to
+/// positions `first[b]..total` (those before are its padding). Returns `[batch, 1, heads ·
+/// dim]`.
 pub(crate) struct DecodeAttention<'a> {
     pub heads: usize,
     pub total: usize,
+    pub slots: &'a [usize],
     pub first: &'a [usize],
     /// Each row's rope position for its query.
     pub positions: &'a [usize],
@@ -121,9 +135,11 @@ impl CustomOp3 for DecodeAttention<'_> {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let name = self.name();
         let (q, k, v) = (f32_contiguous(s1, l1, name)?, f32_contiguous(s2, l2, name)?, f32_contiguous(s3, l3, name)?);
-        let (batch, kv_heads, capacity, dim) = l2.shape().dims4()?;
+        let (slots, kv_heads, capacity, dim) = l2.shape().dims4()?;
+        let batch = self.slots.len();
         let heads = self.heads;
         if l3.dims() != l2.dims()
+            || self.slots.iter().any(|&s| s >= slots)
             || q.len() != batch * heads * dim
             || !heads.is_multiple_of(kv_heads)
             || self.total > capacity
@@ -159,6 +175,12 @@ impl CustomOp3 for DecodeAttention<'_> {
     }
 }
 
+/// Whether every slot is below `slots` and none repeats.
+fn distinct_below(chosen: &[usize], slots: usize) -> bool {
+    let mut seen = vec![false; slots];
+    chosen.iter().all(|&s| s < slots && !std::mem::replace(&mut seen[s], true))
+}
+
 struct Dims {
     batch: usize,
     heads: usize,
@@ -181,7 +203,7 @@ fn attend(op: &DecodeAttention, s: &Dims, task: usize, q: &[f32], k: &[f32], v: 
     let (groups, dim, total) = (s.heads / s.kv_heads, s.dim, op.total);
     debug_assert!(row < s.batch);
     let first = op.first[row];
-    let cache = (row * s.kv_heads + kv_head) * s.capacity * dim;
+    let cache = (op.slots[row] * s.kv_heads + kv_head) * s.capacity * dim;
     let (keys, values) = (&k[cache..][..total * dim], &v[cache..][..total * dim]);
     let mut query = vec![0f32; groups * dim];
     for (g, query) in query.chunks_exact_mut(dim).enumerate() {
@@ -292,7 +314,8 @@ mod tests {
         let want = naive(&q, &k, &v, (batch, heads, kv_heads, capacity, dim), total, &first, &positions, &rope);
         let tensor = |x: &[f32], shape: &[usize]| Tensor::from_vec(x.to_vec(), shape, &Device::Cpu).unwrap();
         let cache_shape = [batch, kv_heads, capacity, dim];
-        let op = DecodeAttention { heads, total, first: &first, positions: &positions, rope: &rope };
+        let in_order = [0, 1, 2];
+        let op = DecodeAttention { heads, total, slots: &in_order, first: &first, positions: &positions, rope: &rope };
         let got = tensor(&q, &[batch, 1, heads * dim])
             .apply_op3_no_bwd(&tensor(&k, &cache_shape), &tensor(&v, &cache_shape), &op)
             .unwrap();
@@ -307,7 +330,7 @@ mod tests {
         buffer
             .inplace_op2(
                 &tensor(&new, &[batch, 1, kv_heads * dim]),
-                &StoreToken { at: 5, rope: Some((&rope, &positions)) },
+                &StoreToken { at: 5, slots: &in_order, rope: Some((&rope, &positions)) },
             )
             .unwrap();
         let stored = buffer.narrow(2, 5, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -323,7 +346,38 @@ mod tests {
             .apply_op3_no_bwd(&tensor(&k, &cache_shape), &tensor(&v, &cache_shape), &past_the_end)
             .unwrap_err();
         assert!(error.to_string().contains("decode-attention"), "{error}");
-        let full = StoreToken { at: capacity, rope: None };
+        let full = StoreToken { at: capacity, slots: &in_order, rope: None };
         assert!(buffer.inplace_op2(&tensor(&new, &[batch, 1, kv_heads * dim]), &full).is_err());
+        let twice = StoreToken { at: 0, slots: &[0, 2, 2], rope: None };
+        assert!(buffer.inplace_op2(&tensor(&new, &[batch, 1, kv_heads * dim]), &twice).is_err());
+
+        // Rows in other slots: row b of a two-row batch reads and writes slot `slots[b]` of
+        // the three-slot buffers, as the same rows at those places of a full batch do.
+        let slots = [2, 0];
+        let pick = |x: &[f32], per_row: usize, rows: &[usize]| -> Vec<f32> {
+            rows.iter().flat_map(|&r| x[r * per_row..][..per_row].to_vec()).collect()
+        };
+        let op = DecodeAttention {
+            slots: &slots,
+            first: &[first[2], first[0]],
+            positions: &[positions[2], positions[0]],
+            ..op
+        };
+        let got = tensor(&pick(&q, heads * dim, &slots), &[2, 1, heads * dim])
+            .apply_op3_no_bwd(&tensor(&k, &cache_shape), &tensor(&v, &cache_shape), &op)
+            .unwrap();
+        let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for (i, (g, w)) in got.iter().zip(pick(&want, heads * dim, &slots)).enumerate() {
+            assert!((g - w).abs() < 1e-5, "slotted element {i}: {g} vs {w}");
+        }
+        let buffer = Tensor::zeros(&cache_shape, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let two = values(2 * kv_heads * dim);
+        buffer
+            .inplace_op2(&tensor(&two, &[2, 1, kv_heads * dim]), &StoreToken { at: 3, slots: &slots, rope: None })
+            .unwrap();
+        let stored = buffer.narrow(2, 3, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(&stored[2 * kv_heads * dim..], &two[..kv_heads * dim], "row 0 in slot 2");
+        assert_eq!(&stored[..kv_heads * dim], &two[kv_heads * dim..], "row 1 in slot 0");
+        assert!(stored[kv_heads * dim..2 * kv_heads * dim].iter().all(|&x| x == 0.0), "slot 1 untouched");
     }
 }

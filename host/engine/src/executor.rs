@@ -8,10 +8,10 @@
 //! It knows nothing of text, stop strings or callers: the output processor (`output.rs`)
 //! decides from the drawn tokens which rows finish, and tells [`Executor::advance`].
 
-use crate::generate::{GenerateRequest, RequestId};
 use crate::llama::{KvCache, Model};
 use crate::output::Drawn;
 use crate::prefix_cache::{BLOCK, PrefixCache, PrefixStats};
+use crate::request::{GenerateRequest, RequestId};
 use crate::sampling::Sampler;
 use crate::{Error, Result};
 use candle_core::{DType, Tensor};
@@ -19,8 +19,13 @@ use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
 /// One row's state on the device side.
-struct Slot {
+struct Row {
     sampler: Sampler,
+    /// Its row of the cache's buffers. Where the model decodes rows in any slots
+    /// ([`Model::decodes_in_slots`]: the CPU's kernels), a finished row leaves its slot
+    /// behind — nothing is copied — until half the slots are left ([`Executor::compact`]);
+    /// elsewhere the rows are always the buffers' rows, in order.
+    slot: usize,
     /// Left-padding positions in the cache before this row's prompt.
     pad: usize,
     /// With a prefix cache: the tokens whose keys and values the row holds (its prompt, then
@@ -41,8 +46,10 @@ pub struct Prefilling {
 /// their next token.
 pub struct Executor<'m> {
     model: &'m Model,
-    slots: Vec<Slot>,
+    rows: Vec<Row>,
     cache: KvCache,
+    /// How many times rows that left were dropped by copying the others into new buffers.
+    compactions: u64,
     /// `[rows, vocab]`: the distribution each row samples from at the next step.
     logits: Option<Tensor>,
     /// Keys and values of earlier prompts and completions.
@@ -57,8 +64,9 @@ impl<'m> Executor<'m> {
     pub fn new(model: &'m Model) -> Self {
         Executor {
             model,
-            slots: Vec::new(),
+            rows: Vec::new(),
             cache: model.new_cache(),
+            compactions: 0,
             logits: None,
             prefix_cache: None,
             stats: Arc::default(),
@@ -83,7 +91,12 @@ impl<'m> Executor<'m> {
     }
 
     pub fn rows(&self) -> usize {
-        self.slots.len()
+        self.rows.len()
+    }
+
+    /// Rows the cache's buffers hold: the running ones and the slots finished rows left.
+    pub fn rows_held(&self) -> usize {
+        self.cache.rows().unwrap_or(0).max(self.rows.len())
     }
 
     /// Cache positions per row, padding included (what one decode step attends over).
@@ -294,25 +307,28 @@ impl<'m> Executor<'m> {
     }
 
     /// Let prefilled prompts' rows join the batch: `logits` and `cache` hold one row per
-    /// prompt, left-padded by `prompt_pads`; request `i` of `live` takes row `slots[i]`.
+    /// prompt, left-padded by `prompt_pads`; request `i` of `live` takes row `prompt_rows[i]`.
     fn join(
         &mut self,
         live: &[(RequestId, GenerateRequest)],
-        slots: Vec<usize>,
+        prompt_rows: Vec<usize>,
         logits: Tensor,
         cache: KvCache,
         prompt_pads: Vec<usize>,
     ) -> Result<()> {
         let device = self.model.device();
+        // The newcomers' rows go after the batch's, which must be the buffers' rows in order.
+        self.compact()?;
         // Each prompt's cache row and logits, repeated for its samples.
         let mut source_rows = Vec::new();
         let mut rows = Vec::new();
-        for ((_, request), slot) in live.iter().zip(slots) {
+        for ((_, request), prompt_row) in live.iter().zip(prompt_rows) {
             for sample in 0..request.n {
-                source_rows.push(slot as u32);
-                rows.push(Slot {
+                source_rows.push(prompt_row as u32);
+                rows.push(Row {
                     sampler: Sampler::new(&request.sampling, sample as u64),
-                    pad: prompt_pads[slot],
+                    slot: self.rows.len() + rows.len(),
+                    pad: prompt_pads[prompt_row],
                     sequence: if self.prefix_cache.is_some() { request.prompt.clone() } else { Vec::new() },
                 });
             }
@@ -323,7 +339,7 @@ impl<'m> Executor<'m> {
 
         // Line the newcomers' cache up with the batch's: the shorter side is left-padded.
         let (current, incoming) = (self.cache.len(), cache.len());
-        if self.slots.is_empty() {
+        if self.rows.is_empty() {
             self.cache = cache;
             self.logits = Some(logits);
         } else {
@@ -332,13 +348,13 @@ impl<'m> Executor<'m> {
                 rows.iter_mut().for_each(|r| r.pad += current - incoming);
             } else if current < incoming {
                 self.cache = self.cache.left_pad(incoming - current)?;
-                self.slots.iter_mut().for_each(|r| r.pad += incoming - current);
+                self.rows.iter_mut().for_each(|r| r.pad += incoming - current);
             }
             self.cache = self.cache.cat_rows(&cache)?;
             let previous = self.logits.take().ok_or_else(|| Error::Input("batch has rows but no logits".into()))?;
             self.logits = Some(Tensor::cat(&[&previous, &logits], 0)?);
         }
-        self.slots.extend(rows);
+        self.rows.extend(rows);
         Ok(())
     }
 
@@ -357,7 +373,7 @@ impl<'m> Executor<'m> {
                     .into(),
             )
         };
-        let host_only = self.slots.iter().any(|slot| {
+        let host_only = self.rows.iter().any(|slot| {
             let sampler = slot.sampler.settings();
             sampler.top_logprobs > 0 || (sampler.temperature > 0.0 && !sampler.unfiltered())
         });
@@ -368,7 +384,7 @@ impl<'m> Executor<'m> {
                 return Err(non_finite());
             }
             let draws: Vec<crate::device_sampling::Draw> = self
-                .slots
+                .rows
                 .iter_mut()
                 .map(|slot| crate::device_sampling::Draw {
                     temperature: slot.sampler.settings().temperature,
@@ -386,9 +402,9 @@ impl<'m> Executor<'m> {
         // Rows sample independently (each has its own generator): in parallel, as a pass of
         // `exp` over the vocabulary per row is a few percent of a decoding step.
         let drawn: Vec<(u32, f32)> =
-            self.slots.par_iter_mut().zip(&logits_rows).map(|(slot, logits)| slot.sampler.sample(logits)).collect();
+            self.rows.par_iter_mut().zip(&logits_rows).map(|(slot, logits)| slot.sampler.sample(logits)).collect();
         let drawn =
-            drawn.into_iter().zip(self.slots.iter().zip(&logits_rows)).map(|((token, logprob), (slot, logits))| {
+            drawn.into_iter().zip(self.rows.iter().zip(&logits_rows)).map(|((token, logprob), (slot, logits))| {
                 let k = slot.sampler.settings().top_logprobs;
                 Drawn { token, logprob, top: (k > 0).then(|| crate::sampling::top_logprobs(logits, k)) }
             });
@@ -399,57 +415,86 @@ impl<'m> Executor<'m> {
     /// tokens kept in the prefix cache, if any), and the others run one position further
     /// with their `next` tokens (in row order).
     pub fn advance(&mut self, finished: &[bool], next: Vec<u32>) -> Result<()> {
-        if finished.len() != self.slots.len() || next.len() != finished.iter().filter(|&&f| !f).count() {
+        if finished.len() != self.rows.len() || next.len() != finished.iter().filter(|&&f| !f).count() {
             return Err(Error::Input(format!(
                 "{} rows decoding, told of {} ({} continuing)",
-                self.slots.len(),
+                self.rows.len(),
                 finished.len(),
                 next.len()
             )));
         }
         if self.prefix_cache.is_some() {
-            for (position, slot) in self.slots.iter().enumerate().filter(|&(p, _)| finished[p]) {
+            for row in self.rows.iter().enumerate().filter(|&(p, _)| finished[p]).map(|(_, row)| row) {
                 // The row's prompt and all its tokens but the last (never run) are in the
                 // cache: kept for a next turn that extends them.
-                keep_blocks(self.prefix_cache.as_ref(), &slot.sequence, &self.cache, position, slot.pad)?;
+                keep_blocks(self.prefix_cache.as_ref(), &row.sequence, &self.cache, row.slot, row.pad)?;
             }
         }
-        let rows_before = self.slots.len();
-        let mut position = 0;
-        self.slots.retain(|_| {
-            position += 1;
-            !finished[position - 1]
-        });
-        if self.slots.is_empty() {
-            self.cache = self.model.new_cache();
+        self.leave(finished)?;
+        if self.rows.is_empty() {
             return Ok(());
         }
-        let device = self.model.device();
-        if self.slots.len() != rows_before {
-            let keep: Vec<u32> = (0..rows_before as u32).filter(|&p| !finished[p as usize]).collect();
-            self.cache = self.cache.select_rows(&Tensor::from_vec(keep, self.slots.len(), device)?)?;
-        }
-        self.drop_shared_padding()?;
         if self.prefix_cache.is_some() {
-            for (slot, &token) in self.slots.iter_mut().zip(&next) {
-                slot.sequence.push(token);
+            for (row, &token) in self.rows.iter_mut().zip(&next) {
+                row.sequence.push(token);
             }
         }
-        let pads: Vec<usize> = self.slots.iter().map(|r| r.pad).collect();
-        let tokens = Tensor::from_vec(next, (self.slots.len(), 1), device)?;
-        self.logits = Some(self.model.forward(&tokens, &pads, &mut self.cache, false)?);
+        let pads: Vec<usize> = self.rows.iter().map(|r| r.pad).collect();
+        let slots: Vec<usize> = self.rows.iter().map(|r| r.slot).collect();
+        let tokens = Tensor::from_vec(next, (self.rows.len(), 1), self.model.device())?;
+        self.logits = Some(self.model.forward_in_slots(&tokens, &pads, Some(&slots), &mut self.cache, false)?);
         Ok(())
     }
 
-    /// Padding every row has at its front is dead weight once the rows that needed no
-    /// padding have left: drop it.
-    fn drop_shared_padding(&mut self) -> Result<()> {
-        let common = self.slots.iter().map(|r| r.pad).min().unwrap_or(0);
-        if common > 0 {
-            self.cache = self.cache.drop_front(common)?;
-            self.slots.iter_mut().for_each(|r| r.pad -= common);
+    /// The rows `leaving` says leave. Where the model decodes rows in any slots, theirs are
+    /// left behind until half the buffers' rows are (then the others are copied into new
+    /// buffers: each copy at least halves them, so a batch copies at most about its cache's
+    /// size again however its rows finish; padding that every row has is kept till then —
+    /// the kernels attend from each row's first position, never to it); elsewhere the
+    /// others are copied at once and the shared padding dropped every step, as the general
+    /// path runs the buffers' rows in order over every position.
+    fn leave(&mut self, leaving: &[bool]) -> Result<()> {
+        if leaving.contains(&true) {
+            let mut position = 0;
+            self.rows.retain(|_| {
+                position += 1;
+                !leaving[position - 1]
+            });
+        }
+        if self.rows.is_empty() {
+            self.cache = self.model.new_cache();
+            return Ok(());
+        }
+        let held = self.cache.rows().unwrap_or(0);
+        if !self.model.decodes_in_slots() || 2 * self.rows.len() <= held {
+            self.compact()?;
         }
         Ok(())
+    }
+
+    /// Copy the rows into buffers of their own, in order, dropping the slots that rows left
+    /// and the padding every row has at its front.
+    fn compact(&mut self) -> Result<()> {
+        let in_order = self.rows.iter().enumerate().all(|(i, row)| row.slot == i);
+        if !in_order || self.cache.rows().is_some_and(|held| held != self.rows.len()) {
+            let keep: Vec<u32> = self.rows.iter().map(|row| row.slot as u32).collect();
+            self.cache = self.cache.select_rows(&Tensor::from_vec(keep, self.rows.len(), self.model.device())?)?;
+            self.rows.iter_mut().enumerate().for_each(|(i, row)| row.slot = i);
+            self.compactions += 1;
+        }
+        // Padding every row has at its front is dead weight once the rows that needed no
+        // padding have left: drop it.
+        let common = self.rows.iter().map(|r| r.pad).min().unwrap_or(0);
+        if common > 0 {
+            self.cache = self.cache.drop_front(common)?;
+            self.rows.iter_mut().for_each(|r| r.pad -= common);
+        }
+        Ok(())
+    }
+
+    /// How many times rows that left were dropped by copying the others into new buffers.
+    pub fn compactions(&self) -> u64 {
+        self.compactions
     }
 
     /// Keep only the rows `staying` says (a caller went away), their logits with them.
@@ -458,28 +503,23 @@ impl<'m> Executor<'m> {
             return Ok(());
         }
         let keep: Vec<u32> = (0..staying.len() as u32).filter(|&p| staying[p as usize]).collect();
-        let mut position = 0;
-        self.slots.retain(|_| {
-            position += 1;
-            staying[position - 1]
-        });
-        if self.slots.is_empty() {
+        let leaving: Vec<bool> = staying.iter().map(|&s| !s).collect();
+        self.leave(&leaving)?;
+        if self.rows.is_empty() {
             self.logits = None;
-            self.cache = self.model.new_cache();
             return Ok(());
         }
-        let index = Tensor::from_vec(keep, self.slots.len(), self.model.device())?;
-        self.cache = self.cache.select_rows(&index)?;
+        let index = Tensor::from_vec(keep, self.rows.len(), self.model.device())?;
         self.logits = match self.logits.take() {
             Some(logits) => Some(logits.index_select(&index, 0)?),
             None => None,
         };
-        self.drop_shared_padding()
+        Ok(())
     }
 
     /// Drop every row (after an error).
     pub fn abandon(&mut self) {
-        self.slots.clear();
+        self.rows.clear();
         self.logits = None;
         self.cache = self.model.new_cache();
     }

@@ -11,73 +11,11 @@ use crate::executor::{Executor, Prefilling};
 use crate::llama::Model;
 use crate::output::OutputProcessor;
 use crate::prefix_cache::{BLOCK, PrefixCache, PrefixStats};
-use crate::sampling::Sampling;
+pub use crate::request::{Completion, FinishReason, GenerateRequest, RequestId, extent, validate};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-
-/// `n` completions of one prompt.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct GenerateRequest {
-    pub prompt: Vec<u32>,
-    pub n: usize,
-    pub sampling: Sampling,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum FinishReason {
-    /// An end-of-sequence token or a stop string.
-    Stop,
-    /// `max_tokens`, or the model's context, was reached.
-    Length,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Completion {
-    /// Generated token ids (the EOS token included when generation stopped on it).
-    pub tokens: Vec<u32>,
-    /// Log-probability of each generated token under the model at temperature 1.
-    pub logprobs: Vec<f32>,
-    /// For each generated token, the most likely tokens at its position and their
-    /// log-probabilities (`Sampling::top_logprobs` of them; empty when that is 0).
-    pub top_logprobs: Vec<Vec<(u32, f32)>>,
-    /// The text, without EOS or the stop string.
-    pub text: String,
-    pub finish: FinishReason,
-    /// The version of the weights that sampled it: the engine actor counts every update
-    /// made through its barrier ([`EngineHandle::hold_weights`](crate::EngineHandle::hold_weights));
-    /// 0 outside the actor.
-    pub weights_version: u64,
-}
-
-/// Which request a batch's row or result belongs to (chosen by the caller).
-pub type RequestId = u64;
-
-/// Check a request before it may join a batch.
-pub fn validate(model: &Model, request: &GenerateRequest) -> Result<()> {
-    request.sampling.validate().map_err(Error::Input)?;
-    if request.prompt.is_empty() {
-        return Err(Error::Input("the prompt is empty".into()));
-    }
-    let context = model.config().context();
-    if request.prompt.len() >= context {
-        return Err(Error::Input(format!(
-            "the prompt has {} tokens, the model's context is {context}",
-            request.prompt.len()
-        )));
-    }
-    if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= model.config().vocab_size) {
-        return Err(Error::Input(format!("token id {bad} is outside the vocabulary of {}", model.config().vocab_size)));
-    }
-    Ok(())
-}
-
-/// Cache positions a request may come to need: its prompt and every token it may generate,
-/// within the model's context.
-pub fn extent(request: &GenerateRequest, context: usize) -> usize {
-    (request.prompt.len() + request.sampling.max_tokens).min(context)
-}
 
 /// One lane of the engine: rows decoding together. Each [`step`](Batch::step) is the
 /// engine loop's three parts in turn — which work runs (the slice of a long prompt due
@@ -130,11 +68,12 @@ impl<'m> Batch<'m> {
         self.prefill_chunk = chunk.map(|c| c.max(1));
     }
 
-    /// What this batch may come to hold: its rows (with the prompts still being prefilled)
-    /// and the longest extent among its requests — cache positions are rows × longest, since
-    /// the rows share one left-padded cache. What a server's memory budget counts.
+    /// What this batch may come to hold: its rows (the slots finished rows left in its cache
+    /// included, and the prompts still being prefilled) and the longest extent among its
+    /// requests — cache positions are rows × longest, since the rows share one left-padded
+    /// cache. What a server's memory budget counts.
     pub fn load(&self) -> (usize, usize) {
-        let rows = self.executor.rows() + self.prefilling.iter().map(|p| p.request.n).sum::<usize>();
+        let rows = self.executor.rows_held() + self.prefilling.iter().map(|p| p.request.n).sum::<usize>();
         (rows, self.extents.values().copied().max().unwrap_or(0))
     }
 
@@ -166,6 +105,13 @@ impl<'m> Batch<'m> {
     /// Cache positions per row, padding included (what one decode step attends over).
     pub fn cache_len(&self) -> usize {
         self.executor.cache_len()
+    }
+
+    /// How many times rows that finished left by the others being copied into new buffers
+    /// (on the CPU's decoding path at most about log2 of the rows a batch held; elsewhere
+    /// once per step that rows finish).
+    pub fn compactions(&self) -> u64 {
+        self.executor.compactions()
     }
 
     /// Prefill `requests` (already validated, ids not in use) and add their samples to the

@@ -24,6 +24,7 @@ pub mod lora;
 pub mod memory_budget;
 mod output;
 pub mod prefix_cache;
+pub mod request;
 pub mod sampling;
 mod scheduler;
 pub mod tokenizer;
@@ -46,10 +47,11 @@ pub use comm_mpi::MpiComm;
 #[cfg(feature = "cuda")]
 pub use comm_nccl::NcclComm;
 pub use config::Config;
-pub use generate::{Batch, Completion, FinishReason, GenerateRequest, RequestId, generate, generate_with};
+pub use generate::{Batch, generate, generate_with};
 pub use llama::{KvCache, Model};
 pub use load::{LoadOptions, LoadedModel, WeightMirror, load};
 pub use output::TextPiece;
+pub use request::{Completion, FinishReason, GenerateRequest, RequestId};
 pub use sampling::Sampling;
 pub use tokenizer::{ChatMessage, TextStream, Tokenizer};
 

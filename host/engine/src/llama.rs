@@ -315,6 +315,11 @@ impl KvCache {
         self.len
     }
 
+    /// Rows of the buffers (slots, some perhaps left by finished rows); `None` while empty.
+    pub fn rows(&self) -> Option<usize> {
+        self.layers.iter().flatten().next().and_then(|(k, _)| k.dim(0).ok())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -434,10 +439,16 @@ impl KvCache {
     }
 }
 
-/// A layer's key and value buffers with room for `new` positions after `past`, grown (with
-/// room to spare) when full; `like` (`[batch, kv_heads, new, dim]`) gives their shape.
-fn reserve_kv(slot: &mut Option<(Tensor, Tensor)>, past: usize, like: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (batch, heads, new, dim) = like.dims4()?;
+/// A layer's key and value buffers of `batch` rows with room for `new` positions after
+/// `past`, grown (with room to spare) when full; `like` (`[.., kv_heads, new, dim]`) gives
+/// the rest of their shape.
+fn reserve_kv(
+    slot: &mut Option<(Tensor, Tensor)>,
+    past: usize,
+    batch: usize,
+    like: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (_, heads, new, dim) = like.dims4()?;
     let total = past + new;
     match slot {
         Some((kb, _)) if kb.dim(2)? >= total => {}
@@ -467,7 +478,7 @@ fn reserve_kv(slot: &mut Option<(Tensor, Tensor)>, past: usize, like: &Tensor) -
 /// of its buffers and return views of all `past + new` positions.
 fn append_kv(slot: &mut Option<(Tensor, Tensor)>, past: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
     let total = past + k.dim(2)?;
-    let (kb, vb) = reserve_kv(slot, past, k)?;
+    let (kb, vb) = reserve_kv(slot, past, k.dim(0)?, k)?;
     kb.slice_set(&k.contiguous()?, 2, past)?;
     vb.slice_set(&v.contiguous()?, 2, past)?;
     Ok((kb.narrow(2, 0, total)?, vb.narrow(2, 0, total)?))
@@ -491,6 +502,8 @@ enum StepKind<'a> {
         first: Vec<usize>,
         /// Per row: the new token's rotary position.
         positions: Vec<usize>,
+        /// Per row: its slot of the cache's buffers.
+        slots: Vec<usize>,
     },
 }
 
@@ -715,27 +728,57 @@ impl Model {
     /// (masked, and not counted in positions). Returns logits of the last position only
     /// (`[batch, vocab]`) unless `all_positions`, then `[batch, len, vocab]`.
     pub fn forward(&self, tokens: &Tensor, pads: &[usize], cache: &mut KvCache, all_positions: bool) -> Result<Tensor> {
+        self.forward_in_slots(tokens, pads, None, cache, all_positions)
+    }
+
+    /// Whether a decoding step can run rows that sit in any slots of the cache's buffers
+    /// ([`forward_in_slots`](Self::forward_in_slots)): the CPU's decoding kernels read and
+    /// write each row's slot in place, so a row that finishes leaves its slot behind instead
+    /// of every other row being copied into new buffers.
+    pub fn decodes_in_slots(&self) -> bool {
+        self.host_rope.is_some()
+    }
+
+    /// [`forward`](Self::forward) where row `b` of `tokens` is row `slots[b]` of the cache's
+    /// buffers (`None`: row `b`). Slots other than in order take one token per row and
+    /// [`decodes_in_slots`](Self::decodes_in_slots).
+    pub fn forward_in_slots(
+        &self,
+        tokens: &Tensor,
+        pads: &[usize],
+        slots: Option<&[usize]>,
+        cache: &mut KvCache,
+        all_positions: bool,
+    ) -> Result<Tensor> {
         if self.comm.size() == 1 && self.device.is_cpu() {
             // Run the whole step on one of candle's rayon threads, so that the caller joins
             // each matmul's work instead of handing every one to the pool and sleeping until
             // it is done (two thread wake-ups per op, ~200 ops per step). Not with several
             // ranks: each rank's step blocks in the all-reduce waiting for the others, and
             // the pool may have fewer threads than ranks.
-            return rayon::scope(|_| self.forward_here(tokens, pads, cache, all_positions));
+            return rayon::scope(|_| self.forward_here(tokens, pads, slots, cache, all_positions));
         }
-        self.forward_here(tokens, pads, cache, all_positions)
+        self.forward_here(tokens, pads, slots, cache, all_positions)
     }
 
     fn forward_here(
         &self,
         tokens: &Tensor,
         pads: &[usize],
+        slots: Option<&[usize]>,
         cache: &mut KvCache,
         all_positions: bool,
     ) -> Result<Tensor> {
         let (batch, len) = tokens.dims2()?;
         if pads.len() != batch {
             return Err(Error::Input(format!("{} padding counts for a batch of {batch}", pads.len())));
+        }
+        let in_order = slots.is_none_or(|s| s.iter().copied().eq(0..batch)) && cache.rows().is_none_or(|r| r == batch);
+        if !in_order && (len != 1 || !self.decodes_in_slots() || slots.is_some_and(|s| s.len() != batch)) {
+            return Err(Error::Input(format!(
+                "rows in slots {slots:?} of a cache of {:?} rows: only one token per row on the CPU's decoding path",
+                cache.rows()
+            )));
         }
         let past = cache.len();
         // Padding does not count: a row's positions start after its pads.
@@ -752,6 +795,7 @@ impl Model {
                 rope,
                 first: pads.iter().map(|&p| p.min(past)).collect(),
                 positions: pads.iter().map(|&p| past.saturating_sub(p)).collect(),
+                slots: slots.map_or_else(|| (0..batch).collect(), <[usize]>::to_vec),
             },
             _ => {
                 let positions: Vec<u32> =
@@ -852,8 +896,8 @@ impl Attention {
         let (cos, sin, mask) = match &step.kind {
             StepKind::Tensors { local: Some(local), .. } if self.sliding => (&local.cos, &local.sin, &local.mask),
             StepKind::Tensors { cos, sin, mask, .. } => (cos, sin, mask),
-            StepKind::Decode { rope, first, positions } => {
-                return self.forward_decoding(x, past, rope, first, positions, cache);
+            StepKind::Decode { rope, first, positions, slots } => {
+                return self.forward_decoding(x, past, rope, (first, positions, slots), cache);
             }
         };
         let (batch, len, _) = x.dims3()?;
@@ -896,11 +940,15 @@ impl Attention {
         x: &Tensor,
         past: usize,
         rope: &RopeTables,
-        first: &[usize],
-        positions: &[usize],
+        (first, positions, slots): (&[usize], &[usize], &[usize]),
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
         let batch = x.dim(0)?;
+        // The buffers keep their rows (slots) whichever rows run.
+        let buffer_rows = match cache {
+            Some((kb, _)) => kb.dim(0)?,
+            None => batch,
+        };
         let [q, k, v] = self.qkv.forward(x)?;
         let (mut q, mut k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         if let Some(norm) = &self.qk_norm {
@@ -908,10 +956,10 @@ impl Attention {
             k = norm.k.forward_flat(&k, self.kv_heads)?;
         }
         let like = k.reshape((batch, self.kv_heads, 1, self.head_dim))?;
-        let (kb, vb) = reserve_kv(cache, past, &like)?;
-        kb.inplace_op2(&k, &StoreToken { at: past, rope: Some((rope, positions)) })?;
-        vb.inplace_op2(&v, &StoreToken { at: past, rope: None })?;
-        let attention = DecodeAttention { heads: self.heads, total: past + 1, first, positions, rope };
+        let (kb, vb) = reserve_kv(cache, past, buffer_rows, &like)?;
+        kb.inplace_op2(&k, &StoreToken { at: past, slots, rope: Some((rope, positions)) })?;
+        vb.inplace_op2(&v, &StoreToken { at: past, slots, rope: None })?;
+        let attention = DecodeAttention { heads: self.heads, total: past + 1, slots, first, positions, rope };
         let out = q.apply_op3_no_bwd(&kb, &vb, &attention)?;
         self.o.forward(&out)
     }

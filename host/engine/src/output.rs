@@ -7,7 +7,7 @@
 //!
 //! It knows nothing of tensors, caches or devices: a row here is its text and its tokens.
 
-use crate::generate::{Completion, FinishReason, GenerateRequest, RequestId};
+use crate::request::{Completion, FinishReason, GenerateRequest, RequestId};
 use crate::sampling::Sampling;
 use crate::tokenizer::{TextStream, Tokenizer};
 use crate::{Error, Result};

@@ -9,9 +9,8 @@
 //! callers: the executor (`executor.rs`) runs what it lets in, the output processor
 //! (`output.rs`) answers.
 
-use crate::actor::EngineOptions;
 use crate::comm::Comm;
-use crate::generate::{GenerateRequest, RequestId};
+use crate::request::{GenerateRequest, RequestId};
 use crate::{Error, Result};
 
 /// One turn of the engine's changes to its batches: the requests joining each lane (a lane
@@ -34,27 +33,35 @@ pub(crate) fn share_plan(ranks: &dyn Comm, plan: Option<&Plan>) -> Result<Option
     serde_json::from_slice(&all[0]).map_err(|e| Error::Comm(format!("rank 0 sent an unreadable engine plan: {e}")))
 }
 
+/// What bounds the lanes: how many may decode side by side, and the bytes of keys and
+/// values they may come to hold (`None`: unbounded), counted at `bytes_per_position`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaneLimits {
+    pub max_lanes: usize,
+    pub kv_budget_bytes: Option<u64>,
+    pub bytes_per_position: usize,
+}
+
 /// A turn's placement of requests in lanes.
-pub(crate) struct Scheduler<'o> {
-    options: &'o EngineOptions,
-    bytes_per_position: usize,
+pub(crate) struct Scheduler {
+    limits: LaneLimits,
     /// Per lane: rows and longest extent, the requests placed this turn included.
     loads: Vec<(usize, usize)>,
     joining: Vec<Vec<(RequestId, GenerateRequest)>>,
 }
 
-impl<'o> Scheduler<'o> {
+impl Scheduler {
     /// A turn over lanes whose loads (`Batch::load`) are `loads`.
-    pub fn new(loads: Vec<(usize, usize)>, options: &'o EngineOptions, bytes_per_position: usize) -> Self {
+    pub fn new(loads: Vec<(usize, usize)>, limits: LaneLimits) -> Self {
         let joining = vec![Vec::new(); loads.len()];
-        Scheduler { options, bytes_per_position, loads, joining }
+        Scheduler { limits, loads, joining }
     }
 
     /// Place `request` (validated; `extent` cache positions) in a lane, or give the error
     /// that refuses it: [`Error::Busy`] when the work in flight holds the budget,
     /// [`Error::Input`] when it alone would pass it.
     pub fn place(&mut self, id: RequestId, request: GenerateRequest, extent: usize) -> Result<()> {
-        let lane = admission(&self.loads, request.n, extent, self.options, self.bytes_per_position)?;
+        let lane = admission(&self.loads, request.n, extent, &self.limits)?;
         if lane == self.loads.len() {
             self.loads.push((0, 0));
             self.joining.push(Vec::new());
@@ -79,21 +86,16 @@ fn budgeted_bytes(positions: usize, bytes_per_position: usize) -> u64 {
 /// Choose a lane for a request of `rows` samples and `extent` positions, given the lanes'
 /// loads `(rows, longest extent)`: the one it pads least, or a new lane when joining would
 /// more than double what it adds by itself; then check the budget over every lane.
-fn admission(
-    loads: &[(usize, usize)],
-    rows: usize,
-    extent: usize,
-    options: &EngineOptions,
-    bytes_per_position: usize,
-) -> Result<usize> {
+fn admission(loads: &[(usize, usize)], rows: usize, extent: usize, limits: &LaneLimits) -> Result<usize> {
+    let bytes_per_position = limits.bytes_per_position;
     let added = |&(r, longest): &(usize, usize)| (r + rows) * longest.max(extent) - r * longest;
     let alone = rows * extent;
     let (mut lane, mut cost) =
         loads.iter().enumerate().map(|(i, load)| (i, added(load))).min_by_key(|&(_, c)| c).unwrap_or((0, alone));
-    if loads.is_empty() || (cost > 2 * alone && loads.len() < options.max_lanes.max(1)) {
+    if loads.is_empty() || (cost > 2 * alone && loads.len() < limits.max_lanes.max(1)) {
         (lane, cost) = (loads.len(), alone);
     }
-    let Some(budget) = options.kv_budget_bytes else { return Ok(lane) };
+    let Some(budget) = limits.kv_budget_bytes else { return Ok(lane) };
     let alone_bytes = budgeted_bytes(alone, bytes_per_position);
     if alone_bytes > budget {
         return Err(Error::Input(format!(
@@ -120,32 +122,32 @@ fn admission(
 mod tests {
     use super::*;
 
-    fn options(max_lanes: usize, budget: Option<u64>) -> EngineOptions {
-        EngineOptions { max_lanes, kv_budget_bytes: budget, ..Default::default() }
+    fn limits(max_lanes: usize, kv_budget_bytes: Option<u64>, bytes_per_position: usize) -> LaneLimits {
+        LaneLimits { max_lanes, kv_budget_bytes, bytes_per_position }
     }
 
     #[test]
     fn a_request_joins_the_lane_it_pads_least_or_opens_one() {
-        let two = options(2, None);
+        let two = limits(2, None, 1);
         // One lane of 4 rows × 100: a request of 4 × 90 adds 360 there, fine.
-        assert_eq!(admission(&[(4, 100)], 4, 90, &two, 1).unwrap(), 0);
+        assert_eq!(admission(&[(4, 100)], 4, 90, &two).unwrap(), 0);
         // A 4,000-position request among short rows would pad them all: a lane of its own.
-        assert_eq!(admission(&[(32, 100)], 1, 4000, &two, 1).unwrap(), 1);
+        assert_eq!(admission(&[(32, 100)], 1, 4000, &two).unwrap(), 1);
         // Not past max_lanes.
-        assert_eq!(admission(&[(32, 100), (1, 4000)], 1, 8000, &two, 1).unwrap(), 1);
-        assert_eq!(admission(&[], 3, 10, &two, 1).unwrap(), 0);
+        assert_eq!(admission(&[(32, 100), (1, 4000)], 1, 8000, &two).unwrap(), 1);
+        assert_eq!(admission(&[], 3, 10, &two).unwrap(), 0);
     }
 
     #[test]
     fn the_budget_refuses_what_does_not_fit_by_kind() {
         // Alone, 2 × 100 positions count (300 + 32) × 8 bytes = 2,656.
-        let tight = options(1, Some(2_000));
-        assert!(matches!(admission(&[], 2, 100, &tight, 8), Err(Error::Input(_))));
-        let some = options(1, Some(4_000));
-        assert_eq!(admission(&[], 2, 100, &some, 8).unwrap(), 0);
-        assert!(matches!(admission(&[(2, 100)], 2, 100, &some, 8), Err(Error::Busy(_))));
+        let tight = limits(1, Some(2_000), 8);
+        assert!(matches!(admission(&[], 2, 100, &tight), Err(Error::Input(_))));
+        let some = limits(1, Some(4_000), 8);
+        assert_eq!(admission(&[], 2, 100, &some).unwrap(), 0);
+        assert!(matches!(admission(&[(2, 100)], 2, 100, &some), Err(Error::Busy(_))));
         // A turn's placements count against each other.
-        let mut turn = Scheduler::new(vec![(0, 0)], &some, 8);
+        let mut turn = Scheduler::new(vec![(0, 0)], some);
         let request = GenerateRequest { prompt: vec![1; 50], n: 2, sampling: Default::default() };
         turn.place(0, request.clone(), 100).unwrap();
         assert!(matches!(turn.place(1, request, 100), Err(Error::Busy(_))));
