@@ -484,6 +484,14 @@ fn append_kv(slot: &mut Option<(Tensor, Tensor)>, past: usize, k: &Tensor, v: &T
     Ok((kb.narrow(2, 0, total)?, vb.narrow(2, 0, total)?))
 }
 
+/// The rows of one forward step: their tokens, padding and (decoding in slots) cache slots,
+/// as [`Model::forward_in_slots`] takes them.
+struct StepRows<'a> {
+    tokens: &'a Tensor,
+    pads: &'a [usize],
+    slots: Option<&'a [usize]>,
+}
+
 /// What every layer's attention needs of one forward step.
 struct Step<'a> {
     /// Positions in the cache before this step's tokens.
@@ -756,19 +764,13 @@ impl Model {
             // it is done (two thread wake-ups per op, ~200 ops per step). Not with several
             // ranks: each rank's step blocks in the all-reduce waiting for the others, and
             // the pool may have fewer threads than ranks.
-            return rayon::scope(|_| self.forward_here(tokens, pads, slots, cache, all_positions));
+            return rayon::scope(|_| self.forward_here(StepRows { tokens, pads, slots }, cache, all_positions));
         }
-        self.forward_here(tokens, pads, slots, cache, all_positions)
+        self.forward_here(StepRows { tokens, pads, slots }, cache, all_positions)
     }
 
-    fn forward_here(
-        &self,
-        tokens: &Tensor,
-        pads: &[usize],
-        slots: Option<&[usize]>,
-        cache: &mut KvCache,
-        all_positions: bool,
-    ) -> Result<Tensor> {
+    fn forward_here(&self, rows: StepRows, cache: &mut KvCache, all_positions: bool) -> Result<Tensor> {
+        let StepRows { tokens, pads, slots } = rows;
         let (batch, len) = tokens.dims2()?;
         if pads.len() != batch {
             return Err(Error::Input(format!("{} padding counts for a batch of {batch}", pads.len())));
