@@ -374,3 +374,47 @@ fn a_run_sampling_on_the_device_rolls_out_what_the_host_sampler_does() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("device_sampling"), "{said}");
 }
+
+/// Every objective trains end to end (`grpo.loss`, `grpo.advantage`, `grpo.kl_estimator`:
+/// two steps each, every loss finite, and each run's second step differs from GRPO's — the
+/// objective reached the update); a value that is not one is refused naming the key and
+/// what it may be, before any run directory is made.
+#[test]
+fn every_objective_trains_and_bad_ones_are_refused_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.05);
+    let losses = |run: &str, set: &[&str]| -> Vec<f64> {
+        let mut args = vec!["--eval-tasks", "0"];
+        for s in set {
+            args.extend(["--set", s]);
+        }
+        let out = train_with(&config, &dir.path().join(run), &args);
+        assert!(out.status.success(), "{run}: {}", String::from_utf8_lossy(&out.stderr));
+        let steps = metrics(&dir.path().join(run));
+        assert_eq!(steps.len(), 2, "{run}");
+        steps.iter().map(|s| s["loss"].as_f64().filter(|l| l.is_finite()).expect("a finite loss")).collect()
+    };
+    let grpo = losses("grpo", &[]);
+    for (run, set) in [
+        ("gspo", &["grpo.loss=gspo", "grpo.aggregation=sequence-mean"][..]),
+        ("cispo", &["grpo.loss=cispo", "grpo.clip_high=4"]),
+        ("rloo", &["grpo.advantage=rloo"]),
+        ("k2", &["grpo.beta=0.04", "grpo.kl_estimator=k2"]),
+    ] {
+        let theirs = losses(run, set);
+        assert_ne!(theirs, grpo, "{run}: the same losses as GRPO's");
+    }
+    for (set, said) in [
+        ("grpo.loss=ppo", "expected one of `grpo`, `gspo`, `cispo`"),
+        ("grpo.advantage=loo", "`rloo`"),
+        ("grpo.kl_estimator=k4", "`k3`"),
+    ] {
+        let out = train_with(&config, &dir.path().join("bad"), &["--set", set]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(set) && stderr.contains(said), "{set}: {stderr}");
+    }
+    let out = train_with(&config, &dir.path().join("bad"), &["--set", "grpo.kl_estimator=k1", "--set", "grpo.beta=0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no KL term to estimate"), "{stderr}");
+    assert!(!dir.path().join("bad").exists());
+}

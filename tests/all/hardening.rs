@@ -613,7 +613,7 @@ fn a_token_outside_the_vocabulary_is_an_error() {
 pub(crate) fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
     wirl_grpo::UpdateSettings {
         learning_rate: 1e-3,
-        loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.0, entropy: 0.0 },
+        loss: wirl_grpo::loss::LossSettings::grpo(0.2, 0.2, 0.0, 0.0),
         inner_epochs: 1,
         aggregation: wirl_grpo::loss::Aggregation::TokenMean,
         max_grad_norm: Some(1.0),
@@ -629,7 +629,7 @@ pub(crate) fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
 /// μ = 2 epochs, clipping, a KL term and an entropy bonus: every part of the loss at work.
 pub(crate) fn two_epochs_with_kl() -> wirl_grpo::UpdateSettings {
     wirl_grpo::UpdateSettings {
-        loss: wirl_grpo::loss::LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 },
+        loss: wirl_grpo::loss::LossSettings::grpo(0.2, 0.2, 0.04, 0.01),
         inner_epochs: 2,
         ..tiny_update_settings()
     }

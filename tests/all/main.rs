@@ -2,6 +2,7 @@
 //! `wirl-test-artifacts`), and the real `wirl` binary.
 
 mod agents;
+mod algorithms;
 mod cli;
 mod code;
 mod datasets;

@@ -16,6 +16,38 @@ pub enum AdvantageMode {
     Grpo,
     /// `r − mean`, no division (Dr. GRPO).
     MeanOnly,
+    /// `r − mean of the others`, the leave-one-out baseline (RLOO; verl's `rloo`:
+    /// `(n·r − Σr) / (n − 1)`).
+    Rloo,
+}
+
+/// How the policy term weighs each token's log-probability (docs/ALGORITHMS.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossKind {
+    /// PPO's clipped surrogate per token, `−min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A)`
+    /// with `r = π/π_old` (GRPO, DAPO's clip-higher).
+    #[default]
+    Grpo,
+    /// The same clip on the sequence's ratio `s = exp(mean_t log(π/π_old))` over its
+    /// trained tokens (GSPO; TRL's `importance_sampling_level = "sequence"`).
+    Gspo,
+    /// `−sg(min(r, 1 + ε_high))·A·log π` per token: the importance weight clipped and
+    /// detached, every token's gradient kept (CISPO, MiniMax-M1; no lower bound).
+    Cispo,
+}
+
+/// How the KL penalty to the reference is estimated per token, from `d = log π − log π_ref`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KlEstimator {
+    /// `d` (unbiased, may be negative).
+    K1,
+    /// `d² / 2`.
+    K2,
+    /// `exp(−d) + d − 1` (unbiased, never negative: GRPO's, TRL's).
+    #[default]
+    K3,
 }
 
 /// How per-token losses are summed into the step's loss.
@@ -43,8 +75,11 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
         return None;
     }
     let mean = rewards.iter().sum::<f32>() / n as f32;
+    // The leave-one-out baseline's scale: n / (n − 1) (a single completion has no other).
+    let loo = n as f32 / (n.max(2) - 1) as f32;
     let advantages: Vec<f32> = match mode {
         AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect(),
+        AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
         AdvantageMode::Grpo => {
             let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / (n.max(2) - 1) as f32;
             let std = var.sqrt();
@@ -56,8 +91,10 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     }
     let rewards: Vec<f64> = rewards.iter().map(|&r| f64::from(r)).collect();
     let mean = rewards.iter().sum::<f64>() / n as f64;
+    let loo = n as f64 / (n.max(2) - 1) as f64;
     let advantages = match mode {
         AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect::<Vec<f64>>(),
+        AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
         AdvantageMode::Grpo => {
             let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n.max(2) - 1) as f64;
             let std = var.sqrt();
@@ -128,6 +165,17 @@ pub struct LossSettings {
     pub beta: f64,
     /// Entropy bonus coefficient (0: none).
     pub entropy: f64,
+    /// The policy term.
+    pub kind: LossKind,
+    /// The KL penalty's estimator (with `beta` > 0).
+    pub kl: KlEstimator,
+}
+
+impl LossSettings {
+    /// GRPO's loss with the k3 KL: what every run before these choices trained with.
+    pub fn grpo(clip_low: f64, clip_high: f64, beta: f64, entropy: f64) -> Self {
+        LossSettings { clip_low, clip_high, beta, entropy, kind: LossKind::Grpo, kl: KlEstimator::K3 }
+    }
 }
 
 /// The step's loss over one micro-batch, and what it is made of.
@@ -153,23 +201,49 @@ pub fn grpo_loss(
     settings: &LossSettings,
 ) -> Result<LossParts> {
     let advantages = if advantages.rank() == 1 { advantages.unsqueeze(1)? } else { advantages.clone() };
-    let ratio = (logp - old_logp)?.exp()?;
-    let unclipped = ratio.broadcast_mul(&advantages)?;
-    let clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)?.broadcast_mul(&advantages)?;
-    let mut per_token = unclipped.minimum(&clipped)?.neg()?;
     let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
+    let log_ratio = (logp - old_logp)?;
+    let ratio = match settings.kind {
+        LossKind::Grpo | LossKind::Cispo => log_ratio.exp()?,
+        LossKind::Gspo => {
+            // The geometric mean of the sequence's token ratios over its trained tokens,
+            // the same for each of them: `[rows, 1]`, broadcast below.
+            let tokens = active.sum_keepdim(1)?.maximum(1.0)?;
+            ((log_ratio * &active)?.sum_keepdim(1)? / tokens)?.exp()?.broadcast_as(logp.shape())?
+        }
+    };
+    let (mut per_token, was_clipped) = match settings.kind {
+        LossKind::Grpo | LossKind::Gspo => {
+            let unclipped = ratio.broadcast_mul(&advantages)?;
+            let clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)?.broadcast_mul(&advantages)?;
+            (unclipped.minimum(&clipped)?.neg()?, clipped.lt(&unclipped)?)
+        }
+        LossKind::Cispo => {
+            let cap = 1.0 + settings.clip_high;
+            let weight = ratio.minimum(cap)?.detach();
+            (weight.broadcast_mul(&advantages)?.mul(logp)?.neg()?, ratio.gt(cap)?)
+        }
+    };
     let clip_fraction = {
-        let was_clipped = clipped.lt(&unclipped)?.to_dtype(weights.dtype())?;
+        let was_clipped = was_clipped.to_dtype(weights.dtype())?;
         let tokens = active.sum_all()?.to_scalar::<f32>()?;
         if tokens > 0.0 { (was_clipped * &active)?.sum_all()?.to_scalar::<f32>()? / tokens } else { 0.0 }
     };
     let mut kl = 0.0;
     if let (Some(reference), true) = (ref_logp, settings.beta > 0.0) {
-        // k3: exp(ref − cur) − (ref − cur) − 1, unbiased and always ≥ 0.
-        let delta = (reference - logp)?;
-        let k3 = ((delta.exp()? - &delta)? - 1.0)?;
-        kl = (k3.detach() * weights)?.sum_all()?.to_scalar::<f32>()?;
-        per_token = (per_token + (k3 * settings.beta)?)?;
+        let estimate = match settings.kl {
+            // k1: log π − log π_ref.
+            KlEstimator::K1 => (logp - reference)?,
+            // k2: (log π − log π_ref)² / 2.
+            KlEstimator::K2 => ((logp - reference)?.sqr()? * 0.5)?,
+            // k3: exp(ref − cur) − (ref − cur) − 1, unbiased and always ≥ 0.
+            KlEstimator::K3 => {
+                let delta = (reference - logp)?;
+                ((delta.exp()? - &delta)? - 1.0)?
+            }
+        };
+        kl = (estimate.detach() * weights)?.sum_all()?.to_scalar::<f32>()?;
+        per_token = (per_token + (estimate * settings.beta)?)?;
     }
     let mut entropy_sum = 0.0;
     if let Some(entropy) = entropy {
@@ -238,7 +312,7 @@ mod tests {
 
     #[test]
     fn clipped_surrogate_kl_and_entropy_by_hand() {
-        let settings = LossSettings { clip_low: 0.2, clip_high: 0.28, beta: 0.0, entropy: 0.0 };
+        let settings = LossSettings::grpo(0.2, 0.28, 0.0, 0.0);
         // Token ratios e^0.5 = 1.6487 (above 1 + 0.28) and e^-0.5 = 0.6065 (below 1 − 0.2).
         let logp = t(&[&[0.0, 0.0]]);
         let old = t(&[&[-0.5, 0.5]]);
@@ -256,7 +330,7 @@ mod tests {
         close(parts.loss.to_scalar::<f32>().unwrap(), expected);
 
         // k3 KL with β and an entropy bonus; ratio 1 (on-policy).
-        let settings = LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.04, entropy: 0.01 };
+        let settings = LossSettings::grpo(0.2, 0.2, 0.04, 0.01);
         let logp = t(&[&[-1.0, -2.0]]);
         let reference = t(&[&[-1.5, -2.0]]);
         let entropy = t(&[&[3.0, 1.0]]);
@@ -277,7 +351,7 @@ mod tests {
         let old = logp.detach();
         let weights = t(&[&[0.25, 0.75]]);
         let adv = Tensor::new(&[2.0f32], &Device::Cpu).unwrap();
-        let settings = LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.0, entropy: 0.0 };
+        let settings = LossSettings::grpo(0.2, 0.2, 0.0, 0.0);
         let parts = grpo_loss(logp, &old, None, None, &adv, &weights, &settings).unwrap();
         let grads = parts.loss.backward().unwrap();
         let g: Vec<Vec<f32>> = grads.get(logp).unwrap().to_vec2().unwrap();
@@ -292,7 +366,7 @@ mod tests {
         let logp = var.as_tensor();
         let weights = t(&[&[0.25, 0.75]]);
         let adv = t(&[&[2.0 * 0.5, 2.0 * 2.0]]);
-        let settings = LossSettings { clip_low: 0.2, clip_high: 0.2, beta: 0.0, entropy: 0.0 };
+        let settings = LossSettings::grpo(0.2, 0.2, 0.0, 0.0);
         let parts = grpo_loss(logp, &logp.detach(), None, None, &adv, &weights, &settings).unwrap();
         let grads = parts.loss.backward().unwrap();
         let g: Vec<Vec<f32>> = grads.get(logp).unwrap().to_vec2().unwrap();

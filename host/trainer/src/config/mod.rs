@@ -16,7 +16,7 @@ mod validate;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
+use wirl_grpo::{AdvantageMode, Aggregation, KlEstimator, LossKind, Schedule};
 use wirl_rollout::{
     AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec,
     SourceSpec,
@@ -484,8 +484,16 @@ pub struct GrpoSection {
     pub entropy: f64,
     /// μ: updates per batch of rollouts (old log-probs from before the first).
     pub inner_epochs: usize,
+    /// `grpo` (a group's rewards normalised by its std), `mean-only` (Dr. GRPO) or `rloo`
+    /// (the leave-one-out baseline).
     pub advantage: AdvantageMode,
     pub aggregation: Aggregation,
+    /// The policy term: `grpo` (the clipped ratio per token), `gspo` (the clipped ratio of
+    /// the sequence) or `cispo` (the clipped importance weight, detached, times log π);
+    /// docs/ALGORITHMS.md.
+    pub loss: LossKind,
+    /// The KL penalty's estimator, `k1`, `k2` or `k3` (unset: k3); only with `beta` > 0.
+    pub kl_estimator: Option<KlEstimator>,
     /// What a trajectory whose scoring fails becomes: `mask` (no gradient, counted) or
     /// `reward` (trained on, with `failure_reward` for the failed plugin's reward).
     pub on_failure: OnFailure,
@@ -560,6 +568,8 @@ impl Default for GrpoSection {
             inner_epochs: 1,
             advantage: AdvantageMode::Grpo,
             aggregation: Aggregation::TokenMean,
+            loss: LossKind::Grpo,
+            kl_estimator: None,
             on_failure: OnFailure::Mask,
             failure_reward: 0.0,
             pass_reward: 1.0,

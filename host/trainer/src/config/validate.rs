@@ -155,6 +155,15 @@ impl TrainConfig {
                 "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
             );
         }
+        if let Some(estimator) = g.kl_estimator
+            && g.beta == 0.0
+        {
+            bail!(
+                "{origin}: `grpo.kl_estimator` = \"{}\" with `grpo.beta` = 0: there is no KL term to estimate \
+                 (set beta > 0, or leave kl_estimator out)",
+                format!("{estimator:?}").to_lowercase()
+            );
+        }
         Ok(())
     }
 

@@ -413,7 +413,14 @@ impl Trainer {
         let g = &self.config.grpo;
         UpdateSettings {
             learning_rate: wirl_grpo::optim::learning_rate(g.learning_rate, step, g.warmup_steps, g.steps, g.schedule),
-            loss: LossSettings { clip_low: g.clip_low, clip_high: g.clip_high, beta: g.beta, entropy: g.entropy },
+            loss: LossSettings {
+                clip_low: g.clip_low,
+                clip_high: g.clip_high,
+                beta: g.beta,
+                entropy: g.entropy,
+                kind: g.loss,
+                kl: g.kl_estimator.unwrap_or_default(),
+            },
             inner_epochs: g.inner_epochs,
             aggregation: g.aggregation,
             max_grad_norm: g.max_grad_norm,

@@ -1,0 +1,164 @@
+"""Reference values for wirl's objectives (docs/ALGORITHMS.md), from the peers' own code.
+
+Writes `tests/fixtures/algorithms.json`: fixed inputs (per-token log-probs of the policy, of
+the policy that sampled and of the reference; a mask of the trained tokens with ragged
+lengths; advantages; rewards) and, per case, the loss and its gradient with respect to the
+policy's log-probs as the peer computes them:
+
+- the losses TRL has — `loss_type` grpo / dr_grpo / dapo (three aggregations of the clipped
+  token ratio), `importance_sampling_level = "sequence"` (GSPO) and `loss_type = "cispo"`,
+  all with TRL's k3 KL — by TRL's own `GRPOTrainer._compute_loss` (installed TRL, called on
+  an object that carries only the settings it reads; the model's forward replaced by the
+  fixed log-probs, which are the leaf the gradient is taken with respect to);
+- the KL estimators TRL lacks (k1, k2) as verl's `kl_penalty` writes them
+  (`verl/trainer/ppo/core_algos.py`: "kl"/k1 `logprob − ref`, "mse"/k2 `½(logprob − ref)²`),
+  added to TRL's grpo loss (its k3 term replaced by them, as TRL's code adds it);
+- advantages: GRPO's and Dr. GRPO's as TRL computes them (`(r − mean) / (std + 1e-4)`, `r −
+  mean`), RLOO's as verl's `compute_rloo_outcome_advantage` does
+  (`r·n/(n−1) − mean·n/(n−1)`).
+
+    ~/.cache/wirl-peers/venv/bin/python scripts/reference/algorithms.py
+
+TRL 1.16.0 (the peers' venv); the version is written into the fixture.
+"""
+import collections
+import json
+import os
+import types
+
+import torch
+import trl
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests", "fixtures", "algorithms.json")
+
+torch.manual_seed(0)
+ROWS, WIDTH = 4, 6
+LENGTHS = [6, 3, 5, 1]
+MASK = torch.tensor([[1.0 if t < n else 0.0 for t in range(WIDTH)] for n in LENGTHS], dtype=torch.float64)
+# Log-probs around −2, the sampler's within ±0.4 of them (ratios from 0.67 to 1.5: some
+# clipped at 0.2 / 0.28, some not), the reference's within ±0.5.
+LOGP = (-2.0 + 0.8 * torch.randn(ROWS, WIDTH, dtype=torch.float64)).clamp(max=-0.05)
+OLD = LOGP + 0.4 * (2 * torch.rand(ROWS, WIDTH, dtype=torch.float64) - 1)
+REF = LOGP + 0.5 * (2 * torch.rand(ROWS, WIDTH, dtype=torch.float64) - 1)
+ADVANTAGES = torch.tensor([1.5, -0.5, 0.75, -1.25], dtype=torch.float64)
+REWARDS = [1.0, 0.0, 0.5, 1.0]
+MAX_TOKENS = 8
+
+
+def trl_loss(loss_type, level, beta, eps_low, eps_high):
+    """TRL's loss and d loss / d log π for the fixed inputs."""
+    logp = LOGP.clone().requires_grad_(True)
+
+    def forward(_self, *args, **kwargs):
+        return logp, torch.zeros_like(logp), None
+
+    trainer = types.SimpleNamespace(
+        _get_per_token_logps_and_entropies=types.MethodType(forward, object()),
+        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        importance_sampling_level=level, loss_type=loss_type, beta=beta,
+        epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
+        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
+        max_completion_length=MAX_TOKENS,
+        accelerator=types.SimpleNamespace(num_processes=1, gather=lambda x: x,
+                                          reduce=lambda x, reduction: x),
+        _metrics=collections.defaultdict(lambda: collections.defaultdict(list)),
+        _entropy_bonus_enabled=False, use_adaptive_entropy=False,
+    )
+    trainer.get_high_entropy_mask = None
+    inputs = {
+        "prompt_ids": torch.zeros(ROWS, 1, dtype=torch.long), "prompt_mask": torch.ones(ROWS, 1),
+        "completion_ids": torch.zeros(ROWS, WIDTH, dtype=torch.long), "completion_mask": MASK,
+        "advantages": ADVANTAGES, "old_per_token_logps": OLD, "ref_per_token_logps": REF,
+        "num_items_in_batch": MASK.sum(),
+    }
+    loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    loss.backward()
+    return float(loss.detach()), logp.grad.tolist()
+
+
+def aggregate(per_token, aggregation):
+    """TRL's aggregations of a per-token loss over MASK (grpo, dapo, dr_grpo's)."""
+    if aggregation == "sequence-mean":
+        return ((per_token * MASK).sum(-1) / MASK.sum(-1).clamp(min=1.0)).mean()
+    if aggregation == "token-mean":
+        return (per_token * MASK).sum() / MASK.sum()
+    return (per_token * MASK).sum() / (ROWS * MAX_TOKENS)
+
+
+def with_verl_kl(estimator, beta, aggregation, loss_type):
+    """TRL's loss without KL (beta 0) plus β × verl's KL estimate, aggregated as TRL's
+    loss_type aggregates (its KL is added per token before aggregating)."""
+    base, base_grad = trl_loss(loss_type, "token", 0.0, 0.2, 0.2)
+    logp = LOGP.clone().requires_grad_(True)
+    if estimator == "k1":  # verl kl_penalty "kl" / "k1"
+        kl = logp - REF
+    elif estimator == "k2":  # verl kl_penalty "mse" / "k2"
+        kl = 0.5 * (logp - REF).square()
+    else:
+        raise ValueError(estimator)
+    term = beta * aggregate(kl, aggregation)
+    term.backward()
+    grad = (torch.tensor(base_grad, dtype=torch.float64) + logp.grad).tolist()
+    return base + float(term.detach()), grad
+
+
+def advantages(rewards, mode):
+    r = torch.tensor(rewards, dtype=torch.float64)
+    n = len(rewards)
+    if mode == "grpo":  # TRL: (r − mean) / (std + 1e-4), std with Bessel's correction
+        return ((r - r.mean()) / (r.std() + 1e-4)).tolist()
+    if mode == "mean-only":  # TRL scale_rewards="none" (Dr. GRPO)
+        return (r - r.mean()).tolist()
+    if mode == "rloo":  # verl compute_rloo_outcome_advantage
+        return (r * n / (n - 1) - r.mean() * n / (n - 1)).tolist()
+    raise ValueError(mode)
+
+
+cases = []
+for name, loss_type, level, aggregation in [
+    ("grpo", "grpo", "token", "sequence-mean"),
+    ("dr_grpo", "dr_grpo", "token", "constant"),
+    ("dapo", "dapo", "token", "token-mean"),
+    ("gspo", "grpo", "sequence", "sequence-mean"),
+    ("gspo-token-mean", "dapo", "sequence", "token-mean"),
+]:
+    for beta in (0.0, 0.04):
+        for eps_high in (0.2, 0.28):
+            loss, grad = trl_loss(loss_type, level, beta, 0.2, eps_high)
+            cases.append({"name": name, "loss": "gspo" if level == "sequence" else "grpo", "aggregation": aggregation,
+                          "beta": beta, "kl": "k3", "clip_low": 0.2, "clip_high": eps_high,
+                          "value": loss, "grad": grad, "peer": f"trl {trl.__version__} {loss_type}/{level}"})
+for name, loss_type, aggregation in [("gspo", "grpo", "sequence-mean"), ("gspo-token-mean", "dapo", "token-mean")]:
+    # Narrow clips, so that whole sequences are clipped (the geometric mean of a sequence's
+    # ratios stays nearer 1 than its tokens' do).
+    loss, grad = trl_loss(loss_type, "sequence", 0.04, 0.02, 0.02)
+    cases.append({"name": f"{name}-narrow", "loss": "gspo", "aggregation": aggregation, "beta": 0.04, "kl": "k3",
+                  "clip_low": 0.02, "clip_high": 0.02, "value": loss, "grad": grad,
+                  "peer": f"trl {trl.__version__} {loss_type}/sequence"})
+for eps_high in (0.2, 4.0):
+    # TRL's epsilon_high for CISPO is the cap of the weight itself: wirl's 1 + clip_high.
+    loss, grad = trl_loss("cispo", "token", 0.04, 0.2, 1.0 + eps_high)
+    cases.append({"name": "cispo", "loss": "cispo", "aggregation": "token-mean", "beta": 0.04, "kl": "k3",
+                  "clip_low": 0.2, "clip_high": eps_high, "value": loss, "grad": grad,
+                  "peer": f"trl {trl.__version__} cispo"})
+for estimator in ("k1", "k2"):
+    loss, grad = with_verl_kl(estimator, 0.04, "sequence-mean", "grpo")
+    cases.append({"name": f"grpo-{estimator}", "loss": "grpo", "aggregation": "sequence-mean", "beta": 0.04,
+                  "kl": estimator, "clip_low": 0.2, "clip_high": 0.2, "value": loss, "grad": grad,
+                  "peer": f"trl {trl.__version__} grpo + verl kl_penalty {estimator}"})
+
+fixture = {
+    "about": "scripts/reference/algorithms.py: losses and d loss / d logp from TRL's GRPOTrainer._compute_loss "
+             "and verl's kl_penalty and advantage estimators, float64",
+    "trl": trl.__version__, "torch": torch.__version__,
+    "logp": LOGP.tolist(), "old_logp": OLD.tolist(), "ref_logp": REF.tolist(), "mask": MASK.tolist(),
+    "advantages": ADVANTAGES.tolist(), "max_tokens": MAX_TOKENS, "cases": cases,
+    "rewards": REWARDS,
+    "advantage_cases": [{"mode": m, "advantages": advantages(REWARDS, m)} for m in ("grpo", "mean-only", "rloo")],
+}
+with open(OUT, "w") as f:
+    json.dump(fixture, f, indent=1)
+print(f"{len(cases)} loss cases, 3 advantage cases -> {OUT}")
