@@ -13,6 +13,8 @@ policy's log-probs as the peer computes them:
 - the KL estimators TRL lacks (k1, k2) as verl's `kl_penalty` writes them
   (`verl/trainer/ppo/core_algos.py`: "kl"/k1 `logprob − ref`, "mse"/k2 `½(logprob − ref)²`),
   added to TRL's grpo loss (its k3 term replaced by them, as TRL's code adds it);
+- DAPO's overlong shaping as verl's DAPO reward manager computes it
+  (`verl/workers/reward_manager/dapo.py`: `min(−(length − (max − buffer)) / buffer · factor, 0)`);
 - advantages: GRPO's and Dr. GRPO's as TRL computes them (`(r − mean) / (std + 1e-4)`, `r −
   mean`), RLOO's as verl's `compute_rloo_outcome_advantage` does
   (`r·n/(n−1) − mean·n/(n−1)`).
@@ -150,6 +152,13 @@ for estimator in ("k1", "k2"):
                   "kl": estimator, "clip_low": 0.2, "clip_high": 0.2, "value": loss, "grad": grad,
                   "peer": f"trl {trl.__version__} grpo + verl kl_penalty {estimator}"})
 
+def overlong(length, max_tokens, buffer, factor):
+    """verl's DAPO reward manager's overlong reward."""
+    expected_len = max_tokens - buffer
+    exceed_len = length - expected_len
+    return min(-exceed_len / buffer * factor, 0)
+
+
 fixture = {
     "about": "scripts/reference/algorithms.py: losses and d loss / d logp from TRL's GRPOTrainer._compute_loss "
              "and verl's kl_penalty and advantage estimators, float64",
@@ -158,6 +167,8 @@ fixture = {
     "advantages": ADVANTAGES.tolist(), "max_tokens": MAX_TOKENS, "cases": cases,
     "rewards": REWARDS,
     "advantage_cases": [{"mode": m, "advantages": advantages(REWARDS, m)} for m in ("grpo", "mean-only", "rloo")],
+    "overlong_cases": [{"length": n, "max_tokens": 16, "buffer": b, "factor": f, "penalty": overlong(n, 16, b, f)}
+                       for b in (4, 10) for f in (1.0, 0.5) for n in range(17)],
 }
 with open(OUT, "w") as f:
     json.dump(fixture, f, indent=1)

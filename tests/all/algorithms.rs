@@ -93,3 +93,20 @@ fn every_advantage_estimator_gives_the_peers_advantages() {
         }
     }
 }
+
+#[test]
+fn overlong_shaping_gives_the_peers_penalties() {
+    let f = fixture();
+    let cases = f["overlong_cases"].as_array().unwrap();
+    assert!(cases.iter().any(|c| c["penalty"].as_f64().unwrap() < 0.0) && cases.iter().any(|c| c["penalty"] == 0));
+    for case in cases {
+        let n = |key: &str| case[key].as_u64().unwrap() as usize;
+        let ours = wirl_grpo::overlong_penalty(
+            n("length"),
+            n("max_tokens"),
+            n("buffer"),
+            case["factor"].as_f64().unwrap() as f32,
+        );
+        assert!(close(f64::from(ours), case["penalty"].as_f64().unwrap()), "{case}: {ours}");
+    }
+}

@@ -375,8 +375,8 @@ fn a_run_sampling_on_the_device_rolls_out_what_the_host_sampler_does() {
     assert!(!out.status.success() && said.contains("device_sampling"), "{said}");
 }
 
-/// Every objective trains end to end (`grpo.loss`, `grpo.advantage`, `grpo.kl_estimator`:
-/// two steps each, every loss finite, and each run's second step differs from GRPO's — the
+/// Every objective trains end to end (`grpo.loss`, `grpo.advantage`, `grpo.kl_estimator`,
+/// DAPO's overlong shaping, truncated completions masked: two steps each, every loss finite, and each run's second step differs from GRPO's — the
 /// objective reached the update); a value that is not one is refused naming the key and
 /// what it may be, before any run directory is made.
 #[test]
@@ -400,6 +400,10 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
         ("cispo", &["grpo.loss=cispo", "grpo.clip_high=4"]),
         ("rloo", &["grpo.advantage=rloo"]),
         ("k2", &["grpo.beta=0.04", "grpo.kl_estimator=k2"]),
+        // Completions of 3 to 6 tokens lose up to their whole reward (the length reward's
+        // order flips); those cut at 6 tokens train nothing.
+        ("overlong", &["grpo.overlong_buffer=3", "grpo.overlong_penalty=100"]),
+        ("masked", &["grpo.mask_truncated=true"]),
     ] {
         let theirs = losses(run, set);
         assert_ne!(theirs, grpo, "{run}: the same losses as GRPO's");
@@ -408,6 +412,8 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
         ("grpo.loss=ppo", "expected one of `grpo`, `gspo`, `cispo`"),
         ("grpo.advantage=loo", "`rloo`"),
         ("grpo.kl_estimator=k4", "`k3`"),
+        ("grpo.overlong_buffer=6", "less than `sampling.max_tokens` = 6"),
+        ("grpo.overlong_penalty=-1", "a number >= 0"),
     ] {
         let out = train_with(&config, &dir.path().join("bad"), &["--set", set]);
         let stderr = String::from_utf8_lossy(&out.stderr);

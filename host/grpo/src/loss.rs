@@ -105,6 +105,19 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     Some(advantages.into_iter().map(|a| a.clamp(-f64::from(f32::MAX), f64::from(f32::MAX)) as f32).collect())
 }
 
+/// DAPO's soft overlong penalty, added to the reward of a completion of `length` tokens
+/// under a limit of `max_tokens`: 0 up to `max_tokens − buffer` tokens, then falling linearly
+/// to `−factor` at the limit (verl's DAPO reward manager: `min(−(length − (max − buffer)) /
+/// buffer · factor, 0)`). `buffer` 0: none.
+pub fn overlong_penalty(length: usize, max_tokens: usize, buffer: usize, factor: f32) -> f32 {
+    if buffer == 0 {
+        return 0.0;
+    }
+    let expected = max_tokens.saturating_sub(buffer);
+    let exceed = length.saturating_sub(expected) as f32;
+    (-exceed / buffer as f32 * factor).min(0.0)
+}
+
 /// Per-token weights that turn a sum of token losses into the chosen aggregation over the
 /// whole step, so that micro-batches summed by gradient accumulation give the step's loss.
 /// `lengths` are the completion lengths of one micro-batch; `step_tokens` / `step_sequences`

@@ -494,6 +494,14 @@ pub struct GrpoSection {
     pub loss: LossKind,
     /// The KL penalty's estimator, `k1`, `k2` or `k3` (unset: k3); only with `beta` > 0.
     pub kl_estimator: Option<KlEstimator>,
+    /// DAPO's overlong shaping: the last this many tokens before a task's `max_tokens` cost a
+    /// completion's reward up to `overlong_penalty`, linearly (0: none).
+    pub overlong_buffer: usize,
+    /// The penalty at the limit (with `overlong_buffer` > 0).
+    pub overlong_penalty: f64,
+    /// Completions cut at `max_tokens` carry no loss (they still count in their group's
+    /// advantages): TRL's `mask_truncated_completions`.
+    pub mask_truncated: bool,
     /// What a trajectory whose scoring fails becomes: `mask` (no gradient, counted) or
     /// `reward` (trained on, with `failure_reward` for the failed plugin's reward).
     pub on_failure: OnFailure,
@@ -570,6 +578,9 @@ impl Default for GrpoSection {
             aggregation: Aggregation::TokenMean,
             loss: LossKind::Grpo,
             kl_estimator: None,
+            overlong_buffer: 0,
+            overlong_penalty: 1.0,
+            mask_truncated: false,
             on_failure: OnFailure::Mask,
             failure_reward: 0.0,
             pass_reward: 1.0,

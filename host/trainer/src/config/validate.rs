@@ -106,6 +106,14 @@ impl TrainConfig {
         if g.group_size < 2 {
             bail!("{origin}: `grpo.group_size` must be at least 2 (advantages compare samples of a group)");
         }
+        if g.overlong_buffer >= self.sampling.max_tokens {
+            bail!(
+                "{origin}: `grpo.overlong_buffer` = {}: it must be less than `sampling.max_tokens` = {} (the penalty \
+                 starts max_tokens − overlong_buffer tokens into a completion)",
+                g.overlong_buffer,
+                self.sampling.max_tokens
+            );
+        }
         Ok(())
     }
 
@@ -132,7 +140,7 @@ impl TrainConfig {
     fn check_grpo_floats(&self, origin: &str) -> anyhow::Result<()> {
         let g = &self.grpo;
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
-        let floats: [FloatRule; 9] = [
+        let floats: [FloatRule; 10] = [
             ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
             ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
             ("grpo.beta", g.beta, "a number >= 0", |x| x >= 0.0),
@@ -142,6 +150,7 @@ impl TrainConfig {
             ("grpo.failure_reward", f64::from(g.failure_reward), "a finite number", |_| true),
             ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
             ("grpo.tis_cap", g.tis_cap, "a number >= 1", |x| x >= 1.0),
+            ("grpo.overlong_penalty", g.overlong_penalty, "a number >= 0", |x| x >= 0.0),
         ];
         for (key, value, wanted, ok) in floats {
             if !(value.is_finite() && ok(value)) {

@@ -12,7 +12,7 @@ use crate::swap::RecentGroup;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
-use wirl_engine::InFlight;
+use wirl_engine::{FinishReason, InFlight};
 use wirl_grpo::{GroupBatch, LossSettings, MemoryLimits, UpdateSettings, UpdateStats};
 use wirl_rollout::collect::{self, Episodes, Sampled};
 use wirl_rollout::{EpisodeTimes, GroupAsk, RolloutGroup, SkippedTask, TaskSource, seed_for};
@@ -373,20 +373,42 @@ impl Trainer {
                     unusable_of_task[t] += 1;
                     return None;
                 }
-                let rewards: Vec<f32> = usable.iter().map(|&i| group.scores[i].reward).collect();
-                let advantages = wirl_grpo::group_advantages(&rewards, self.config.grpo.advantage)?;
+                let g = &self.config.grpo;
+                let max_tokens = self.tasks[t].spec.sampling.max_tokens;
+                let rewards: Vec<f32> = usable
+                    .iter()
+                    .map(|&i| {
+                        let length = group.trajectories[i].tokens.len();
+                        let shaping = wirl_grpo::overlong_penalty(
+                            length,
+                            max_tokens,
+                            g.overlong_buffer,
+                            g.overlong_penalty as f32,
+                        );
+                        group.scores[i].reward + shaping
+                    })
+                    .collect();
+                let advantages = wirl_grpo::group_advantages(&rewards, g.advantage)?;
                 kept_of_task[t] += 1;
                 let multi_turn = usable.iter().any(|&i| !group.trajectories[i].trainable.is_empty());
+                let truncated = |i: usize| g.mask_truncated && group.trajectories[i].finish == FinishReason::Length;
                 Some(GroupBatch {
                     prompt: group.prompt.clone(),
                     completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
                     advantages,
-                    trainable: if multi_turn {
+                    // A multi-turn ledger's model turns; a truncated completion's none.
+                    trainable: if multi_turn || usable.iter().any(|&i| truncated(i)) {
                         usable
                             .iter()
                             .map(|&i| {
                                 let t = &group.trajectories[i];
-                                if t.trainable.is_empty() { vec![true; t.tokens.len()] } else { t.trainable.clone() }
+                                if truncated(i) {
+                                    vec![false; t.tokens.len()]
+                                } else if t.trainable.is_empty() {
+                                    vec![true; t.tokens.len()]
+                                } else {
+                                    t.trainable.clone()
+                                }
                             })
                             .collect()
                     } else {
