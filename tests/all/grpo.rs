@@ -424,3 +424,57 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
     assert!(!out.status.success() && stderr.contains("no KL term to estimate"), "{stderr}");
     assert!(!dir.path().join("bad").exists());
 }
+
+/// DAPO's dynamic sampling: the reward fails every odd task (NaN: its group is masked, no
+/// signal), so each step's first draw of two tasks holds one group with signal; the step
+/// draws again (tasks and seeds of their own) and trains two groups, recording two draws
+/// and every group it rolled. With `max_draws = 1` the cap holds: one draw, one group
+/// trained, recorded. Without dynamic sampling nothing changes.
+#[test]
+fn dynamic_sampling_draws_until_the_step_has_groups_with_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "config = { nan_odd_tasks = true }", 2, 0.01);
+    let run = |name: &str, set: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec!["--eval-tasks", "0"];
+        for s in set {
+            match *s {
+                "--dp" | "2" => args.push(s),
+                _ => args.extend(["--set", s]),
+            }
+        }
+        let out = train_with(&config, &dir.path().join(name), &args);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        metrics(&dir.path().join(name))
+    };
+    let groups_rolled = |name: &str| {
+        let text = std::fs::read_to_string(dir.path().join(name).join("rollouts.jsonl")).unwrap();
+        let tasks: std::collections::BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|r| r["task"].as_str().map(str::to_string))
+            .collect();
+        tasks.len()
+    };
+    let plain = run("plain", &[]);
+    assert!(plain.iter().all(|s| s["groups_kept"] == 1 && s["draws"] == 1), "{plain:?}");
+    let dynamic = run("dynamic", &["grpo.dynamic_sampling=true"]);
+    assert!(dynamic.iter().all(|s| s["groups_kept"] == 2 && s["draws"] == 2), "{dynamic:?}");
+    assert!(groups_rolled("plain") == 4, "two steps of two tasks");
+    assert_eq!(groups_rolled("dynamic"), 8, "every drawn group is recorded");
+    // Two ranks make the same draws, each rolling its share, and train the same groups as
+    // one trainer; with a generation lag too (the first draw sampled during the update
+    // before, the extra ones by the step's own weights).
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name).join("rollouts.jsonl")).unwrap();
+    let ranked = run("ranked", &["grpo.dynamic_sampling=true", "--dp", "2"]);
+    assert!(read("dynamic") == read("ranked"), "two ranks rolled other groups than one trainer");
+    assert!(ranked.iter().all(|s| s["groups_kept"] == 2 && s["draws"] == 2), "{ranked:?}");
+    let lagged = ["grpo.dynamic_sampling=true", "grpo.generation_lag=1"];
+    run("lagged", &lagged);
+    run("lagged-ranked", &[&lagged[..], &["--dp", "2"]].concat());
+    assert!(read("lagged") == read("lagged-ranked"), "with a lag, two ranks rolled other groups than one trainer");
+    let capped = run("capped", &["grpo.dynamic_sampling=true", "grpo.max_draws=1"]);
+    assert!(capped.iter().all(|s| s["groups_kept"] == 1 && s["draws"] == 1), "{capped:?}");
+    let out = train_with(&config, &dir.path().join("bad"), &["--set", "grpo.max_draws=0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("grpo.max_draws"), "{stderr}");
+}

@@ -23,6 +23,10 @@ pub struct StepMetrics {
     pub pass_rate: f32,
     /// Groups with a signal (not all rewards equal), trained on.
     pub groups_kept: usize,
+    /// Draws of `prompts_per_step` tasks the step made: more than 1 under
+    /// `grpo.dynamic_sampling` when its first draw had too few groups with signal.
+    #[serde(default = "one")]
+    pub draws: usize,
     /// Groups left with fewer than two usable trajectories (the rest masked), skipped.
     pub groups_unusable: usize,
     /// Trajectories masked for a failed plugin call (`on_failure = "mask"`): no gradient,
@@ -239,6 +243,11 @@ mod finite_or_string {
             Either::Text(text) => text.parse().unwrap_or(f64::NAN),
         })
     }
+}
+
+/// What a record written before `draws` existed made: one draw.
+fn one() -> usize {
+    1
 }
 
 #[cfg(test)]

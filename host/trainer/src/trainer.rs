@@ -857,28 +857,42 @@ fn warn_moved_allocation(config: &RunConfig, groups: &[usize]) {
     );
 }
 
-/// Step `step`'s groups, in task order: task t's k-th group of step s is its problem
-/// s × groups(t) + k, the same on every resume and whenever it is drawn; the i-th group
-/// picked is seeded by slot `step × prompts_per_step + i`. `None` when a stop cut the
-/// sources' calls short (their failures are not their own).
+/// Where the tasks and seeds of a step's draws after its first (DAPO's dynamic sampling)
+/// begin: apart from every first draw's (step × groups, far below) and every replacement's
+/// (`wirl_rollout::REPLACEMENT_INDICES`, far above).
+const EXTRA_DRAWS: u64 = 1 << 45;
+
+/// Step `step`'s groups of draw `draw` (0: the step's own), in task order: task t's k-th
+/// group of step s is its problem s × groups(t) + k, the same on every resume and whenever
+/// it is drawn; the i-th group picked is seeded by slot `step × prompts_per_step + i`. Draw
+/// d > 0 takes the same places from `EXTRA_DRAWS + (s × max_draws + d) × …`. `None` when a
+/// stop cut the sources' calls short (their failures are not their own).
+#[allow(clippy::too_many_arguments)]
 fn draw_tasks(
     tasks: &mut [LoadedTask],
     allocation: &[usize],
     tokenizer: &Tokenizer,
     context: usize,
     step: usize,
+    draw: usize,
     grpo: &GrpoSection,
     stopped: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Option<Drawn>> {
     let group_size = grpo.group_size;
     let mut drawn = Drawn::default();
+    // The draw's place among every step's: the first index of a task's groups and of the
+    // seeds' slots are this place times their count.
+    let (place, base) = match draw {
+        0 => (step as u64, 0),
+        d => ((step * grpo.max_draws + d) as u64, EXTRA_DRAWS),
+    };
     for (t, task) in tasks.iter_mut().enumerate() {
         let groups = allocation[t] as u64;
         // An agent makes its own tasks (after the others' generation).
         if groups == 0 || matches!(task.source, TaskSource::Agent { .. }) {
             continue;
         }
-        let first = step as u64 * groups;
+        let first = base + place * groups;
         if let TaskSource::Remote(remote) = &mut task.source
             && let Err(error) = remote.prefetch(first, groups as usize)
         {
@@ -902,7 +916,7 @@ fn draw_tasks(
         }
         let StepTasks { tasks, prompts, skipped } = fitted.with_context(|| format!("task `{}`", task.spec.name))?;
         for (problem, prompt) in tasks.into_iter().zip(prompts) {
-            let slot = (step * grpo.prompts_per_step + drawn.picked.len()) as u64;
+            let slot = base + place * grpo.prompts_per_step as u64 + drawn.picked.len() as u64;
             let sampling = task.spec.sampling;
             drawn.picked.push(GroupAsk::new(t, problem, prompt, group_size, sampling, grpo.seed, slot));
         }

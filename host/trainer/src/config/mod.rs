@@ -502,6 +502,14 @@ pub struct GrpoSection {
     /// Completions cut at `max_tokens` carry no loss (they still count in their group's
     /// advantages): TRL's `mask_truncated_completions`.
     pub mask_truncated: bool,
+    /// DAPO's dynamic sampling: a step whose groups with signal (rewards that differ) are
+    /// fewer than `prompts_per_step` draws, rolls and scores `prompts_per_step` more tasks,
+    /// until it has them or has drawn `max_draws` times; it trains on the first
+    /// `prompts_per_step` with signal (verl's `filter_groups`). Agents' groups are not drawn
+    /// again.
+    pub dynamic_sampling: bool,
+    /// The most draws a step makes under `dynamic_sampling`, its first included.
+    pub max_draws: usize,
     /// What a trajectory whose scoring fails becomes: `mask` (no gradient, counted) or
     /// `reward` (trained on, with `failure_reward` for the failed plugin's reward).
     pub on_failure: OnFailure,
@@ -581,6 +589,8 @@ impl Default for GrpoSection {
             overlong_buffer: 0,
             overlong_penalty: 1.0,
             mask_truncated: false,
+            dynamic_sampling: false,
+            max_draws: 4,
             on_failure: OnFailure::Mask,
             failure_reward: 0.0,
             pass_reward: 1.0,

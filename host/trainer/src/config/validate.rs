@@ -96,6 +96,7 @@ impl TrainConfig {
             ("grpo.prompts_per_step", g.prompts_per_step),
             ("grpo.inner_epochs", g.inner_epochs),
             ("grpo.max_skipped_updates", g.max_skipped_updates),
+            ("grpo.max_draws", g.max_draws),
             ("sampling.max_tokens", self.sampling.max_tokens),
         ];
         for (key, value) in positive {
@@ -105,6 +106,10 @@ impl TrainConfig {
         }
         if g.group_size < 2 {
             bail!("{origin}: `grpo.group_size` must be at least 2 (advantages compare samples of a group)");
+        }
+        // Far below the indices of extra draws' tasks (`trainer::EXTRA_DRAWS`).
+        if g.max_draws > 1 << 10 {
+            bail!("{origin}: `grpo.max_draws` = {}: at most 1024 draws a step", g.max_draws);
         }
         if g.overlong_buffer >= self.sampling.max_tokens {
             bail!(

@@ -37,21 +37,43 @@ struct Clock {
     train: f64,
 }
 
-/// The step's groups, each with the task (index in the run) it belongs to.
+/// The step's groups, each with the task (index in the run) it belongs to, the draw it came
+/// from (0: the step's own; more under `grpo.dynamic_sampling`) and the rank that rolled it.
 #[derive(Default)]
 struct Groups {
     groups: Vec<RolloutGroup>,
     owners: Vec<usize>,
+    draws: Vec<usize>,
+    ranks: Vec<usize>,
 }
 
 impl Groups {
-    fn push(&mut self, task: usize, group: RolloutGroup) {
+    fn push(&mut self, task: usize, (draw, rank): (usize, usize), group: RolloutGroup) {
         self.groups.push(group);
         self.owners.push(task);
+        self.draws.push(draw);
+        self.ranks.push(rank);
     }
 
     fn iter(&self) -> impl Iterator<Item = (&RolloutGroup, usize)> {
         self.groups.iter().zip(self.owners.iter().copied())
+    }
+
+    fn append(&mut self, other: Groups) {
+        self.groups.extend(other.groups);
+        self.owners.extend(other.owners);
+        self.draws.extend(other.draws);
+        self.ranks.extend(other.ranks);
+    }
+}
+
+impl Clock {
+    /// Add an extra draw's stages (its generation after the step's, its scoring besides).
+    fn add(&mut self, other: &Clock) {
+        self.draw += other.draw;
+        self.generate += other.generate;
+        self.episodes += other.episodes;
+        self.score += other.score;
     }
 }
 
@@ -92,7 +114,7 @@ impl Trainer {
         let Some((drawn, lagged)) = self.draw(step, &stopped, &mut clock)? else {
             return self.abandon();
         };
-        let Drawn { picked, skipped, placeholders, .. } = self.share(drawn);
+        let Drawn { picked, mut skipped, placeholders, .. } = self.share(drawn);
         for (t, skip) in &skipped {
             tracing::warn!("step {}, task `{}`: {}", step + 1, self.tasks[*t].spec.name, printable(&skip.to_string()));
         }
@@ -110,7 +132,7 @@ impl Trainer {
         let generate_peak = memory.phase_end();
         self.phase(observer, step, Phase::Scoring);
         self.score(&picked, &mut sampled, &episodes, &mut clock);
-        let mut groups = self.assemble(picked, sampled, episodes, placeholders);
+        let mut groups = self.assemble(0, picked, sampled, episodes, placeholders);
         self.agents(step, &stopped, observer, &mut groups, &mut clock);
         let score_peak = memory.phase_end();
         if stopped() {
@@ -122,7 +144,11 @@ impl Trainer {
         if self.agree(false)? {
             return Ok(None);
         }
-        let advantaged = self.advantages(&groups, sampler_lag);
+        let Some(draws) = self.draw_until_signal(step, &mut groups, &mut skipped, &stopped, observer, &mut clock)?
+        else {
+            return Ok(None);
+        };
+        let advantaged = self.advantages(&groups, sampler_lag, false)?;
         let Some((update, learning_rate)) = self.update(step, &advantaged.batches, &stopped, observer, &mut clock)?
         else {
             return Ok(None);
@@ -130,7 +156,7 @@ impl Trainer {
         // Rank 0 records and measures every rank's groups.
         let (groups, advantaged) = match self.gather(&groups)? {
             Some(all) => {
-                let advantaged = self.advantages(&all, sampler_lag);
+                let advantaged = self.advantages(&all, sampler_lag, true)?;
                 (all, advantaged)
             }
             None => (groups, advantaged),
@@ -155,7 +181,96 @@ impl Trainer {
             started,
             prompt_positions: (now.0 - seen.0, now.1 - seen.1),
         };
-        Ok(Some(self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured)))
+        let mut metrics = self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured);
+        metrics.draws = draws;
+        Ok(Some(metrics))
+    }
+
+    /// DAPO's dynamic sampling (`grpo.dynamic_sampling`): while the step's groups with signal,
+    /// over every rank, are fewer than `prompts_per_step` and it has drawn fewer than
+    /// `max_draws` times, draw `prompts_per_step` more tasks (from places of their own, the
+    /// same on every resume), roll and score them as the first draw's. Every rank makes the
+    /// same draws (each rolling its share), so the counts that decide agree. Returns the
+    /// draws made; `None` when a stop came (every rank then abandons the step).
+    fn draw_until_signal(
+        &mut self,
+        step: usize,
+        groups: &mut Groups,
+        skipped: &mut Vec<(usize, SkippedTask)>,
+        stopped: Stopped,
+        observer: &mut dyn Observer,
+        clock: &mut Clock,
+    ) -> anyhow::Result<Option<usize>> {
+        let g = self.config.grpo.clone();
+        if !g.dynamic_sampling {
+            return Ok(Some(1));
+        }
+        let mut draws = 1;
+        loop {
+            let mut with_signal = [groups.iter().filter(|&(group, t)| self.signal(group, t).is_some()).count() as f32];
+            self.ranks.all_reduce_sum_in_place(&mut with_signal)?;
+            let with_signal = with_signal[0] as usize;
+            if with_signal >= g.prompts_per_step {
+                return Ok(Some(draws));
+            }
+            if draws >= g.max_draws {
+                tracing::warn!(
+                    "step {}: {with_signal} of {} groups have a signal after {draws} draws (grpo.max_draws): training \
+                     on those",
+                    step + 1,
+                    g.prompts_per_step
+                );
+                return Ok(Some(draws));
+            }
+            let mut extra = Clock::default();
+            let started = Instant::now();
+            let context = self.model_config.context();
+            let drawn =
+                draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, step, draws, &g, stopped)?;
+            extra.draw = started.elapsed().as_secs_f64();
+            let Some(drawn) = drawn else { return self.abandon().map(|_| None) };
+            let Drawn { picked, skipped: more, placeholders, .. } = self.share(drawn);
+            skipped.extend(more);
+            self.phase(observer, step, Phase::Generating { prompts: picked.len(), group_size: g.group_size });
+            let Some(mut sampled) = self.generate(&picked, None, stopped, &mut extra)? else {
+                return self.abandon().map(|_| None);
+            };
+            let Some(episodes) = self.episodes(step, &picked, &mut sampled, stopped, observer, &mut extra)? else {
+                return self.abandon().map(|_| None);
+            };
+            self.phase(observer, step, Phase::Scoring);
+            self.score(&picked, &mut sampled, &episodes, &mut extra);
+            groups.append(self.assemble(draws, picked, sampled, episodes, placeholders));
+            clock.add(&extra);
+            if stopped() {
+                return self.abandon().map(|_| None);
+            }
+            if self.agree(false)? {
+                return Ok(None);
+            }
+            draws += 1;
+        }
+    }
+
+    /// A group's usable trajectories and their rewards (shaped: `grpo.overlong_buffer`)
+    /// when they can train it: at least two, not all rewards equal.
+    fn signal(&self, group: &RolloutGroup, t: usize) -> Option<(Vec<usize>, Vec<f32>)> {
+        let usable: Vec<usize> = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).collect();
+        if usable.len() < 2 || group.prompt.is_empty() {
+            return None;
+        }
+        let g = &self.config.grpo;
+        let max_tokens = self.tasks[t].spec.sampling.max_tokens;
+        let rewards: Vec<f32> = usable
+            .iter()
+            .map(|&i| {
+                let length = group.trajectories[i].tokens.len();
+                let shaping =
+                    wirl_grpo::overlong_penalty(length, max_tokens, g.overlong_buffer, g.overlong_penalty as f32);
+                group.scores[i].reward + shaping
+            })
+            .collect();
+        rewards.iter().any(|&r| r != rewards[0]).then_some((usable, rewards))
     }
 
     /// A step stopped before its update: with ranks, after saying so to the others (who
@@ -190,7 +305,8 @@ impl Trainer {
         if self.ranks.size() == 1 {
             return Ok(None);
         }
-        let mine: Vec<(usize, &RolloutGroup)> = groups.owners.iter().copied().zip(&groups.groups).collect();
+        let mine: Vec<(usize, usize, &RolloutGroup)> =
+            groups.iter().zip(&groups.draws).map(|((group, t), &draw)| (t, draw, group)).collect();
         let bytes = serde_json::to_vec(&mine)?;
         let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &bytes)?;
         if !self.writes() {
@@ -198,13 +314,22 @@ impl Trainer {
         }
         let mut gathered = Groups::default();
         for (rank, bytes) in all.iter().enumerate() {
-            let theirs: Vec<(usize, RolloutGroup)> = serde_json::from_slice(bytes)
+            let theirs: Vec<(usize, usize, RolloutGroup)> = serde_json::from_slice(bytes)
                 .map_err(|e| anyhow::anyhow!("rank {rank}'s groups could not be read: {e}"))?;
-            for (t, group) in theirs {
-                gathered.push(t, group);
+            for (t, draw, group) in theirs {
+                gathered.push(t, (draw, rank), group);
             }
         }
-        Ok(Some(gathered))
+        // One trainer's order: a draw's groups (every rank's share in turn) before the next's.
+        let mut order: Vec<usize> = (0..gathered.groups.len()).collect();
+        order.sort_by_key(|&i| gathered.draws[i]);
+        let mut sorted = Groups::default();
+        let mut slots: Vec<Option<RolloutGroup>> = gathered.groups.into_iter().map(Some).collect();
+        for i in order {
+            let group = slots[i].take().expect("each group once");
+            sorted.push(gathered.owners[i], (gathered.draws[i], gathered.ranks[i]), group);
+        }
+        Ok(Some(sorted))
     }
 
     fn phase(&self, observer: &mut dyn Observer, step: usize, phase: Phase) {
@@ -226,8 +351,16 @@ impl Trainer {
         }
         let started = Instant::now();
         let context = self.model_config.context();
-        let drawn =
-            draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, step, &self.config.grpo, stopped)?;
+        let drawn = draw_tasks(
+            &mut self.tasks,
+            &self.allocation,
+            &self.tokenizer,
+            context,
+            step,
+            0,
+            &self.config.grpo,
+            stopped,
+        )?;
         clock.draw = started.elapsed().as_secs_f64();
         Ok(drawn.map(|drawn| (drawn, None)))
     }
@@ -294,6 +427,7 @@ impl Trainer {
     /// placeholders of tasks whose server failed.
     fn assemble(
         &self,
+        draw: usize,
         picked: Vec<GroupAsk>,
         sampled: Sampled,
         episodes: Episodes,
@@ -301,11 +435,12 @@ impl Trainer {
     ) -> Groups {
         let owners: Vec<usize> = picked.iter().map(|ask| ask.task).collect();
         let mut groups = Groups::default();
+        let from = (draw, self.ranks.rank());
         for (t, group) in owners.into_iter().zip(collect::assemble(&self.tasks, picked, sampled, episodes)) {
-            groups.push(t, group);
+            groups.push(t, from, group);
         }
         for (t, group) in placeholders {
-            groups.push(t, group);
+            groups.push(t, from, group);
         }
         groups
     }
@@ -353,7 +488,7 @@ impl Trainer {
                 task_name: &task.spec.name,
             };
             for group in wirl_rollout::agent_groups(&call) {
-                groups.push(t, group);
+                groups.push(t, (0, self.ranks.rank()), group);
             }
         }
         clock.agents = started.elapsed().as_secs_f64();
@@ -361,33 +496,30 @@ impl Trainer {
 
     /// Advantages over each group's usable trajectories (masked ones carry no gradient); a
     /// group with fewer than two cannot compare, one whose rewards are all equal carries no
-    /// signal.
-    fn advantages(&self, groups: &Groups, sampler_lag: u64) -> Advantaged {
+    /// signal. Under dynamic sampling only the first `prompts_per_step` groups with signal
+    /// train, in the order one trainer draws them (draw by draw, rank by rank within a
+    /// draw). `gathered`: `groups` are every rank's (rank 0's record), else this rank's own.
+    fn advantages(&self, groups: &Groups, sampler_lag: u64, gathered: bool) -> anyhow::Result<Advantaged> {
         let mut kept_of_task = vec![0usize; self.tasks.len()];
         let mut unusable_of_task = vec![0usize; self.tasks.len()];
+        let trains = self.trained(groups, gathered)?;
         let batches: Vec<GroupBatch> = groups
             .iter()
-            .filter_map(|(group, t)| {
-                let usable: Vec<usize> = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).collect();
-                if usable.len() < 2 || group.prompt.is_empty() {
+            .zip(&groups.draws)
+            .zip(trains)
+            .filter_map(|(((group, t), &draw), trains)| {
+                let usable = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).count();
+                if usable < 2 || group.prompt.is_empty() {
                     unusable_of_task[t] += 1;
                     return None;
                 }
+                let (usable, rewards) = self.signal(group, t)?;
+                if !trains {
+                    return None;
+                }
                 let g = &self.config.grpo;
-                let max_tokens = self.tasks[t].spec.sampling.max_tokens;
-                let rewards: Vec<f32> = usable
-                    .iter()
-                    .map(|&i| {
-                        let length = group.trajectories[i].tokens.len();
-                        let shaping = wirl_grpo::overlong_penalty(
-                            length,
-                            max_tokens,
-                            g.overlong_buffer,
-                            g.overlong_penalty as f32,
-                        );
-                        group.scores[i].reward + shaping
-                    })
-                    .collect();
+                // An extra draw sampled with this step's weights, after any lag's.
+                let sampler_lag = if draw == 0 { sampler_lag } else { 0 };
                 let advantages = wirl_grpo::group_advantages(&rewards, g.advantage)?;
                 kept_of_task[t] += 1;
                 let multi_turn = usable.iter().any(|&i| !group.trajectories[i].trainable.is_empty());
@@ -427,7 +559,45 @@ impl Trainer {
                 })
             })
             .collect();
-        Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag }
+        Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag })
+    }
+
+    /// Per group, whether it may train: all of them, or under dynamic sampling the first
+    /// `prompts_per_step` with signal in draw-then-rank order (each rank counts its own by
+    /// draw; the counts are summed over the ranks so that every rank knows its place).
+    fn trained(&self, groups: &Groups, gathered: bool) -> anyhow::Result<Vec<bool>> {
+        let g = &self.config.grpo;
+        let signal: Vec<bool> = groups.iter().map(|(group, t)| self.signal(group, t).is_some()).collect();
+        if !g.dynamic_sampling {
+            return Ok(vec![true; signal.len()]);
+        }
+        let ranks = self.ranks.size();
+        let cell = |draw: usize, rank: usize| draw * ranks + rank;
+        let mut counts = vec![0f32; g.max_draws * ranks];
+        for ((&draw, &rank), &signal) in groups.draws.iter().zip(&groups.ranks).zip(&signal) {
+            counts[cell(draw, rank)] += f32::from(u8::from(signal));
+        }
+        if !gathered {
+            self.ranks.all_reduce_sum_in_place(&mut counts)?;
+        }
+        // Each (draw, rank) cell's groups with signal come after every earlier cell's.
+        let mut before = vec![0usize; counts.len()];
+        for c in 1..counts.len() {
+            before[c] = before[c - 1] + counts[c - 1] as usize;
+        }
+        let mut seen = vec![0usize; counts.len()];
+        Ok(groups
+            .draws
+            .iter()
+            .zip(&groups.ranks)
+            .zip(&signal)
+            .map(|((&draw, &rank), &signal)| {
+                let c = cell(draw, rank);
+                let place = before[c] + seen[c];
+                seen[c] += usize::from(signal);
+                signal && place < g.prompts_per_step
+            })
+            .collect())
     }
 
     /// The learner's settings for `step` (its learning rate by the schedule).
@@ -486,7 +656,7 @@ impl Trainer {
         let next = step + 1;
         let lag_next = g.generation_lag > 0 && next < steps && !stopped();
         if lag_next {
-            let drawn = draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, &g, stopped);
+            let drawn = draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, 0, &g, stopped);
             // On an error (or a stop) the next step draws again and meets it itself.
             if let Ok(Some(drawn)) = drawn {
                 // With ranks, each samples only its share of the next step.
@@ -500,7 +670,7 @@ impl Trainer {
         let (update, drawn_next) = std::thread::scope(|scope| {
             let drawing = draw_next.then(|| {
                 let (tasks, allocation, tokenizer) = (&mut self.tasks, &self.allocation, &self.tokenizer);
-                scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, &g, stopped))
+                scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, 0, &g, stopped))
             });
             let update = self.learner.update(batches, &settings, Some(&self.engine), stopped, &mut progress);
             let drawn = drawing.map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
@@ -654,6 +824,7 @@ impl Trainer {
             parts: figures.parts,
             pass_rate: figures.pass_rate,
             groups_kept: advantaged.batches.len(),
+            draws: 1,
             groups_unusable: advantaged.unusable_of_task.iter().sum(),
             trajectories_masked: figures.masked,
             loss: update.loss,
