@@ -478,3 +478,38 @@ fn dynamic_sampling_draws_until_the_step_has_groups_with_signal() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("grpo.max_draws"), "{stderr}");
 }
+
+/// `grpo.preset`: a paper's combination of keys. In a file it fills the `[grpo]` keys the
+/// file does not set (an explicit `clip_high` wins over DAPO's 0.28); `--set grpo.preset=…`
+/// sets its keys (Dr. GRPO's mean-only advantages and constant aggregation). Both train; an
+/// unknown preset is refused naming the key and the presets there are.
+#[test]
+fn presets_fill_what_a_config_leaves_and_unknown_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let text =
+        std::fs::read_to_string(&config).unwrap().replace("[grpo]\n", "[grpo]\npreset = \"dapo\"\nclip_high = 0.3\n");
+    let dapo = dir.path().join("dapo.toml");
+    std::fs::write(&dapo, text).unwrap();
+    let resolved = |run: &str| -> toml::Table {
+        toml::from_str(&std::fs::read_to_string(dir.path().join(run).join("config.resolved.toml")).unwrap()).unwrap()
+    };
+    let out = train_with(&dapo, &dir.path().join("dapo"), &["--eval-tasks", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let grpo = resolved("dapo")["grpo"].clone();
+    assert_eq!(grpo["clip_high"].as_float(), Some(0.3), "the file's own key wins");
+    assert_eq!(grpo["clip_low"].as_float(), Some(0.2));
+    assert_eq!(grpo["dynamic_sampling"].as_bool(), Some(true));
+    assert_eq!(grpo["overlong_buffer"].as_integer(), Some(1), "a fifth of max_tokens = 6");
+    let out = train_with(&config, &dir.path().join("dr"), &["--eval-tasks", "0", "--set", "grpo.preset=dr_grpo"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let grpo = resolved("dr")["grpo"].clone();
+    assert_eq!(grpo["advantage"].as_str(), Some("mean-only"));
+    assert_eq!(grpo["aggregation"].as_str(), Some("constant"));
+    let out = train_with(&config, &dir.path().join("bad"), &["--set", "grpo.preset=ppo"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("`grpo.preset` = \"ppo\"") && stderr.contains("\"dapo\""),
+        "{stderr}"
+    );
+}

@@ -12,10 +12,14 @@ impl TrainConfig {
 
     /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
     pub fn parse(text: &str, origin: &str, base: &Path) -> anyhow::Result<Self> {
-        let config: TrainConfig = toml::from_str(text).map_err(|e| {
-            anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
-                .context("the training config is not valid; see examples/train/default.toml for every key")
-        })?;
+        let invalid = || "the training config is not valid; see examples/train/default.toml for every key";
+        let config: TrainConfig = match super::preset::fill(text, origin)? {
+            Some(table) => table.try_into().map_err(|e: toml::de::Error| {
+                anyhow::anyhow!("{origin}: {}", e.message().trim_end()).context(invalid())
+            })?,
+            None => toml::from_str(text)
+                .map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()).context(invalid()))?,
+        };
         config.resolved(origin, base)
     }
 

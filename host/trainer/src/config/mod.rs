@@ -10,6 +10,7 @@
 
 mod files;
 mod lower;
+pub mod preset;
 mod set;
 mod validate;
 
@@ -510,6 +511,10 @@ pub struct GrpoSection {
     pub dynamic_sampling: bool,
     /// The most draws a step makes under `dynamic_sampling`, its first included.
     pub max_draws: usize,
+    /// A paper's combination of the keys above (`dr_grpo`, `dapo`; `config::preset`):
+    /// filled in where the config does not set a key itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
     /// What a trajectory whose scoring fails becomes: `mask` (no gradient, counted) or
     /// `reward` (trained on, with `failure_reward` for the failed plugin's reward).
     pub on_failure: OnFailure,
@@ -591,6 +596,7 @@ impl Default for GrpoSection {
             mask_truncated: false,
             dynamic_sampling: false,
             max_draws: 4,
+            preset: None,
             on_failure: OnFailure::Mask,
             failure_reward: 0.0,
             pass_reward: 1.0,

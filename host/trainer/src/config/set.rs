@@ -40,6 +40,13 @@ impl TrainConfig {
         }
         match node {
             toml::Value::Table(table) => {
+                // A preset sets its keys (later `--set`s override them).
+                if key == "grpo.preset" {
+                    let name = value.as_str().unwrap_or_default();
+                    let preset = super::preset::keys(name, self.sampling.max_tokens)
+                        .ok_or_else(|| super::preset::unknown(&origin, name))?;
+                    table.extend(preset);
+                }
                 table.insert(last.to_string(), value);
             }
             toml::Value::Array(items) => {

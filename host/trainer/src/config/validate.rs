@@ -169,6 +169,11 @@ impl TrainConfig {
                 "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
             );
         }
+        if let Some(name) = &g.preset
+            && super::preset::keys(name, 1).is_none()
+        {
+            return Err(super::preset::unknown(origin, name));
+        }
         if let Some(estimator) = g.kl_estimator
             && g.beta == 0.0
         {
