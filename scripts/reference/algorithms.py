@@ -13,6 +13,10 @@ policy's log-probs as the peer computes them:
 - the KL estimators TRL lacks (k1, k2) as verl's `kl_penalty` writes them
   (`verl/trainer/ppo/core_algos.py`: "kl"/k1 `logprob − ref`, "mse"/k2 `½(logprob − ref)²`),
   added to TRL's grpo loss (its k3 term replaced by them, as TRL's code adds it);
+- REINFORCE++'s advantages as verl's `compute_reinforce_plus_plus_outcome_advantage` (γ = 1)
+  and `compute_reinforce_plus_plus_baseline_outcome_advantage` compute them: the outcome
+  reward (less the group's mean) on every token, whitened over the batch's tokens by
+  `masked_whiten` (Bessel-corrected variance, `rsqrt(var + 1e-8)`);
 - DAPO's overlong shaping as verl's DAPO reward manager computes it
   (`verl/workers/reward_manager/dapo.py`: `min(−(length − (max − buffer)) / buffer · factor, 0)`);
 - advantages: GRPO's and Dr. GRPO's as TRL computes them (`(r − mean) / (std + 1e-4)`, `r −
@@ -152,6 +156,36 @@ for estimator in ("k1", "k2"):
                   "kl": estimator, "clip_low": 0.2, "clip_high": 0.2, "value": loss, "grad": grad,
                   "peer": f"trl {trl.__version__} grpo + verl kl_penalty {estimator}"})
 
+def masked_whiten(values, mask):
+    """verl.utils.torch_functional.masked_whiten (shift_mean=True)."""
+    mean = (values * mask).sum() / mask.sum()
+    centered = values - mean
+    variance = (centered.square() * mask).sum() / mask.sum()
+    variance = variance * (mask.sum() / (mask.sum() - 1))
+    return (values - mean) * torch.rsqrt(variance + 1e-8)
+
+
+def reinforce_pp(groups, baseline):
+    """Per group, per completion: its advantage (every token of it carries the same)."""
+    rows = [(g, r, n) for g, (rewards, lengths) in enumerate(groups) for r, n in zip(rewards, lengths)]
+    width = max(n for _, _, n in rows)
+    mask = torch.tensor([[1.0 if t < n else 0.0 for t in range(width)] for _, _, n in rows], dtype=torch.float64)
+    scores = torch.tensor([r for _, r, _ in rows], dtype=torch.float64)
+    if baseline:
+        means = [sum(rewards) / len(rewards) for rewards, _ in groups]
+        scores = scores - torch.tensor([means[g] for g, _, _ in rows], dtype=torch.float64)
+    # γ = 1 and the reward on the last token: every token's return is the reward.
+    whitened = masked_whiten(scores.unsqueeze(-1) * mask, mask) * mask
+    out, i = [], 0
+    for rewards, _ in groups:
+        out.append([float(whitened[i + k, 0]) for k in range(len(rewards))])
+        i += len(rewards)
+    return out
+
+
+WHITEN_GROUPS = [([1.0, 0.0, 0.0, 1.0], [5, 3, 8, 2]), ([0.5, 0.5, 0.5], [4, 6, 1]), ([2.0, 0.0], [7, 7])]
+
+
 def overlong(length, max_tokens, buffer, factor):
     """verl's DAPO reward manager's overlong reward."""
     expected_len = max_tokens - buffer
@@ -167,6 +201,9 @@ fixture = {
     "advantages": ADVANTAGES.tolist(), "max_tokens": MAX_TOKENS, "cases": cases,
     "rewards": REWARDS,
     "advantage_cases": [{"mode": m, "advantages": advantages(REWARDS, m)} for m in ("grpo", "mean-only", "rloo")],
+    "whitening_groups": [{"rewards": r, "tokens": n} for r, n in WHITEN_GROUPS],
+    "whitening_cases": [{"mode": "reinforce++", "advantages": reinforce_pp(WHITEN_GROUPS, False)},
+                        {"mode": "reinforce++-baseline", "advantages": reinforce_pp(WHITEN_GROUPS, True)}],
     "overlong_cases": [{"length": n, "max_tokens": 16, "buffer": b, "factor": f, "penalty": overlong(n, 16, b, f)}
                        for b in (4, 10) for f in (1.0, 0.5) for n in range(17)],
 }

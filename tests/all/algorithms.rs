@@ -110,3 +110,42 @@ fn overlong_shaping_gives_the_peers_penalties() {
         assert!(close(f64::from(ours), case["penalty"].as_f64().unwrap()), "{case}: {ours}");
     }
 }
+
+/// REINFORCE++ (and its group-baseline form): the groups' advantages whitened over the
+/// step's tokens give verl's, a group of equal rewards included.
+#[test]
+fn reinforce_plus_plus_whitens_as_the_peer_does() {
+    let f = fixture();
+    let groups: Vec<(Vec<f32>, Vec<usize>)> = f["whitening_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let rewards: Vec<f64> = named(&g["rewards"]);
+            (rewards.iter().map(|&r| r as f32).collect(), named(&g["tokens"]))
+        })
+        .collect();
+    for case in f["whitening_cases"].as_array().unwrap() {
+        let mode: AdvantageMode = named(&case["mode"]);
+        assert!(mode.whitened());
+        let before: Vec<Vec<f32>> = groups
+            .iter()
+            .map(|(rewards, _)| wirl_grpo::group_advantages(rewards, mode).expect("every group trains"))
+            .collect();
+        let mut whitening = wirl_grpo::Whitening::default();
+        let each = |f: &mut dyn FnMut(f32, usize)| {
+            for (advantages, (_, tokens)) in before.iter().zip(&groups) {
+                advantages.iter().zip(tokens).for_each(|(&a, &n)| f(a, n));
+            }
+        };
+        each(&mut |a, n| whitening.add(a, n));
+        each(&mut |a, n| whitening.centre(a, n));
+        let theirs: Vec<Vec<f64>> = named(&case["advantages"]);
+        for (ours, theirs) in before.iter().zip(&theirs) {
+            for (&a, &b) in ours.iter().zip(theirs) {
+                let a = whitening.apply(a);
+                assert!(close(f64::from(a), b), "{mode:?}: {a} vs {b}");
+            }
+        }
+    }
+}

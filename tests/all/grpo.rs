@@ -404,13 +404,15 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
         // order flips); those cut at 6 tokens train nothing.
         ("overlong", &["grpo.overlong_buffer=3", "grpo.overlong_penalty=100"]),
         ("masked", &["grpo.mask_truncated=true"]),
+        ("reinforce++", &["grpo.advantage=reinforce++"]),
+        ("reinforce++-baseline", &["grpo.advantage=reinforce++-baseline"]),
     ] {
         let theirs = losses(run, set);
         assert_ne!(theirs, grpo, "{run}: the same losses as GRPO's");
     }
     for (set, said) in [
         ("grpo.loss=ppo", "expected one of `grpo`, `gspo`, `cispo`"),
-        ("grpo.advantage=loo", "`rloo`"),
+        ("grpo.advantage=loo", "`rloo`, `reinforce++`, `reinforce++-baseline`"),
         ("grpo.kl_estimator=k4", "`k3`"),
         ("grpo.overlong_buffer=6", "less than `sampling.max_tokens` = 6"),
         ("grpo.overlong_penalty=-1", "a number >= 0"),
@@ -418,6 +420,19 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
         let out = train_with(&config, &dir.path().join("bad"), &["--set", set]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(set) && stderr.contains(said), "{set}: {stderr}");
+    }
+    // REINFORCE++ whitens over every rank's tokens: two ranks train as one trainer does.
+    let out = train_with(
+        &config,
+        &dir.path().join("reinforce++-ranks"),
+        &["--eval-tasks", "0", "--dp", "2", "--set", "grpo.advantage=reinforce++"],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (one, two) = (metrics(&dir.path().join("reinforce++")), metrics(&dir.path().join("reinforce++-ranks")));
+    for (a, b) in one.iter().zip(&two) {
+        let (la, lb) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((la - lb).abs() < 1e-4 * la.abs().max(1.0), "REINFORCE++ on two ranks: loss {lb}, one trainer {la}");
+        assert_eq!(a["groups_kept"], b["groups_kept"]);
     }
     let out = train_with(&config, &dir.path().join("bad"), &["--set", "grpo.kl_estimator=k1", "--set", "grpo.beta=0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);

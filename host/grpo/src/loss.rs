@@ -19,6 +19,60 @@ pub enum AdvantageMode {
     /// `r − mean of the others`, the leave-one-out baseline (RLOO; verl's `rloo`:
     /// `(n·r − Σr) / (n − 1)`).
     Rloo,
+    /// REINFORCE++: the reward itself, whitened over the step's trained tokens
+    /// ([`Whitening`]); no group baseline, so a group whose rewards are equal trains too.
+    #[serde(rename = "reinforce++")]
+    ReinforcePlusPlus,
+    /// REINFORCE++ with the group's mean subtracted first (verl's
+    /// `reinforce_plus_plus_baseline`), then whitened over the step's trained tokens.
+    #[serde(rename = "reinforce++-baseline")]
+    ReinforcePlusPlusBaseline,
+}
+
+impl AdvantageMode {
+    /// Whether the step's advantages are whitened over its tokens after the groups' own
+    /// ([`Whitening`]): then every group trains, even one whose rewards are all equal.
+    pub fn whitened(self) -> bool {
+        matches!(self, AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline)
+    }
+}
+
+/// REINFORCE++'s batch normalisation: every trained token of the step carries its
+/// sequence's advantage, and they are whitened together — `(A − mean) / sqrt(var + 1e-8)`,
+/// mean and variance (Bessel-corrected) over the tokens, as verl's `masked_whiten` does. The
+/// sums add over micro-batches and ranks: [`Whitening::add`] each sequence, then sum
+/// [`Whitening::sums`] over ranks before [`Whitening::centre`], and again for the squares.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Whitening {
+    /// Σ tokens · A, Σ tokens.
+    pub sums: [f64; 2],
+    /// Σ tokens · (A − mean)², once the mean is known.
+    pub squares: f64,
+}
+
+impl Whitening {
+    /// Count a sequence of `tokens` trained tokens with advantage `advantage`.
+    pub fn add(&mut self, advantage: f32, tokens: usize) {
+        self.sums[0] += f64::from(advantage) * tokens as f64;
+        self.sums[1] += tokens as f64;
+    }
+
+    /// The tokens' mean advantage.
+    pub fn mean(&self) -> f64 {
+        if self.sums[1] > 0.0 { self.sums[0] / self.sums[1] } else { 0.0 }
+    }
+
+    /// Count a sequence's squared distance from the mean (the second pass).
+    pub fn centre(&mut self, advantage: f32, tokens: usize) {
+        self.squares += (f64::from(advantage) - self.mean()).powi(2) * tokens as f64;
+    }
+
+    /// `advantage` whitened.
+    pub fn apply(&self, advantage: f32) -> f32 {
+        let n = self.sums[1];
+        let variance = if n > 1.0 { self.squares / n * n / (n - 1.0) } else { 0.0 };
+        ((f64::from(advantage) - self.mean()) / (variance + 1e-8).sqrt()) as f32
+    }
 }
 
 /// How the policy term weighs each token's log-probability (docs/ALGORITHMS.md).
@@ -71,7 +125,19 @@ pub enum Aggregation {
 /// instead of silently zeroing them.
 pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>> {
     let n = rewards.len();
-    if n == 0 || rewards.iter().all(|&r| r == rewards[0]) {
+    if n == 0 {
+        return None;
+    }
+    // REINFORCE++: before the step's whitening (a group of equal rewards still trains).
+    match mode {
+        AdvantageMode::ReinforcePlusPlus => return Some(rewards.to_vec()),
+        AdvantageMode::ReinforcePlusPlusBaseline => {
+            let mean = rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n as f64;
+            return Some(rewards.iter().map(|&r| (f64::from(r) - mean) as f32).collect());
+        }
+        _ => {}
+    }
+    if rewards.iter().all(|&r| r == rewards[0]) {
         return None;
     }
     let mean = rewards.iter().sum::<f32>() / n as f32;
@@ -80,6 +146,9 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     let advantages: Vec<f32> = match mode {
         AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect(),
         AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
+        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline => {
+            unreachable!("REINFORCE++'s advantages are returned above")
+        }
         AdvantageMode::Grpo => {
             let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / (n.max(2) - 1) as f32;
             let std = var.sqrt();
@@ -95,6 +164,9 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     let advantages = match mode {
         AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect::<Vec<f64>>(),
         AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
+        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline => {
+            unreachable!("REINFORCE++'s advantages are returned above")
+        }
         AdvantageMode::Grpo => {
             let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n.max(2) - 1) as f64;
             let std = var.sqrt();

@@ -270,7 +270,54 @@ impl Trainer {
                 group.scores[i].reward + shaping
             })
             .collect();
-        rewards.iter().any(|&r| r != rewards[0]).then_some((usable, rewards))
+        // REINFORCE++ whitens over the step: a group of equal rewards trains too.
+        (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0])).then_some((usable, rewards))
+    }
+
+    /// REINFORCE++ (`grpo.advantage = "reinforce++"`, `"reinforce++-baseline"`): every
+    /// trained token of the step carries its sequence's advantage; whiten them together,
+    /// over every rank's groups (`gathered`: `batches` are every rank's already).
+    fn whiten(&self, batches: &mut [GroupBatch], gathered: bool) -> anyhow::Result<()> {
+        if !self.config.grpo.advantage.whitened() {
+            return Ok(());
+        }
+        let rows = |batch: &GroupBatch| -> Vec<usize> {
+            (0..batch.completions.len())
+                .map(|i| match batch.trainable.get(i) {
+                    Some(mask) => mask.iter().filter(|&&t| t).count(),
+                    None => batch.completions[i].len(),
+                })
+                .collect()
+        };
+        let mut whitening = wirl_grpo::Whitening::default();
+        for batch in batches.iter() {
+            for (&a, tokens) in batch.advantages.iter().zip(rows(batch)) {
+                whitening.add(a, tokens);
+            }
+        }
+        let summed = |values: &mut [f64]| -> anyhow::Result<()> {
+            if gathered || self.ranks.size() == 1 {
+                return Ok(());
+            }
+            // f32 over the ranks: the sums' relative error is f32's, far below the 1e-8 floor's scale.
+            let mut sent: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+            self.ranks.all_reduce_sum_in_place(&mut sent)?;
+            values.iter_mut().zip(sent).for_each(|(v, s)| *v = f64::from(s));
+            Ok(())
+        };
+        summed(&mut whitening.sums)?;
+        for batch in batches.iter() {
+            for (&a, tokens) in batch.advantages.iter().zip(rows(batch)) {
+                whitening.centre(a, tokens);
+            }
+        }
+        let mut squares = [whitening.squares];
+        summed(&mut squares)?;
+        whitening.squares = squares[0];
+        for batch in batches.iter_mut() {
+            batch.advantages.iter_mut().for_each(|a| *a = whitening.apply(*a));
+        }
+        Ok(())
     }
 
     /// A step stopped before its update: with ranks, after saying so to the others (who
@@ -503,7 +550,7 @@ impl Trainer {
         let mut kept_of_task = vec![0usize; self.tasks.len()];
         let mut unusable_of_task = vec![0usize; self.tasks.len()];
         let trains = self.trained(groups, gathered)?;
-        let batches: Vec<GroupBatch> = groups
+        let mut batches: Vec<GroupBatch> = groups
             .iter()
             .zip(&groups.draws)
             .zip(trains)
@@ -559,6 +606,7 @@ impl Trainer {
                 })
             })
             .collect();
+        self.whiten(&mut batches, gathered)?;
         Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag })
     }
 
