@@ -23,7 +23,7 @@ work=${WORK:-$(mktemp -d)}
 cd "$root"
 [ -x "$peers/venv/bin/python" ] || { echo "no peers venv at $peers/venv: run ../shared/peers/setup.sh" >&2; exit 1; }
 cargo build -q --release -p wirl-cli
-wirl=$root/target/release/wirl
+wirl=${CARGO_TARGET_DIR:-$root/target}/release/wirl
 "$wirl" model fetch > /dev/null
 
 wirl_keys() {
