@@ -174,9 +174,11 @@ impl<const N: usize> Projections<N> {
             .collect();
         let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias.as_ref()).collect();
         let dtype = weights.first().map(|w| w.dtype());
+        // One dtype for weights and biases alike: a source then fuses both or neither (a
+        // trainer's copies are made by dtype), never the weights alone.
         if weights.len() != N
             || !(biases.is_empty() || biases.len() == N)
-            || weights.iter().any(|w| Some(w.dtype()) != dtype)
+            || weights.iter().chain(&biases).any(|t| Some(t.dtype()) != dtype)
         {
             return Ok(Projections::Apart(parts));
         }
