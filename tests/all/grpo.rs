@@ -106,6 +106,19 @@ pub fn train_with(config: &Path, run_dir: &Path, args: &[&str]) -> std::process:
         .unwrap()
 }
 
+/// `wirl train CONFIG` into `run_dir` without the held-out pass, each of `sets` given as a
+/// `--set`, then `extra`: its metrics (the run must succeed).
+fn trained_with_sets(config: &Path, run_dir: &Path, sets: &[&str], extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec!["--eval-tasks", "0"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    args.extend(extra);
+    let out = train_with(config, run_dir, &args);
+    assert!(out.status.success(), "{}: {}", run_dir.display(), String::from_utf8_lossy(&out.stderr));
+    metrics(run_dir)
+}
+
 pub fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()
@@ -376,21 +389,15 @@ fn a_run_sampling_on_the_device_rolls_out_what_the_host_sampler_does() {
 }
 
 /// Every objective trains end to end (`grpo.loss`, `grpo.advantage`, `grpo.kl_estimator`,
-/// DAPO's overlong shaping, truncated completions masked: two steps each, every loss finite, and each run's second step differs from GRPO's — the
-/// objective reached the update); a value that is not one is refused naming the key and
+/// DAPO's overlong shaping, truncated completions masked: two steps each, every loss finite,
+/// and each run's losses differ from GRPO's — the objective reached the loss); a value that is not one is refused naming the key and
 /// what it may be, before any run directory is made.
 #[test]
 fn every_objective_trains_and_bad_ones_are_refused_by_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "", 2, 0.05);
     let losses = |run: &str, set: &[&str]| -> Vec<f64> {
-        let mut args = vec!["--eval-tasks", "0"];
-        for s in set {
-            args.extend(["--set", s]);
-        }
-        let out = train_with(&config, &dir.path().join(run), &args);
-        assert!(out.status.success(), "{run}: {}", String::from_utf8_lossy(&out.stderr));
-        let steps = metrics(&dir.path().join(run));
+        let steps = trained_with_sets(&config, &dir.path().join(run), set, &[]);
         assert_eq!(steps.len(), 2, "{run}");
         steps.iter().map(|s| s["loss"].as_f64().filter(|l| l.is_finite()).expect("a finite loss")).collect()
     };
@@ -449,18 +456,7 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
 fn dynamic_sampling_draws_until_the_step_has_groups_with_signal() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "config = { nan_odd_tasks = true }", 2, 0.01);
-    let run = |name: &str, set: &[&str]| -> Vec<serde_json::Value> {
-        let mut args = vec!["--eval-tasks", "0"];
-        for s in set {
-            match *s {
-                "--dp" | "2" => args.push(s),
-                _ => args.extend(["--set", s]),
-            }
-        }
-        let out = train_with(&config, &dir.path().join(name), &args);
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
-        metrics(&dir.path().join(name))
-    };
+    let run = |name: &str, set: &[&str], extra: &[&str]| trained_with_sets(&config, &dir.path().join(name), set, extra);
     let groups_rolled = |name: &str| {
         let text = std::fs::read_to_string(dir.path().join(name).join("rollouts.jsonl")).unwrap();
         let tasks: std::collections::BTreeSet<String> = text
@@ -470,9 +466,9 @@ fn dynamic_sampling_draws_until_the_step_has_groups_with_signal() {
             .collect();
         tasks.len()
     };
-    let plain = run("plain", &[]);
+    let plain = run("plain", &[], &[]);
     assert!(plain.iter().all(|s| s["groups_kept"] == 1 && s["draws"] == 1), "{plain:?}");
-    let dynamic = run("dynamic", &["grpo.dynamic_sampling=true"]);
+    let dynamic = run("dynamic", &["grpo.dynamic_sampling=true"], &[]);
     assert!(dynamic.iter().all(|s| s["groups_kept"] == 2 && s["draws"] == 2), "{dynamic:?}");
     assert!(groups_rolled("plain") == 4, "two steps of two tasks");
     assert_eq!(groups_rolled("dynamic"), 8, "every drawn group is recorded");
@@ -480,14 +476,14 @@ fn dynamic_sampling_draws_until_the_step_has_groups_with_signal() {
     // one trainer; with a generation lag too (the first draw sampled during the update
     // before, the extra ones by the step's own weights).
     let read = |name: &str| std::fs::read_to_string(dir.path().join(name).join("rollouts.jsonl")).unwrap();
-    let ranked = run("ranked", &["grpo.dynamic_sampling=true", "--dp", "2"]);
+    let ranked = run("ranked", &["grpo.dynamic_sampling=true"], &["--dp", "2"]);
     assert!(read("dynamic") == read("ranked"), "two ranks rolled other groups than one trainer");
     assert!(ranked.iter().all(|s| s["groups_kept"] == 2 && s["draws"] == 2), "{ranked:?}");
     let lagged = ["grpo.dynamic_sampling=true", "grpo.generation_lag=1"];
-    run("lagged", &lagged);
-    run("lagged-ranked", &[&lagged[..], &["--dp", "2"]].concat());
+    run("lagged", &lagged, &[]);
+    run("lagged-ranked", &lagged, &["--dp", "2"]);
     assert!(read("lagged") == read("lagged-ranked"), "with a lag, two ranks rolled other groups than one trainer");
-    let capped = run("capped", &["grpo.dynamic_sampling=true", "grpo.max_draws=1"]);
+    let capped = run("capped", &["grpo.dynamic_sampling=true", "grpo.max_draws=1"], &[]);
     assert!(capped.iter().all(|s| s["groups_kept"] == 1 && s["draws"] == 1), "{capped:?}");
     let out = train_with(&config, &dir.path().join("bad"), &["--set", "grpo.max_draws=0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -549,18 +549,22 @@ impl Trainer {
     fn advantages(&self, groups: &Groups, sampler_lag: u64, gathered: bool) -> anyhow::Result<Advantaged> {
         let mut kept_of_task = vec![0usize; self.tasks.len()];
         let mut unusable_of_task = vec![0usize; self.tasks.len()];
-        let trains = self.trained(groups, gathered)?;
+        // Each group's usable trajectories and rewards, once, where it has a signal.
+        let signals: Vec<_> = groups.iter().map(|(group, t)| self.signal(group, t)).collect();
+        let has_signal: Vec<bool> = signals.iter().map(Option::is_some).collect();
+        let trains = self.trained(groups, &has_signal, gathered)?;
         let mut batches: Vec<GroupBatch> = groups
             .iter()
             .zip(&groups.draws)
             .zip(trains)
-            .filter_map(|(((group, t), &draw), trains)| {
+            .zip(signals)
+            .filter_map(|((((group, t), &draw), trains), signal)| {
                 let usable = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).count();
                 if usable < 2 || group.prompt.is_empty() {
                     unusable_of_task[t] += 1;
                     return None;
                 }
-                let (usable, rewards) = self.signal(group, t)?;
+                let (usable, rewards) = signal?;
                 if !trains {
                     return None;
                 }
@@ -610,19 +614,18 @@ impl Trainer {
         Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag })
     }
 
-    /// Per group, whether it may train: all of them, or under dynamic sampling the first
-    /// `prompts_per_step` with signal in draw-then-rank order (each rank counts its own by
+    /// Per group (`signal`: whether it has one), whether it may train: all of them, or under
+    /// dynamic sampling the first `prompts_per_step` with signal in draw-then-rank order (each rank counts its own by
     /// draw; the counts are summed over the ranks so that every rank knows its place).
-    fn trained(&self, groups: &Groups, gathered: bool) -> anyhow::Result<Vec<bool>> {
+    fn trained(&self, groups: &Groups, signal: &[bool], gathered: bool) -> anyhow::Result<Vec<bool>> {
         let g = &self.config.grpo;
-        let signal: Vec<bool> = groups.iter().map(|(group, t)| self.signal(group, t).is_some()).collect();
         if !g.dynamic_sampling {
             return Ok(vec![true; signal.len()]);
         }
         let ranks = self.ranks.size();
         let cell = |draw: usize, rank: usize| draw * ranks + rank;
         let mut counts = vec![0f32; g.max_draws * ranks];
-        for ((&draw, &rank), &signal) in groups.draws.iter().zip(&groups.ranks).zip(&signal) {
+        for ((&draw, &rank), &signal) in groups.draws.iter().zip(&groups.ranks).zip(signal) {
             counts[cell(draw, rank)] += f32::from(u8::from(signal));
         }
         if !gathered {
@@ -638,7 +641,7 @@ impl Trainer {
             .draws
             .iter()
             .zip(&groups.ranks)
-            .zip(&signal)
+            .zip(signal)
             .map(|((&draw, &rank), &signal)| {
                 let c = cell(draw, rank);
                 let place = before[c] + seen[c];
