@@ -1,0 +1,41 @@
+"""wirl.Environment: deterministic tasks, episodes, failures named."""
+
+import pickle
+
+import pytest
+import wirl
+from conftest import rust_plugin
+
+
+def test_builtin_environment_tasks_are_deterministic_and_scored_by_the_reward():
+    environment = wirl.Environment("builtin:arithmetic", seed=7)
+    assert environment.name and environment.size is None
+    rows = environment.dataset(4)
+    assert rows == environment.dataset(4) and rows != environment.dataset(4, seed=8)
+    reward = wirl.Reward("builtin:math-answer")
+    completions = [f"<answer>{row['answer']}</answer>" for row in rows]
+    columns = {key: [row[key] for row in rows] for key in ("answer", "id", "metadata")}
+    assert reward(prompts=[row["prompt"] for row in rows], completions=completions, **columns) == [1.0] * 4
+    again = pickle.loads(pickle.dumps(environment))
+    assert again.task(3) == environment.task(3)
+
+
+def test_episode_steps_to_a_score():
+    environment = wirl.Environment("builtin:arithmetic")
+    task = environment.task(0)
+    episode = environment.start(task)
+    result = episode.step(f"<answer>{task['answer']}</answer>")
+    while not result.done:
+        result = episode.step(f"<answer>{task['answer']}</answer>")
+    assert result.score.reward == 1.0
+    with pytest.raises(wirl.PluginError, match="over"):
+        episode.step("more")
+
+
+def test_failing_environment_names_its_verdict():
+    environment = wirl.Environment(rust_plugin("hostile_environment"), {"fail_mod": 2})
+    assert environment.task(2)["answer"] == "1"
+    with pytest.raises(wirl.PluginError, match="task 3: guest_error"):
+        environment.task(3)
+    with pytest.raises(wirl.PluginError, match="reward-plugin"):
+        wirl.Environment("builtin:math-answer")

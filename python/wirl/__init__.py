@@ -1,0 +1,60 @@
+"""wirl's WebAssembly sandbox in Python, in process.
+
+- :class:`Reward` — a reward plugin (``builtin:math-answer`` or a ``.wasm`` file) as the reward
+  function TRL's ``GRPOTrainer`` takes (``reward_funcs=[wirl.Reward(...)]``), with verl's
+  ``compute_score`` and OpenRLHF's ``reward_func`` as methods; :class:`AsyncReward` for
+  trainers that await their rewards.
+- :func:`run_python` and :class:`CodeRunner` — model-written Python, each program in a fresh
+  CPython instance inside a component, under time, memory and output limits;
+  :func:`humaneval_grader` — a grader whose verdict the model's code cannot forge.
+- :class:`Environment` — an environment plugin's tasks and multi-turn episodes.
+
+Every call ends: a plugin that loops, allocates without end, traps or returns NaN fails that
+call with a named verdict (``deadline``, ``memory``, ``trap``, ``non_finite``, ...), and the
+next call works. Calls run on threads of their own with the GIL released.
+"""
+
+from . import _native
+from ._native import WIT_PACKAGE, WIT_VERSION, PluginError
+from .code import CodeRunner, RunResult, humaneval_grader, plugin_path, run_python
+from .environment import Environment, Episode, StepResult
+from .reward import AsyncReward, Reward, Score
+
+__version__ = _native.VERSION
+
+__all__ = [
+    "AsyncReward",
+    "CodeRunner",
+    "Environment",
+    "Episode",
+    "PluginError",
+    "Reward",
+    "RunResult",
+    "Score",
+    "StepResult",
+    "WIT_PACKAGE",
+    "WIT_VERSION",
+    "builtins",
+    "humaneval_grader",
+    "plugin_path",
+    "run_python",
+]
+
+
+def builtins():
+    """The plugins built into wirl: ``[(reference, what it is, sha256), ...]``."""
+    return _native.builtins()
+
+
+def _register_worker_command():
+    # Code runners with workers start children of this interpreter, which import this very
+    # package (from wherever it was imported here) and serve their parent.
+    import os
+    import sys
+
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    source = f"import sys; sys.path.insert(0, {parent!r}); import wirl._worker as w; w.main()"
+    _native.set_worker_command(sys.executable, ["-c", source])
+
+
+_register_worker_command()

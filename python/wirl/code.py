@@ -1,0 +1,159 @@
+"""Model-written Python in a fresh CPython instance per program, and a grader for code tasks."""
+
+import math
+import os
+import threading
+
+from . import _native
+
+__all__ = ["CodeRunner", "RunResult", "humaneval_grader", "plugin_path", "run_python"]
+
+_PLUGINS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
+
+# The most a call may ask for: the runner made for run_python is configured at these, and
+# each call asks for its own limits below them.
+MAX_TIMEOUT_S = 600.0
+MAX_MEMORY_MIB = 4096
+
+
+def plugin_path(name):
+    """The path of a component this package carries: ``code_runner``, ``humaneval_runner``,
+    ``humaneval_grader``."""
+    path = os.path.join(_PLUGINS, f"{name}.wasm")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path}: this installation of wirl carries no {name}.wasm. It comes with a package built by "
+            f"`bash scripts/python-package` in wirl's repository (which builds it with scripts/build-plugins); "
+            f"or pass the component's path yourself (runner=...)."
+        )
+    return path
+
+
+class RunResult:
+    """How a program ended: ``verdict`` (``exited``, ``timed_out``, ``out_of_memory``,
+    ``out_of_fuel``, ``output_limit``, ``crashed``), ``exit_code`` (when it exited),
+    ``stdout``, ``stderr`` (at most the output limit each; ``truncated`` when cut),
+    ``duration_ms``; ``crash`` says how the interpreter crashed."""
+
+    __slots__ = ("verdict", "exit_code", "crash", "stdout", "stderr", "truncated", "duration_ms")
+
+    def __init__(self, verdict, exit_code, crash, stdout, stderr, truncated, duration_ms):
+        self.verdict = verdict
+        self.exit_code = exit_code
+        self.crash = crash
+        self.stdout = stdout
+        self.stderr = stderr
+        self.truncated = truncated
+        self.duration_ms = duration_ms
+
+    @property
+    def ok(self):
+        """It ran to its end and exited with status 0."""
+        return self.verdict == "exited" and self.exit_code == 0
+
+    def __repr__(self):
+        how = f"exited({self.exit_code})" if self.verdict == "exited" else self.verdict
+        return f"RunResult({how}, stdout={self.stdout[:60]!r}, stderr={self.stderr[-60:]!r}, {self.duration_ms} ms)"
+
+
+def _timeout_ms(timeout_s):
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
+        raise ValueError(f"timeout_s must be a finite number of seconds, not {timeout_s!r}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s must be above 0 and at most {MAX_TIMEOUT_S:g}, not {timeout_s!r}")
+    return max(1, int(timeout_s * 1000))
+
+
+def _memory_bytes(memory_mib):
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or not 1 <= memory_mib <= MAX_MEMORY_MIB:
+        raise ValueError(f"memory_mib must be a whole number from 1 to {MAX_MEMORY_MIB}, not {memory_mib!r}")
+    return memory_mib << 20
+
+
+class CodeRunner:
+    """A code-runner component (by default the CPython one this package carries) that runs
+    each program in a fresh instance: no files, no network, no environment, no clock beyond
+    its limits. ``timeout_s``, ``memory_mib`` and ``max_output_bytes`` are the most a
+    program may use (a call may ask for less); ``workers`` runs the programs in that many
+    child processes (they scale with cores as subprocesses do); a batch runs on ``threads``
+    threads without the GIL."""
+
+    def __init__(self, runner=None, *, timeout_s=MAX_TIMEOUT_S, memory_mib=MAX_MEMORY_MIB, max_output_bytes=1 << 20, workers=0, threads=None):
+        runner = plugin_path("code_runner") if runner is None else os.path.abspath(os.fspath(runner))
+        self.runner = runner
+        self.timeout_s = timeout_s
+        self.memory_mib = memory_mib
+        self._native = _native.NativeCodeRunner(
+            runner,
+            deadline_ms=_timeout_ms(timeout_s),
+            memory_mib=_memory_bytes(memory_mib) >> 20,
+            max_output_bytes=max_output_bytes,
+            workers=workers,
+            threads=threads,
+        )
+
+    @property
+    def workers(self):
+        return self._native.workers
+
+    def worker_pids(self):
+        return self._native.worker_pids()
+
+    def run(self, code, stdin=None, *, args=(), timeout_s=10.0, memory_mib=512):
+        """Run one program; a :class:`RunResult`."""
+        return self.run_many([code], stdin=stdin, args=args, timeout_s=timeout_s, memory_mib=memory_mib)[0]
+
+    def run_many(self, codes, stdin=None, *, args=(), timeout_s=10.0, memory_mib=512):
+        """Run programs concurrently, each in its own instance; results in order."""
+        codes = list(codes)
+        for index, code in enumerate(codes):
+            if not isinstance(code, str):
+                raise TypeError(f"program {index}: code must be a str, not {type(code).__name__}")
+        if stdin is not None and not isinstance(stdin, str):
+            raise TypeError(f"stdin must be a str, not {type(stdin).__name__}")
+        argv = [str(a) for a in args]
+        programs = [("python", code, stdin or "", argv) for code in codes]
+        ran = self._native.run(programs, wall_ms=_timeout_ms(timeout_s), memory_bytes=_memory_bytes(memory_mib))
+        return [RunResult(*r) for r in ran]
+
+    def __reduce__(self):
+        return (_runner_again, (self.runner, self.timeout_s, self.memory_mib, self._native.workers))
+
+
+def _runner_again(runner, timeout_s, memory_mib, workers):
+    return CodeRunner(runner, timeout_s=timeout_s, memory_mib=memory_mib, workers=workers)
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def run_python(code, stdin=None, *, args=(), timeout_s=10.0, memory_mib=512):
+    """Run ``code`` in a fresh sandboxed CPython; a :class:`RunResult` (``stdout``,
+    ``stderr``, ``exit_code``, ``verdict``). Never raises for what the program does."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = CodeRunner()
+    return _default.run(code, stdin, args=args, timeout_s=timeout_s, memory_mib=memory_mib)
+
+
+def humaneval_grader(*, timeout_ms=3000, memory_mib=256, deadline_ms=300_000, workers=0, threads=None, runner=None, **reward_args):
+    """A :class:`wirl.Reward` that grades unit-test code tasks (HumanEval / MBPP shape: task
+    metadata ``{"prompt", "test", "entry_point"}``; in TRL, columns ``test`` and
+    ``entry_point`` beside a plain-text prompt). The model's code and the tests never share an
+    interpreter, so nothing the code does (``exit(0)``, printing "passed", rebinding
+    ``AssertionError``, patching the tests) changes the verdict: reward 1 when every test
+    passes, else 0, with the reason in the score's note. ``timeout_ms`` and ``memory_mib``
+    bound each candidate program; ``deadline_ms`` the whole grading of one completion."""
+    from .reward import Reward
+
+    return Reward(
+        plugin_path("humaneval_grader"),
+        {"timeout_ms": timeout_ms, "memory_mib": memory_mib},
+        deadline_ms=deadline_ms,
+        code_runner=runner or plugin_path("humaneval_runner"),
+        code_workers=workers,
+        threads=threads,
+        **reward_args,
+    )

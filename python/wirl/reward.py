@@ -1,0 +1,318 @@
+"""Reward plugins as the reward functions of Python trainers (TRL, verl, OpenRLHF)."""
+
+import asyncio
+import functools
+import json
+import math
+import os
+
+from . import _native
+from ._native import PluginError
+
+__all__ = ["AsyncReward", "Reward", "Score"]
+
+# What TRL passes a reward function besides the dataset's columns.
+_TRL_EXTRAS = frozenset({"trainer_state", "log_extra", "log_metric", "environments"})
+
+
+class Score:
+    """One call's result: ``reward`` (None when the call failed), ``verdict`` (``ok``, or what
+    ended the call: ``deadline``, ``memory``, ``fuel``, ``stack_overflow``, ``trap``,
+    ``output_too_large``, ``print_limit``, ``non_finite``, ``instantiate``, ``interrupted``, or
+    the plugin's own ``guest_error``), its ``message``, the plugin's named ``parts`` and
+    ``note``, and the call's ``micros``."""
+
+    __slots__ = ("reward", "verdict", "message", "parts", "note", "micros")
+
+    def __init__(self, reward, verdict, message, parts, note, micros):
+        self.reward = reward
+        self.verdict = verdict
+        self.message = message
+        self.parts = dict(parts)
+        self.note = note
+        self.micros = micros
+
+    @property
+    def ok(self):
+        return self.verdict == "ok"
+
+    def __repr__(self):
+        if self.ok:
+            return f"Score(reward={self.reward!r}, parts={self.parts!r}, note={self.note!r})"
+        return f"Score(verdict={self.verdict!r}, message={self.message!r})"
+
+
+def _messages(prompt):
+    """A TRL prompt (plain text or a conversation) as the task's messages."""
+    if prompt is None:
+        return []
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, (list, tuple)):
+        messages = []
+        for message in prompt:
+            if not isinstance(message, dict) or "role" not in message:
+                raise ValueError(f"a conversational prompt is a list of {{role, content}} dicts, not {message!r:.80}")
+            messages.append({"role": str(message["role"]), "content": _content(message.get("content"))})
+        return messages
+    raise ValueError(f"a prompt is a string or a list of messages, not {type(prompt).__name__}")
+
+
+def _content(content):
+    """A message's content as text: a string, or the text parts of a multimodal list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def _completion_text(completion):
+    """A completion as text: a string, or the assistant messages of a conversational one."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)):
+        return "".join(_content(m.get("content")) for m in completion if isinstance(m, dict))
+    raise ValueError(f"a completion is a string or a list of messages, not {type(completion).__name__}")
+
+
+def _metadata(row, prompt):
+    """The task's metadata: a ``metadata`` column as it is, else the row's columns as one JSON
+    object (with the prompt when it is plain text: a grader of code needs it)."""
+    if "metadata" in row:
+        value = row["metadata"]
+        if value is None or isinstance(value, str):
+            return value
+        return json.dumps(value, default=str)
+    fields = dict(row)
+    if isinstance(prompt, str):
+        fields.setdefault("prompt", prompt)
+    return json.dumps(fields, default=str) if fields else None
+
+
+def _text_or_none(value):
+    return None if value is None else str(value)
+
+
+def _check_weight(weight):
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ValueError(f"weight must be a finite number, not {weight!r}")
+    return float(weight)
+
+
+class Reward:
+    """A reward plugin, callable as TRL's ``GRPOTrainer`` calls a reward function.
+
+    ``plugin`` is a built-in (``"builtin:math-answer"``, see :func:`wirl.builtins`) or a
+    component file. ``config`` is the plugin's config (a dict of JSON values). Limits per call:
+    ``deadline_ms`` (default 1000), ``memory_mib`` (64), ``fuel`` (none); ``weight`` multiplies
+    every reward. A grader (a plugin that runs code) needs ``code_runner`` (a runner component;
+    ``wirl.plugin_path("code_runner")``), optionally ``code_workers`` processes.
+
+    ``reward(prompts=..., completions=..., **columns)`` returns one float per completion, or
+    None where the call failed (TRL leaves it out of the mean): a failed call is never a
+    reward of 0. ``reward.last_scores`` then holds each call's :class:`Score` (its verdict).
+    The dataset's ``answer_column`` is the reference answer, an ``id`` column the task id, a
+    ``metadata`` column the plugin's metadata (else the row's other columns, as JSON).
+    A batch is scored on ``threads`` threads (default: the cores) without the GIL.
+    """
+
+    def __init__(
+        self,
+        plugin,
+        config=None,
+        *,
+        deadline_ms=None,
+        memory_mib=None,
+        fuel=None,
+        weight=1.0,
+        reuse_instance=False,
+        code_runner=None,
+        code_workers=0,
+        code_deadline_ms=None,
+        code_memory_mib=None,
+        threads=None,
+        answer_column="answer",
+        name=None,
+        failed_score=0.0,
+    ):
+        plugin = os.fspath(plugin)
+        if not plugin.startswith("builtin:"):
+            plugin = os.path.abspath(plugin)
+        if code_runner is not None:
+            code_runner = os.fspath(code_runner)
+            if not code_runner.startswith("builtin:"):
+                code_runner = os.path.abspath(code_runner)
+        if config is not None and not isinstance(config, dict):
+            raise ValueError(f"config must be a dict, not {type(config).__name__}")
+        self._args = {
+            "plugin": plugin,
+            "config": config,
+            "deadline_ms": deadline_ms,
+            "memory_mib": memory_mib,
+            "fuel": fuel,
+            "reuse_instance": reuse_instance,
+            "code_runner": code_runner,
+            "code_workers": code_workers,
+            "code_deadline_ms": code_deadline_ms,
+            "code_memory_mib": code_memory_mib,
+            "threads": threads,
+        }
+        self.weight = _check_weight(weight)
+        self.failed_score = _check_weight(failed_score)
+        self.answer_column = answer_column
+        self._native = _load(self._args)
+        self.sha256 = self._native.sha256
+        self.world = self._native.world
+        # TRL names the reward's column in its logs after this.
+        self.__name__ = name or self._native.name
+        self.last_scores = []
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self._args['plugin']!r}, sha256={self.sha256[:12]}…)"
+
+    # -- scoring -------------------------------------------------------------------------
+
+    def score(self, tasks, completions):
+        """Score ``completions[i]`` for ``tasks[i]`` (wirl's task records: ``id``,
+        ``messages``, ``answer``, ``metadata``; dicts or JSON text). One :class:`Score` each."""
+        tasks = list(tasks)
+        completions = list(completions)
+        if len(tasks) != len(completions):
+            raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
+        items = []
+        for index, (task, completion) in enumerate(zip(tasks, completions)):
+            if isinstance(task, (str, bytes)):
+                task = json.loads(task)
+            if not isinstance(task, dict):
+                raise ValueError(f"task {index}: a dict with id, messages, answer, metadata, not {type(task).__name__}")
+            task = {
+                "id": str(task.get("id", index)),
+                "messages": _messages(task.get("messages") or []),
+                "answer": _text_or_none(task.get("answer")),
+                "metadata": task.get("metadata") if isinstance(task.get("metadata"), (str, type(None))) else json.dumps(task["metadata"]),
+            }
+            items.append({"task": task, "completion": _completion_text(completion)})
+        scores = [Score(*s) for s in self._native.score(json.dumps(items))]
+        self.last_scores = scores
+        return scores
+
+    def __call__(self, prompts=None, completions=None, completion_ids=None, **columns):
+        """TRL's reward function: one float per completion (times ``weight``), None where the
+        call failed (the verdicts are in ``last_scores``)."""
+        if completions is None:
+            raise ValueError("completions= is required (TRL passes prompts=, completions= and the dataset's columns)")
+        count = len(completions)
+        if prompts is not None and len(prompts) != count:
+            raise ValueError(f"{len(prompts)} prompts for {count} completions")
+        data = {key: value for key, value in columns.items() if key not in _TRL_EXTRAS}
+        for key, value in data.items():
+            if not isinstance(value, (list, tuple)) or len(value) != count:
+                shown = f"{len(value)} values" if isinstance(value, (list, tuple)) else type(value).__name__
+                raise ValueError(f"column {key!r}: expected a list of {count} values (one per completion), got {shown}")
+        tasks = []
+        for index in range(count):
+            row = {key: value[index] for key, value in data.items()}
+            prompt = prompts[index] if prompts is not None else None
+            answer = row.pop(self.answer_column, None) if self.answer_column else None
+            tasks.append(
+                {
+                    "id": str(row.pop("id", index)),
+                    "messages": _messages(prompt),
+                    "answer": _text_or_none(answer),
+                    "metadata": _metadata(row, prompt),
+                }
+            )
+        scores = self.score(tasks, completions)
+        return [None if s.reward is None else s.reward * self.weight for s in scores]
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None, **_):
+        """verl's ``compute_score``: ``{"score": float, "failed": 0.0 | 1.0}``. verl cannot
+        leave a sample out, so a failed call scores ``failed_score`` and says so in
+        ``failed`` (its verdict in ``last_scores``)."""
+        extra = dict(extra_info) if isinstance(extra_info, dict) else {}
+        extra.setdefault("data_source", data_source)
+        task = {
+            "id": str(extra.get("index", extra.get("id", 0))),
+            "messages": [],
+            "answer": _text_or_none(ground_truth),
+            "metadata": json.dumps(extra, default=str),
+        }
+        (score,) = self.score([task], [solution_str])
+        if score.reward is None:
+            return {"score": self.failed_score, "failed": 1.0}
+        return {"score": score.reward * self.weight, "failed": 0.0}
+
+    def openrlhf(self, queries, prompts, labels):
+        """OpenRLHF's ``reward_func(queries, prompts, labels)``: ``{"rewards", "scores",
+        "extra_logs"}`` (tensors when torch is there). A query is prompt + response; a failed
+        call scores ``failed_score``, counted in ``extra_logs["wirl_failed"]``."""
+        tasks, responses = [], []
+        for index, (query, prompt, label) in enumerate(zip(queries, prompts, labels)):
+            response = query[len(prompt) :] if query.startswith(prompt) else query
+            tasks.append({"id": str(index), "messages": _messages(prompt), "answer": _text_or_none(label), "metadata": None})
+            responses.append(response)
+        scores = self.score(tasks, responses)
+        rewards = [self.failed_score if s.reward is None else s.reward * self.weight for s in scores]
+        failed = [0.0 if s.ok else 1.0 for s in scores]
+        try:
+            import torch
+
+            rewards, failed = torch.tensor(rewards), torch.tensor(failed)
+        except ImportError:
+            pass
+        return {"rewards": rewards, "scores": rewards, "extra_logs": {"wirl_failed": failed}}
+
+    # -- pickling: the plugin's reference, config and limits; loaded again on the other side --
+
+    def __reduce__(self):
+        state = (self._args, self.weight, self.failed_score, self.answer_column, self.__name__, self.sha256)
+        return (_restore, (type(self), state))
+
+
+def _load(args):
+    config = args["config"]
+    return _native.NativeReward(
+        args["plugin"],
+        None if config is None else json.dumps(config),
+        deadline_ms=args["deadline_ms"],
+        memory_mib=args["memory_mib"],
+        fuel=args["fuel"],
+        reuse_instance=args["reuse_instance"],
+        code_runner=args["code_runner"],
+        code_workers=args["code_workers"],
+        code_deadline_ms=args["code_deadline_ms"],
+        code_memory_mib=args["code_memory_mib"],
+        threads=args["threads"],
+    )
+
+
+def _restore(cls, state):
+    args, weight, failed_score, answer_column, name, sha256 = state
+    reward = cls(
+        args["plugin"],
+        args["config"],
+        weight=weight,
+        failed_score=failed_score,
+        answer_column=answer_column,
+        name=name,
+        **{k: v for k, v in args.items() if k not in ("plugin", "config")},
+    )
+    if reward.sha256 != sha256:
+        raise PluginError(
+            f"{args['plugin']} changed since this reward was pickled (sha256 {reward.sha256[:12]}… now, "
+            f"{sha256[:12]}… then): a reward is the plugin it was made with"
+        )
+    return reward
+
+
+class AsyncReward(Reward):
+    """A :class:`Reward` whose call is awaited (TRL runs async reward functions concurrently,
+    and its async trainer expects them): the batch runs on a thread of the event loop's
+    executor, the loop stays free."""
+
+    async def __call__(self, prompts=None, completions=None, completion_ids=None, **columns):
+        call = functools.partial(Reward.__call__, self, prompts, completions, completion_ids, **columns)
+        return await asyncio.get_running_loop().run_in_executor(None, call)
