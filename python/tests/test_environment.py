@@ -39,3 +39,26 @@ def test_failing_environment_names_its_verdict():
         environment.task(3)
     with pytest.raises(wirl.PluginError, match="reward-plugin"):
         wirl.Environment("builtin:math-answer")
+
+
+def test_trl_environment_factory_runs_episodes_as_trl_calls_them():
+    import inspect
+
+    from wirl.trl import environment_factory
+
+    environment = wirl.Environment("builtin:arithmetic", {"attempts": 2})
+    factory = environment_factory(environment)
+    # What TRL checks: a `reset`, a `get_reward`, the other public methods as tools.
+    members = [name for name, _ in inspect.getmembers(factory, predicate=inspect.isfunction)]
+    assert {"reset", "get_reward", "answer"} <= set(members)
+    row = environment.dataset(1)[0]
+    right, wrong = factory(), factory()
+    assert right.reset(**row) is None and wrong.reset(**row) is None
+    assert right.answer(f"<answer>{row['answer']}</answer>") == "The episode is over."
+    assert right.get_reward() == 1.0
+    feedback = wrong.answer("<answer>-999</answer>")
+    assert feedback != "The episode is over." and wrong.get_reward() is None
+    assert wrong.answer("<answer>-999</answer>") == "The episode is over."
+    assert wrong.get_reward() == 0.0
+    with pytest.raises(ValueError, match="no episodes"):
+        environment_factory(wirl.Environment(rust_plugin("hostile_environment")))

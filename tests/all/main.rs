@@ -18,6 +18,7 @@ mod languages;
 mod lora;
 mod mpi;
 mod multiturn;
+mod openenv;
 mod plugins;
 mod precision;
 mod ranks;

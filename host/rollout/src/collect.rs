@@ -15,7 +15,6 @@ use crate::episode::{EpisodeGroup, EpisodeOutcome, EpisodeTimes, TemplateDrift, 
 use crate::group::{RolloutGroup, SamplingSpec, Trajectory};
 use crate::score::Scored;
 use crate::seed::seed_for;
-use crate::source::TaskSource;
 use crate::task::LoadedTask;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -163,7 +162,7 @@ pub fn receive(
                 };
                 let ask = &asks[i];
                 if let Some(tasks) = score_on_arrival.as_deref_mut()
-                    && tasks[ask.task].spec.max_turns <= 1
+                    && !tasks[ask.task].runs_episodes()
                 {
                     let started = Instant::now();
                     let owner = &mut tasks[ask.task];
@@ -188,7 +187,7 @@ pub fn run_episode_groups(
     sampled: &mut Sampled,
     stop: &dyn Fn() -> bool,
 ) -> Option<Result<Episodes, RollError>> {
-    let episodic: Vec<usize> = (0..asks.len()).filter(|&i| tasks[asks[i].task].spec.max_turns > 1).collect();
+    let episodic: Vec<usize> = (0..asks.len()).filter(|&i| tasks[asks[i].task].runs_episodes()).collect();
     if episodic.is_empty() {
         return Some(Ok(Episodes::default()));
     }
@@ -196,11 +195,11 @@ pub fn run_episode_groups(
     for &i in &episodic {
         let ask = &asks[i];
         let owner = &tasks[ask.task];
-        let TaskSource::Environment { plugin, .. } = &owner.source else {
+        let Some(environment) = owner.source.episodes() else {
             unreachable!("LoadedTask::load refuses a multi-turn task without an environment")
         };
         runs.push(EpisodeGroup {
-            environment: plugin,
+            environment,
             task: &ask.problem,
             prompt: &ask.prompt,
             first: sampled.generated[i].take().unwrap_or_default(),

@@ -17,6 +17,56 @@ use std::collections::BTreeMap;
 use wirl_engine::{ChatMessage, EngineHandle, GenerateRequest, Tokenizer};
 use wirl_sandbox::{EnvironmentPlugin, Message, StepResult, Task, printable};
 
+/// What runs a task's episodes: an environment plugin (each episode an instance of its own),
+/// or an OpenEnv server (each a session of its own). A failure is (kind, message).
+pub trait EpisodeSource {
+    /// Its name in notes and logs.
+    fn name(&self) -> String;
+    fn start(&self, task: &Task) -> Result<Box<dyn EpisodeSteps + Send>, (String, String)>;
+}
+
+/// One running episode.
+pub trait EpisodeSteps {
+    /// The model's reply: what follows, or the episode's end with its score.
+    fn step(&mut self, reply: &str) -> Result<StepResult, (String, String)>;
+}
+
+fn failed(failure: wirl_sandbox::Failure) -> (String, String) {
+    (failure.kind.name().to_string(), failure.to_string())
+}
+
+impl EpisodeSource for EnvironmentPlugin {
+    fn name(&self) -> String {
+        self.plugin().name().to_string()
+    }
+
+    fn start(&self, task: &Task) -> Result<Box<dyn EpisodeSteps + Send>, (String, String)> {
+        self.start_episode(task).map(|episode| Box::new(episode) as Box<dyn EpisodeSteps + Send>).map_err(failed)
+    }
+}
+
+impl EpisodeSteps for wirl_sandbox::Episode {
+    fn step(&mut self, reply: &str) -> Result<StepResult, (String, String)> {
+        wirl_sandbox::Episode::step(self, reply).map_err(failed)
+    }
+}
+
+impl EpisodeSource for crate::openenv::OpenEnvTasks {
+    fn name(&self) -> String {
+        crate::openenv::OpenEnvTasks::name(self)
+    }
+
+    fn start(&self, task: &Task) -> Result<Box<dyn EpisodeSteps + Send>, (String, String)> {
+        crate::openenv::OpenEnvTasks::start(self, task).map(|episode| Box::new(episode) as Box<dyn EpisodeSteps + Send>)
+    }
+}
+
+impl EpisodeSteps for crate::openenv::OpenEnvEpisode {
+    fn step(&mut self, reply: &str) -> Result<StepResult, (String, String)> {
+        crate::openenv::OpenEnvEpisode::step(self, reply)
+    }
+}
+
 /// The chat template does not render the conversation as the ledger holds it.
 #[derive(Debug)]
 pub struct TemplateDrift(pub String);
@@ -105,7 +155,7 @@ pub fn check_template(tokenizer: &Tokenizer) -> Result<(), TemplateDrift> {
 
 /// One group's episodes to run from their first reply on.
 pub struct EpisodeGroup<'a> {
-    pub environment: &'a EnvironmentPlugin,
+    pub environment: &'a dyn EpisodeSource,
     pub task: &'a Task,
     pub prompt: &'a [u32],
     /// The first replies (turn 0), sampled with the rest of the step.
@@ -145,7 +195,7 @@ pub struct EpisodeOutcome {
 
 /// One episode in flight.
 struct Live {
-    episode: Option<wirl_sandbox::Episode>,
+    episode: Option<Box<dyn EpisodeSteps + Send>>,
     /// The conversation as the template renders it, the prompt's messages first.
     conversation: Vec<Message>,
     /// How many of `conversation`'s messages are the task's prompt.
@@ -209,7 +259,7 @@ pub fn run_episodes(
     }
     let mut out = Vec::new();
     for (group, lives) in groups.iter().zip(lives) {
-        let name = group.environment.plugin().name().to_string();
+        let name = group.environment.name();
         out.push(lives.into_iter().map(|live| finish(live, &name, group.failures)).collect());
     }
     times.host_s = started.elapsed().as_secs_f64() - times.generate_s;
@@ -231,9 +281,9 @@ impl Live {
         let mut trajectory = first.clone();
         trajectory.trainable = vec![true; trajectory.tokens.len()];
         trajectory.turns = 1;
-        let (episode, outcome) = match group.environment.start_episode(group.task) {
+        let (episode, outcome) = match group.environment.start(group.task) {
             Ok(episode) => (Some(episode), None),
-            Err(failure) => (None, Some(Err((failure.kind.name().to_string(), failure.to_string())))),
+            Err(failure) => (None, Some(Err(failure))),
         };
         let conversation = group.task.messages.clone();
         Live { episode, prompt_messages: conversation.len(), conversation, trajectory, outcome }
@@ -259,7 +309,7 @@ impl Live {
             }
             Ok(StepResult::Continue(messages)) => messages,
             Err(failure) => {
-                self.outcome = Some(Err((failure.kind.name().to_string(), failure.to_string())));
+                self.outcome = Some(Err(failure));
                 return Ok(None);
             }
         };

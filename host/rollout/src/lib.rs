@@ -1,6 +1,7 @@
 //! wirl's rollout layer: where a step's data comes from and how it is judged, before any
 //! tensor. Task sources (`source`: environment plugins, JSONL datasets), prompts that fit the
-//! model (`prompt`), tasks served by another `wirl serve` (`remote`), the reward plugins
+//! model (`prompt`), tasks served by another `wirl serve` (`remote`) or by an OpenEnv server
+//! (`openenv`, a client of its WebSocket), the reward plugins
 //! that score them (`scorer`), a task loaded and checked (`task`), and the one rolling path
 //! that samples, runs and scores groups of them through the engine's batching actor
 //! (`collect`), which training, evaluation and the server share.
@@ -15,6 +16,7 @@ pub mod dataset;
 pub mod episode;
 pub mod group;
 pub mod mixture;
+pub mod openenv;
 pub mod prompt;
 pub mod remote;
 pub mod score;
@@ -28,10 +30,12 @@ pub use agent::{AgentCall, AgentLimits, EngineInference, agent_groups};
 pub use collect::{Engine, GroupAsk, RollError, collect_groups};
 pub use dataset::{Columns, Dataset, DatasetSpec};
 pub use episode::{
-    EpisodeGroup, EpisodeOutcome, EpisodeRun, EpisodeTimes, TemplateDrift, check_template, run_episodes,
+    EpisodeGroup, EpisodeOutcome, EpisodeRun, EpisodeSource, EpisodeSteps, EpisodeTimes, TemplateDrift, check_template,
+    run_episodes,
 };
 pub use group::{RolloutGroup, SamplingSpec, Trajectory, seed_for};
 pub use mixture::{Allocation, MixtureError, allocate};
+pub use openenv::{OpenEnvEpisode, OpenEnvSpec, OpenEnvTasks};
 pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, held_out_prompts, prompt_ids, step_tasks};
 pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
 pub use score::{FailurePolicy, OnFailure, Scored, Status};

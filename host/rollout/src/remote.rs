@@ -108,8 +108,7 @@ impl RemoteTasks {
         let mut timed_out = false;
         for attempt in 0..=self.spec.retries {
             if attempt > 0 {
-                // 0.2 s, 0.4 s, 0.8 s, … at most 5 s between tries.
-                std::thread::sleep(Duration::from_millis((200u64 << (attempt - 1).min(5)).min(5000)));
+                std::thread::sleep(backoff(attempt));
             }
             let sent = match (method, body) {
                 ("GET", _) => self.authorized_get(&url).call(),
@@ -250,6 +249,12 @@ impl RemoteTasks {
             }
         }
     }
+}
+
+/// The wait before try `attempt` (from 1) of a call to a server: 0.2 s, 0.4 s, 0.8 s, … at
+/// most 5 s.
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((200u64 << (attempt.max(1) - 1).min(5)).min(5000))
 }
 
 /// A failed trajectory of `kind`, under `policy`.

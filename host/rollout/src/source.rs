@@ -1,5 +1,5 @@
-//! Task sources: an environment plugin's deterministic `task-at(seed, index)`, or tasks read
-//! from JSONL files.
+//! Task sources: an environment plugin's deterministic `task-at(seed, index)`, tasks read
+//! from dataset files, an agent, another `wirl serve`'s task, or an OpenEnv server.
 
 use crate::dataset::Dataset;
 use crate::spec::SourceSpec;
@@ -18,6 +18,9 @@ pub enum TaskSource {
     Agent { agent: wirl_sandbox::AgentPlugin, limits: crate::spec::AgentLimits },
     /// Another `wirl serve`'s task (`crate::remote`).
     Remote(Box<crate::remote::RemoteTasks>),
+    /// An OpenEnv server's environment (`crate::openenv`): tasks by reset seed, episodes in
+    /// sessions of their own; held-out tasks from `eval.first_index`.
+    OpenEnv(Box<crate::openenv::OpenEnvTasks>),
 }
 
 impl TaskSource {
@@ -36,6 +39,9 @@ impl TaskSource {
                 limits: *limits,
             },
             SourceSpec::Remote(spec) => TaskSource::Remote(Box::new(crate::remote::RemoteTasks::connect(spec)?)),
+            SourceSpec::OpenEnv { spec, seed } => {
+                TaskSource::OpenEnv(Box::new(crate::openenv::OpenEnvTasks::connect(spec, *seed)?))
+            }
         })
     }
 
@@ -49,7 +55,17 @@ impl TaskSource {
         match self {
             TaskSource::Environment { plugin, .. } => Some(plugin.plugin()),
             TaskSource::Agent { agent, .. } => Some(agent.plugin()),
-            TaskSource::Dataset { .. } | TaskSource::Remote(_) => None,
+            TaskSource::Dataset { .. } | TaskSource::Remote(_) | TaskSource::OpenEnv(_) => None,
+        }
+    }
+
+    /// What runs this source's episodes, where it has them (an environment plugin, an
+    /// OpenEnv server).
+    pub fn episodes(&self) -> Option<&dyn crate::EpisodeSource> {
+        match self {
+            TaskSource::Environment { plugin, .. } => Some(plugin),
+            TaskSource::OpenEnv(server) => Some(server.as_ref()),
+            TaskSource::Dataset { .. } | TaskSource::Agent { .. } | TaskSource::Remote(_) => None,
         }
     }
 
@@ -68,6 +84,9 @@ impl TaskSource {
                 bail!("agent {} makes its own tasks: it is asked for rollouts, not tasks", agent.plugin().name())
             }
             TaskSource::Remote(remote) => remote.training(index),
+            TaskSource::OpenEnv(server) => {
+                server.task_at(index).map_err(|reason| anyhow::anyhow!("OpenEnv task {index}: {reason}"))
+            }
         }
     }
 
@@ -97,6 +116,7 @@ impl TaskSource {
             TaskSource::Agent { .. } => Vec::new(),
             // The server's own held-out range.
             TaskSource::Remote(remote) => remote.held_out(offset, count),
+            TaskSource::OpenEnv(server) => server.held_out(first_index, offset, count),
         }
     }
 }

@@ -96,6 +96,8 @@ pub enum SourceSpec {
     Agent { plugin: PluginRef, limits: AgentLimits },
     /// A task served by another `wirl serve`: tasks and scores over HTTP, sampled here.
     Remote(crate::remote::RemoteSpec),
+    /// An OpenEnv server's environment: episodes over its WebSocket, sampled here.
+    OpenEnv { spec: crate::openenv::OpenEnvSpec, seed: u64 },
 }
 
 /// Limits on an agent's use of the engine, per rollout it is asked for.

@@ -39,7 +39,10 @@ impl LoadedTask {
     pub fn load(sandbox: &Sandbox, spec: &TaskSpec, tokenizer: &Tokenizer) -> anyhow::Result<Self> {
         let name = &spec.name;
         let mut source = TaskSource::load(sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
-        if spec.max_turns > 1 {
+        if let TaskSource::OpenEnv(_) = &source {
+            // Its replies are appended to the conversation between the server's observations.
+            crate::check_template(tokenizer).with_context(|| format!("task `{name}` (an OpenEnv environment)"))?;
+        } else if spec.max_turns > 1 {
             let TaskSource::Environment { plugin, .. } = &mut source else {
                 bail!("task `{name}`: max_turns = {} needs an environment plugin", spec.max_turns);
             };
@@ -57,6 +60,12 @@ impl LoadedTask {
         }
         let scorers = Scorers::for_source(sandbox, &source, &spec.rewards).with_context(|| format!("task `{name}`"))?;
         Ok(LoadedTask { spec: spec.clone(), source, scorers })
+    }
+
+    /// Whether its groups run as episodes (an environment's, an OpenEnv server's), scored
+    /// by their environment; single-turn groups are scored by reward plugins.
+    pub fn runs_episodes(&self) -> bool {
+        self.spec.max_turns > 1 || matches!(self.source, TaskSource::OpenEnv(_))
     }
 
     /// A task that trains (`groups` of each step) needs training problems.

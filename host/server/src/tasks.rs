@@ -95,7 +95,7 @@ struct Session {
     problem: Task,
     /// The environment's episode, for a multi-turn task; single-turn sessions are scored
     /// by the task's reward plugins on their one step.
-    episode: Option<wirl_sandbox::Episode>,
+    episode: Option<Box<dyn wirl_rollout::EpisodeSteps + Send>>,
     turns: usize,
     max_turns: usize,
     done: bool,
@@ -196,6 +196,7 @@ fn describe(task: &ServedTask) -> Value {
         TaskSource::Dataset { .. } => "dataset",
         TaskSource::Agent { .. } => "agent",
         TaskSource::Remote(_) => "remote",
+        TaskSource::OpenEnv(_) => "openenv",
     };
     let (spec, sampling) = (&task.loaded.spec, &task.loaded.spec.sampling);
     json!({
@@ -365,6 +366,16 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
                     }
                 })
                 .collect(),
+            (TaskSource::OpenEnv(server), _) => (0..n as u64)
+                .map(|k| {
+                    let i = index + k;
+                    let at = if eval { first.saturating_add(i) } else { i };
+                    match server.task_at(at) {
+                        Ok(problem) => json!({"index": i, "task": problem}),
+                        Err(error) => json!({"index": i, "error": error}),
+                    }
+                })
+                .collect(),
             (source @ TaskSource::Dataset { .. }, false) => (0..n as u64)
                 .map(|k| match source.training(index + k) {
                     Ok(problem) => json!({"index": index + k, "task": problem}),
@@ -531,16 +542,19 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
             (None, TaskSource::Environment { plugin, seed: own }) => plugin
                 .task_at(seed.unwrap_or(*own), index)
                 .map_err(|f| ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("task {index}: {f}")))?,
-            (None, source @ (TaskSource::Dataset { .. } | TaskSource::Remote(_))) => {
+            (None, source @ (TaskSource::Dataset { .. } | TaskSource::Remote(_) | TaskSource::OpenEnv(_))) => {
                 source.training(index).map_err(|e| source_failure(&e))?
             }
             (None, TaskSource::Agent { .. }) => {
                 return Err(ApiError::bad(Some("task"), "is an agent's: it has no episodes to step"));
             }
         };
-        let episode = match (&task.loaded.source, task.loaded.spec.max_turns > 1) {
-            (TaskSource::Environment { plugin, .. }, true) => Some(plugin.start_episode(&problem).map_err(|f| {
-                ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the episode cannot start: {f}"))
+        let episode = match (task.loaded.source.episodes(), task.loaded.runs_episodes()) {
+            (Some(environment), true) => Some(environment.start(&problem).map_err(|(kind, message)| {
+                ApiError::with_status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("the episode cannot start: {kind}: {message}"),
+                )
             })?),
             _ => None,
         };
@@ -649,9 +663,9 @@ pub(crate) async fn episode_step(
                     "observation": {"messages": []}, "reward": null, "done": true, "turns": turns,
                     "failure": format!("non_finite: the environment's score is {}", score.reward),
                 }),
-                Err(failure) => json!({
+                Err((kind, message)) => json!({
                     "observation": {"messages": []}, "reward": null, "done": true, "turns": turns,
-                    "failure": format!("{}: {failure}", failure.kind.name()),
+                    "failure": format!("{kind}: {message}"),
                 }),
             },
         };

@@ -135,7 +135,7 @@ fn plugin_slots(task: &mut TaskSpec) -> Vec<(&Path, &mut Option<PathBuf>)> {
         SourceSpec::Environment { plugin, .. } | SourceSpec::Agent { plugin, .. } => {
             slots.push((plugin.path.as_path(), &mut plugin.stored));
         }
-        SourceSpec::Dataset { .. } | SourceSpec::Remote(_) => {}
+        SourceSpec::Dataset { .. } | SourceSpec::Remote(_) | SourceSpec::OpenEnv { .. } => {}
     }
     for reward in &mut task.rewards {
         slots.push((reward.plugin.path.as_path(), &mut reward.plugin.stored));

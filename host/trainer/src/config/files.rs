@@ -51,6 +51,7 @@ impl TrainConfig {
             dataset: self.dataset.clone(),
             agent: None,
             remote: None,
+            openenv: None,
             rewards: Vec::new(),
             sampling: SamplingOverrides::default(),
             on_failure: None,

@@ -20,6 +20,7 @@ pub(super) struct TaskView<'a> {
     pub(super) dataset: Option<&'a DatasetSection>,
     pub(super) agent: Option<&'a AgentSection>,
     pub(super) remote: Option<&'a RemoteSection>,
+    pub(super) openenv: Option<&'a OpenEnvSection>,
     pub(super) rewards: &'a [RewardSection],
     /// `tasks[1].rewards` or `rewards`.
     pub(super) rewards_key: String,
@@ -78,6 +79,7 @@ impl TrainConfig {
                 dataset: self.dataset.as_ref(),
                 agent: None,
                 remote: None,
+                openenv: None,
                 rewards: &self.rewards,
                 rewards_key: "rewards".into(),
                 sampling: &NO_OVERRIDES,
@@ -105,6 +107,7 @@ impl TrainConfig {
                     dataset: task.dataset.as_ref(),
                     agent: task.agent.as_ref(),
                     remote: task.remote.as_ref(),
+                    openenv: task.openenv.as_ref(),
                     rewards,
                     rewards_key,
                     sampling: &task.sampling,
@@ -176,6 +179,19 @@ impl TaskView<'_> {
     fn source_spec(&self) -> anyhow::Result<SourceSpec> {
         if let Some(remote) = self.remote {
             return self.remote_spec(remote);
+        }
+        if let Some(openenv) = self.openenv {
+            return Ok(SourceSpec::OpenEnv {
+                spec: wirl_rollout::OpenEnvSpec {
+                    url: openenv.url.trim_end_matches('/').to_string(),
+                    action_field: openenv.action_field.clone(),
+                    observation_field: openenv.observation_field.clone(),
+                    system: openenv.system.clone(),
+                    timeout: std::time::Duration::from_secs_f64(openenv.timeout_s),
+                    retries: openenv.retries,
+                },
+                seed: openenv.seed,
+            });
         }
         Ok(match (self.environment, self.dataset, self.agent) {
             (Some(e), None, None) => SourceSpec::Environment {

@@ -171,6 +171,9 @@ pub struct TaskSection {
     /// A task served by another `wirl serve --config`: its tasks and scores over HTTP.
     #[serde(default)]
     pub remote: Option<RemoteSection>,
+    /// An OpenEnv server's environment: episodes over its WebSocket, scored by it.
+    #[serde(default)]
+    pub openenv: Option<OpenEnvSection>,
     /// Its reward plugins (default: the top-level `[[rewards]]`).
     #[serde(default)]
     pub rewards: Vec<RewardSection>,
@@ -236,6 +239,38 @@ pub struct RemoteSection {
     /// The environment variable that holds the server's API key, if it needs one.
     #[serde(default)]
     pub api_key_env: Option<String>,
+}
+
+/// An environment served by an OpenEnv server (`openenv-core`): each episode a WebSocket
+/// session reset with a seed derived from (`seed`, the task's index); the model's reply
+/// sent as `action_field` of the action, the observation (its `observation_field`, or all
+/// of it as JSON) shown as the next user message; the episode's return is its score.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OpenEnvSection {
+    /// The server, `http://HOST:PORT`.
+    pub url: String,
+    /// The action's field that carries the model's reply.
+    #[serde(default = "default_action_field")]
+    pub action_field: String,
+    /// The observation's field shown to the model (default: the whole observation, JSON).
+    #[serde(default)]
+    pub observation_field: Option<String>,
+    /// A system message before the first observation.
+    #[serde(default)]
+    pub system: Option<String>,
+    #[serde(default)]
+    pub seed: u64,
+    /// Seconds per call (default 30).
+    #[serde(default = "default_remote_timeout")]
+    pub timeout_s: f64,
+    /// Further tries to open a session (default 2).
+    #[serde(default = "default_remote_retries")]
+    pub retries: u32,
+}
+
+fn default_action_field() -> String {
+    "message".into()
 }
 
 fn default_remote_timeout() -> f64 {

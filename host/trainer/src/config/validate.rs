@@ -37,6 +37,8 @@ impl TrainConfig {
             check_task_name(origin, &view, &mut names)?;
             if let Some(remote) = view.remote {
                 check_remote_task(origin, &view, remote)?;
+            } else if let Some(openenv) = view.openenv {
+                check_openenv_task(origin, &view, openenv)?;
             } else if let Some(agent) = view.agent {
                 check_agent_task(&files, &view, agent)?;
             } else {
@@ -316,8 +318,11 @@ fn check_task_name(origin: &str, view: &TaskView<'_>, names: &mut BTreeSet<Strin
 /// A task served by another `wirl serve`: its only source, scored there, single-turn.
 fn check_remote_task(origin: &str, view: &TaskView<'_>, remote: &RemoteSection) -> anyhow::Result<()> {
     let key = &view.key;
-    if view.agent.is_some() || view.environment.is_some() || view.dataset.is_some() {
-        bail!("{origin}: give one of [{key}environment], [{key}dataset], [{key}agent] or [{key}remote], not several");
+    if view.agent.is_some() || view.environment.is_some() || view.dataset.is_some() || view.openenv.is_some() {
+        bail!(
+            "{origin}: give one of [{key}environment], [{key}dataset], [{key}agent], [{key}remote] or \
+             [{key}openenv], not several"
+        );
     }
     if view.own_rewards {
         bail!("{origin}: `{key}rewards`: a remote task is scored by its server; remove its [[{key}rewards]]");
@@ -325,21 +330,43 @@ fn check_remote_task(origin: &str, view: &TaskView<'_>, remote: &RemoteSection) 
     if view.max_turns > 1 {
         bail!("{origin}: `{key}max_turns`: remote tasks are single-turn (max_turns = 1)");
     }
-    let url = remote.url.trim_end_matches('/');
-    let host = url.strip_prefix("http://").unwrap_or_default();
+    check_server(origin, &format!("{key}remote"), &remote.url, remote.timeout_s, remote.retries)
+}
+
+/// A server's URL (`http://HOST:PORT`), its timeout and retries, named by `section`.
+fn check_server(origin: &str, section: &str, url: &str, timeout_s: f64, retries: u32) -> anyhow::Result<()> {
+    let host = url.trim_end_matches('/').strip_prefix("http://").unwrap_or_default();
     if host.is_empty() || host.contains(['/', '?', '#', ' ']) {
-        bail!(
-            "{origin}: `{key}remote.url` = {:?}: give the server as http://HOST:PORT (as `wirl serve` prints it)",
-            remote.url
-        );
+        bail!("{origin}: `{section}.url` = {url:?}: give the server as http://HOST:PORT (as `wirl serve` prints it)");
     }
-    if !(remote.timeout_s.is_finite() && remote.timeout_s > 0.0 && remote.timeout_s <= 3600.0) {
-        bail!("{origin}: `{key}remote.timeout_s` must be a number of seconds above 0, at most 3600");
+    if !(timeout_s.is_finite() && timeout_s > 0.0 && timeout_s <= 3600.0) {
+        bail!("{origin}: `{section}.timeout_s` must be a number of seconds above 0, at most 3600");
     }
-    if remote.retries > 10 {
-        bail!("{origin}: `{key}remote.retries` must be at most 10");
+    if retries > 10 {
+        bail!("{origin}: `{section}.retries` must be at most 10");
     }
     Ok(())
+}
+
+/// An OpenEnv task: its only source, scored by its environment's rewards.
+fn check_openenv_task(origin: &str, view: &TaskView<'_>, openenv: &OpenEnvSection) -> anyhow::Result<()> {
+    let key = &view.key;
+    if view.agent.is_some() || view.environment.is_some() || view.dataset.is_some() {
+        bail!("{origin}: give one of [{key}environment], [{key}dataset], [{key}agent] or [{key}openenv], not several");
+    }
+    if view.own_rewards {
+        bail!(
+            "{origin}: `{key}rewards`: an OpenEnv task is scored by its environment's rewards; remove its \
+             [[{key}rewards]]"
+        );
+    }
+    if openenv.action_field.trim().is_empty() {
+        bail!("{origin}: `{key}openenv.action_field` is empty: name the action's field that carries the reply");
+    }
+    if openenv.observation_field.as_deref().is_some_and(|f| f.trim().is_empty()) {
+        bail!("{origin}: `{key}openenv.observation_field` is empty: name a field, or leave it out for all of it");
+    }
+    check_server(origin, &format!("{key}openenv"), &openenv.url, openenv.timeout_s, openenv.retries)
 }
 
 /// An agent task: its plugin, and nothing it does itself (scoring, turns).

@@ -1,0 +1,317 @@
+//! A task whose environment is an OpenEnv server (meta-pytorch/OpenEnv, `openenv-core` on
+//! the package index): each episode a session of its own over the server's WebSocket (`/ws`:
+//! `{"type": "reset" | "step" | "close", "data": …}` answered by `{"type": "observation",
+//! "data": {"observation", "reward", "done"}}`), the model's reply sent as one field of the
+//! environment's action, the observation shown to the model as the next user message, and
+//! the episode's return (its steps' rewards summed) as its score.
+//!
+//! A task is the environment's reset with a seed derived from (the run's seed, the task's
+//! index): its first observation is the prompt, and every sample of the group resets its own
+//! session with the same seed. Calls have the task's timeout; opening a session is retried
+//! (a step is not: it is not idempotent); what still fails is the episode's failure
+//! (`remote`), under the task's failure policy — never a reward.
+
+use crate::seed::seed_for;
+use serde_json::{Value, json};
+use std::io::ErrorKind;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+use tungstenite::{Message as Frame, WebSocket};
+use wirl_sandbox::{Message, Score, StepResult, Task};
+
+/// Where the environment is served and how its actions and observations map to text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpenEnvSpec {
+    /// The server's base URL, `http://HOST:PORT`.
+    pub url: String,
+    /// The field of the environment's action that holds the model's reply (`message`).
+    pub action_field: String,
+    /// The field of an observation shown to the model; the whole observation (JSON) if none.
+    pub observation_field: Option<String>,
+    /// A system message before the first observation.
+    pub system: Option<String>,
+    /// Per call.
+    pub timeout: Duration,
+    /// Further tries to open a session and reset it.
+    pub retries: u32,
+}
+
+/// The largest message read from a server.
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Seeds the server's reset accepts (a non-negative 32-bit integer everywhere we looked).
+const SEED_RANGE: u64 = 1 << 31;
+
+/// A connected OpenEnv task: its tasks by index, its episodes.
+pub struct OpenEnvTasks {
+    spec: OpenEnvSpec,
+    seed: u64,
+    /// `HOST:PORT`, as the URL names it.
+    authority: String,
+}
+
+/// A failed call: (kind, message), as an episode's failure is recorded.
+pub type Failed = (String, String);
+
+fn remote(message: String) -> Failed {
+    ("remote".to_string(), message)
+}
+
+impl OpenEnvTasks {
+    /// A client; it checks that the server answers (`/health`) and that its action has
+    /// `action_field` (and its observation `observation_field`) in its schema (`/schema`).
+    pub fn connect(spec: &OpenEnvSpec, seed: u64) -> anyhow::Result<Self> {
+        let authority = spec
+            .url
+            .trim_end_matches('/')
+            .strip_prefix("http://")
+            .filter(|rest| !rest.is_empty() && !rest.contains('/'))
+            .ok_or_else(|| anyhow::anyhow!("openenv url {:?}: give the server as http://HOST:PORT", spec.url))?
+            .to_string();
+        let agent: ureq::Agent =
+            ureq::Agent::config_builder().timeout_global(Some(spec.timeout)).http_status_as_error(false).build().into();
+        let get = |path: &str| -> anyhow::Result<Value> {
+            let url = format!("http://{authority}{path}");
+            let mut last = String::new();
+            for attempt in 0..=spec.retries {
+                if attempt > 0 {
+                    std::thread::sleep(crate::remote::backoff(attempt));
+                }
+                match agent.get(&url).call() {
+                    Ok(mut response) if response.status().is_success() => {
+                        let text =
+                            response.body_mut().with_config().limit(MAX_MESSAGE_BYTES as u64).read_to_string()?;
+                        return serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("GET {url}: not JSON: {e}"));
+                    }
+                    Ok(response) => last = format!("GET {url}: {}", response.status()),
+                    Err(error) => last = format!("GET {url}: {error}"),
+                }
+            }
+            anyhow::bail!("OpenEnv server {}: {last} (after {} tries; is it running?)", spec.url, spec.retries + 1)
+        };
+        get("/health")?;
+        let schema = get("/schema")?;
+        let fields = |part: &str| -> Vec<String> {
+            schema[part]["properties"].as_object().map(|p| p.keys().cloned().collect()).unwrap_or_default()
+        };
+        let actions = fields("action");
+        if !actions.contains(&spec.action_field) {
+            anyhow::bail!(
+                "OpenEnv server {}: its action has no field `{}` (openenv.action_field); its fields: {}",
+                spec.url,
+                spec.action_field,
+                actions.join(", ")
+            );
+        }
+        if let Some(field) = &spec.observation_field {
+            let observations = fields("observation");
+            if !observations.contains(field) {
+                anyhow::bail!(
+                    "OpenEnv server {}: its observation has no field `{field}` (openenv.observation_field); its \
+                     fields: {}",
+                    spec.url,
+                    observations.join(", ")
+                );
+            }
+        }
+        Ok(OpenEnvTasks { spec: spec.clone(), seed, authority })
+    }
+
+    pub fn spec(&self) -> &OpenEnvSpec {
+        &self.spec
+    }
+
+    /// What the model is shown of the environment, for logs and records.
+    pub fn name(&self) -> String {
+        format!("openenv {}", self.spec.url)
+    }
+
+    /// The task at `index`: the first observation after a reset with its seed.
+    pub fn task_at(&self, index: u64) -> Result<Task, String> {
+        let reset_seed = seed_for(self.seed, index) % SEED_RANGE;
+        let (session, observation) = self.open(reset_seed).map_err(|(_, message)| message)?;
+        drop(session);
+        let mut messages = Vec::new();
+        if let Some(system) = &self.spec.system {
+            messages.push(Message::new("system", system.clone()));
+        }
+        messages.push(Message::new("user", observation));
+        Ok(Task {
+            id: format!("openenv/{}/{index}", self.seed),
+            messages,
+            answer: None,
+            metadata: Some(json!({ "openenv_seed": reset_seed }).to_string()),
+        })
+    }
+
+    /// Held-out tasks: indices from `first_index + offset`; one the server cannot give is
+    /// left out, with a warning.
+    pub fn held_out(&self, first_index: u64, offset: u64, count: usize) -> Vec<Task> {
+        (0..count as u64)
+            .filter_map(|i| {
+                let index = first_index.saturating_add(offset).saturating_add(i);
+                self.task_at(index).inspect_err(|e| tracing::warn!("held-out OpenEnv task {index} skipped: {e}")).ok()
+            })
+            .collect()
+    }
+
+    /// Begin an episode of `task` (one of this server's): a session of its own, reset with
+    /// the task's seed.
+    pub fn start(&self, task: &Task) -> Result<OpenEnvEpisode, Failed> {
+        let reset_seed = task
+            .metadata
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<Value>(m).ok())
+            .and_then(|m| m["openenv_seed"].as_u64())
+            .ok_or_else(|| remote(format!("task {} has no openenv_seed in its metadata", task.id)))?;
+        let (session, _) = self.open(reset_seed)?;
+        Ok(OpenEnvEpisode { session, spec: self.spec.clone(), reward: 0.0 })
+    }
+
+    /// A session reset with `reset_seed`, and its first observation as text; retried.
+    fn open(&self, reset_seed: u64) -> Result<(Session, String), Failed> {
+        let mut last = String::new();
+        for attempt in 0..=self.spec.retries {
+            if attempt > 0 {
+                std::thread::sleep(crate::remote::backoff(attempt));
+            }
+            let opened = Session::connect(&self.authority, self.spec.timeout).and_then(|mut session| {
+                let answer = session.call(json!({ "type": "reset", "data": { "seed": reset_seed } }))?;
+                Ok((session, answer))
+            });
+            match opened {
+                Ok((session, answer)) => return Ok((session, observation_text(&answer, &self.spec).map_err(remote)?)),
+                Err(message) => last = message,
+            }
+        }
+        Err(remote(format!("OpenEnv server {}: {last} (after {} tries)", self.spec.url, self.spec.retries + 1)))
+    }
+}
+
+/// What the model is shown of an observation answer's `observation`.
+fn observation_text(answer: &Value, spec: &OpenEnvSpec) -> Result<String, String> {
+    let observation = &answer["observation"];
+    let shown = match &spec.observation_field {
+        Some(field) => &observation[field.as_str()],
+        None => observation,
+    };
+    match shown {
+        Value::String(text) => Ok(text.clone()),
+        Value::Null => Err(format!(
+            "the observation has no {}",
+            spec.observation_field.as_deref().map_or("content".to_string(), |f| format!("field `{f}`"))
+        )),
+        other => Ok(other.to_string()),
+    }
+}
+
+/// One WebSocket session with the server.
+struct Session {
+    socket: WebSocket<TcpStream>,
+}
+
+impl Session {
+    fn connect(authority: &str, timeout: Duration) -> Result<Session, String> {
+        let address = authority
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {authority}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{authority} resolves to no address"))?;
+        let stream = TcpStream::connect_timeout(&address, timeout).map_err(|e| format!("connect {authority}: {e}"))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
+            .map_err(|e| e.to_string())?;
+        let config = tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE_BYTES))
+            .max_frame_size(Some(MAX_MESSAGE_BYTES));
+        let (socket, _) = tungstenite::client::client_with_config(format!("ws://{authority}/ws"), stream, Some(config))
+            .map_err(|e| format!("WebSocket /ws: {e}"))?;
+        Ok(Session { socket })
+    }
+
+    /// Send a message and read the server's answer (`data` of an observation), or what is
+    /// wrong with it.
+    fn call(&mut self, message: Value) -> Result<Value, String> {
+        self.socket.send(Frame::text(message.to_string())).map_err(|e| format!("sending: {}", shown(&e)))?;
+        loop {
+            let frame = self.socket.read().map_err(|e| format!("reading the answer: {}", shown(&e)))?;
+            let text = match frame {
+                Frame::Text(text) => text.to_string(),
+                Frame::Binary(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                Frame::Close(_) => return Err("the server closed the session".into()),
+                // Pings are answered by the library; nothing else carries an answer.
+                _ => continue,
+            };
+            let answer: Value = serde_json::from_str(&text).map_err(|e| format!("the answer is not JSON: {e}"))?;
+            return match answer["type"].as_str() {
+                Some("observation") => Ok(answer["data"].clone()),
+                Some("error") => Err(format!(
+                    "the server refused: {}",
+                    answer["data"]["message"].as_str().map_or_else(|| answer["data"].to_string(), str::to_string)
+                )),
+                _ => Err(format!("an answer of unknown type: {}", text.chars().take(300).collect::<String>())),
+            };
+        }
+    }
+}
+
+fn shown(error: &tungstenite::Error) -> String {
+    match error {
+        tungstenite::Error::Io(io) if matches!(io.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            "no answer within the task's timeout_s".into()
+        }
+        other => other.to_string(),
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Tell the server the session is over, so that it frees the environment, and read
+        // on until it closes the socket (the close handshake): a socket dropped under it
+        // fails its own close, and it logs that failure every time. Bounded: a few frames,
+        // a short wait each; a server that went away is not this episode's concern any more.
+        if self.socket.send(Frame::text(json!({ "type": "close" }).to_string())).is_err() {
+            return;
+        }
+        let _ = self.socket.get_mut().set_read_timeout(Some(CLOSE_WAIT));
+        for _ in 0..16 {
+            if self.socket.read().is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// How long a closing session waits for each frame of the server's goodbye.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// One episode: its session, and the rewards its steps gave so far.
+pub struct OpenEnvEpisode {
+    session: Session,
+    spec: OpenEnvSpec,
+    reward: f64,
+}
+
+impl OpenEnvEpisode {
+    /// Send the model's reply as the action's field; the next observation, or the return
+    /// when the environment says it is done.
+    pub fn step(&mut self, reply: &str) -> Result<StepResult, Failed> {
+        let mut action = serde_json::Map::new();
+        action.insert(self.spec.action_field.clone(), Value::String(reply.to_string()));
+        let answer = self.session.call(json!({ "type": "step", "data": action })).map_err(remote)?;
+        let reward = match &answer["reward"] {
+            Value::Null => 0.0,
+            value => value.as_f64().filter(|r| r.is_finite()).ok_or_else(|| {
+                ("non_finite".to_string(), format!("the environment's reward is not a finite number: {value}"))
+            })?,
+        };
+        self.reward += reward;
+        if answer["done"].as_bool().unwrap_or(false) {
+            let note = observation_text(&answer, &self.spec).ok().map(|text| text.chars().take(200).collect());
+            return Ok(StepResult::Done(Score { reward: self.reward as f32, parts: Vec::new(), note }));
+        }
+        let text = observation_text(&answer, &self.spec).map_err(remote)?;
+        Ok(StepResult::Continue(vec![Message::new("user", text)]))
+    }
+}
