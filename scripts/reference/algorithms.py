@@ -19,6 +19,8 @@ policy's log-probs as the peer computes them:
   `masked_whiten` (Bessel-corrected variance, `rsqrt(var + 1e-8)`);
 - DAPO's overlong shaping as verl's DAPO reward manager computes it
   (`verl/workers/reward_manager/dapo.py`: `min(−(length − (max − buffer)) / buffer · factor, 0)`);
+- pass@k's advantages as verl's `compute_grpo_passk_outcome_advantage` (only the best of a
+  group: its margin over the next best, over the group's std + 1e-6);
 - advantages: GRPO's and Dr. GRPO's as TRL computes them (`(r − mean) / (std + 1e-4)`, `r −
   mean`), RLOO's as verl's `compute_rloo_outcome_advantage` does
   (`r·n/(n−1) − mean·n/(n−1)`).
@@ -120,7 +122,16 @@ def advantages(rewards, mode):
         return (r - r.mean()).tolist()
     if mode == "rloo":  # verl compute_rloo_outcome_advantage
         return (r * n / (n - 1) - r.mean() * n / (n - 1)).tolist()
+    if mode == "pass@k":  # verl compute_grpo_passk_outcome_advantage (norm_adv_by_std_in_grpo)
+        top, at = torch.topk(r, 2)
+        out = torch.zeros_like(r)
+        out[at[0]] = (top[0] - top[1]) / (torch.std(r) + 1e-6)
+        return out.tolist()
     raise ValueError(mode)
+
+
+# Pass@k's groups: a unique best, one best among zeros, the best two tied (no advantage).
+PASSK_GROUPS = [[0.0, 1.0, 0.5, 0.25], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0.3, 0.9, 0.9, 0.1]]
 
 
 cases = []
@@ -201,6 +212,7 @@ fixture = {
     "advantages": ADVANTAGES.tolist(), "max_tokens": MAX_TOKENS, "cases": cases,
     "rewards": REWARDS,
     "advantage_cases": [{"mode": m, "advantages": advantages(REWARDS, m)} for m in ("grpo", "mean-only", "rloo")],
+    "passk_cases": [{"rewards": g, "advantages": advantages(g, "pass@k")} for g in PASSK_GROUPS],
     "whitening_groups": [{"rewards": r, "tokens": n} for r, n in WHITEN_GROUPS],
     "whitening_cases": [{"mode": "reinforce++", "advantages": reinforce_pp(WHITEN_GROUPS, False)},
                         {"mode": "reinforce++-baseline", "advantages": reinforce_pp(WHITEN_GROUPS, True)}],

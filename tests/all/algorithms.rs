@@ -94,6 +94,29 @@ fn every_advantage_estimator_gives_the_peers_advantages() {
     }
 }
 
+/// Pass@k: only the best completion of a group is reinforced, by verl's margin; a group
+/// whose best two tie trains nothing.
+#[test]
+fn pass_at_k_gives_verls_advantages() {
+    let f = fixture();
+    let cases = f["passk_cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    for case in cases {
+        let rewards: Vec<f32> = named::<Vec<f64>>(&case["rewards"]).iter().map(|&r| r as f32).collect();
+        let theirs: Vec<f64> = named(&case["advantages"]);
+        match wirl_grpo::group_advantages(&rewards, AdvantageMode::PassAtK) {
+            None => assert!(theirs.iter().all(|&a| a == 0.0), "{case}"),
+            Some(ours) => {
+                assert_eq!(ours.iter().filter(|&&a| a != 0.0).count(), 1, "{case}: {ours:?}");
+                for (a, b) in ours.iter().zip(&theirs) {
+                    assert!(close(f64::from(*a), *b), "{case}: {ours:?}");
+                }
+            }
+        }
+    }
+    assert!(cases.iter().any(|c| named::<Vec<f64>>(&c["advantages"]).iter().all(|&a| a == 0.0)));
+}
+
 #[test]
 fn overlong_shaping_gives_the_peers_penalties() {
     let f = fixture();

@@ -413,6 +413,7 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
         ("masked", &["grpo.mask_truncated=true"]),
         ("reinforce++", &["grpo.advantage=reinforce++"]),
         ("reinforce++-baseline", &["grpo.advantage=reinforce++-baseline"]),
+        ("pass@k", &["grpo.advantage=pass@k"]),
     ] {
         let theirs = losses(run, set);
         assert_ne!(theirs, grpo, "{run}: the same losses as GRPO's");

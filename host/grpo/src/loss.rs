@@ -27,6 +27,10 @@ pub enum AdvantageMode {
     /// `reinforce_plus_plus_baseline`), then whitened over the step's trained tokens.
     #[serde(rename = "reinforce++-baseline")]
     ReinforcePlusPlusBaseline,
+    /// Pass@k training (arXiv 2503.19595; verl's `grpo_passk`): only the group's best
+    /// completion is reinforced, by `(r_max − r_second) / (std + 1e-6)`; the others get 0.
+    #[serde(rename = "pass@k")]
+    PassAtK,
 }
 
 impl AdvantageMode {
@@ -135,6 +139,7 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
             let mean = rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n as f64;
             return Some(rewards.iter().map(|&r| (f64::from(r) - mean) as f32).collect());
         }
+        AdvantageMode::PassAtK => return pass_at_k(rewards),
         _ => {}
     }
     if rewards.iter().all(|&r| r == rewards[0]) {
@@ -146,8 +151,8 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     let advantages: Vec<f32> = match mode {
         AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect(),
         AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
-        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline => {
-            unreachable!("REINFORCE++'s advantages are returned above")
+        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline | AdvantageMode::PassAtK => {
+            unreachable!("REINFORCE++'s and pass@k's advantages are returned above")
         }
         AdvantageMode::Grpo => {
             let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / (n.max(2) - 1) as f32;
@@ -164,8 +169,8 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     let advantages = match mode {
         AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect::<Vec<f64>>(),
         AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
-        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline => {
-            unreachable!("REINFORCE++'s advantages are returned above")
+        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline | AdvantageMode::PassAtK => {
+            unreachable!("REINFORCE++'s and pass@k's advantages are returned above")
         }
         AdvantageMode::Grpo => {
             let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n.max(2) - 1) as f64;
@@ -175,6 +180,27 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     };
     // Mean-only advantages of huge rewards are huge: clamp to what f32 holds.
     Some(advantages.into_iter().map(|a| a.clamp(-f64::from(f32::MAX), f64::from(f32::MAX)) as f32).collect())
+}
+
+/// Pass@k's advantages: the best completion (the first of equals) gets the margin by which
+/// it beats the next best, over the group's std (Bessel-corrected, + 1e-6, as verl); the
+/// others 0. `None` when the best two tie (nothing to reinforce). In f64.
+fn pass_at_k(rewards: &[f32]) -> Option<Vec<f32>> {
+    let n = rewards.len();
+    if n < 2 {
+        return None;
+    }
+    let rewards: Vec<f64> = rewards.iter().map(|&r| f64::from(r)).collect();
+    let best = (1..n).fold(0, |best, i| if rewards[i] > rewards[best] { i } else { best });
+    let second = (0..n).filter(|&i| i != best).map(|i| rewards[i]).fold(f64::NEG_INFINITY, f64::max);
+    if rewards[best] == second {
+        return None;
+    }
+    let mean = rewards.iter().sum::<f64>() / n as f64;
+    let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
+    let mut advantages = vec![0.0f32; n];
+    advantages[best] = ((rewards[best] - second) / (std + 1e-6)).min(f64::from(f32::MAX)) as f32;
+    Some(advantages)
 }
 
 /// DAPO's soft overlong penalty, added to the reward of a completion of `length` tokens

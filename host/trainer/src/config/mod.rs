@@ -520,8 +520,9 @@ pub struct GrpoSection {
     pub entropy: f64,
     /// μ: updates per batch of rollouts (old log-probs from before the first).
     pub inner_epochs: usize,
-    /// `grpo` (a group's rewards normalised by its std), `mean-only` (Dr. GRPO) or `rloo`
-    /// (the leave-one-out baseline).
+    /// `grpo` (a group's rewards normalised by its std), `mean-only` (Dr. GRPO), `rloo` (the
+    /// leave-one-out baseline), `reinforce++`, `reinforce++-baseline` (whitened over the
+    /// step) or `pass@k` (only a group's best completion, by its margin); docs/ALGORITHMS.md.
     pub advantage: AdvantageMode,
     pub aggregation: Aggregation,
     /// The policy term: `grpo` (the clipped ratio per token), `gspo` (the clipped ratio of
