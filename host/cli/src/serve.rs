@@ -100,39 +100,12 @@ pub struct Args {
     weights_dir: Option<PathBuf>,
 }
 
-/// `[serve]` in the config file: the flags' settings (a flag given wins).
-#[derive(Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ServeSection {
-    host: Option<String>,
-    port: Option<u16>,
-    name: Option<String>,
-    quantized: Option<bool>,
-    dtype: Option<crate::generate::WeightsDtype>,
-    device: Option<String>,
-    tp: Option<u16>,
-    max_n: Option<usize>,
-    max_tokens: Option<usize>,
-    max_concurrent: Option<usize>,
-    timeout_s: Option<u64>,
-    prefill_chunk: Option<usize>,
-    max_connections: Option<usize>,
-    header_timeout_s: Option<u64>,
-    kv_budget_mib: Option<usize>,
-    prefix_cache_mib: Option<u64>,
-    max_body_bytes: Option<usize>,
-    max_episodes: Option<usize>,
-    episode_idle_s: Option<u64>,
-    /// Relative to the config's directory.
-    weights_dir: Option<PathBuf>,
-    /// The environment variable holding the API key (a key itself does not belong in a file).
-    api_key_env: Option<String>,
-}
-
-/// What `--config` gives: serve settings, the tasks' config (if it has tasks), a model.
+/// What `--config` gives: its `[serve]` table (paths in it resolved against the config's
+/// directory), the tasks' config (if it has tasks), a model.
 #[derive(Default)]
 struct ConfigFile {
-    serve: ServeSection,
+    serve: toml::Table,
+    origin: String,
     tasks: Option<wirl_trainer::TrainConfig>,
     model: Option<String>,
 }
@@ -147,16 +120,15 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
     let mut table: toml::Table =
         text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()))?;
     let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut serve: ServeSection = match table.remove("serve") {
-        None => ServeSection::default(),
-        Some(section) => section.try_into().map_err(|e: toml::de::Error| {
-            anyhow::anyhow!(
-                "{origin}: [serve]: {} (its keys are the flags of `wirl serve`, and api_key_env)",
-                e.message()
-            )
-        })?,
+    let mut serve = match table.remove("serve") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(section)) => section,
+        Some(_) => bail!("{origin}: [serve] must be a table of settings (the flags of `wirl serve`)"),
     };
-    serve.weights_dir = serve.weights_dir.map(|dir| base.join(dir));
+    if let Some(toml::Value::String(dir)) = serve.get("weights_dir") {
+        let resolved = base.join(dir).to_string_lossy().into_owned();
+        serve.insert("weights_dir".into(), toml::Value::String(resolved));
+    }
     let only_model = table.keys().all(|k| k == "model");
     let model = table.get("model").and_then(|m| m.get("path")).and_then(|p| p.as_str()).map(str::to_string);
     let rest = toml::to_string(&table)?;
@@ -168,7 +140,48 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
         let set = wirl_trainer::TrainConfig::parse_task_set(&rest, &origin, base)?;
         Some(wirl_trainer::TrainConfig::embedded_default()?.with_task_set(set, &origin, base)?)
     };
-    Ok(ConfigFile { serve, tasks, model })
+    Ok(ConfigFile { serve, origin, tasks, model })
+}
+
+/// The settings: the config's `[serve]` table, each flag given on the command line over it,
+/// the defaults (`wirl_server::ServeSettings`) for the rest; checked.
+fn settings(args: &Args, file: &ConfigFile) -> anyhow::Result<wirl_server::ServeSettings> {
+    use clap::ValueEnum;
+    let mut table = file.serve.clone();
+    let mut set = |key: &str, value: Option<toml::Value>| {
+        if let Some(value) = value {
+            table.insert(key.to_string(), value);
+        }
+    };
+    let int = |value: Option<u64>| value.map(|v| toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)));
+    let count = |value: Option<usize>| int(value.map(|v| v as u64));
+    let text = |value: &Option<String>| value.clone().map(toml::Value::String);
+    set("host", text(&args.host));
+    set("port", int(args.port.map(u64::from)));
+    set("name", text(&args.name));
+    set("quantized", args.quantized.then_some(toml::Value::Boolean(true)));
+    set("dtype", args.dtype.and_then(|d| d.to_possible_value()).map(|v| toml::Value::String(v.get_name().into())));
+    set("device", text(&args.device));
+    set("tp", int(args.tp.map(u64::from)));
+    set("max_n", count(args.max_n));
+    set("max_tokens", count(args.max_tokens));
+    set("max_concurrent", count(args.max_concurrent));
+    set("timeout_s", int(args.timeout_s));
+    set("prefill_chunk", count(args.prefill_chunk));
+    set("max_connections", count(args.max_connections));
+    set("header_timeout_s", int(args.header_timeout_s));
+    set("kv_budget_mib", count(args.kv_budget_mib));
+    set("prefix_cache_mib", int(args.prefix_cache_mib));
+    set("max_body_bytes", count(args.max_body_bytes));
+    set("max_episodes", count(args.max_episodes));
+    set("episode_idle_s", int(args.episode_idle_s));
+    set("weights_dir", args.weights_dir.as_ref().map(|dir| toml::Value::String(dir.to_string_lossy().into_owned())));
+    let settings: wirl_server::ServeSettings = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
+        let origin = if file.origin.is_empty() { "the command line" } else { &file.origin };
+        anyhow::anyhow!("{origin}: [serve]: {} (its keys are the flags of `wirl serve`, and api_key_env)", e.message())
+    })?;
+    settings.check().map_err(|message| anyhow::anyhow!(message))?;
+    Ok(settings)
 }
 
 /// The API key (`--api-key`, else WIRL_API_KEY); an error when `host` is not loopback and
@@ -190,56 +203,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(path) => read_config(path)?,
         None => ConfigFile::default(),
     };
-    let section = &file.serve;
-    let host = args.host.clone().or(section.host.clone()).unwrap_or_else(|| "127.0.0.1".into());
-    let port = args.port.or(section.port).unwrap_or(8000);
-    let key_from_file = match &section.api_key_env {
+    let settings = settings(&args, &file)?;
+    let (host, port) = (settings.host.clone(), settings.port);
+    let key_from_file = match &settings.api_key_env {
         Some(variable) => Some(std::env::var(variable).map_err(|_| {
             anyhow::anyhow!("[serve] api_key_env names {variable}, which is not set: export it with the key")
         })?),
         None => None,
     };
     let api_key = api_key(&host, args.api_key.as_deref().or(key_from_file.as_deref()), "--host")?;
-    let setting = |flag: Option<usize>, file: Option<usize>, default: usize, name: &str| -> anyhow::Result<usize> {
-        let value = flag.or(file).unwrap_or(default);
-        if value == 0 {
-            bail!("{name} must be at least 1");
-        }
-        Ok(value)
-    };
-    let max_n = setting(args.max_n, section.max_n, 16, "--max-n")?;
-    let max_tokens = setting(args.max_tokens, section.max_tokens, 4096, "--max-tokens")?;
-    let max_concurrent = setting(args.max_concurrent, section.max_concurrent, 64, "--max-concurrent")?;
-    let max_body_bytes = setting(args.max_body_bytes, section.max_body_bytes, 1 << 20, "--max-body-bytes")?;
-    let max_episodes = setting(args.max_episodes, section.max_episodes, 256, "--max-episodes")?;
-    let prefill_chunk = setting(args.prefill_chunk, section.prefill_chunk, 128, "--prefill-chunk")?;
-    let max_connections = setting(args.max_connections, section.max_connections, 1024, "--max-connections")?;
-    let kv_budget_mib = setting(args.kv_budget_mib, section.kv_budget_mib, 2048, "--kv-budget-mib")?;
-    let timeout_s = args.timeout_s.or(section.timeout_s).unwrap_or(300).max(1);
-    let header_timeout_s = args.header_timeout_s.or(section.header_timeout_s).unwrap_or(10).max(1);
-    let episode_idle_s = args.episode_idle_s.or(section.episode_idle_s).unwrap_or(600).max(1);
-    let quantized = args.quantized || section.quantized.unwrap_or(false);
-    let weights_dir = args.weights_dir.clone().or(section.weights_dir.clone());
+    let weights_dir = settings.weights_dir.clone();
     let run = file.tasks.as_ref().map(wirl_trainer::TrainConfig::run_config).transpose()?;
     let model = args.model.clone().or_else(|| run.as_ref().map(|r| r.model.clone())).or(file.model.clone());
     let path = crate::model::resolve(model.as_deref())?;
-    let device_name = args.device.clone().or(section.device.clone()).unwrap_or_else(|| "cpu".into());
+    let device_name = settings.device.clone().unwrap_or_else(|| "cpu".into());
     let device = crate::device::parse_device(&device_name)?;
-    let tp = usize::from(args.tp.or(section.tp).unwrap_or(1));
-    if tp == 0 {
-        bail!("--tp must be at least 1");
-    }
+    let tp = usize::from(settings.tp);
     if tp > 1 && weights_dir.is_some() {
         bail!("--tp {tp} with --weights-dir: a tensor-parallel server's weights cannot be reloaded yet");
     }
     // Settings that a model's config or the machine refuse are refused before it loads.
     crate::ranks::check_split(&path, tp, "--tp")?;
-    let prefix_cache_mib = args.prefix_cache_mib.or(section.prefix_cache_mib).unwrap_or(256);
-    if prefix_cache_mib > 1 << 20 {
-        bail!("--prefix-cache-mib {prefix_cache_mib}: at most 1048576 (1 TiB); 0 keeps none");
-    }
-    let options = wirl_engine::LoadOptions { quantized, device, ..Default::default() };
-    let options = crate::generate::WeightsDtype::apply(args.dtype.or(section.dtype), options);
+    let options = wirl_engine::LoadOptions { quantized: settings.quantized, device, ..Default::default() };
+    let dtype = settings.dtype.as_deref().map(|name| {
+        <crate::generate::WeightsDtype as clap::ValueEnum>::from_str(name, true)
+            .expect("checked by ServeSettings::check")
+    });
+    let options = crate::generate::WeightsDtype::apply(dtype, options);
     let mut shards = if tp == 1 {
         vec![wirl_engine::load(&path, &options)?]
     } else {
@@ -248,7 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let loaded = shards.remove(0);
     let context = loaded.config.context();
-    let name = args.name.clone().or(section.name.clone()).unwrap_or_else(|| match model.as_deref() {
+    let name = settings.name.clone().unwrap_or_else(|| match model.as_deref() {
         None | Some(crate::model::DEFAULT_MODEL) => crate::model::DEFAULT_MODEL.to_string(),
         Some(_) => path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()),
     });
@@ -261,35 +251,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // keeps their keys and values. Long prompts are prefilled in slices, very long ones
     // decode in a lane of their own, and the cache in flight has a budget.
     let options_engine = wirl_engine::EngineOptions {
-        prefix_cache_bytes: prefix_cache_mib.saturating_mul(1 << 20),
-        prefill_chunk: Some(prefill_chunk),
+        prefix_cache_bytes: settings.prefix_cache_mib.saturating_mul(1 << 20),
+        prefill_chunk: Some(settings.prefill_chunk),
         max_lanes: 4,
-        kv_budget_bytes: Some((kv_budget_mib as u64) << 20),
+        kv_budget_bytes: Some((settings.kv_budget_mib as u64) << 20),
         ..Default::default()
     };
     let models =
         std::iter::once(loaded.model).chain(shards.into_iter().map(|shard| shard.model)).map(Arc::new).collect();
     let (engine, _threads) = wirl_engine::EngineHandle::spawn_ranks(models, tokenizer.clone(), options_engine)?;
-    let config = wirl_server::ServeConfig {
-        model_name: name.clone(),
-        api_key,
-        limits: wirl_server::Limits { max_n, max_tokens, ..Default::default() },
-        max_body_bytes,
-        max_concurrent,
-        request_timeout: Duration::from_secs(timeout_s),
-        body_timeout: Duration::from_secs(3 * header_timeout_s),
-        weights_dir: match &weights_dir {
-            Some(dir) if !dir.is_dir() => bail!("--weights-dir {}: not a directory", dir.display()),
-            Some(dir) => Some(dir.canonicalize().with_context(|| format!("--weights-dir {}", dir.display()))?),
-            None => None,
-        },
-        load_options: options.clone(),
-        task_limits: wirl_server::TaskLimits {
-            max_sessions: max_episodes,
-            session_idle: Duration::from_secs(episode_idle_s),
-            ..Default::default()
-        },
+    let weights_dir = match &weights_dir {
+        Some(dir) if !dir.is_dir() => bail!("--weights-dir {}: not a directory", dir.display()),
+        Some(dir) => Some(dir.canonicalize().with_context(|| format!("--weights-dir {}", dir.display()))?),
+        None => None,
     };
+    let config = settings.serve_config(name.clone(), api_key, weights_dir, options.clone());
     let names: Vec<String> = served.iter().map(|t| t.loaded.spec.name.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
@@ -306,8 +282,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
         let router = wirl_server::router(engine, tokenizer, context, config, None, served);
-        let limits =
-            wirl_server::ConnectionLimits { max_connections, header_timeout: Duration::from_secs(header_timeout_s), ..Default::default() };
+        let limits = settings.connection_limits();
         wirl_server::serve_with(listener, router, limits, shutdown_signal()).await.context("serving")?;
         eprintln!(
             "wirl serve: stopped (requests in flight were given {} s to finish)",

@@ -14,11 +14,13 @@
 
 mod control;
 mod request;
+mod settings;
 mod tasks;
 mod weights;
 
 pub use control::{ControlFailure, RunControl};
 pub use request::Limits;
+pub use settings::ServeSettings;
 pub use tasks::{ServedTask, TaskLimits};
 
 use axum::body::Bytes;
@@ -63,18 +65,7 @@ pub struct ServeConfig {
 
 impl Default for ServeConfig {
     fn default() -> Self {
-        ServeConfig {
-            model_name: "wirl".into(),
-            api_key: None,
-            limits: Limits::default(),
-            max_body_bytes: 1 << 20,
-            max_concurrent: 64,
-            request_timeout: Duration::from_secs(300),
-            body_timeout: Duration::from_secs(30),
-            task_limits: TaskLimits::default(),
-            weights_dir: None,
-            load_options: wirl_engine::LoadOptions::default(),
-        }
+        ServeSettings::default().serve_config("wirl".into(), None, None, wirl_engine::LoadOptions::default())
     }
 }
 
@@ -317,7 +308,7 @@ pub struct ConnectionLimits {
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        ConnectionLimits { max_connections: 1024, header_timeout: Duration::from_secs(10), drain: DRAIN }
+        ServeSettings::default().connection_limits()
     }
 }
 

@@ -20,7 +20,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_n: 16, max_tokens: 4096, max_stop: 4 }
+        crate::ServeSettings::default().limits()
     }
 }
 

@@ -53,7 +53,7 @@ pub struct TaskLimits {
 
 impl Default for TaskLimits {
     fn default() -> Self {
-        TaskLimits { max_groups: 256, max_group_size: 64, max_sessions: 256, session_idle: Duration::from_secs(600) }
+        crate::ServeSettings::default().task_limits()
     }
 }
 
