@@ -67,13 +67,15 @@ def test_limits_are_checked():
 
 
 def test_runner_in_worker_processes_and_pickled():
-    runner = wirl.CodeRunner(workers=2, timeout_s=30)
+    runner = wirl.CodeRunner(workers=2, timeout_s=30, max_output_bytes=100)
     assert len(runner.worker_pids()) == 2
     results = runner.run_many([f"print({n} * {n})" for n in range(8)] + ["while True: pass"], timeout_s=1.0)
     assert [r.stdout for r in results[:8]] == [f"{n * n}\n" for n in range(8)]
     assert results[8].verdict == "timed_out"
     again = pickle.loads(pickle.dumps(runner))
     assert again.workers == 2 and again.run("print('x')").stdout == "x\n"
+    # Its limits travel with it.
+    assert again.run("print('y' * 1000)").verdict == "output_limit"
 
 
 def humaneval_tasks():

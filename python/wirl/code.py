@@ -81,8 +81,7 @@ class CodeRunner:
     def __init__(self, runner=None, *, timeout_s=MAX_TIMEOUT_S, memory_mib=MAX_MEMORY_MIB, max_output_bytes=1 << 20, workers=0, threads=None):
         runner = plugin_path("code_runner") if runner is None else os.path.abspath(os.fspath(runner))
         self.runner = runner
-        self.timeout_s = timeout_s
-        self.memory_mib = memory_mib
+        self._args = (runner, timeout_s, memory_mib, max_output_bytes, workers, threads)
         self._native = _native.NativeCodeRunner(
             runner,
             deadline_ms=_timeout_ms(timeout_s),
@@ -117,11 +116,13 @@ class CodeRunner:
         return [RunResult(*r) for r in ran]
 
     def __reduce__(self):
-        return (_runner_again, (self.runner, self.timeout_s, self.memory_mib, self._native.workers))
+        return (_runner_again, self._args)
 
 
-def _runner_again(runner, timeout_s, memory_mib, workers):
-    return CodeRunner(runner, timeout_s=timeout_s, memory_mib=memory_mib, workers=workers)
+def _runner_again(runner, timeout_s, memory_mib, max_output_bytes, workers, threads):
+    return CodeRunner(
+        runner, timeout_s=timeout_s, memory_mib=memory_mib, max_output_bytes=max_output_bytes, workers=workers, threads=threads
+    )
 
 
 _default = None

@@ -48,13 +48,20 @@ fn free_port() -> u16 {
 /// does (its stdin, held here, closes).
 fn server() -> &'static str {
     static SERVER: OnceLock<(String, Mutex<(Child, ChildStdin)>)> = OnceLock::new();
-    let (url, _) = SERVER.get_or_init(|| {
+    let (url, _) = SERVER.get_or_init(|| start_server(&[]));
+    url
+}
+
+/// A guessing game's server with these extra arguments: its URL, the process and its stdin.
+fn start_server(extra: &[&str]) -> (String, Mutex<(Child, ChildStdin)>) {
+    {
         let port = free_port();
         // Its log in a file: a pipe nobody reads would stop the server once full.
         let log = std::env::temp_dir().join(format!("wirl-openenv-{port}.log"));
         let mut child = Command::new(python())
             .arg(repo().join("tests/openenv/guess_server.py"))
             .args(["--port", &port.to_string(), "--exit-with-stdin"])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -72,8 +79,7 @@ fn server() -> &'static str {
             std::thread::sleep(Duration::from_millis(200));
         }
         (url, Mutex::new((child, stdin)))
-    });
-    url
+    }
 }
 
 fn config(dir: &Path, openenv: &str) -> PathBuf {
@@ -153,6 +159,37 @@ fn an_openenv_server_drives_training_episodes() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
+}
+
+/// A server that crashes during a step's episodes: the episodes it leaves fail (`remote`,
+/// masked by default), never a reward; the step still trains on what ended, and the run
+/// ends with its checkpoint.
+#[test]
+fn a_server_that_dies_mid_step_fails_its_episodes_not_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _server) = start_server(&["--die-after", "6"]);
+    let config = config(dir.path(), &format!("url = {url:?}\ntimeout_s = 5\nretries = 0"));
+    let run = dir.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(&config)
+        .args(["--steps", "1", "--eval-tasks", "0", "--run-dir"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rollouts: Vec<serde_json::Value> = std::fs::read_to_string(run.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(rollouts.len(), 2 * 4);
+    let failed: Vec<_> = rollouts.iter().filter(|r| r["failures"] == serde_json::json!(["remote"])).collect();
+    assert!(!failed.is_empty(), "{rollouts:?}");
+    for rollout in failed {
+        assert_eq!(rollout["status"], "masked", "{rollout}");
+    }
+    assert!(run.join("checkpoints/step-000001").is_dir());
 }
 
 /// A server without the configured field, one that is not there, one that never answers:

@@ -26,6 +26,11 @@ class GuessObservation(Observation):
     prompt: str = Field(default="", description="what the player is told")
 
 
+# `--die-after N`: the process exits at its Nth step (a server that crashes mid-training).
+DIE_AFTER = None
+STEPS = 0
+
+
 class GuessEnvironment(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
@@ -41,6 +46,12 @@ class GuessEnvironment(Environment):
         return GuessObservation(prompt="Guess my digit (0 to 9). Reply with one digit.", done=False, reward=None)
 
     def step(self, action, timeout_s=None, **kwargs):
+        global STEPS
+        STEPS += 1
+        if DIE_AFTER is not None and STEPS >= DIE_AFTER:
+            import os
+
+            os._exit(1)
         self._guesses += 1
         self._state.step_count += 1
         found = re.search(r"\d", action.message)
@@ -62,7 +73,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--exit-with-stdin", action="store_true", help="exit when stdin closes (the test that started it ended)")
+    parser.add_argument("--die-after", type=int, default=None, help="exit at this step, as a crash would")
     args = parser.parse_args()
+    DIE_AFTER = args.die_after
     if args.exit_with_stdin:
         import os
         import sys
