@@ -136,7 +136,7 @@ fn inspect_counts_a_families_parameters_and_refuses_an_unknown_one() {
     let stored: usize = tensors.values().map(|t| t.elem_count()).sum();
     let (ok, said, error) = inspect(dir.path());
     assert!(ok, "{error}");
-    assert!(said.contains("family        qwen3") && said.contains("per-head q/k norms"), "{said}");
+    assert!(said.contains("family        Qwen3 (qwen3)") && said.contains("per-head q/k norms"), "{said}");
     assert!(said.contains(&format!("parameters    {stored} ")), "the file holds {stored}: {said}");
     let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
     std::fs::write(dir.path().join("config.json"), config.replace("\"qwen3\"", "\"gemma2\"")).unwrap();

@@ -70,8 +70,11 @@ fn bf16_matrices_compute_what_their_rounded_values_do_in_f32() {
 
 /// The base's projection matrices in bf16 (what `lora.base_dtype = "bf16"` keeps), and the
 /// same values widened back to f32.
-fn bf16_and_rounded(tensors: &HashMap<String, Tensor>) -> (HashMap<String, Tensor>, HashMap<String, Tensor>) {
-    let projection = wirl_engine::load::is_projection;
+fn bf16_and_rounded(
+    config: &wirl_engine::Config,
+    tensors: &HashMap<String, Tensor>,
+) -> (HashMap<String, Tensor>, HashMap<String, Tensor>) {
+    let projection = |name: &str| config.family().is_projection_weight(name);
     let half: HashMap<String, Tensor> = tensors
         .iter()
         .map(|(n, t)| (n.clone(), if projection(n) { t.to_dtype(DType::BF16).unwrap() } else { t.clone() }))
@@ -87,7 +90,7 @@ fn bf16_and_rounded(tensors: &HashMap<String, Tensor>) -> (HashMap<String, Tenso
 #[test]
 fn a_bf16_lora_base_trains_and_samples_its_rounded_values() {
     let (_dir, config, tensors, adapter, _) = crate::lora::adapted();
-    let (half, rounded) = bf16_and_rounded(&tensors);
+    let (half, rounded) = bf16_and_rounded(&config, &tensors);
     let device = Device::Cpu;
     let on_half = wirl_grpo::Policy::with_adapter(&config, half.clone(), &adapter, &device).unwrap();
     let on_rounded = wirl_grpo::Policy::with_adapter(&config, rounded.clone(), &adapter, &device).unwrap();

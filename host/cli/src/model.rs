@@ -108,7 +108,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     // Bytes per parameter → GiB, in floats: a hostile config's sizes must not overflow.
     let gib = |bytes_each: f64| parameters as f64 * bytes_each / (1u64 << 30) as f64;
     println!("{}", path.display());
-    println!("family        {}", config.model_type);
+    println!("family        {} ({})", config.family().title, config.model_type);
     println!(
         "shape         {} layers, hidden {}, {} heads ({} key/value) of {}, MLP {}, vocabulary {}",
         config.num_hidden_layers,
@@ -134,7 +134,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
             config.num_hidden_layers - sliding
         );
     }
-    if config.is_gemma3() {
+    if config.family().gemma_scaling {
         println!(
             "gemma         (1 + w) norms, 4 per layer; embeddings × √hidden; GELU; scores × {:.4}{}",
             config.attention_scale(),

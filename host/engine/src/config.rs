@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::{self, Family, Windows};
+
 /// The fields of `config.json` this engine reads. Unknown fields are ignored (HF configs
 /// carry many); missing required ones are an error naming the field.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -94,9 +96,6 @@ pub const MAX_HEADS: usize = 1 << 10;
 pub const MAX_HEAD_DIM: usize = 1 << 12;
 pub const MAX_PARAMETERS: u64 = 1 << 42;
 
-/// The `model_type`s this engine runs.
-pub const SUPPORTED: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "gemma3_text"];
-
 /// The MLP's gate activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -170,37 +169,37 @@ impl Config {
         Ok(config)
     }
 
-    /// Gemma 3 (`gemma3_text`): (1 + w) norms, four per layer, scaled embeddings, GELU,
-    /// interleaved sliding-window and global layers.
-    pub fn is_gemma3(&self) -> bool {
-        self.model_type == "gemma3_text"
+    /// This config's family (`model_type`'s declaration). A `model_type` this engine does not
+    /// run reads as Llama until [`Config::validate`] refuses it.
+    pub fn family(&self) -> &'static Family {
+        family::by_model_type(&self.model_type).unwrap_or(&family::LLAMA)
     }
 
     /// What RMS norms add to their weights: Gemma scales by `1 + w`, the others by `w`.
     pub fn norm_offset(&self) -> f64 {
-        if self.is_gemma3() { 1.0 } else { 0.0 }
+        self.family().norms.offset
     }
 
     /// What the embeddings are multiplied by (Gemma: `√hidden_size`).
     pub fn embed_scale(&self) -> Option<f64> {
-        self.is_gemma3().then(|| (self.hidden_size as f64).sqrt())
+        self.family().scaled_embedding.then(|| (self.hidden_size as f64).sqrt())
     }
 
     /// What attention scores are multiplied by (`query_pre_attn_scalar` is Gemma's key:
     /// ignored for other families, as transformers does).
     pub fn attention_scale(&self) -> f64 {
-        let scalar = self.query_pre_attn_scalar.filter(|_| self.is_gemma3());
+        let scalar = self.query_pre_attn_scalar.filter(|_| self.family().gemma_scaling);
         1.0 / scalar.unwrap_or(self.head_dim() as f64).sqrt()
     }
 
     /// The cap of the logits' soft-capping (Gemma's key: ignored for other families).
     pub fn logit_softcap(&self) -> Option<f64> {
-        self.final_logit_softcapping.filter(|_| self.is_gemma3())
+        self.final_logit_softcapping.filter(|_| self.family().gemma_scaling)
     }
 
     /// Norms after attention and after the MLP as well as before each (Gemma's four).
     pub fn sandwich_norms(&self) -> bool {
-        self.is_gemma3()
+        self.family().norms.attention_out.is_some()
     }
 
     /// The MLP's activation (checked by [`Config::validate`]).
@@ -208,14 +207,14 @@ impl Config {
         let named = self.hidden_activation.as_deref().or(self.hidden_act.as_deref());
         match named {
             Some("gelu_pytorch_tanh" | "gelu_new" | "gelu_tanh") => Activation::GeluTanh,
-            None if self.is_gemma3() => Activation::GeluTanh,
+            None => self.family().activation,
             _ => Activation::Silu,
         }
     }
 
     /// Whether layer `i` attends through a sliding window ([`Config::sliding_window`]).
     pub fn layer_is_sliding(&self, i: usize) -> bool {
-        if !self.is_gemma3() {
+        if self.family().windows != Windows::ByLayer {
             return false;
         }
         match &self.layer_types {
@@ -229,75 +228,16 @@ impl Config {
         (0..self.num_hidden_layers).any(|i| self.layer_is_sliding(i)).then(|| self.sliding_window.unwrap_or(usize::MAX))
     }
 
-    /// The HF names of every tensor a Llama-family model of this config stores (what loading
-    /// reads and export writes).
+    /// The HF names of every tensor a checkpoint of this config stores (what loading reads
+    /// and export writes): [`Family::tensor_names`].
     pub fn tensor_names(&self) -> Vec<String> {
-        let mut names = vec!["model.embed_tokens.weight".to_string()];
-        for i in 0..self.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            for part in [
-                "input_layernorm",
-                "self_attn.q_proj",
-                "self_attn.k_proj",
-                "self_attn.v_proj",
-                "self_attn.o_proj",
-                "post_attention_layernorm",
-                "mlp.gate_proj",
-                "mlp.up_proj",
-                "mlp.down_proj",
-            ] {
-                names.push(format!("{p}.{part}.weight"));
-            }
-            if self.sandwich_norms() {
-                for part in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
-                    names.push(format!("{p}.{part}.weight"));
-                }
-            }
-            if self.qkv_bias() {
-                for part in ["q_proj", "k_proj", "v_proj"] {
-                    names.push(format!("{p}.self_attn.{part}.bias"));
-                }
-            }
-            if self.qk_norm() {
-                for part in ["q_norm", "k_norm"] {
-                    names.push(format!("{p}.self_attn.{part}.weight"));
-                }
-            }
-        }
-        names.push("model.norm.weight".into());
-        if !self.tie_word_embeddings {
-            names.push("lm_head.weight".into());
-        }
-        names
+        self.family().tensor_names(self)
     }
 
     /// The shape a tensor of [`Config::tensor_names`] has in an HF checkpoint of this config
     /// (`None`: a name it does not describe).
     pub fn expected_shape(&self, name: &str) -> Option<Vec<usize>> {
-        let (hidden, ffn, vocab, head_dim) =
-            (self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim());
-        let q = self.num_attention_heads.checked_mul(head_dim)?;
-        let kv = self.num_kv_heads().checked_mul(head_dim)?;
-        if matches!(name, "model.embed_tokens.weight" | "lm_head.weight") {
-            return Some(vec![vocab, hidden]);
-        }
-        if name == "model.norm.weight" {
-            return Some(vec![hidden]);
-        }
-        let rest = name.strip_prefix("model.layers.")?;
-        let (_, part) = rest.split_once('.')?;
-        Some(match part {
-            "self_attn.q_proj.weight" => vec![q, hidden],
-            "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, hidden],
-            "self_attn.o_proj.weight" => vec![hidden, q],
-            "self_attn.q_proj.bias" => vec![q],
-            "self_attn.k_proj.bias" | "self_attn.v_proj.bias" => vec![kv],
-            "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => vec![head_dim],
-            "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![ffn, hidden],
-            "mlp.down_proj.weight" => vec![hidden, ffn],
-            part if part.ends_with("layernorm.weight") => vec![hidden],
-            _ => return None,
-        })
+        self.family().expected_shape(self, name)
     }
 
     /// An error naming `name` when `dims` (as stored) is not the shape the config gives it.
@@ -320,13 +260,13 @@ impl Config {
     }
 
     pub fn qkv_bias(&self) -> bool {
-        self.attention_bias.unwrap_or(self.model_type == "qwen2")
+        self.family().qkv_bias(self)
     }
 
     /// Queries and keys RMS-normed per head (over `head_dim`) before the rotary embedding:
     /// Qwen3's `q_norm` and `k_norm`.
     pub fn qk_norm(&self) -> bool {
-        self.model_type == "qwen3" || self.is_gemma3()
+        self.family().norms.query_key.is_some()
     }
 
     /// The positions this engine runs the model over: the claimed context
@@ -336,7 +276,7 @@ impl Config {
     /// not, and this engine does not slide).
     pub fn context(&self) -> usize {
         let mut context = self.max_position_embeddings.min(MAX_CONTEXT);
-        if self.model_type == "mistral"
+        if self.family().windows == Windows::CapsContext
             && let Some(window) = self.sliding_window.filter(|&w| w > 0)
         {
             context = context.min(window);
@@ -429,15 +369,14 @@ impl Config {
 
     /// Check what the model code relies on; the message names the field.
     pub fn validate(&self) -> Result<(), String> {
-        if !SUPPORTED.contains(&self.model_type.as_str()) {
+        let Some(family) = family::by_model_type(&self.model_type) else {
             return Err(format!(
                 "model_type {:?} is not supported; this engine runs these decoders: {}",
                 self.model_type,
-                SUPPORTED.join(", ")
+                family::model_types().join(", ")
             ));
-        }
-        let allowed: &[&str] =
-            if self.is_gemma3() { &["full_attention", "sliding_attention"] } else { &["full_attention"] };
+        };
+        let allowed = family.layer_types;
         if let Some(kind) = self.layer_types.iter().flatten().find(|kind| !allowed.contains(&kind.as_str())) {
             return Err(format!(
                 "layer_types has {kind:?}: {} runs {} layers only",
@@ -445,7 +384,7 @@ impl Config {
                 allowed.join(" and ")
             ));
         }
-        if self.is_gemma3() && self.window().is_some() && self.sliding_window.is_none_or(|w| w == 0) {
+        if family.windows == Windows::ByLayer && self.window().is_some() && self.sliding_window.is_none_or(|w| w == 0) {
             return Err("sliding_window must be a positive number of positions for Gemma 3's sliding layers".into());
         }
         if self.use_bidirectional_attention == Some(true) {

@@ -15,6 +15,7 @@ mod decode_matmul;
 pub mod device_sampling;
 mod executor;
 pub mod export;
+pub mod family;
 mod files;
 pub mod generate;
 pub mod gguf_check;
@@ -130,6 +131,10 @@ pub enum Error {
     /// reaches users and HTTP clients, the backtrace (this machine's paths) would too.
     #[error("tensor: {}", without_backtrace(.0))]
     Tensor(#[from] candle_core::Error),
+    /// A broken invariant of wirl's own (a declaration or state it should never hold), told
+    /// apart from the caller's bad input.
+    #[error("internal error (a bug in wirl, please report it): {0}")]
+    Internal(String),
 }
 
 /// `error` without the backtraces candle wraps around its errors when `RUST_BACKTRACE` is

@@ -13,6 +13,7 @@ use crate::comm::{Comm, Solo};
 use crate::config::{Activation, Config};
 use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
+use crate::family::{self, Family, Part, Projection};
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -152,68 +153,99 @@ pub trait WeightSource {
     }
 }
 
-/// Projections that read the same input: apart (a product each), or fused into one
-/// product on the model's own copy of their weights ([`WeightSource::fuse`]), its output
-/// split by `widths`. Both give the same values: each output is the same dot product.
+/// Projections that read the same input (q/k/v, gate/up), each checkpoint module's rows
+/// holding one part or several ([`crate::family::Projection`]: Llama's `q_proj`, or a fused
+/// `qkv_proj`): a product per module, or one product on the model's own fused copy of
+/// several modules ([`WeightSource::fuse`]). The outputs are split into the `N` parts by
+/// `widths` either way, with the same values: each output is the same dot product.
 #[derive(Clone, Debug)]
-enum Projections<const N: usize> {
-    Apart([Linear; N]),
-    Fused { linear: Linear, widths: [usize; N] },
+struct Projections<const N: usize> {
+    /// One product each.
+    modules: Vec<Linear>,
+    /// How many parts each module's output holds, in order.
+    parts: Vec<usize>,
+    /// Each part's width (this rank's share).
+    widths: [usize; N],
+    /// Whether `modules` is the model's own fused copy of several checkpoint modules.
+    fused: bool,
 }
 
 impl<const N: usize> Projections<N> {
-    /// `parts` (read from the modules `names`) fused when the source allows it and they can
-    /// be: dense, one dtype, no adapter (applied beside each base), biases on all or none.
-    fn new(source: &mut dyn WeightSource, names: [String; N], parts: [Linear; N]) -> Result<Self> {
-        let weights: Vec<&Tensor> = parts
+    /// `modules` (read as `names`, each with its number of parts) fused when the source
+    /// allows it and they can be: several, dense, one dtype, no adapter (applied beside
+    /// each base), biases on all or none.
+    fn new(
+        source: &mut dyn WeightSource,
+        names: Vec<String>,
+        modules: Vec<(Linear, usize)>,
+        widths: [usize; N],
+    ) -> Result<Self> {
+        let (modules, parts): (Vec<Linear>, Vec<usize>) = modules.into_iter().unzip();
+        let weights: Vec<&Tensor> = modules
             .iter()
             .filter_map(|p| match (&p.weight, &p.adapter) {
                 (Weight::Dense(w), None) => Some(w),
                 _ => None,
             })
             .collect();
-        let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias.as_ref()).collect();
+        let biases: Vec<&Tensor> = modules.iter().filter_map(|p| p.bias.as_ref()).collect();
         let dtype = weights.first().map(|w| w.dtype());
         // One dtype for weights and biases alike: a source then fuses both or neither (a
         // trainer's copies are made by dtype), never the weights alone.
-        if weights.len() != N
-            || !(biases.is_empty() || biases.len() == N)
-            || weights.iter().chain(&biases).any(|t| Some(t.dtype()) != dtype)
-        {
-            return Ok(Projections::Apart(parts));
-        }
-        let mut widths = [0; N];
-        for (width, w) in widths.iter_mut().zip(&weights) {
-            *width = w.dim(0)?;
-        }
+        let fusable = modules.len() > 1
+            && weights.len() == modules.len()
+            && (biases.is_empty() || biases.len() == modules.len())
+            && weights.iter().chain(&biases).all(|t| Some(t.dtype()) == dtype);
         let named = |suffix: &str| names.iter().map(|n| format!("{n}.{suffix}")).collect::<Vec<_>>();
-        let Some(weight) = source.fuse(&named("weight"), &weights)? else { return Ok(Projections::Apart(parts)) };
-        let bias = match biases.is_empty() {
-            true => None,
-            false => match source.fuse(&named("bias"), &biases)? {
-                Some(bias) => Some(bias),
-                None => return Ok(Projections::Apart(parts)),
-            },
+        let weight = match fusable {
+            true => source.fuse(&named("weight"), &weights)?,
+            false => None,
         };
-        Ok(Projections::Fused { linear: Linear { weight: Weight::Dense(weight), bias, adapter: None }, widths })
+        let bias = match (&weight, biases.is_empty()) {
+            (Some(_), false) => source.fuse(&named("bias"), &biases)?.map(Some),
+            _ => Some(None),
+        };
+        let (Some(weight), Some(bias)) = (weight, bias) else {
+            return Ok(Projections { modules, parts, widths, fused: false });
+        };
+        let linear = Linear { weight: Weight::Dense(weight), bias, adapter: None };
+        Ok(Projections { modules: vec![linear], parts: vec![N], widths, fused: true })
     }
 
-    /// Each projection of `x`, in order: views of the one product's output when fused.
+    /// Each part of `x`'s projections, in order: views of a module's output where it holds
+    /// several.
     fn forward(&self, x: &Tensor) -> Result<[Tensor; N]> {
-        let outputs: Vec<Tensor> = match self {
-            Projections::Apart(parts) => parts.iter().map(|p| p.forward(x)).collect::<Result<_>>()?,
-            Projections::Fused { linear, widths } => {
-                let y = linear.forward(x)?;
-                let mut start = 0;
-                let mut outputs = Vec::with_capacity(N);
-                for &width in widths {
-                    outputs.push(y.narrow(D::Minus1, start, width)?);
-                    start += width;
-                }
-                outputs
+        let mut outputs = Vec::with_capacity(N);
+        let mut widths = self.widths.iter();
+        for (module, &parts) in self.modules.iter().zip(&self.parts) {
+            let y = module.forward(x)?;
+            if parts == 1 {
+                widths.next();
+                outputs.push(y);
+                continue;
             }
-        };
-        Ok(outputs.try_into().unwrap_or_else(|_| unreachable!("N projections")))
+            let mut start = 0;
+            for &width in widths.by_ref().take(parts) {
+                outputs.push(y.narrow(D::Minus1, start, width)?);
+                start += width;
+            }
+        }
+        Ok(outputs.try_into().unwrap_or_else(|_| unreachable!("N parts")))
+    }
+
+    /// Each part's plain dense matrix, when every module is one without bias or adapter.
+    fn dense_parts(&self) -> Result<Option<[Tensor; N]>> {
+        let mut matrices = Vec::with_capacity(N);
+        let mut widths = self.widths.iter();
+        for (module, &parts) in self.modules.iter().zip(&self.parts) {
+            let Linear { weight: Weight::Dense(w), bias: None, adapter: None } = module else { return Ok(None) };
+            let mut start = 0;
+            for &width in widths.by_ref().take(parts) {
+                matrices.push(if parts == 1 { w.clone() } else { w.narrow(0, start, width)? });
+                start += width;
+            }
+        }
+        Ok(Some(matrices.try_into().unwrap_or_else(|_| unreachable!("N parts"))))
     }
 }
 
@@ -578,86 +610,18 @@ impl Model {
                 });
             }
         }
-        let linear = |source: &mut dyn WeightSource, name: &str, bias: bool, split: Split| -> Result<Linear> {
-            let weight = split.weight(source.linear_weight(&format!("{name}.weight"))?, rank, size, name)?;
-            let bias = if bias { Some(split.bias(source.dense(&format!("{name}.bias"))?, rank, size)?) } else { None };
-            let adapter = source.adapter(name)?;
-            if adapter.is_some() && size > 1 {
-                return Err(Error::Config {
-                    field: name.into(),
-                    message: "LoRA adapters cannot be split for tensor parallelism yet; merge them first \
-                              (`wirl model merge`)"
-                        .into(),
-                });
-            }
-            Ok(Linear { weight, bias, adapter })
-        };
-        use Split::{Columns, Rows};
-        let embed = source.dense("model.embed_tokens.weight")?;
+        let shard = Shard { config, family: config.family(), rank, size };
+        let embed = source.dense(family::EMBEDDING)?;
         let dtype = embed.dtype();
-        let mut blocks = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let bias = config.qkv_bias();
-            let norm =
-                |source: &mut dyn WeightSource, part: &str| Norm::load(source, &format!("{p}.{part}.weight"), config);
-            let (post_attn_norm, mlp_norm, post_mlp_norm) = if config.sandwich_norms() {
-                (
-                    Some(norm(source, "post_attention_layernorm")?),
-                    norm(source, "pre_feedforward_layernorm")?,
-                    Some(norm(source, "post_feedforward_layernorm")?),
-                )
-            } else {
-                (None, norm(source, "post_attention_layernorm")?, None)
-            };
-            blocks.push(Block {
-                attn_norm: norm(source, "input_layernorm")?,
-                attn: Attention {
-                    qkv: {
-                        let names = ["q", "k", "v"].map(|x| format!("{p}.self_attn.{x}_proj"));
-                        let parts = [
-                            linear(source, &names[0], bias, Rows)?,
-                            linear(source, &names[1], bias, Rows)?,
-                            linear(source, &names[2], bias, Rows)?,
-                        ];
-                        Projections::new(source, names, parts)?
-                    },
-                    o: linear(source, &format!("{p}.self_attn.o_proj"), false, Columns)?,
-                    heads: heads / size,
-                    kv_heads: kv_heads / size,
-                    head_dim: config.head_dim(),
-                    q_interleaved: source.interleaved(&format!("{p}.self_attn.q_proj.weight")),
-                    k_interleaved: source.interleaved(&format!("{p}.self_attn.k_proj.weight")),
-                    qk_norm: if config.qk_norm() {
-                        Some(QkNorm { q: norm(source, "self_attn.q_norm")?, k: norm(source, "self_attn.k_norm")? })
-                    } else {
-                        None
-                    },
-                    scale: config.attention_scale(),
-                    sliding: config.layer_is_sliding(i),
-                },
-                post_attn_norm,
-                mlp_norm,
-                mlp: Mlp {
-                    gate_up: {
-                        let names = ["gate", "up"].map(|x| format!("{p}.mlp.{x}_proj"));
-                        let parts = [linear(source, &names[0], false, Rows)?, linear(source, &names[1], false, Rows)?];
-                        Projections::new(source, names, parts)?
-                    },
-                    down: linear(source, &format!("{p}.mlp.down_proj"), false, Columns)?,
-                    activation: config.activation(),
-                },
-                post_mlp_norm,
-            });
-        }
-        let norm = Norm::load(source, "model.norm.weight", config)?;
+        let blocks = (0..config.num_hidden_layers).map(|i| shard.block(source, i)).collect::<Result<Vec<_>>>()?;
+        let norm = Norm::load(source, family::FINAL_NORM, config)?;
         let vocab_parallel = size > 1 && config.vocab_size.is_multiple_of(size);
-        let head_split = if vocab_parallel { Rows } else { Split::Whole };
-        let lm_head = if source.contains("lm_head.weight") && !config.tie_word_embeddings {
-            linear(source, "lm_head", false, head_split)?
+        let head_split = if vocab_parallel { Split::Rows } else { Split::Whole };
+        let lm_head = if source.contains(family::OUTPUT_WEIGHT) && !config.tie_word_embeddings {
+            shard.linear(source, family::OUTPUT, false, head_split)?
         } else {
             // Tied embeddings: the output projection is the embedding table.
-            let name = "model.embed_tokens.weight";
+            let name = family::EMBEDDING;
             Linear {
                 weight: head_split.weight(source.linear_weight(name)?, rank, size, name)?,
                 bias: None,
@@ -670,7 +634,7 @@ impl Model {
         let host_rope = match (device, dtype) {
             // Not for Gemma 3: the decoding kernels know neither its windows, its second
             // rope nor its score scale; its steps take the general path.
-            _ if config.is_gemma3() => None,
+            _ if !config.family().plain_attention() => None,
             (Device::Cpu, DType::F32) if !interleaved => {
                 Some(Arc::new(RopeTables::from_tensors(&cos, &sin)?)).filter(|t| t.fits(config.head_dim()))
             }
@@ -714,13 +678,7 @@ impl Model {
     /// ([`WeightSource::fuse`]).
     pub fn fused_projections(&self) -> usize {
         let fused = |fused: bool| usize::from(fused);
-        self.blocks
-            .iter()
-            .map(|b| {
-                fused(matches!(b.attn.qkv, Projections::Fused { .. }))
-                    + fused(matches!(b.mlp.gate_up, Projections::Fused { .. }))
-            })
-            .sum()
+        self.blocks.iter().map(|b| fused(b.attn.qkv.fused) + fused(b.mlp.gate_up.fused)).sum()
     }
 
     /// Bytes of keys and values one cache position takes (every layer, this rank's heads).
@@ -1012,19 +970,7 @@ impl Mlp {
 
     /// The gate and up matrices, when both are plain dense weights without bias or adapter.
     fn dense_gate_up(&self) -> Result<Option<(Tensor, Tensor)>> {
-        match &self.gate_up {
-            Projections::Apart([gate, up]) => match (gate, up) {
-                (
-                    Linear { weight: Weight::Dense(g), bias: None, adapter: None },
-                    Linear { weight: Weight::Dense(u), bias: None, adapter: None },
-                ) => Ok(Some((g.clone(), u.clone()))),
-                _ => Ok(None),
-            },
-            Projections::Fused { linear: Linear { weight: Weight::Dense(w), bias: None, .. }, widths: [g, u] } => {
-                Ok(Some((w.narrow(0, 0, *g)?, w.narrow(0, *g, *u)?)))
-            }
-            Projections::Fused { .. } => Ok(None),
-        }
+        Ok(self.gate_up.dense_parts()?.map(|[gate, up]| (gate, up)))
     }
 }
 
@@ -1066,6 +1012,102 @@ impl Split {
             Split::Columns if rank != 0 => Ok(bias.zeros_like()?),
             Split::Columns | Split::Whole => Ok(bias),
         }
+    }
+}
+
+/// What loading rank `rank`'s shard of a model of `config` reads each layer with.
+struct Shard<'a> {
+    config: &'a Config,
+    family: &'static Family,
+    rank: usize,
+    size: usize,
+}
+
+impl Shard<'_> {
+    /// Module `name`'s linear layer, this rank's share of it.
+    fn linear(&self, source: &mut dyn WeightSource, name: &str, bias: bool, split: Split) -> Result<Linear> {
+        let (rank, size) = (self.rank, self.size);
+        let weight = split.weight(source.linear_weight(&family::weight(name))?, rank, size, name)?;
+        let bias = if bias { Some(split.bias(source.dense(&family::bias(name))?, rank, size)?) } else { None };
+        let adapter = source.adapter(name)?;
+        if adapter.is_some() && size > 1 {
+            return Err(Error::Config {
+                field: name.into(),
+                message: "LoRA adapters cannot be split for tensor parallelism yet; merge them first \
+                          (`wirl model merge`)"
+                    .into(),
+            });
+        }
+        Ok(Linear { weight, bias, adapter })
+    }
+
+    /// The projections `declared` of layer `l` (column-parallel), their `N` parts' widths
+    /// this rank's share.
+    fn projections<const N: usize>(
+        &self,
+        source: &mut dyn WeightSource,
+        l: &str,
+        declared: &[Projection],
+        bias: bool,
+    ) -> Result<Projections<N>> {
+        let mut names = Vec::with_capacity(declared.len());
+        let mut modules = Vec::with_capacity(declared.len());
+        let mut widths = Vec::with_capacity(N);
+        for projection in declared {
+            let name = format!("{l}.{}", projection.module);
+            if projection.parts.len() > 1 && self.size > 1 {
+                return Err(Error::Config {
+                    field: name,
+                    message: "a checkpoint's fused projection cannot be split for tensor parallelism yet".into(),
+                });
+            }
+            widths.extend(projection.parts.iter().map(|part| part.width(self.config) / self.size));
+            modules.push((self.linear(source, &name, bias, Split::Rows)?, projection.parts.len()));
+            names.push(name);
+        }
+        let widths = widths.try_into().map_err(|widths: Vec<usize>| {
+            Error::Internal(format!("{} declares {} parts where {N} are read", self.family.model_type, widths.len()))
+        })?;
+        Projections::new(source, names, modules, widths)
+    }
+
+    /// Layer `i`'s block.
+    fn block(&self, source: &mut dyn WeightSource, i: usize) -> Result<Block> {
+        let (config, family) = (self.config, self.family);
+        let l = family::layer(i);
+        let norm = |source: &mut dyn WeightSource, module: &str| {
+            Norm::load(source, &family::weight(&format!("{l}.{module}")), config)
+        };
+        let interleaved = |source: &dyn WeightSource, part: Part| {
+            family.module_of(part).is_some_and(|m| source.interleaved(&family::weight(&format!("{l}.{m}"))))
+        };
+        let norms = &family.norms;
+        Ok(Block {
+            attn_norm: norm(source, norms.attention_in)?,
+            attn: Attention {
+                qkv: self.projections(source, &l, family.attention_in, family.qkv_bias(config))?,
+                o: self.linear(source, &format!("{l}.{}", family.attention_out), false, Split::Columns)?,
+                heads: config.num_attention_heads / self.size,
+                kv_heads: config.num_kv_heads() / self.size,
+                head_dim: config.head_dim(),
+                q_interleaved: interleaved(source, Part::Query),
+                k_interleaved: interleaved(source, Part::Key),
+                qk_norm: match norms.query_key {
+                    Some((q, k)) => Some(QkNorm { q: norm(source, q)?, k: norm(source, k)? }),
+                    None => None,
+                },
+                scale: config.attention_scale(),
+                sliding: config.layer_is_sliding(i),
+            },
+            post_attn_norm: norms.attention_out.map(|n| norm(source, n)).transpose()?,
+            mlp_norm: norm(source, norms.mlp_in)?,
+            mlp: Mlp {
+                gate_up: self.projections(source, &l, family.mlp_in, false)?,
+                down: self.linear(source, &format!("{l}.{}", family.mlp_out), false, Split::Columns)?,
+                activation: config.activation(),
+            },
+            post_mlp_norm: norms.mlp_out.map(|n| norm(source, n)).transpose()?,
+        })
     }
 }
 

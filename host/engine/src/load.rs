@@ -4,6 +4,7 @@
 use crate::block_matmul::{self, BlockMatrix, Format};
 use crate::comm::{Comm, Solo};
 use crate::config::Config;
+use crate::family::{self, Family, Part};
 use crate::llama::{LoraPair, Model, Weight, WeightSource};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result, files};
@@ -90,22 +91,18 @@ pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Token
     for name in config.tensor_names() {
         // Matrices through `linear_weight` (GGUF: q/k rows back in HF order), the rest
         // through `dense` (GGUF Gemma: norms stored as 1 + w made w again).
-        let tensor = if is_projection(&name) || name == "lm_head.weight" {
+        let projection = config.family().is_projection_weight(&name);
+        let tensor = if projection || name == family::OUTPUT_WEIGHT {
             let Weight::Dense(tensor) = source.linear_weight(&name)? else {
                 unreachable!("opened without quantization")
             };
-            if is_projection(&name) { tensor } else { tensor.to_dtype(dtype)? }
+            if projection { tensor } else { tensor.to_dtype(dtype)? }
         } else {
             source.dense(&name)?
         };
         tensors.insert(name, tensor);
     }
     Ok((config, tokenizer, tensors))
-}
-
-/// Whether `name` is a decoder layer's projection matrix (attention or MLP).
-pub fn is_projection(name: &str) -> bool {
-    name.starts_with("model.layers.") && name.ends_with("_proj.weight")
 }
 
 /// The config, tokenizer and weights of the model at `path`, not yet assembled.
@@ -461,7 +458,7 @@ pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result
     let tokenizer = gguf_tokenizer(path, &content.metadata, &config, &origin)?;
     let source = GgufSource {
         config: config.clone(),
-        gemma: config.is_gemma3(),
+        family: config.family(),
         content,
         file,
         origin: origin.clone(),
@@ -513,9 +510,6 @@ pub fn read_gguf(file: &mut std::fs::File) -> std::result::Result<gguf_file::Con
     Ok(content)
 }
 
-/// The GGUF architectures this engine reads.
-const GGUF_ARCHITECTURES: [&str; 2] = ["llama", "gemma3"];
-
 /// An HF `config.json` for a GGUF, from its `<arch>.*` metadata (llama, gemma3).
 pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::result::Result<Config, String> {
     let arch = metadata
@@ -523,12 +517,12 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
         .and_then(|v| v.to_string().ok())
         .ok_or("missing metadata key `general.architecture`")?
         .clone();
-    if !GGUF_ARCHITECTURES.contains(&arch.as_str()) {
+    let Some(family) = family::by_gguf_architecture(&arch) else {
         return Err(format!(
             "general.architecture {arch:?} is not supported in GGUF files yet ({} are)",
-            GGUF_ARCHITECTURES.join(", ")
+            family::gguf_architectures().join(", ")
         ));
-    }
+    };
     let number = |key: &str| -> std::result::Result<f64, String> {
         let value = metadata.get(&format!("{arch}.{key}")).ok_or(format!("missing metadata key `{arch}.{key}`"))?;
         value
@@ -541,10 +535,10 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
     };
     let tokens = metadata.get("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()).map(Vec::len);
     let heads = number("attention.head_count")? as usize;
-    let gemma = arch == "gemma3";
+    let gemma = family.model_type == family::GEMMA3.model_type;
     let head_dim = number("attention.key_length").ok().map(|v| v as usize);
     let mut config = Config {
-        model_type: if gemma { "gemma3_text" } else { "llama" }.into(),
+        model_type: family.model_type.into(),
         architectures: vec![if gemma { "Gemma3ForCausalLM" } else { "LlamaForCausalLM" }.into()],
         vocab_size: number("vocab_size").map(|v| v as usize).ok().or(tokens).ok_or("missing vocabulary size")?,
         hidden_size: number("embedding_length")? as usize,
@@ -615,8 +609,9 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
 pub(crate) struct GgufSource {
     /// What each tensor's shape is checked against.
     config: Config,
-    /// Gemma 3's names and conventions (norms stored as `1 + w`, q/k rows not permuted).
-    gemma: bool,
+    /// The family's names in llama.cpp's files and its conventions (Gemma's norms stored as
+    /// `1 + w`, its q/k rows not permuted).
+    family: &'static Family,
     content: gguf_file::Content,
     file: std::fs::File,
     origin: String,
@@ -633,34 +628,7 @@ pub(crate) struct GgufSource {
 impl GgufSource {
     /// llama.cpp's name for an HF tensor name.
     fn gguf_name(&self, name: &str) -> String {
-        let name = name.strip_prefix("model.").unwrap_or(name);
-        if let Some(rest) = name.strip_prefix("layers.") {
-            let (layer, rest) = rest.split_once('.').unwrap_or((rest, ""));
-            let mapped = match rest {
-                "input_layernorm.weight" => "attn_norm.weight",
-                // Gemma's norm after attention; the others' norm before the MLP.
-                "post_attention_layernorm.weight" if self.gemma => "post_attention_norm.weight",
-                "post_attention_layernorm.weight" | "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
-                "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
-                "self_attn.q_norm.weight" => "attn_q_norm.weight",
-                "self_attn.k_norm.weight" => "attn_k_norm.weight",
-                "self_attn.q_proj.weight" => "attn_q.weight",
-                "self_attn.k_proj.weight" => "attn_k.weight",
-                "self_attn.v_proj.weight" => "attn_v.weight",
-                "self_attn.o_proj.weight" => "attn_output.weight",
-                "mlp.gate_proj.weight" => "ffn_gate.weight",
-                "mlp.up_proj.weight" => "ffn_up.weight",
-                "mlp.down_proj.weight" => "ffn_down.weight",
-                other => other,
-            };
-            return format!("blk.{layer}.{mapped}");
-        }
-        match name {
-            "embed_tokens.weight" => "token_embd.weight".into(),
-            "norm.weight" => "output_norm.weight".into(),
-            "lm_head.weight" => "output.weight".into(),
-            other => other.into(),
-        }
+        self.family.gguf_name(name)
     }
 
     fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
@@ -689,8 +657,14 @@ impl GgufSource {
     /// f32 path's, and dense query projections alone restored them (docs/BENCHMARKS.md).
     fn stays_quantized(&self, name: &str, dtype: GgmlDType) -> bool {
         self.quantized
-            && (self.own_kernel(dtype) || !name.ends_with("self_attn.q_proj.weight"))
+            && (self.own_kernel(dtype) || !self.is_matrix_of(name, Part::Query))
             && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16)
+    }
+
+    /// Whether `name` is a layer's matrix of `part` alone (a q or k projection).
+    fn is_matrix_of(&self, name: &str, part: Part) -> bool {
+        let module = self.family.module_of(part);
+        name.strip_suffix(".weight").is_some_and(|n| module.is_some_and(|m| n.ends_with(&format!(".{m}"))))
     }
 
     fn stored_dtype(&self, name: &str) -> GgmlDType {
@@ -705,11 +679,12 @@ impl GgufSource {
     /// The number of heads whose rows llama.cpp permuted in this matrix, if any (not
     /// Gemma's: its rope is NeoX's, the HF layout).
     fn permuted_heads(&self, name: &str) -> Option<usize> {
-        if self.gemma {
-            None
-        } else if name.ends_with("self_attn.q_proj.weight") {
+        if !self.family.gguf.is_some_and(|g| g.permuted_rope) {
+            return None;
+        }
+        if self.is_matrix_of(name, Part::Query) {
             Some(self.heads)
-        } else if name.ends_with("self_attn.k_proj.weight") {
+        } else if self.is_matrix_of(name, Part::Key) {
             Some(self.kv_heads)
         } else {
             None
@@ -755,7 +730,8 @@ impl WeightSource for GgufSource {
     fn dense(&mut self, name: &str) -> Result<Tensor> {
         let tensor = self.qtensor(name)?.dequantize(&self.device)?;
         // llama.cpp stores Gemma's norm weights with the 1 of `1 + w` added; the model adds it.
-        let tensor = if self.gemma && name.ends_with("norm.weight") { (tensor - 1.0)? } else { tensor };
+        let offset = self.family.norms.offset;
+        let tensor = if offset != 0.0 && name.ends_with("norm.weight") { (tensor - offset)? } else { tensor };
         Ok(tensor.to_dtype(self.dtype)?)
     }
 

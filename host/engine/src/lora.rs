@@ -13,6 +13,7 @@
 //! where a run keeps them.
 
 use crate::config::Config;
+use crate::family::{self, Family};
 pub use crate::llama::LoraPair;
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
@@ -20,8 +21,18 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// The projections an adapter may target, by PEFT's module names.
-pub const TARGETS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+/// The projections an adapter may target, by PEFT's module names: every family's
+/// ([`crate::family::Family::projections`]), each once, in declaration order.
+pub fn targets() -> Vec<&'static str> {
+    let mut targets: Vec<&'static str> = Vec::new();
+    for module in family::FAMILIES.iter().flat_map(|f| f.projections()) {
+        let target = Family::target_name(module);
+        if !targets.contains(&target) {
+            targets.push(target);
+        }
+    }
+    targets
+}
 
 /// The most rank an adapter may have (beyond it an adapter is no longer low-rank for any
 /// model this engine runs; a typo like 16000 would otherwise allocate gigabytes).
@@ -39,7 +50,7 @@ const PEFT_PREFIX: &str = "base_model.model.";
 pub struct LoraSpec {
     pub rank: usize,
     pub alpha: f64,
-    /// Module names of [`TARGETS`], each once.
+    /// Module names of [`targets`], each once.
     pub target_modules: Vec<String>,
 }
 
@@ -58,13 +69,14 @@ impl LoraSpec {
             return Err(format!("alpha {} must be a positive finite number (at most 1e6)", self.alpha));
         }
         if self.target_modules.is_empty() {
-            return Err(format!("target_modules is empty: name one or more of {}", TARGETS.join(", ")));
+            return Err(format!("target_modules is empty: name one or more of {}", targets().join(", ")));
         }
+        let targets = targets();
         for (i, module) in self.target_modules.iter().enumerate() {
-            if !TARGETS.contains(&module.as_str()) {
+            if !targets.contains(&module.as_str()) {
                 return Err(format!(
                     "target_modules has {module:?}, which is not a projection this engine adapts ({})",
-                    TARGETS.join(", ")
+                    targets.join(", ")
                 ));
             }
             if self.target_modules[..i].contains(module) {
@@ -74,23 +86,20 @@ impl LoraSpec {
         Ok(())
     }
 
-    /// Every adapted module of a model of `config`, by HF name, with its `(in, out)` sizes.
+    /// Every adapted module of a model of `config`, by HF name, with its `(in, out)` sizes:
+    /// the projections of `config`'s family that `target_modules` names, layer by layer.
     pub fn modules(&self, config: &Config) -> Vec<(String, usize, usize)> {
-        let hidden = config.hidden_size;
-        let q = config.num_attention_heads * config.head_dim();
-        let kv = config.num_kv_heads() * config.head_dim();
-        let ffn = config.intermediate_size;
+        let family = config.family();
+        let adapted: Vec<&str> = family
+            .projections()
+            .into_iter()
+            .filter(|m| self.target_modules.iter().any(|t| t == Family::target_name(m)))
+            .collect();
         let mut modules = Vec::new();
         for i in 0..config.num_hidden_layers {
-            for target in TARGETS.iter().filter(|t| self.target_modules.iter().any(|m| m == *t)) {
-                let (group, input, output) = match *target {
-                    "q_proj" => ("self_attn", hidden, q),
-                    "k_proj" | "v_proj" => ("self_attn", hidden, kv),
-                    "o_proj" => ("self_attn", q, hidden),
-                    "gate_proj" | "up_proj" => ("mlp", hidden, ffn),
-                    _ => ("mlp", ffn, hidden),
-                };
-                modules.push((format!("model.layers.{i}.{group}.{target}"), input, output));
+            for module in &adapted {
+                let (output, input) = family.projection_shape(config, module).unwrap_or_default();
+                modules.push((format!("{}.{module}", family::layer(i)), input, output));
             }
         }
         modules
@@ -172,7 +181,7 @@ impl Adapter {
             return Err(bad(format!(
                 "tensor `{PEFT_PREFIX}{extra}` is not one of the adapter's (this engine reads LoRA A and B \
                  matrices of {} only)",
-                TARGETS.join(", ")
+                targets().join(", ")
             )));
         }
         Ok(())
@@ -279,12 +288,12 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
         (!peft.rank_pattern.is_empty() || !peft.alpha_pattern.is_empty(), "rank_pattern or alpha_pattern is set"),
     ];
     if let Some((_, what)) = unsupported.iter().find(|(on, _)| *on) {
-        return Err(refuse(format!("{what}: not supported; this engine reads plain LoRA on {}", TARGETS.join(", "))));
+        return Err(refuse(format!("{what}: not supported; this engine reads plain LoRA on {}", targets().join(", "))));
     }
     if let Some(field) = OFF_FIELDS.iter().find(|f| peft.rest.get(**f).is_some_and(|v| !is_off(v))) {
         return Err(refuse(format!(
             "{field} is set: not supported; this engine reads plain LoRA on {}",
-            TARGETS.join(", ")
+            targets().join(", ")
         )));
     }
     let target_modules = match peft.target_modules {
@@ -292,7 +301,7 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
         TargetModules::Pattern(pattern) => {
             return Err(refuse(format!(
                 "target_modules is the pattern {pattern:?}: name the modules in a list (of {})",
-                TARGETS.join(", ")
+                targets().join(", ")
             )));
         }
     };

@@ -29,6 +29,7 @@ use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
 use wirl_engine::config::Activation;
+use wirl_engine::family::{self, EMBEDDING, FINAL_NORM, OUTPUT_WEIGHT, Projection};
 use wirl_engine::llama::LoraPair;
 use wirl_engine::llama::{local_rope_tables, repeat_kv, rope_tables};
 use wirl_engine::lora::{Adapter, LoraSpec};
@@ -65,7 +66,7 @@ pub struct TokenStats {
 
 impl Net {
     pub fn new(config: &Config, weights: HashMap<String, Tensor>, device: &Device) -> Result<Self> {
-        let dtype = weights.get("model.embed_tokens.weight").map_or(DType::F32, |t| t.dtype());
+        let dtype = weights.get(EMBEDDING).map_or(DType::F32, |t| t.dtype());
         let (cos, sin) = rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
         let local_rope = local_rope_tables(config, device, dtype).map_err(candle_core::Error::wrap)?;
         Ok(Net {
@@ -151,9 +152,39 @@ impl Net {
         crate::fused::rms_norm(x, &(weight + offset)?, self.config.rms_norm_eps, self.fast_paths)
     }
 
-    /// `x` through the norm `name` when the family has it (Gemma's sandwich norms).
-    fn post_norm(&self, x: Tensor, name: &str) -> Result<Tensor> {
-        if self.config.sandwich_norms() { self.rms_norm(&x, name) } else { Ok(x) }
+    /// `x` through layer `l`'s norm `module` where the family has one (Gemma's sandwich).
+    fn post_norm(&self, x: Tensor, l: &str, module: Option<&str>) -> Result<Tensor> {
+        match module {
+            Some(module) => self.rms_norm(&x, &family::weight(&format!("{l}.{module}"))),
+            None => Ok(x),
+        }
+    }
+
+    /// Layer `l`'s norm `module` of `x`.
+    fn layer_norm(&self, x: &Tensor, l: &str, module: &str) -> Result<Tensor> {
+        self.rms_norm(x, &family::weight(&format!("{l}.{module}")))
+    }
+
+    /// The parts of `x`'s projections `declared` (of layer `l`), in order: a product per
+    /// module, its output split where it holds several parts (a fused `qkv_proj`).
+    fn projections<const N: usize>(&self, x: &Tensor, l: &str, declared: &[Projection]) -> Result<[Tensor; N]> {
+        let mut parts = Vec::with_capacity(N);
+        for projection in declared {
+            let y = self.linear(x, &format!("{l}.{}", projection.module))?;
+            if let [_] = projection.parts {
+                parts.push(y);
+                continue;
+            }
+            let mut start = 0;
+            for part in projection.parts {
+                let width = part.width(&self.config);
+                parts.push(y.narrow(D::Minus1, start, width)?);
+                start += width;
+            }
+        }
+        parts.try_into().map_err(|parts: Vec<Tensor>| {
+            candle_core::Error::Msg(format!("{} parts declared where {N} are read", parts.len()))
+        })
     }
 
     /// Log-probabilities and entropies of `completions` after `prompt`.
@@ -253,14 +284,14 @@ impl Net {
 
     /// The head's weight: its own, or the embeddings' where the model ties them.
     fn head_name(&self) -> &'static str {
-        if self.weights.contains_key("lm_head.weight") { "lm_head.weight" } else { "model.embed_tokens.weight" }
+        if self.weights.contains_key(OUTPUT_WEIGHT) { OUTPUT_WEIGHT } else { EMBEDDING }
     }
 
     /// The fused head over one chunk of `hidden` (`[rows, len, hidden]`, before the final
     /// norm): the normed states (with a graph if `hidden` has one), the logits and the stats.
     fn fused_chunk(&self, hidden: &Tensor, targets: &Tensor) -> Result<FusedChunk> {
         let (rows, len, d) = hidden.dims3()?;
-        let normed = self.rms_norm(hidden, "model.norm.weight")?.contiguous()?;
+        let normed = self.rms_norm(hidden, FINAL_NORM)?.contiguous()?;
         let targets: Vec<u32> = targets.flatten_all()?.to_vec1()?;
         let vocab = self.config.vocab_size;
         if let Some(&token) = targets.iter().find(|&&t| t as usize >= vocab) {
@@ -341,7 +372,7 @@ impl Net {
 
     /// The targets' log-probabilities and, if `entropy`, each position's entropy.
     fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
-        let hidden = self.rms_norm(hidden, "model.norm.weight")?;
+        let hidden = self.rms_norm(hidden, FINAL_NORM)?;
         let mut logits = self.product(&hidden, &self.w(self.head_name())?.t()?)?;
         if let Some(cap) = self.config.logit_softcap() {
             logits = ((logits / cap)?.tanh()? * cap)?;
@@ -373,13 +404,13 @@ impl Net {
             return Ok(None);
         }
         let ids = Tensor::from_vec(prefix.to_vec(), prefix.len(), device)?;
-        let x = self.w("model.embed_tokens.weight")?.index_select(&ids, 0)?.unsqueeze(0)?;
+        let x = self.w(EMBEDDING)?.index_select(&ids, 0)?.unsqueeze(0)?;
         Ok(Some(self.scale_embeddings(x)?))
     }
 
     fn embed_rows(&self, inputs: &Tensor) -> Result<Tensor> {
         let (groups, width) = inputs.dims2()?;
-        let embed = self.w("model.embed_tokens.weight")?;
+        let embed = self.w(EMBEDDING)?;
         self.scale_embeddings(embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))?)
     }
 
@@ -429,9 +460,9 @@ impl Net {
         frame: &Frame,
     ) -> Result<(Option<Tensor>, Option<KeyValues>)> {
         let Some(h) = px else { return Ok((None, None)) };
-        let l = format!("model.layers.{i}");
+        let l = family::layer(i);
         let f = frame.of_layer(&self.config, i);
-        let normed = self.rms_norm(h, &format!("{l}.input_layernorm.weight"))?;
+        let normed = self.layer_norm(h, &l, self.config.family().norms.attention_in)?;
         let (out, k, v) = self.attention(&normed, &l, &f.pcos, &f.psin, None, &f.prefix_mask)?;
         let h = (h + self.attention_out(&out, &l)?)?;
         Ok((Some((&h + self.mlp_block(&h, &l)?)?), Some((k, v))))
@@ -439,23 +470,23 @@ impl Net {
 
     /// The attention's output projected, and for Gemma normed.
     fn attention_out(&self, out: &Tensor, l: &str) -> Result<Tensor> {
-        let projected = self.linear(out, &format!("{l}.self_attn.o_proj"))?;
-        self.post_norm(projected, &format!("{l}.post_attention_layernorm.weight"))
+        let family = self.config.family();
+        let projected = self.linear(out, &format!("{l}.{}", family.attention_out))?;
+        self.post_norm(projected, l, family.norms.attention_out)
     }
 
     /// The MLP's part of a layer's residual: its norm (Gemma: before and after).
     fn mlp_block(&self, x: &Tensor, l: &str) -> Result<Tensor> {
-        let before =
-            if self.config.sandwich_norms() { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
-        let normed = self.rms_norm(x, &format!("{l}.{before}.weight"))?;
-        self.post_norm(self.mlp(&normed, l)?, &format!("{l}.post_feedforward_layernorm.weight"))
+        let norms = &self.config.family().norms;
+        let normed = self.layer_norm(x, l, norms.mlp_in)?;
+        self.post_norm(self.mlp(&normed, l)?, l, norms.mlp_out)
     }
 
     /// Decoder layer `i` over rows `x` that attend to the prefix's keys and values first.
     fn rows_layer(&self, i: usize, x: &Tensor, prefix_kv: Option<&KeyValues>, frame: &Frame) -> Result<Tensor> {
-        let l = format!("model.layers.{i}");
+        let l = family::layer(i);
         let f = frame.of_layer(&self.config, i);
-        let normed = self.rms_norm(x, &format!("{l}.input_layernorm.weight"))?;
+        let normed = self.layer_norm(x, &l, self.config.family().norms.attention_in)?;
         let (out, _, _) = self.attention(&normed, &l, &f.cos, &f.sin, prefix_kv, &f.mask)?;
         let x = (x + self.attention_out(&out, &l)?)?;
         &x + self.mlp_block(&x, &l)?
@@ -511,13 +542,15 @@ impl Net {
         let kv_heads = self.config.num_kv_heads();
         let dim = self.config.head_dim();
         let split = |y: Tensor, h: usize| -> Result<Tensor> { y.reshape((batch, len, h, dim))?.transpose(1, 2) };
-        let mut q = split(self.linear(x, &format!("{l}.self_attn.q_proj"))?, heads)?;
-        let mut k = split(self.linear(x, &format!("{l}.self_attn.k_proj"))?, kv_heads)?;
-        let v = split(self.linear(x, &format!("{l}.self_attn.v_proj"))?, kv_heads)?.contiguous()?;
-        if self.config.qk_norm() {
+        let family = self.config.family();
+        let [q, k, v] = self.projections(x, l, family.attention_in)?;
+        let mut q = split(q, heads)?;
+        let mut k = split(k, kv_heads)?;
+        let v = split(v, kv_heads)?.contiguous()?;
+        if let Some((q_norm, k_norm)) = family.norms.query_key {
             // Qwen3: each head's query and key RMS-normed over head_dim before the rope.
-            q = self.rms_norm(&q, &format!("{l}.self_attn.q_norm.weight"))?;
-            k = self.rms_norm(&k, &format!("{l}.self_attn.k_norm.weight"))?;
+            q = self.layer_norm(&q, l, q_norm)?;
+            k = self.layer_norm(&k, l, k_norm)?;
         }
         let q = crate::fused::rope(&q, cos, sin, self.fast_paths)?;
         let k = crate::fused::rope(&k, cos, sin, self.fast_paths)?;
@@ -540,13 +573,13 @@ impl Net {
     }
 
     fn mlp(&self, x: &Tensor, l: &str) -> Result<Tensor> {
-        let gate = self.linear(x, &format!("{l}.mlp.gate_proj"))?;
+        let family = self.config.family();
+        let [gate, up] = self.projections(x, l, family.mlp_in)?;
         let gate = match self.config.activation() {
             Activation::Silu => gate.silu()?,
             Activation::GeluTanh => gate.gelu()?,
         };
-        let up = self.linear(x, &format!("{l}.mlp.up_proj"))?;
-        self.linear(&(gate * up)?, &format!("{l}.mlp.down_proj"))
+        self.linear(&(gate * up)?, &format!("{l}.{}", family.mlp_out))
     }
 }
 
@@ -875,7 +908,7 @@ impl Policy {
         }
         // The embeddings (tied to the head in many models: their gradients add up); frozen
         // in a LoRA policy.
-        if self.var("model.embed_tokens.weight").is_err() {
+        if self.var(EMBEDDING).is_err() {
             return Ok(extras);
         }
         if net.fused_head() {
@@ -923,7 +956,7 @@ impl Policy {
         grads: &mut Gradients,
     ) -> Result<()> {
         // Frozen embeddings (a LoRA policy): nothing to add.
-        let Ok(embed) = self.var("model.embed_tokens.weight") else { return Ok(()) };
+        let Ok(embed) = self.var(EMBEDDING) else { return Ok(()) };
         let d = self.net.config.hidden_size;
         let (mut ids, mut values): (Vec<u32>, Vec<f32>) = (Vec::new(), Vec::new());
         if let Some((prefix, grad)) = prefix {

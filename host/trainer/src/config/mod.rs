@@ -91,7 +91,7 @@ impl Default for LoraSection {
             rank: 16,
             alpha: 32.0,
             dropout: 0.0,
-            target_modules: wirl_engine::lora::TARGETS.iter().map(|t| t.to_string()).collect(),
+            target_modules: wirl_engine::lora::targets().into_iter().map(String::from).collect(),
             seed: 0,
             base_dtype: BaseDtype::F32,
         }
