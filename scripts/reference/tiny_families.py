@@ -14,7 +14,10 @@ tests' tiny word-level one (64 ids); wirl's tests add its tokenizer files.
 
 Run with the peers' virtual environment (../shared/peers/setup.sh makes it):
 
-    ~/.cache/wirl-peers/venv/bin/python scripts/reference/tiny_families.py
+    ~/.cache/wirl-peers/venv/bin/python scripts/reference/tiny_families.py [FAMILY ...]
+
+With family names (qwen3, gemma3, phi3), only those are written: the others' fixtures stay
+as they are.
 """
 import json
 import os
@@ -82,7 +85,31 @@ def gemma3():
     return transformers.Gemma3ForCausalLM(config)
 
 
-FAMILIES = {"qwen3": qwen3, "gemma3": gemma3}
+def phi3():
+    # q, k and v in one qkv_proj, gate and up in one gate_up_proj; grouped-query attention so
+    # that the query's rows and the key's differ in number. No sliding window (wirl caps the
+    # context at one, which the 20-position greedy runs would pass).
+    config = transformers.Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 1.0},
+        max_position_embeddings=64,
+        original_max_position_embeddings=64,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    return transformers.Phi3ForCausalLM(config)
+
+
+FAMILIES = {"qwen3": qwen3, "gemma3": gemma3, "phi3": phi3}
 
 
 def randomize(model):
@@ -168,7 +195,12 @@ def write_gemma3_gguf(model, path):
 
 def main():
     torch.manual_seed(0)
-    for family, build in FAMILIES.items():
+    chosen = sys.argv[1:] or list(FAMILIES)
+    unknown = [f for f in chosen if f not in FAMILIES]
+    if unknown:
+        sys.exit(f"unknown families {unknown}: choose from {list(FAMILIES)}")
+    for family in chosen:
+        build = FAMILIES[family]
         model = build().eval()
         randomize(model)
         out = os.path.join(ROOT, "tests", "fixtures", f"tiny-{family}")

@@ -119,6 +119,51 @@ fn qwen3_trains_what_it_samples() {
     trains_what_it_samples("qwen3");
 }
 
+/// Phi-3 stacks q, k and v in one matrix (`qkv_proj`) and gate and up in another
+/// (`gate_up_proj`): its one declaration (`host/engine/src/family/phi3.rs`) is all the engine,
+/// the trainer, LoRA and export read.
+#[test]
+fn phi3_matches_transformers() {
+    matches_transformers("phi3");
+}
+
+#[test]
+fn phi3_trains_what_it_samples() {
+    trains_what_it_samples("phi3");
+}
+
+/// What wirl writes as a checkpoint of a Phi-3 (its weights under the family's own names)
+/// loads back as the same model; a rope over part of each head (Phi-4-mini's
+/// `partial_rotary_factor`) is refused by name instead of run wrong.
+#[test]
+fn a_phi3_writes_back_under_its_own_names_and_a_partial_rope_is_refused() {
+    let (dir, reference) = tiny("phi3");
+    let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+    assert!(tensors.contains_key("model.layers.1.self_attn.qkv_proj.weight"));
+    let split = |name: &str| name.ends_with(".self_attn.q_proj.weight") || name.ends_with(".mlp.up_proj.weight");
+    assert!(!tensors.keys().any(|name| split(name)), "no split names");
+    let out = tempfile::tempdir().unwrap();
+    let written = out.path().join("phi3");
+    wirl_engine::export::write_hf_dir(&written, &config, &tokenizer, &tensors).unwrap();
+    let loaded = wirl_engine::load(&written, &LoadOptions::default()).unwrap();
+    matches_reference(&loaded.model, &reference, "phi3, written back");
+    // transformers' Phi-3 defaults pad_token_id to 32000, outside this vocabulary, and then
+    // refuses to load: the config's own is written back.
+    let written_config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(written.join("config.json")).unwrap()).unwrap();
+    assert_eq!(written_config["pad_token_id"], 0);
+
+    let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    assert!(text.contains("\"partial_rotary_factor\": 1.0"), "the fixture says it: {text}");
+    std::fs::write(
+        dir.path().join("config.json"),
+        text.replace("\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.75"),
+    )
+    .unwrap();
+    let error = wirl_engine::load(dir.path(), &LoadOptions::default()).err().expect("refused").to_string();
+    assert!(error.contains("partial_rotary_factor is 0.75"), "{error}");
+}
+
 /// `wirl model inspect` on `path`: `(succeeded, stdout, stderr)`.
 fn inspect(path: &Path) -> (bool, String, String) {
     let out =

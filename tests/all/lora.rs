@@ -14,15 +14,28 @@ use wirl_engine::load::TensorSource;
 use wirl_engine::lora::{self, Adapter};
 
 fn fixture() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny-qwen3-lora")).to_path_buf()
+    fixture_of("qwen3")
 }
 
+/// PEFT's adapter on the tiny model of `family` (`tests/fixtures/tiny-{family}-lora`).
+fn fixture_of(family: &str) -> PathBuf {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(format!("tiny-{family}-lora"))
+}
+
+type Adapted = (tempfile::TempDir, wirl_engine::Config, HashMap<String, Tensor>, Adapter, Reference);
+
 /// The tiny Qwen3's config and tensors, PEFT's adapter on it, and PEFT's reference values.
-pub(crate) fn adapted() -> (tempfile::TempDir, wirl_engine::Config, HashMap<String, Tensor>, Adapter, Reference) {
-    let (dir, _) = tiny("qwen3");
+pub(crate) fn adapted() -> Adapted {
+    adapted_family("qwen3")
+}
+
+/// [`adapted`] for the tiny model of `family`.
+fn adapted_family(family: &str) -> Adapted {
+    let (dir, _) = tiny(family);
     let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
-    let adapter = lora::read(&fixture(), &config).unwrap();
-    let reference = serde_json::from_str(&std::fs::read_to_string(fixture().join("reference.json")).unwrap()).unwrap();
+    let fixture = fixture_of(family);
+    let adapter = lora::read(&fixture, &config).unwrap();
+    let reference = serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap()).unwrap();
     (dir, config, tensors, adapter, reference)
 }
 
@@ -48,6 +61,30 @@ fn a_peft_adapter_gives_pefts_logits_unmerged_in_the_engine_and_the_trainer() {
     // Only the adapters train: 7 projections × 2 layers × (A, B).
     assert_eq!(policy.vars().len(), 28);
     assert!(policy.vars().iter().all(|(name, _)| name.contains(".lora_")));
+}
+
+/// PEFT's adapter on Phi-3's fused matrices (one A and B for all of q, k and v; one for gate
+/// and up): the engine and the trainer give PEFT's logits, only the adapters train, and what
+/// wirl writes reads back and merges into a plain Phi-3 that computes the same.
+#[test]
+fn a_peft_adapter_on_phi3s_fused_projections_gives_pefts_logits_and_merges() {
+    let (_dir, config, tensors, adapter, reference) = adapted_family("phi3");
+    assert_eq!(adapter.spec.target_modules.len(), 4);
+    assert!(adapter.tensors.contains_key(&lora::a_name("model.layers.0.self_attn.qkv_proj")));
+    matches_reference(&engine_model(&config, &tensors, &adapter), &reference, "phi3 + LoRA");
+    let policy = wirl_grpo::Policy::with_adapter(&config, tensors.clone(), &adapter, &Device::Cpu).unwrap();
+    trains_reference(policy.net(), &reference, "phi3 + LoRA");
+    // 4 projections × 2 layers × (A, B).
+    assert_eq!(policy.vars().len(), 16);
+
+    let out = tempfile::tempdir().unwrap();
+    lora::write(&out.path().join("adapter"), &adapter, "tiny-phi3").unwrap();
+    let again = lora::read(&out.path().join("adapter"), &config).unwrap();
+    assert_eq!(again.spec, adapter.spec);
+    let mut merged = tensors;
+    lora::merge(&mut merged, &adapter, &config).unwrap();
+    let model = wirl_engine::Model::load(&config, &mut TensorSource::new(&merged), &Device::Cpu).unwrap();
+    matches_reference(&model, &reference, "phi3, adapter merged");
 }
 
 /// With `W' = W + s·B·A`, the adapters' gradients are the full weight's projected:

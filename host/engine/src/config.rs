@@ -33,6 +33,10 @@ pub struct Config {
     /// it into those (and export writes them).
     #[serde(default, skip_serializing)]
     pub rope_parameters: Option<serde_json::Value>,
+    /// The share of each head the rope turns (Phi-4-mini: 0.75, the rest passed through):
+    /// this engine turns whole heads, so anything but 1 is refused rather than run wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
     /// Per layer, `full_attention` or `sliding_attention` (transformers ≥ 5): sliding layers
     /// are Gemma 3's only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +83,10 @@ pub struct Config {
     pub bos_token_id: Option<u32>,
     #[serde(default)]
     pub eos_token_id: Option<EosTokenId>,
+    /// Kept so that export writes it back: transformers' defaults differ by family (Phi-3's
+    /// is 32000, outside a small vocabulary, where loading then fails).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_token_id: Option<u32>,
 }
 
 /// The most positions the engine runs a model over, whatever its config claims: rope
@@ -159,6 +167,9 @@ impl Config {
             }
             if let Some(base) = local.as_ref().and_then(theta) {
                 config.rope_local_base_freq = Some(base);
+            }
+            if let Some(factor) = global.get("partial_rotary_factor").and_then(serde_json::Value::as_f64) {
+                config.partial_rotary_factor = Some(factor);
             }
             if global.get("rope_type").is_some_and(|t| t != "default") {
                 let scaling: RopeScaling =
@@ -431,6 +442,12 @@ impl Config {
         self.check_numbers()?;
         if !self.head_dim().is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim()));
+        }
+        if let Some(factor) = self.partial_rotary_factor.filter(|&f| f != 1.0) {
+            return Err(format!(
+                "partial_rotary_factor is {factor}: a rope over part of each head is not supported (this engine \
+                 turns whole heads; 1.0 loads)"
+            ));
         }
         if let Some(scaling) = &self.rope_scaling
             && !matches!(scaling.rope_type.as_str(), "llama3" | "linear" | "default")

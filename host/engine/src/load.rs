@@ -551,6 +551,7 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
         rope_theta: number("rope.freq_base").unwrap_or(10_000.0),
         rope_scaling: None,
         rope_parameters: None,
+        partial_rotary_factor: None,
         layer_types: None,
         sliding_window: None,
         sliding_window_pattern: None,
@@ -571,6 +572,7 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
             .get("tokenizer.ggml.eos_token_id")
             .and_then(|v| v.to_u32().ok())
             .map(crate::config::EosTokenId::One),
+        pad_token_id: metadata.get("tokenizer.ggml.padding_token_id").and_then(|v| v.to_u32().ok()),
     };
     if gemma {
         // What llama.cpp's gemma3 graph fixes rather than stores: every sixth layer global

@@ -16,6 +16,7 @@
 mod gemma3;
 mod llama;
 mod mistral;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -24,11 +25,12 @@ use crate::config::{Activation, Config};
 pub use gemma3::GEMMA3;
 pub use llama::LLAMA;
 pub use mistral::MISTRAL;
+pub use phi3::PHI3;
 pub use qwen2::QWEN2;
 pub use qwen3::QWEN3;
 
 /// The families this engine runs, by `model_type`.
-pub const FAMILIES: [&Family; 5] = [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &GEMMA3];
+pub const FAMILIES: [&Family; 6] = [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &GEMMA3, &PHI3];
 
 /// The embedding table, `[vocab, hidden]`.
 pub const EMBEDDING: &str = "model.embed_tokens.weight";
@@ -346,12 +348,24 @@ mod tests {
             for name in &names {
                 assert!(family.expected_shape(&config, name).is_some(), "{}: {name} has no shape", family.model_type);
             }
-            assert_eq!(family.expected_shape(&config, "model.layers.0.self_attn.q_proj.weight"), Some(vec![64, 32]));
             assert_eq!(family.expected_shape(&config, "model.layers.1.mlp.down_proj.weight"), Some(vec![32, 48]));
             assert_eq!(family.expected_shape(&config, "model.layers.1.mlp.nonsense.weight"), None);
             assert!(family.is_projection_weight("model.layers.3.self_attn.o_proj.weight"));
             assert!(!family.is_projection_weight("model.layers.3.input_layernorm.weight"));
         }
+    }
+
+    #[test]
+    fn a_fused_projection_holds_its_parts_rows() {
+        let (llama, phi3) = (config("llama"), config("phi3"));
+        assert_eq!(LLAMA.expected_shape(&llama, "model.layers.0.self_attn.q_proj.weight"), Some(vec![64, 32]));
+        assert_eq!(LLAMA.expected_shape(&llama, "model.layers.0.self_attn.k_proj.weight"), Some(vec![32, 32]));
+        // q (4 heads · 16) + k and v (2 heads · 16 each); gate and up (48 each).
+        assert_eq!(PHI3.expected_shape(&phi3, "model.layers.0.self_attn.qkv_proj.weight"), Some(vec![128, 32]));
+        assert_eq!(PHI3.expected_shape(&phi3, "model.layers.1.mlp.gate_up_proj.weight"), Some(vec![96, 32]));
+        assert_eq!(PHI3.expected_shape(&phi3, "model.layers.0.self_attn.q_proj.weight"), None);
+        assert_eq!(PHI3.projections(), ["self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"]);
+        assert_eq!(PHI3.module_of(Part::Query), None, "no matrix of the query alone");
     }
 
     #[test]
