@@ -164,6 +164,21 @@ fn a_phi3_writes_back_under_its_own_names_and_a_partial_rope_is_refused() {
     assert!(error.contains("partial_rotary_factor is 0.75"), "{error}");
 }
 
+/// A fused projection's rows are q, k and v one after another: a rank's share is not a slice
+/// of them, so tensor parallelism is refused naming the module (not split wrong).
+#[test]
+fn a_fused_projection_refuses_tensor_parallelism_by_name() {
+    let (dir, _) = tiny("phi3");
+    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
+    let comm = wirl_engine::comm::ThreadComm::group(2).remove(0);
+    let mut source = wirl_engine::load::TensorSource::new(&tensors);
+    let error = wirl_engine::Model::load_shard(&config, &mut source, &Device::Cpu, std::sync::Arc::new(comm))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("model.layers.0.self_attn.qkv_proj") && error.contains("tensor parallelism"), "{error}");
+}
+
 /// `wirl model inspect` on `path`: `(succeeded, stdout, stderr)`.
 fn inspect(path: &Path) -> (bool, String, String) {
     let out =
