@@ -173,8 +173,7 @@ fn a_fused_projection_refuses_tensor_parallelism_by_name() {
     let comm = wirl_engine::comm::ThreadComm::group(2).remove(0);
     let mut source = wirl_engine::load::TensorSource::new(&tensors);
     let error = wirl_engine::Model::load_shard(&config, &mut source, &Device::Cpu, std::sync::Arc::new(comm))
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(error.contains("model.layers.0.self_attn.qkv_proj") && error.contains("tensor parallelism"), "{error}");
 }

@@ -13,6 +13,7 @@
 //! It must not know the trainer's loop, configs or the command line.
 
 mod control;
+mod openai;
 mod request;
 mod settings;
 mod tasks;
@@ -31,12 +32,16 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use openai::{
+    ChatChoice, Choice, Chunk, Delta, ErrorBody, ErrorDetail, LastDelta, Logprobs, Message, ModelCard, ModelList,
+    Piece, Reply, TextChoice, TextLogprobs, TokenLogprob, Usage, Widened,
+};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
-use wirl_engine::{ChatMessage, Completion, EngineHandle, FinishReason, GenerateRequest, Tokenizer};
+use wirl_engine::{ChatMessage, Completion, EngineHandle, GenerateRequest, Tokenizer};
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -130,8 +135,13 @@ impl IntoResponse for ApiError {
             400..=499 => "invalid_request_error",
             _ => "server_error",
         };
-        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": null}});
-        let mut response = (self.status, Json(body)).into_response();
+        let detail = ErrorDetail {
+            code: Some(()),
+            message: &self.message,
+            param: Some(self.param.as_deref()),
+            kind: Some(kind),
+        };
+        let mut response = (self.status, Json(ErrorBody { error: detail })).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
@@ -437,12 +447,15 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
     given.len() == secret.len() && given.iter().zip(secret).fold(0u8, |differ, (a, b)| differ | (a ^ b)) == 0
 }
 
-async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "wirl",
-                  "max_model_len": state.context}],
-    }))
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let card = ModelCard {
+        created: state.created,
+        id: &state.config.model_name,
+        max_model_len: state.context,
+        object: "model",
+        owned_by: "wirl",
+    };
+    Json(ModelList { data: [card], object: "list" }).into_response()
 }
 
 /// What a generation endpoint answers in: chat or text completions.
@@ -585,22 +598,28 @@ async fn generate(
         Ok(Err(error)) => return Err(engine_error(error)),
         Ok(Ok(completions)) => completions,
     };
-    let choices: Vec<Value> =
-        completions.iter().enumerate().map(|(i, c)| choice(&state, kind, i, c, common.logprobs)).collect();
+    let logprobs: Vec<Option<Logprobs>> =
+        completions.iter().map(|c| common.logprobs.then(|| token_logprobs(&state, kind, c))).collect();
+    let choices = completions
+        .iter()
+        .zip(logprobs)
+        .enumerate()
+        .map(|(i, (c, logprobs))| choice(kind, i, c, logprobs, Ending::Reply))
+        .collect();
     let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
     state.requests.fetch_add(1, Ordering::Relaxed);
     state.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
-    Ok(Json(json!({
-        "id": id,
-        "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
-        "created": now(),
-        "model": state.config.model_name,
-        "choices": choices,
-        "usage": usage(prompt.len(), generated),
-        "prompt_token_ids": prompt,
-        "weights_version": completions.first().map(|c| weights::label(&state, c.weights_version)),
-    }))
-    .into_response())
+    let reply = Reply {
+        choices,
+        created: now(),
+        id: &id,
+        model: &state.config.model_name,
+        object: if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+        prompt_token_ids: &prompt,
+        usage: Usage::new(prompt.len(), generated),
+        weights_version: completions.first().map(|c| weights::label(&state, c.weights_version)),
+    };
+    Ok(Json(reply).into_response())
 }
 
 /// The engine's refusal or failure as an answer: bad input 400, its memory budget full 503
@@ -632,68 +651,88 @@ fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn usage(prompt: usize, generated: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated})
-}
-
-fn finish(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
+/// Where a choice goes: a whole reply (a chat's `message`), or a stream's last chunk (a
+/// chat's `delta` with the ids and log-probs; a text's empty `text`).
+#[derive(Clone, Copy, PartialEq)]
+enum Ending {
+    Reply,
+    LastChunk,
 }
 
 /// One choice of a finished completion, with its exact tokens.
-fn choice(state: &AppState, kind: Kind, index: usize, completion: &Completion, logprobs: bool) -> Value {
-    let logprobs = logprobs.then(|| token_logprobs(state, kind, completion));
+fn choice(kind: Kind, index: usize, completion: &Completion, logprobs: Option<Logprobs>, ending: Ending) -> Choice<'_> {
+    let finish_reason = openai::finish(completion.finish);
+    let (ids, log_probs) = (&completion.tokens[..], Widened(&completion.logprobs));
     match kind {
-        Kind::Chat => json!({
-            "index": index,
-            "message": {
-                "role": "assistant",
-                "content": completion.text,
-                "generation_token_ids": completion.tokens,
-                "generation_log_probs": completion.logprobs,
-            },
-            "logprobs": logprobs,
-            "finish_reason": finish(completion.finish),
-            "token_ids": completion.tokens,
+        Kind::Chat => Choice::Chat(ChatChoice {
+            delta: (ending == Ending::LastChunk)
+                .then(|| LastDelta { generation_log_probs: Widened(&completion.logprobs), generation_token_ids: ids }),
+            finish_reason,
+            index,
+            logprobs,
+            message: (ending == Ending::Reply).then_some(Message {
+                content: &completion.text,
+                generation_log_probs: log_probs,
+                generation_token_ids: ids,
+                role: "assistant",
+            }),
+            token_ids: ids,
         }),
-        Kind::Text => json!({
-            "index": index,
-            "text": completion.text,
-            "logprobs": logprobs,
-            "finish_reason": finish(completion.finish),
-            "token_ids": completion.tokens,
-            "generation_log_probs": completion.logprobs,
+        Kind::Text => Choice::Text(TextChoice {
+            finish_reason,
+            generation_log_probs: log_probs,
+            index,
+            logprobs,
+            text: if ending == Ending::Reply { &completion.text } else { "" },
+            token_ids: ids,
         }),
     }
 }
 
 /// The sampled tokens' log-probs (and the most likely alternatives', when asked), in the
 /// endpoint's shape; wirl adds each alternative's token id.
-fn token_logprobs(state: &AppState, kind: Kind, completion: &Completion) -> Value {
+fn token_logprobs(state: &AppState, kind: Kind, completion: &Completion) -> Logprobs {
     let text = |id: u32| state.tokenizer.decode(&[id], false).unwrap_or_default();
     let tokens: Vec<String> = completion.tokens.iter().map(|&id| text(id)).collect();
     let alternatives = |i: usize| completion.top_logprobs.get(i).map(Vec::as_slice).unwrap_or_default();
     match kind {
-        Kind::Chat => json!({
-            "content": tokens.iter().zip(&completion.logprobs).enumerate().map(|(i, (token, logprob))| json!({
-                "token": token, "logprob": logprob, "bytes": token.as_bytes(),
-                "top_logprobs": alternatives(i).iter().map(|&(id, logprob)| {
-                    let token = text(id);
-                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes(), "token_id": id})
-                }).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        }),
-        Kind::Text => json!({
-            "tokens": tokens,
-            "token_logprobs": completion.logprobs,
-            "top_logprobs": if completion.top_logprobs.is_empty() { Value::Null } else {
-                json!((0..tokens.len()).map(|i| alternatives(i).iter().map(|&(id, logprob)| (text(id), json!(logprob)))
-                    .collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>())
-            },
-            "text_offset": null,
+        Kind::Chat => Logprobs::Chat {
+            content: tokens
+                .into_iter()
+                .zip(&completion.logprobs)
+                .enumerate()
+                .map(|(i, (token, &logprob))| TokenLogprob {
+                    bytes: token.as_bytes().to_vec(),
+                    logprob,
+                    token,
+                    token_id: None,
+                    top_logprobs: Some(
+                        alternatives(i)
+                            .iter()
+                            .map(|&(id, logprob)| {
+                                let token = text(id);
+                                TokenLogprob {
+                                    bytes: token.as_bytes().to_vec(),
+                                    logprob,
+                                    token,
+                                    token_id: Some(id),
+                                    top_logprobs: None,
+                                }
+                            })
+                            .collect(),
+                    ),
+                })
+                .collect(),
+        },
+        Kind::Text => Logprobs::Text(TextLogprobs {
+            text_offset: (),
+            token_logprobs: completion.logprobs.iter().map(|&x| f64::from(x)).collect(),
+            top_logprobs: (!completion.top_logprobs.is_empty()).then(|| {
+                (0..tokens.len())
+                    .map(|i| alternatives(i).iter().map(|&(id, logprob)| (text(id), f64::from(logprob))).collect())
+                    .collect()
+            }),
+            tokens,
         }),
     }
 }
@@ -752,34 +791,35 @@ impl Chunks {
         if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" }
     }
 
-    /// A chunk of `choices`.
-    fn event(&self, choices: Value) -> Event {
-        let chunk = json!({"id": self.id, "object": self.object(), "created": self.created, "model": self.model,
-                           "choices": choices});
-        Event::default().data(chunk.to_string())
+    /// A chunk of `choices`, with `usage` when given.
+    fn event<C: serde::Serialize>(&self, choices: Vec<C>, usage: Option<Usage>) -> Event {
+        let chunk =
+            Chunk { choices, created: self.created, id: &self.id, model: &self.model, object: self.object(), usage };
+        Event::default().data(serde_json::to_string(&chunk).expect("chunks serialize"))
     }
 
     /// A chunk of one choice's text (a chat's first says its role).
     fn delta(&self, index: usize, text: &str, first: bool) -> Event {
-        self.event(match self.kind {
-            Kind::Chat if first => {
-                json!([{"index": index, "delta": {"role": "assistant", "content": text}, "finish_reason": null}])
-            }
-            Kind::Chat => json!([{"index": index, "delta": {"content": text}, "finish_reason": null}]),
-            Kind::Text => json!([{"index": index, "text": text, "finish_reason": null}]),
-        })
+        let piece = match self.kind {
+            Kind::Chat => Piece::Chat {
+                delta: Delta { content: text, role: first.then_some("assistant") },
+                finish_reason: (),
+                index,
+            },
+            Kind::Text => Piece::Text { finish_reason: (), index, text },
+        };
+        self.event(vec![piece], None)
     }
 
     /// The usage chunk (no choices).
     fn usage(&self, prompt_len: usize, generated: usize) -> Event {
-        let chunk = json!({"id": self.id, "object": self.object(), "created": self.created, "model": self.model,
-                           "choices": [], "usage": usage(prompt_len, generated)});
-        Event::default().data(chunk.to_string())
+        self.event(Vec::<()>::new(), Some(Usage::new(prompt_len, generated)))
     }
 }
 
 fn error_event(message: &str) -> Event {
-    Event::default().data(json!({"error": {"message": message}}).to_string())
+    let error = ErrorDetail { code: None, message, param: None, kind: None };
+    Event::default().data(serde_json::to_string(&ErrorBody { error }).expect("errors serialize"))
 }
 
 /// A streaming request's events, fed from its generation.
@@ -798,17 +838,10 @@ impl Feed {
     async fn run(mut self, streaming: wirl_engine::Streaming) {
         let Some(completions) = self.relay(streaming).await else { return };
         for (index, completion) in completions.iter().enumerate() {
-            let mut last = choice(&self.state, self.chunks.kind, index, completion, self.common.logprobs);
-            if self.chunks.kind == Kind::Chat {
-                let message = last.as_object_mut().and_then(|o| o.remove("message")).unwrap_or_default();
-                last["delta"] = json!({
-                    "generation_token_ids": message["generation_token_ids"],
-                    "generation_log_probs": message["generation_log_probs"],
-                });
-            } else {
-                last["text"] = json!("");
-            }
-            if self.events.send(self.chunks.event(json!([last]))).await.is_err() {
+            let kind = self.chunks.kind;
+            let logprobs = self.common.logprobs.then(|| token_logprobs(&self.state, kind, completion));
+            let last = choice(kind, index, completion, logprobs, Ending::LastChunk);
+            if self.events.send(self.chunks.event(vec![last], None)).await.is_err() {
                 return;
             }
         }
