@@ -23,3 +23,19 @@ pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{MemoryLimits, Net, Policy, TokenStats};
 pub use positions::Part;
 pub use update::{GroupBatch, Learner, UpdateSettings, UpdateStats, UpdateTimes};
+
+/// What an update can fail with, its cause kept as the source.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor operation failed (shapes, memory, the device).
+    #[error("tensor: {}", wirl_engine::without_backtrace(.0))]
+    Tensor(#[from] candle_core::Error),
+    /// The engine the policy shares its weights with, or the data-parallel ranks' collectives.
+    #[error(transparent)]
+    Engine(#[from] wirl_engine::Error),
+    /// A broken invariant of wirl's own, told apart from bad input.
+    #[error("internal error (a bug in wirl, please report it): {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

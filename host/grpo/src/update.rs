@@ -10,7 +10,6 @@ use crate::loss::{Aggregation, LossParts, LossSettings, grpo_loss, masked_token_
 use crate::optim::Optimizer;
 use crate::policy::{MemoryLimits, Net, Policy, TokenStats};
 use crate::positions::Part;
-use anyhow::bail;
 use candle_core::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
@@ -221,7 +220,7 @@ impl Learner {
     }
 
     /// Sums across the data-parallel group of `values` (themselves when alone).
-    fn summed(&self, mut values: Vec<f32>) -> anyhow::Result<Vec<f32>> {
+    fn summed(&self, mut values: Vec<f32>) -> crate::Result<Vec<f32>> {
         self.ranks.all_reduce_sum_in_place(&mut values)?;
         Ok(values)
     }
@@ -237,7 +236,7 @@ impl Learner {
         engine: Option<&EngineHandle>,
         stop: &dyn Fn() -> bool,
         progress: &mut dyn FnMut(usize, usize),
-    ) -> anyhow::Result<Option<UpdateStats>> {
+    ) -> crate::Result<Option<UpdateStats>> {
         let mut stats = UpdateStats::default();
         let data_parallel = self.ranks.size() > 1;
         // A rank with no groups still joins every collective of the step.
@@ -373,7 +372,7 @@ impl Learner {
         spans: &[Span],
         settings: &UpdateSettings,
         stop: &dyn Fn() -> bool,
-    ) -> anyhow::Result<Option<(Vec<Option<Tensor>>, Vec<Option<Tensor>>)>> {
+    ) -> crate::Result<Option<(Vec<Option<Tensor>>, Vec<Option<Tensor>>)>> {
         let mut old = Vec::new();
         for group in groups {
             if stop() {
@@ -423,7 +422,7 @@ impl Learner {
         grads: &mut Gradients,
         sums: &mut Sums,
         stats: &mut UpdateStats,
-    ) -> anyhow::Result<()> {
+    ) -> crate::Result<()> {
         let (groups, settings) = (inputs.groups, inputs.settings);
         let timer = Instant::now();
         let mut forward_time = None;
@@ -462,7 +461,7 @@ impl Learner {
             results
         };
         if grads.is_empty() {
-            bail!("the loss has no gradient with respect to the policy's weights");
+            return Err(crate::Error::Internal("the loss has no gradient with respect to the policy's weights".into()));
         }
         for (parts, cut) in results {
             if let (Some((cut, tokens)), 0) = (cut, epoch) {
