@@ -742,6 +742,13 @@ impl Model {
                 cache.rows()
             )));
         }
+        if cache.layers.len() != self.blocks.len() {
+            return Err(Error::Input(format!(
+                "a key/value cache of {} layers for a model of {}: a cache belongs to one model",
+                cache.layers.len(),
+                self.blocks.len()
+            )));
+        }
         let past = cache.len();
         // Padding does not count: a row's positions start after its pads.
         let longest = (0..batch).map(|b| (past + len).saturating_sub(pads[b])).max().unwrap_or(0);
@@ -788,22 +795,17 @@ impl Model {
         if let Some(scale) = self.config.embed_scale() {
             x = (x * scale)?;
         }
-        for (i, block) in self.blocks.iter().enumerate() {
-            let h = block.attn.forward(&block.attn_norm.forward(&x)?, &step, &mut cache.layers[i])?;
-            let h = self.comm.all_reduce_sum(&h)?;
-            let h = match &block.post_attn_norm {
-                Some(norm) => norm.forward(&h)?,
-                None => h,
-            };
-            x = (x + h)?;
-            let h = self.comm.all_reduce_sum(&block.mlp.forward(&block.mlp_norm.forward(&x)?)?)?;
-            let h = match &block.post_mlp_norm {
-                Some(norm) => norm.forward(&h)?,
-                None => h,
-            };
-            x = (x + h)?;
+        for (block, layer_cache) in self.blocks.iter().zip(&mut cache.layers) {
+            x = block.forward(x, &step, layer_cache, self.comm.as_ref())?;
         }
         cache.len = past + len;
+        self.logits(x, all_positions)
+    }
+
+    /// The logits of `x` (`[batch, len, hidden]`, the last layer's output): at every position,
+    /// or at the last one only.
+    fn logits(&self, x: Tensor, all_positions: bool) -> Result<Tensor> {
+        let len = x.dim(1)?;
         let x = if all_positions { x } else { x.narrow(1, len - 1, 1)?.contiguous()? };
         let x = self.norm.forward(&x)?;
         let mut logits = self.lm_head.forward(&x)?;
@@ -849,6 +851,25 @@ impl Model {
         }
         let mask = Tensor::from_vec(values, (batch, 1, len, total), &self.device)?.to_dtype(self.dtype)?;
         Ok(Some(mask))
+    }
+}
+
+impl Block {
+    /// The layer over `x`: attention and MLP, each summed across ranks, normed after where the
+    /// family norms twice, added to the residual.
+    fn forward(&self, x: Tensor, step: &Step, cache: &mut Option<(Tensor, Tensor)>, comm: &dyn Comm) -> Result<Tensor> {
+        let h = comm.all_reduce_sum(&self.attn.forward(&self.attn_norm.forward(&x)?, step, cache)?)?;
+        let h = match &self.post_attn_norm {
+            Some(norm) => norm.forward(&h)?,
+            None => h,
+        };
+        let x = (x + h)?;
+        let h = comm.all_reduce_sum(&self.mlp.forward(&self.mlp_norm.forward(&x)?)?)?;
+        let h = match &self.post_mlp_norm {
+            Some(norm) => norm.forward(&h)?,
+            None => h,
+        };
+        Ok((x + h)?)
     }
 }
 

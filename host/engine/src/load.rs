@@ -575,37 +575,47 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
         pad_token_id: metadata.get("tokenizer.ggml.padding_token_id").and_then(|v| v.to_u32().ok()),
     };
     if gemma {
-        // What llama.cpp's gemma3 graph fixes rather than stores: every sixth layer global
-        // (unless the file says otherwise),
-        // the sliding layers' rope base 10,000, GELU; scores scaled by head_dim^-1/2 (as
-        // transformers' Gemma 3 configs below 27B set query_pre_attn_scalar).
-        config.sliding_window = Some(number("attention.sliding_window")? as usize);
-        config.sliding_window_pattern = Some(number("attention.sliding_window_pattern").map_or(6, |v| v as usize));
-        config.rope_local_base_freq = Some(10_000.0);
-        // llama.cpp scales scores by head_dim^-1/2, but 27B's by (hidden / heads)^-1/2.
-        let size = metadata.get("general.size_label").and_then(|v| v.to_string().ok());
-        config.query_pre_attn_scalar = if size.is_some_and(|s| s == "27B") {
-            Some(config.hidden_size as f64 / heads as f64)
-        } else {
-            head_dim.map(|d| d as f64)
-        };
-        config.hidden_activation = Some("gelu_pytorch_tanh".into());
-        config.final_logit_softcapping = number("final_logit_softcapping").ok();
-        if let (Ok(factor), Some(kind)) = (
-            number("rope.scaling.factor"),
-            metadata.get(&format!("{arch}.rope.scaling.type")).and_then(|v| v.to_string().ok()),
-        ) && kind == "linear"
-        {
-            config.rope_scaling = Some(crate::config::RopeScaling {
-                rope_type: "linear".into(),
-                factor: Some(factor),
-                low_freq_factor: None,
-                high_freq_factor: None,
-                original_max_position_embeddings: None,
-            });
-        }
+        gemma3_fixed_choices(&mut config, metadata, &number)?;
     }
     Ok(config)
+}
+
+/// What llama.cpp's gemma3 graph fixes rather than stores, set on `config` (read from a
+/// gemma3 GGUF's `metadata`; `number` reads a `gemma3.*` key).
+fn gemma3_fixed_choices(
+    config: &mut Config,
+    metadata: &HashMap<String, gguf_file::Value>,
+    number: &dyn Fn(&str) -> std::result::Result<f64, String>,
+) -> std::result::Result<(), String> {
+    let (heads, head_dim) = (config.num_attention_heads, config.head_dim);
+    // Every sixth layer global (unless the file says otherwise), the sliding layers' rope
+    // base 10,000, GELU; scores scaled by head_dim^-1/2 (as transformers' Gemma 3 configs
+    // below 27B set query_pre_attn_scalar).
+    config.sliding_window = Some(number("attention.sliding_window")? as usize);
+    config.sliding_window_pattern = Some(number("attention.sliding_window_pattern").map_or(6, |v| v as usize));
+    config.rope_local_base_freq = Some(10_000.0);
+    // llama.cpp scales scores by head_dim^-1/2, but 27B's by (hidden / heads)^-1/2.
+    let size = metadata.get("general.size_label").and_then(|v| v.to_string().ok());
+    config.query_pre_attn_scalar = if size.is_some_and(|s| s == "27B") {
+        Some(config.hidden_size as f64 / heads as f64)
+    } else {
+        head_dim.map(|d| d as f64)
+    };
+    config.hidden_activation = Some("gelu_pytorch_tanh".into());
+    config.final_logit_softcapping = number("final_logit_softcapping").ok();
+    if let (Ok(factor), Some(kind)) =
+        (number("rope.scaling.factor"), metadata.get("gemma3.rope.scaling.type").and_then(|v| v.to_string().ok()))
+        && kind == "linear"
+    {
+        config.rope_scaling = Some(crate::config::RopeScaling {
+            rope_type: "linear".into(),
+            factor: Some(factor),
+            low_freq_factor: None,
+            high_freq_factor: None,
+            original_max_position_embeddings: None,
+        });
+    }
+    Ok(())
 }
 
 pub(crate) struct GgufSource {

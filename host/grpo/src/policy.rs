@@ -832,6 +832,10 @@ impl Policy {
     /// `loss_of(k, stats)` is part `k`'s loss; returns what each gave. The top layers whose
     /// graphs fit in `limits.keep_layers` keep them from the forward; every other layer is
     /// run again from its kept inputs in the backward, one layer's graph alive at a time.
+    /// One function of ~90 lines on purpose: its four commented phases (the forward, keeping
+    /// or storing each layer; the heads; the layers' backward; the embeddings) hand `stored`,
+    /// the hidden states and their gradients on in order, and the backward pops exactly what
+    /// the forward pushed: split, that pairing would span functions.
     pub fn parts_loss_and_grads<R>(
         &self,
         prompt: &[u32],
