@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::family::{self, Family, Windows};
+pub use crate::family::Activation;
+use crate::family::{self, Family, Sizes, Windows};
 
 /// The fields of `config.json` this engine reads. Unknown fields are ignored (HF configs
 /// carry many); missing required ones are an error naming the field.
@@ -103,14 +104,6 @@ pub const MAX_LAYERS: usize = 1 << 10;
 pub const MAX_HEADS: usize = 1 << 10;
 pub const MAX_HEAD_DIM: usize = 1 << 12;
 pub const MAX_PARAMETERS: u64 = 1 << 42;
-
-/// The MLP's gate activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    Silu,
-    /// GELU, tanh approximation (`gelu_pytorch_tanh`).
-    GeluTanh,
-}
 
 fn default_rope_theta() -> f64 {
     10_000.0
@@ -242,13 +235,28 @@ impl Config {
     /// The HF names of every tensor a checkpoint of this config stores (what loading reads
     /// and export writes): [`Family::tensor_names`].
     pub fn tensor_names(&self) -> Vec<String> {
-        self.family().tensor_names(self)
+        self.family().tensor_names(&self.sizes())
+    }
+
+    /// The sizes names and shapes depend on ([`Family::tensor_names`] and the rest).
+    pub fn sizes(&self) -> Sizes {
+        Sizes {
+            vocab: self.vocab_size,
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            layers: self.num_hidden_layers,
+            heads: self.num_attention_heads,
+            kv_heads: self.num_kv_heads(),
+            head_dim: self.head_dim(),
+            tied_output: self.tie_word_embeddings,
+            qkv_bias: self.qkv_bias(),
+        }
     }
 
     /// The shape a tensor of [`Config::tensor_names`] has in an HF checkpoint of this config
     /// (`None`: a name it does not describe).
     pub fn expected_shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.family().expected_shape(self, name)
+        self.family().expected_shape(&self.sizes(), name)
     }
 
     /// An error naming `name` when `dims` (as stored) is not the shape the config gives it.
@@ -271,7 +279,7 @@ impl Config {
     }
 
     pub fn qkv_bias(&self) -> bool {
-        self.family().qkv_bias(self)
+        self.attention_bias.unwrap_or(self.family().qkv_bias)
     }
 
     /// Queries and keys RMS-normed per head (over `head_dim`) before the rotary embedding:

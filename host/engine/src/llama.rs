@@ -1082,7 +1082,7 @@ impl Shard<'_> {
                     message: "a checkpoint's fused projection cannot be split for tensor parallelism yet".into(),
                 });
             }
-            widths.extend(projection.parts.iter().map(|part| part.width(self.config) / self.size));
+            widths.extend(projection.parts.iter().map(|part| part.width(&self.config.sizes()) / self.size));
             modules.push((self.linear(source, &name, bias, Split::Rows)?, projection.parts.len()));
             names.push(name);
         }
@@ -1106,7 +1106,7 @@ impl Shard<'_> {
         Ok(Block {
             attn_norm: norm(source, norms.attention_in)?,
             attn: Attention {
-                qkv: self.projections(source, &l, family.attention_in, family.qkv_bias(config))?,
+                qkv: self.projections(source, &l, family.attention_in, config.qkv_bias())?,
                 o: self.linear(source, &format!("{l}.{}", family.attention_out), false, Split::Columns)?,
                 heads: config.num_attention_heads / self.size,
                 kv_heads: config.num_kv_heads() / self.size,

@@ -89,7 +89,7 @@ impl LoraSpec {
     /// Every adapted module of a model of `config`, by HF name, with its `(in, out)` sizes:
     /// the projections of `config`'s family that `target_modules` names, layer by layer.
     pub fn modules(&self, config: &Config) -> Vec<(String, usize, usize)> {
-        let family = config.family();
+        let (family, sizes) = (config.family(), config.sizes());
         let adapted: Vec<&str> = family
             .projections()
             .into_iter()
@@ -98,7 +98,7 @@ impl LoraSpec {
         let mut modules = Vec::new();
         for i in 0..config.num_hidden_layers {
             for module in &adapted {
-                let (output, input) = family.projection_shape(config, module).unwrap_or_default();
+                let (output, input) = family.projection_shape(&sizes, module).unwrap_or_default();
                 modules.push((format!("{}.{module}", family::layer(i)), input, output));
             }
         }

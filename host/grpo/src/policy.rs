@@ -175,9 +175,9 @@ impl Net {
                 parts.push(y);
                 continue;
             }
-            let mut start = 0;
+            let (mut start, sizes) = (0, self.config.sizes());
             for part in projection.parts {
-                let width = part.width(&self.config);
+                let width = part.width(&sizes);
                 parts.push(y.narrow(D::Minus1, start, width)?);
                 start += width;
             }

@@ -2,9 +2,9 @@
 //! MLP), per-head q/k norms, embeddings × √hidden, GELU, scores scaled by
 //! `query_pre_attn_scalar`, logits soft-capped, sliding-window layers between global ones.
 
+use super::Activation;
 use super::llama::{self, LLAMA};
 use super::{Family, Gguf, Norms, Windows};
-use crate::config::Activation;
 
 pub const GEMMA3: Family = Family {
     model_type: "gemma3_text",

@@ -1,7 +1,7 @@
 //! Llama (and SmolLM, Llama 2 and 3): the plain layer every other family here varies.
 
+use super::Activation;
 use super::{Family, Gguf, Norms, Part, Projection, Windows};
-use crate::config::Activation;
 
 pub const LLAMA: Family = Family {
     model_type: "llama",

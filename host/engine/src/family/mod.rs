@@ -20,7 +20,30 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 
-use crate::config::{Activation, Config};
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU, tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// A model's sizes, as its config gives them (`Config::sizes`): what names and shapes
+/// depend on. (This module does not read configs: `config.rs` asks it.)
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    pub vocab: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The output head is the embedding table (no `lm_head.weight`).
+    pub tied_output: bool,
+    /// q, k and v carry biases (the config's `attention_bias`, else the family's).
+    pub qkv_bias: bool,
+}
 
 pub use gemma3::GEMMA3;
 pub use llama::LLAMA;
@@ -89,12 +112,12 @@ pub enum Part {
 }
 
 impl Part {
-    /// Rows of this part in a model of `config` (all ranks together).
-    pub fn width(self, config: &Config) -> usize {
+    /// Rows of this part in a model of `sizes` (all ranks together).
+    pub fn width(self, sizes: &Sizes) -> usize {
         match self {
-            Part::Query => config.num_attention_heads * config.head_dim(),
-            Part::Key | Part::Value => config.num_kv_heads() * config.head_dim(),
-            Part::Gate | Part::Up => config.intermediate_size,
+            Part::Query => sizes.heads * sizes.head_dim,
+            Part::Key | Part::Value => sizes.kv_heads * sizes.head_dim,
+            Part::Gate | Part::Up => sizes.intermediate,
         }
     }
 }
@@ -199,17 +222,17 @@ impl Family {
         self.projections().into_iter().find(|m| Self::target_name(m) == target)
     }
 
-    /// A projection module's `(out, in)` sizes in a model of `config`.
-    pub fn projection_shape(&self, config: &Config, module: &str) -> Option<(usize, usize)> {
-        let (hidden, q) = (config.hidden_size, Part::Query.width(config));
-        let rows = |p: &Projection| p.parts.iter().map(|part| part.width(config)).sum::<usize>();
+    /// A projection module's `(out, in)` sizes in a model of `sizes`.
+    pub fn projection_shape(&self, sizes: &Sizes, module: &str) -> Option<(usize, usize)> {
+        let (hidden, q) = (sizes.hidden, Part::Query.width(sizes));
+        let rows = |p: &Projection| p.parts.iter().map(|part| part.width(sizes)).sum::<usize>();
         if let Some(p) = self.attention_in.iter().chain(self.mlp_in).find(|p| p.module == module) {
             return Some((rows(p), hidden));
         }
         if module == self.attention_out {
             return Some((hidden, q));
         }
-        (module == self.mlp_out).then_some((hidden, config.intermediate_size))
+        (module == self.mlp_out).then_some((hidden, sizes.intermediate))
     }
 
     /// The module (relative to a layer) that holds `part` alone, if one does (not a fused one).
@@ -236,17 +259,12 @@ impl Family {
         norms
     }
 
-    /// Whether the config gives q, k and v biases (`attention_bias`, else the family's).
-    pub fn qkv_bias(&self, config: &Config) -> bool {
-        config.attention_bias.unwrap_or(self.qkv_bias)
-    }
-
-    /// The HF names of every tensor a checkpoint of `config` stores (what loading reads and
+    /// The HF names of every tensor a checkpoint of `sizes` stores (what loading reads and
     /// export writes), in layer order.
-    pub fn tensor_names(&self, config: &Config) -> Vec<String> {
+    pub fn tensor_names(&self, sizes: &Sizes) -> Vec<String> {
         let mut names = vec![EMBEDDING.to_string()];
-        let biased = self.qkv_bias(config);
-        for i in 0..config.num_hidden_layers {
+        let biased = sizes.qkv_bias;
+        for i in 0..sizes.layers {
             let l = layer(i);
             for module in self.layer_norms().into_iter().chain(self.projections()) {
                 names.push(weight(&format!("{l}.{module}")));
@@ -256,18 +274,18 @@ impl Family {
             }
         }
         names.push(FINAL_NORM.into());
-        if !config.tie_word_embeddings {
+        if !sizes.tied_output {
             names.push(OUTPUT_WEIGHT.into());
         }
         names
     }
 
-    /// The shape tensor `name` has in a checkpoint of `config` (`None`: a name this family's
+    /// The shape tensor `name` has in a checkpoint of `sizes` (`None`: a name this family's
     /// checkpoints do not hold).
-    pub fn expected_shape(&self, config: &Config, name: &str) -> Option<Vec<usize>> {
-        let hidden = config.hidden_size;
+    pub fn expected_shape(&self, sizes: &Sizes, name: &str) -> Option<Vec<usize>> {
+        let hidden = sizes.hidden;
         if name == EMBEDDING || name == OUTPUT_WEIGHT {
-            return Some(vec![config.vocab_size, hidden]);
+            return Some(vec![sizes.vocab, hidden]);
         }
         if name == FINAL_NORM {
             return Some(vec![hidden]);
@@ -275,17 +293,17 @@ impl Family {
         let (_, within) = name.strip_prefix("model.layers.")?.split_once('.')?;
         if let Some(module) = within.strip_suffix(".bias") {
             return self.attention_in.iter().any(|p| p.module == module).then(|| {
-                let (rows, _) = self.projection_shape(config, module).unwrap_or_default();
+                let (rows, _) = self.projection_shape(sizes, module).unwrap_or_default();
                 vec![rows]
             });
         }
         let module = within.strip_suffix(".weight")?;
-        if let Some((out, input)) = self.projection_shape(config, module) {
+        if let Some((out, input)) = self.projection_shape(sizes, module) {
             return Some(vec![out, input]);
         }
         let n = &self.norms;
         if n.query_key.is_some_and(|(q, k)| module == q || module == k) {
-            return Some(vec![config.head_dim()]);
+            return Some(vec![sizes.head_dim]);
         }
         self.layer_norms().contains(&module).then(|| vec![hidden])
     }
@@ -320,13 +338,18 @@ impl Family {
 mod tests {
     use super::*;
 
-    fn config(model_type: &str) -> Config {
-        Config::from_json(&format!(
-            r#"{{"model_type": "{model_type}", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "rms_norm_eps": 1e-6, "max_position_embeddings": 128, "tie_word_embeddings": false}}"#
-        ))
-        .unwrap()
+    fn config(family: &Family) -> Sizes {
+        Sizes {
+            vocab: 64,
+            hidden: 32,
+            intermediate: 48,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            tied_output: false,
+            qkv_bias: family.qkv_bias,
+        }
     }
 
     #[test]
@@ -341,7 +364,7 @@ mod tests {
     #[test]
     fn every_name_a_family_stores_has_a_shape() {
         for family in FAMILIES {
-            let config = config(family.model_type);
+            let config = config(family);
             let names = family.tensor_names(&config);
             let unique: std::collections::HashSet<_> = names.iter().collect();
             assert_eq!(unique.len(), names.len(), "{}: a name twice", family.model_type);
@@ -357,7 +380,7 @@ mod tests {
 
     #[test]
     fn a_fused_projection_holds_its_parts_rows() {
-        let (llama, phi3) = (config("llama"), config("phi3"));
+        let (llama, phi3) = (config(&LLAMA), config(&PHI3));
         assert_eq!(LLAMA.expected_shape(&llama, "model.layers.0.self_attn.q_proj.weight"), Some(vec![64, 32]));
         assert_eq!(LLAMA.expected_shape(&llama, "model.layers.0.self_attn.k_proj.weight"), Some(vec![32, 32]));
         // q (4 heads · 16) + k and v (2 heads · 16 each); gate and up (48 each).
