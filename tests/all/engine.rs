@@ -245,29 +245,25 @@ fn default_gguf_model_tokenizes_and_answers() {
     // `reference::quantized_path_continues_as_llama_cpp_does`.
 }
 
-/// Two tensor-parallel ranks (threads, `ThreadComm`) each holding half of the heads, the MLP
-/// and the vocabulary give the whole model's logits, through prefill and a cached decode step.
-#[test]
-fn tensor_parallel_ranks_give_the_whole_models_logits() {
-    let dir = tempfile::tempdir().unwrap();
-    write_tiny_model(dir.path(), true);
-    let ids = prompt(&[5, 6, 7, 8, 9, 10]);
+/// The model in `dir` split over two tensor-parallel ranks (threads) gives the whole model's
+/// logits over `ids` and one cached decoding step after them, on each rank.
+pub(crate) fn two_ranks_give_the_whole_models_logits(dir: &Path, ids: &[u32]) {
     let run = |model: &wirl_engine::Model| -> Vec<Vec<f32>> {
         let mut cache = model.new_cache();
-        let t = Tensor::from_vec(ids.clone(), (1, ids.len()), &Device::Cpu).unwrap();
+        let t = Tensor::from_vec(ids.to_vec(), (1, ids.len()), &Device::Cpu).unwrap();
         let prefill = model.forward(&t, &[0], &mut cache, false).unwrap();
         let t = Tensor::from_vec(vec![11u32], (1, 1), &Device::Cpu).unwrap();
         let step = model.forward(&t, &[0], &mut cache, false).unwrap();
         vec![prefill.squeeze(0).unwrap().to_vec1().unwrap(), step.squeeze(0).unwrap().to_vec1().unwrap()]
     };
-    let whole = run(&wirl_engine::load(dir.path(), &LoadOptions::default()).unwrap().model);
+    let whole = run(&wirl_engine::load(dir, &LoadOptions::default()).unwrap().model);
     let outputs: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
         let ranks: Vec<_> = wirl_engine::ThreadComm::group(2)
             .into_iter()
             .map(|comm| {
                 let options = LoadOptions { comm: std::sync::Arc::new(comm), ..Default::default() };
-                let (path, run) = (dir.path(), &run);
-                scope.spawn(move || run(&wirl_engine::load(path, &options).unwrap().model))
+                let run = &run;
+                scope.spawn(move || run(&wirl_engine::load(dir, &options).unwrap().model))
             })
             .collect();
         ranks.into_iter().map(|rank| rank.join().unwrap()).collect()
@@ -279,6 +275,15 @@ fn tensor_parallel_ranks_give_the_whole_models_logits() {
             assert!(diff < 1e-4, "rank {rank}: max |diff| {diff}");
         }
     }
+}
+
+/// Two tensor-parallel ranks (threads, `ThreadComm`) each holding half of the heads, the MLP
+/// and the vocabulary give the whole model's logits, through prefill and a cached decode step.
+#[test]
+fn tensor_parallel_ranks_give_the_whole_models_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), true);
+    two_ranks_give_the_whole_models_logits(dir.path(), &prompt(&[5, 6, 7, 8, 9, 10]));
 
     // A split that does not divide the heads is refused, naming the field.
     let comm = wirl_engine::ThreadComm::group(3).pop().unwrap();

@@ -164,18 +164,13 @@ fn a_phi3_writes_back_under_its_own_names_and_a_partial_rope_is_refused() {
     assert!(error.contains("partial_rotary_factor is 0.75"), "{error}");
 }
 
-/// A fused projection's rows are q, k and v one after another: a rank's share is not a slice
-/// of them, so tensor parallelism is refused naming the module (not split wrong).
+/// A fused projection's rows are q, k and v one after another: each tensor-parallel rank
+/// takes its share of every part (not a slice of the stacked rows), and two ranks give the
+/// whole Phi-3's logits through prefill and a cached decoding step.
 #[test]
-fn a_fused_projection_refuses_tensor_parallelism_by_name() {
+fn phi3s_fused_projections_split_over_tensor_parallel_ranks() {
     let (dir, _) = tiny("phi3");
-    let (config, _, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
-    let comm = wirl_engine::comm::ThreadComm::group(2).remove(0);
-    let mut source = wirl_engine::load::TensorSource::new(&tensors);
-    let error = wirl_engine::Model::load_shard(&config, &mut source, &Device::Cpu, std::sync::Arc::new(comm))
-        .expect_err("refused")
-        .to_string();
-    assert!(error.contains("model.layers.0.self_attn.qkv_proj") && error.contains("tensor parallelism"), "{error}");
+    crate::engine::two_ranks_give_the_whole_models_logits(dir.path(), &[2, 17, 33, 5, 9, 40]);
 }
 
 /// `wirl model inspect` on `path`: `(succeeded, stdout, stderr)`.

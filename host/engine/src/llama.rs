@@ -1062,6 +1062,42 @@ impl Shard<'_> {
         Ok(Linear { weight, bias, adapter })
     }
 
+    /// Module `name` whose rows hold several parts (`widths`, every rank's rows): this rank's
+    /// share of each part, stacked — what splitting the parts' own matrices by rows gives (a
+    /// plain split by rows would hand rank 0 all of the query and none of the values).
+    fn parts_linear(&self, source: &mut dyn WeightSource, name: &str, bias: bool, widths: &[usize]) -> Result<Linear> {
+        if self.size == 1 {
+            return self.linear(source, name, bias, Split::Rows);
+        }
+        let (rank, size) = (self.rank, self.size);
+        let cut = |t: &Tensor| -> Result<Tensor> {
+            let mut pieces = Vec::with_capacity(widths.len());
+            let mut start = 0;
+            for &width in widths {
+                let share = width / size;
+                pieces.push(t.narrow(0, start + rank * share, share)?);
+                start += width;
+            }
+            Ok(Tensor::cat(&pieces, 0)?.contiguous()?)
+        };
+        let Weight::Dense(weight) = source.linear_weight(&family::weight(name))? else {
+            return Err(Error::Config {
+                field: name.into(),
+                message: "quantized weights cannot be split for tensor parallelism; load dense weights".into(),
+            });
+        };
+        if source.adapter(name)?.is_some() {
+            return Err(Error::Config {
+                field: name.into(),
+                message: "LoRA adapters cannot be split for tensor parallelism yet; merge them first \
+                          (`wirl model merge`)"
+                    .into(),
+            });
+        }
+        let bias = if bias { Some(cut(&source.dense(&family::bias(name))?)?) } else { None };
+        Ok(Linear { weight: Weight::Dense(cut(&weight)?), bias, adapter: None })
+    }
+
     /// The projections `declared` of layer `l` (column-parallel), their `N` parts' widths
     /// this rank's share.
     fn projections<const N: usize>(
@@ -1074,16 +1110,16 @@ impl Shard<'_> {
         let mut names = Vec::with_capacity(declared.len());
         let mut modules = Vec::with_capacity(declared.len());
         let mut widths = Vec::with_capacity(N);
+        let sizes = self.config.sizes();
         for projection in declared {
             let name = format!("{l}.{}", projection.module);
-            if projection.parts.len() > 1 && self.size > 1 {
-                return Err(Error::Config {
-                    field: name,
-                    message: "a checkpoint's fused projection cannot be split for tensor parallelism yet".into(),
-                });
-            }
-            widths.extend(projection.parts.iter().map(|part| part.width(&self.config.sizes()) / self.size));
-            modules.push((self.linear(source, &name, bias, Split::Rows)?, projection.parts.len()));
+            let whole: Vec<usize> = projection.parts.iter().map(|part| part.width(&sizes)).collect();
+            let linear = match whole.len() {
+                1 => self.linear(source, &name, bias, Split::Rows)?,
+                _ => self.parts_linear(source, &name, bias, &whole)?,
+            };
+            widths.extend(whole.iter().map(|width| width / self.size));
+            modules.push((linear, projection.parts.len()));
             names.push(name);
         }
         let widths = widths.try_into().map_err(|widths: Vec<usize>| {
