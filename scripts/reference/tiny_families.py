@@ -29,26 +29,23 @@ import transformers
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 SEQUENCES = [[2, 17, 33, 5, 9], [40, 41, 42, 43, 44, 45, 46, 47], [3]]
 VOCAB = 64
+# What every tiny model shares: its width, MLP, heads (grouped-query: 4 query heads over 2
+# key/value heads), context and token ids.
+TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=64, eos_token_id=1, bos_token_id=None)
 
 
 def qwen3():
     config = transformers.Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
+        **TINY,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         # Not hidden_size / heads (8): Qwen3 gives head_dim apart.
         head_dim=16,
         rms_norm_eps=1e-6,
         rope_theta=1_000_000.0,
-        max_position_embeddings=64,
         tie_word_embeddings=True,
         attention_bias=False,
         use_sliding_window=False,
-        eos_token_id=1,
-        bos_token_id=None,
     )
     return transformers.Qwen3ForCausalLM(config)
 
@@ -59,16 +56,11 @@ def gemma3():
     # head_dim's; logits soft-capped (Gemma 3's configs leave it null, Gemma 2's set 30:
     # here set, to test it).
     config = transformers.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
+        **TINY,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=16,
         query_pre_attn_scalar=24,
         rms_norm_eps=1e-6,
-        max_position_embeddings=64,
         sliding_window=3,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
@@ -78,8 +70,6 @@ def gemma3():
         hidden_activation="gelu_pytorch_tanh",
         tie_word_embeddings=True,
         attention_bias=False,
-        eos_token_id=1,
-        bos_token_id=None,
         pad_token_id=0,
     )
     return transformers.Gemma3ForCausalLM(config)
@@ -90,20 +80,13 @@ def phi3():
     # that the query's rows and the key's differ in number. No sliding window (wirl caps the
     # context at one, which the 20-position greedy runs would pass).
     config = transformers.Phi3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
+        **TINY,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 1.0},
-        max_position_embeddings=64,
         original_max_position_embeddings=64,
         sliding_window=None,
         tie_word_embeddings=False,
-        eos_token_id=1,
-        bos_token_id=None,
         pad_token_id=0,
     )
     return transformers.Phi3ForCausalLM(config)

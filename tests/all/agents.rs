@@ -130,13 +130,7 @@ tasks = 1
     path
 }
 
-fn rollouts(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("rollouts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
+use crate::grpo::rollouts;
 
 /// Agents that hang, trap, call generate without end, name an unknown handle or break the
 /// chain of their generations, or fail a rollout: each failed trajectory is masked with a

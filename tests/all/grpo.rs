@@ -120,11 +120,16 @@ fn trained_with_sets(config: &Path, run_dir: &Path, sets: &[&str], extra: &[&str
 }
 
 pub fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    json_lines(&run_dir.join("metrics.jsonl"))
+}
+
+/// A run's `rollouts.jsonl`, a value per trajectory.
+pub fn rollouts(run_dir: &Path) -> Vec<serde_json::Value> {
+    json_lines(&run_dir.join("rollouts.jsonl"))
+}
+
+fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 /// Seeded: on a toy reward (longer completions score more: words of 2 to 10 letters) the mean

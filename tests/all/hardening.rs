@@ -11,13 +11,7 @@ fn stderr(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-fn rollouts(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("rollouts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
+use crate::grpo::rollouts;
 
 /// The config of `write_config` with its environment replaced by `environment`.
 fn with_environment(dir: &Path, environment: &str, steps: usize) -> std::path::PathBuf {

@@ -76,6 +76,13 @@ fn a_peft_adapter_on_phi3s_fused_projections_gives_pefts_logits_and_merges() {
     trains_reference(policy.net(), &reference, "phi3 + LoRA");
     // 4 projections × 2 layers × (A, B).
     assert_eq!(policy.vars().len(), 16);
+    // Llama's names adapt nothing on Phi-3: refused naming the module, not trained silently.
+    let spec = lora::LoraSpec { target_modules: vec!["qkv_proj".into(), "q_proj".into()], ..adapter.spec.clone() };
+    let error = Adapter::init(&spec, &config, 0, &Device::Cpu).expect_err("refused").to_string();
+    assert!(error.contains("\"q_proj\", which Phi-3 (phi3) does not have") && error.contains("qkv_proj"), "{error}");
+    let every = lora::LoraSpec { target_modules: lora::targets().into_iter().map(String::from).collect(), ..spec };
+    let adapter_of_every = Adapter::init(&every, &config, 0, &Device::Cpu).unwrap();
+    assert_eq!(adapter_of_every.tensors.len(), 16, "the default list: every projection Phi-3 has");
 
     let out = tempfile::tempdir().unwrap();
     lora::write(&out.path().join("adapter"), &adapter, "tiny-phi3").unwrap();

@@ -5,6 +5,7 @@
 //! The server runs in the Python that `scripts/python-package` installs (`.venv`, with
 //! openenv-core), or in `WIRL_OPENENV_PYTHON`.
 
+use crate::grpo::train;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -116,10 +117,6 @@ tasks = 2
     path
 }
 
-fn train(config: &Path, run: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wirl")).arg("train").arg(config).arg("--run-dir").arg(run).output().unwrap()
-}
-
 /// Two steps of episodes with the server: each sample a session of its own, reset with its
 /// task's seed; its guesses sent as the action's `message`, the server's `prompt` shown as
 /// the next user turn, its rewards the score; the held-out episodes too.
@@ -134,11 +131,7 @@ fn an_openenv_server_drives_training_episodes() {
     let run = dir.path().join("run");
     let out = train(&config, &run);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let rollouts: Vec<serde_json::Value> = std::fs::read_to_string(run.join("rollouts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let rollouts = crate::grpo::rollouts(&run);
     assert_eq!(rollouts.len(), 2 * 2 * 4);
     for rollout in &rollouts {
         assert_eq!(rollout["status"], "ok", "{rollout}");
@@ -170,19 +163,9 @@ fn a_server_that_dies_mid_step_fails_its_episodes_not_the_run() {
     let (url, _server) = start_server(&["--die-after", "6"]);
     let config = config(dir.path(), &format!("url = {url:?}\ntimeout_s = 5\nretries = 0"));
     let run = dir.path().join("run");
-    let out = Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .arg("train")
-        .arg(&config)
-        .args(["--steps", "1", "--eval-tasks", "0", "--run-dir"])
-        .arg(&run)
-        .output()
-        .unwrap();
+    let out = crate::grpo::train_with(&config, &run, &["--steps", "1", "--eval-tasks", "0"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let rollouts: Vec<serde_json::Value> = std::fs::read_to_string(run.join("rollouts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let rollouts = crate::grpo::rollouts(&run);
     assert_eq!(rollouts.len(), 2 * 4);
     let failed: Vec<_> = rollouts.iter().filter(|r| r["failures"] == serde_json::json!(["remote"])).collect();
     assert!(!failed.is_empty(), "{rollouts:?}");

@@ -86,6 +86,27 @@ impl LoraSpec {
         Ok(())
     }
 
+    /// Whether every target is a projection of `config`'s family: Phi-3 has no `q_proj` (its
+    /// query is a part of `qkv_proj`), and a target it lacks would adapt nothing, silently.
+    /// The default list ([`targets`], every family's projections) means "every projection
+    /// this model has".
+    pub fn check_family(&self, config: &Config) -> std::result::Result<(), String> {
+        if self.target_modules == targets() {
+            return Ok(());
+        }
+        let family = config.family();
+        let own: Vec<&str> = family.projections().into_iter().map(Family::target_name).collect();
+        match self.target_modules.iter().find(|m| !own.contains(&m.as_str())) {
+            Some(missing) => Err(format!(
+                "target_modules has {missing:?}, which {} ({}) does not have: its projections are {}",
+                family.title,
+                config.model_type,
+                own.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Every adapted module of a model of `config`, by HF name, with its `(in, out)` sizes:
     /// the projections of `config`'s family that `target_modules` names, layer by layer.
     pub fn modules(&self, config: &Config) -> Vec<(String, usize, usize)> {
@@ -127,6 +148,7 @@ impl Adapter {
     /// so that base + adapter starts equal to the base. Seeded: the same seed, the same A.
     pub fn init(spec: &LoraSpec, config: &Config, seed: u64, device: &Device) -> Result<Adapter> {
         spec.validate().map_err(|message| Error::Config { field: "lora".into(), message })?;
+        spec.check_family(config).map_err(|message| Error::Config { field: "lora.target_modules".into(), message })?;
         let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
         let mut next = move || {
             // splitmix64: fast, seedable, and enough for an initialization.
@@ -306,7 +328,7 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
         }
     };
     let spec = LoraSpec { rank: peft.r, alpha: peft.lora_alpha, target_modules };
-    spec.validate().map_err(refuse)?;
+    spec.validate().and_then(|()| spec.check_family(config)).map_err(refuse)?;
     let weights_path = dir.join(WEIGHTS_FILE);
     let weights_origin = weights_path.display().to_string();
     // A link to a device or a FIFO would be read without end, or block.

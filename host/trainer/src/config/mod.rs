@@ -66,7 +66,8 @@ pub struct LoraSection {
     /// Dropout on the adapters' input. Only 0 is supported: the layer-by-layer backward
     /// rebuilds layers, and a rebuilt layer would draw another mask than its forward.
     pub dropout: f64,
-    /// Which projections get adapters, by PEFT's module names.
+    /// Which projections get adapters, by PEFT's module names (a name the model's family
+    /// lacks is refused at load). The default: every projection the model has.
     pub target_modules: Vec<String>,
     /// Seeds the adapters' initial A matrices.
     pub seed: u64,
