@@ -152,6 +152,11 @@ fn a_phi3_writes_back_under_its_own_names_and_a_partial_rope_is_refused() {
     let written_config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(written.join("config.json")).unwrap()).unwrap();
     assert_eq!(written_config["pad_token_id"], 0);
+    // Whatever a config writes there loads and goes back out as written (never read).
+    let text = std::fs::read_to_string(written.join("config.json")).unwrap();
+    std::fs::write(written.join("config.json"), text.replace("\"pad_token_id\": 0", "\"pad_token_id\": -1")).unwrap();
+    let config = wirl_engine::load::read_config(&written).unwrap();
+    assert_eq!(config.pad_token_id, Some(serde_json::json!(-1)));
 
     let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
     assert!(text.contains("\"partial_rotary_factor\": 1.0"), "the fixture says it: {text}");

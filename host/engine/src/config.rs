@@ -84,10 +84,11 @@ pub struct Config {
     pub bos_token_id: Option<u32>,
     #[serde(default)]
     pub eos_token_id: Option<EosTokenId>,
-    /// Kept so that export writes it back: transformers' defaults differ by family (Phi-3's
-    /// is 32000, outside a small vocabulary, where loading then fails).
+    /// Kept as it is written so that export writes it back: transformers' defaults differ by
+    /// family (Phi-3's is 32000, outside a small vocabulary, where loading then fails). Never
+    /// read: any value loads (early Llama conversions wrote -1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pad_token_id: Option<u32>,
+    pub pad_token_id: Option<serde_json::Value>,
 }
 
 /// The most positions the engine runs a model over, whatever its config claims: rope

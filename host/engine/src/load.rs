@@ -572,7 +572,7 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
             .get("tokenizer.ggml.eos_token_id")
             .and_then(|v| v.to_u32().ok())
             .map(crate::config::EosTokenId::One),
-        pad_token_id: metadata.get("tokenizer.ggml.padding_token_id").and_then(|v| v.to_u32().ok()),
+        pad_token_id: metadata.get("tokenizer.ggml.padding_token_id").and_then(|v| v.to_u32().ok()).map(Into::into),
     };
     if gemma {
         gemma3_fixed_choices(&mut config, metadata, &number)?;
