@@ -4,7 +4,7 @@
 # job's 50 tasks before → after (TRL's trained model scored by `wirl eval`, as benches/trl.sh
 # does). Prints a JSON line per run and a table of mean lifts per objective, system and
 # step count. Issue 47 asks which learns faster and why.
-#   bash benches/objectives.sh        # OBJECTIVES="grpo dr_grpo dapo gspo cispo" SEEDS="0 1 2" STEPS_LIST="10 20"
+#   bash benches/objectives.sh        # WIRL=path/to/wirl OBJECTIVES="grpo dr_grpo dapo gspo cispo" SEEDS="0 1 2" STEPS_LIST="10 20"
 # Each objective's two sides (wirl's keys; TRL's GRPOConfig keys):
 #   grpo     wirl's defaults (token-mean)        TRL loss_type "dapo" (token-mean; TRL's default)
 #   dr_grpo  grpo.preset = "dr_grpo"             loss_type "dr_grpo", scale_rewards "none"
@@ -22,8 +22,14 @@ steps_list=${STEPS_LIST:-10 20}
 work=${WORK:-$(mktemp -d)}
 cd "$root"
 [ -x "$peers/venv/bin/python" ] || { echo "no peers venv at $peers/venv: run ../shared/peers/setup.sh" >&2; exit 1; }
-cargo build -q --release -p wirl-cli
-wirl=${CARGO_TARGET_DIR:-$root/target}/release/wirl
+# WIRL names a wirl binary built earlier (so a long run is not changed by a rebuild of the
+# checkout under it); without it the checkout's release build.
+if [ -n "${WIRL:-}" ]; then
+    wirl=$WIRL
+else
+    cargo build -q --release -p wirl-cli
+    wirl=${CARGO_TARGET_DIR:-$root/target}/release/wirl
+fi
 "$wirl" model fetch > /dev/null
 
 wirl_keys() {

@@ -156,5 +156,5 @@ pub fn set_worker_command(program: std::path::PathBuf, args: Vec<String>) {
 #[pyfunction]
 pub fn serve_code_worker(py: Python<'_>) -> PyResult<()> {
     py.detach(|| wirl_sandbox::serve_code_worker(std::io::stdin().lock(), std::io::stdout().lock()))
-        .map_err(|message| plugin_error(format!("code worker: {message}")))
+        .map_err(plugin_error)
 }

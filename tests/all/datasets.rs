@@ -93,21 +93,21 @@ fn message_columns_jsonl_rows_and_bad_files() {
 
     let wrong = Columns { prompt: Some("prompt_text".into()), ..Columns::default() };
     let mut parquet = Dataset::open(&spec(root().join("examples/word-problems/eval.parquet"), Some(wrong))).unwrap();
-    let error = format!("{:#}", parquet.training(0).unwrap_err());
+    let error = wirl_engine::error_chain(&parquet.training(0).unwrap_err());
     assert!(error.contains("prompt_text") && error.contains("question"), "{error}");
 
     let damaged = dir.path().join("damaged.parquet");
     let bytes = std::fs::read(root().join("examples/word-problems/eval.parquet")).unwrap();
     std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
-    let error = format!("{:#}", Dataset::open(&spec(damaged, None)).err().unwrap());
+    let error = wirl_engine::error_chain(&Dataset::open(&spec(damaged, None)).err().unwrap());
     assert!(error.contains("damaged.parquet"), "{error}");
     for (name, content) in [("garbage.arrow", b"not arrow at all".as_slice()), ("empty.jsonl", b"\n\n".as_slice())] {
         let path = dir.path().join(name);
         std::fs::write(&path, content).unwrap();
-        let error = format!("{:#}", Dataset::open(&spec(path, None)).err().unwrap());
+        let error = wirl_engine::error_chain(&Dataset::open(&spec(path, None)).err().unwrap());
         assert!(error.contains(name), "{error}");
     }
-    let error = format!("{:#}", Dataset::open(&spec(dir.path().join("data.csv"), None)).err().unwrap());
+    let error = wirl_engine::error_chain(&Dataset::open(&spec(dir.path().join("data.csv"), None)).err().unwrap());
     assert!(error.contains("unknown dataset format"), "{error}");
 }
 
@@ -133,9 +133,9 @@ fn oversize_and_null_rows_fifos_and_escaping_state_files_are_refused() {
         Dataset::open(&DatasetSpec { path: path.clone(), columns: Some(columns), shuffle: false, seed: 0 }).unwrap();
     assert_eq!(dataset.len(), 4);
     assert_eq!(dataset.training(0).unwrap().messages[0].content, "2 + 2?");
-    let error = format!("{:#}", dataset.training(1).unwrap_err());
+    let error = wirl_engine::error_chain(&dataset.training(1).unwrap_err());
     assert!(error.contains("line 2") && error.contains("per row"), "{error}");
-    let error = format!("{:#}", dataset.training(2).unwrap_err());
+    let error = wirl_engine::error_chain(&dataset.training(2).unwrap_err());
     assert!(error.contains("line 3") && error.contains("null"), "{error}");
     assert_eq!(dataset.training(3).unwrap().answer.as_deref(), Some("6"));
 
@@ -143,7 +143,8 @@ fn oversize_and_null_rows_fifos_and_escaping_state_files_are_refused() {
     let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(made.success());
     let error = Dataset::open(&DatasetSpec { path: fifo, columns: None, shuffle: false, seed: 0 }).err().unwrap();
-    assert!(format!("{error:#}").contains("not a regular file"), "{error:#}");
+    let error = wirl_engine::error_chain(&error);
+    assert!(error.contains("not a regular file"), "{error}");
 
     let hf = dir.path().join("hf");
     std::fs::create_dir_all(&hf).unwrap();
@@ -153,10 +154,12 @@ fn oversize_and_null_rows_fifos_and_escaping_state_files_are_refused() {
         std::fs::write(hf.join("state.json"), state.to_string()).unwrap();
         let error =
             Dataset::open(&DatasetSpec { path: hf.clone(), columns: None, shuffle: false, seed: 0 }).err().unwrap();
-        assert!(format!("{error:#}").contains("not a file inside its directory"), "{name}: {error:#}");
+        let error = wirl_engine::error_chain(&error);
+        assert!(error.contains("not a file inside its directory"), "{name}: {error}");
     }
     std::os::unix::fs::symlink(&outside, hf.join("data.arrow")).unwrap();
     std::fs::write(hf.join("state.json"), r#"{"_data_files": [{"filename": "data.arrow"}]}"#).unwrap();
     let error = Dataset::open(&DatasetSpec { path: hf, columns: None, shuffle: false, seed: 0 }).err().unwrap();
-    assert!(format!("{error:#}").contains("a link out of its directory"), "{error:#}");
+    let error = wirl_engine::error_chain(&error);
+    assert!(error.contains("a link out of its directory"), "{error}");
 }

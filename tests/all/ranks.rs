@@ -142,7 +142,7 @@ fn a_rank_asked_to_stop_stops_every_rank_and_a_rank_that_fails_ends_the_others()
         drop(failed);
         handle.join().unwrap()
     });
-    let error = format!("{:#}", error.expect_err("the survivor must fail"));
+    let error = wirl_engine::error_chain(&error.expect_err("the survivor must fail"));
     assert!(error.contains("rank 1 left the group"), "{error}");
 }
 
@@ -246,9 +246,9 @@ fn ranks_that_disagree_on_their_config_refuse_to_start() {
     let errors: Vec<String> = std::thread::scope(|scope| {
         let other_rank = scope.spawn(|| {
             let mut trainer = start(other, second);
-            trainer.train(0, None, &mut wirl_trainer::Quiet).err().map(|e| format!("{e:#}"))
+            trainer.train(0, None, &mut wirl_trainer::Quiet).err().map(|e| wirl_engine::error_chain(&e))
         });
-        let mine = rank0.train(0, None, &mut wirl_trainer::Quiet).err().map(|e| format!("{e:#}"));
+        let mine = rank0.train(0, None, &mut wirl_trainer::Quiet).err().map(|e| wirl_engine::error_chain(&e));
         vec![mine.expect("rank 0 refuses"), other_rank.join().unwrap().expect("rank 1 refuses")]
     });
     for error in &errors {

@@ -75,19 +75,36 @@ pub fn all() -> &'static [Builtin] {
 
 /// The built-in a reference names, when it is one: `builtin:math-answer` (or `math_answer`).
 /// `Ok(None)` for a file path; an error, listing the built-ins, for an unknown name.
-pub fn lookup(reference: &Path) -> Result<Option<&'static Builtin>, String> {
+pub fn lookup(reference: &Path) -> Result<Option<&'static Builtin>, UnknownBuiltin> {
     let Some(name) = reference.to_str().and_then(|r| r.strip_prefix(PREFIX)) else {
         return Ok(None);
     };
     let wanted = name.replace('_', "-");
     match ALL.iter().find(|b| b.name == wanted) {
         Some(builtin) => Ok(Some(builtin)),
-        None => Err(format!(
-            "{PREFIX}{name} is not a built-in plugin; the built-ins are {} (`wirl plugin list`)",
-            ALL.iter().map(Builtin::reference).collect::<Vec<_>>().join(", ")
-        )),
+        None => Err(UnknownBuiltin { name: name.to_string() }),
     }
 }
+
+/// A `builtin:NAME` reference to no built-in; its message lists the built-ins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownBuiltin {
+    /// The name as written after `builtin:`.
+    pub name: String,
+}
+
+impl std::fmt::Display for UnknownBuiltin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{PREFIX}{} is not a built-in plugin; the built-ins are {} (`wirl plugin list`)",
+            self.name,
+            ALL.iter().map(Builtin::reference).collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownBuiltin {}
 
 /// Whether `reference` is written as a built-in (`builtin:…`), known or not.
 pub fn is_builtin(reference: &Path) -> bool {
@@ -96,7 +113,7 @@ pub fn is_builtin(reference: &Path) -> bool {
 
 /// The sandbox spec of a plugin reference: a built-in's bytes, or the file at the path.
 /// An unknown built-in is an error naming the built-ins.
-pub fn spec(reference: &Path) -> Result<PluginSpec, String> {
+pub fn spec(reference: &Path) -> Result<PluginSpec, UnknownBuiltin> {
     Ok(match lookup(reference)? {
         Some(builtin) => builtin.spec(),
         None => PluginSpec::new(reference),
@@ -112,7 +129,7 @@ mod tests {
         assert_eq!(lookup(Path::new("builtin:math-answer")).unwrap().unwrap().name, "math-answer");
         assert_eq!(lookup(Path::new("builtin:math_answer")).unwrap().unwrap().name, "math-answer");
         assert!(lookup(Path::new("plugins/builtin:x.wasm")).unwrap().is_none());
-        let error = lookup(Path::new("builtin:nope")).unwrap_err();
+        let error = lookup(Path::new("builtin:nope")).unwrap_err().to_string();
         assert!(error.contains("builtin:nope") && error.contains("builtin:arithmetic"), "{error}");
         let arithmetic = spec(Path::new("builtin:arithmetic")).unwrap();
         assert_eq!((arithmetic.name.as_str(), arithmetic.path.to_str().unwrap()), ("arithmetic", "builtin:arithmetic"));

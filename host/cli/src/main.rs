@@ -260,18 +260,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// An error and its causes as anyhow's `{:#}` joins them, each tensor error without the
-/// backtrace candle attaches when `RUST_BACKTRACE` is set (a stack of this machine's frames
-/// after the message; a CUDA resume's optimizer error printed 20 lines of it).
+/// An error and its causes as anyhow's `{:#}` joins them, without candle's backtraces.
 fn shown(error: &anyhow::Error) -> String {
-    let causes: Vec<String> = error
-        .chain()
-        .map(|cause| match cause.downcast_ref::<candle_core::Error>() {
-            Some(tensor) => wirl_engine::without_backtrace(tensor).to_string(),
-            None => cause.to_string(),
-        })
-        .collect();
-    causes.join(": ")
+    wirl_engine::error_chain(error.as_ref())
 }
 
 /// `wirl code-worker`: serve the parent that started this process until it closes stdin.
@@ -283,8 +274,7 @@ fn code_worker() -> anyhow::Result<ExitCode> {
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
     }
-    wirl_sandbox::serve_code_worker(std::io::stdin().lock(), std::io::stdout().lock())
-        .map_err(|message| anyhow::anyhow!("code worker: {message}"))?;
+    wirl_sandbox::serve_code_worker(std::io::stdin().lock(), std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }
 

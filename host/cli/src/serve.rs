@@ -180,7 +180,7 @@ fn settings(args: &Args, file: &ConfigFile) -> anyhow::Result<wirl_server::Serve
         let origin = if file.origin.is_empty() { "the command line" } else { &file.origin };
         anyhow::anyhow!("{origin}: [serve]: {} (its keys are the flags of `wirl serve`, and api_key_env)", e.message())
     })?;
-    settings.check().map_err(|message| anyhow::anyhow!(message))?;
+    settings.check()?;
     Ok(settings)
 }
 

@@ -123,9 +123,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
         match (outcome, failure) {
-            (Err(error), Some(first)) if format!("{error:#}").contains("left the group") => Err(first),
+            (Err(error), Some(first)) if wirl_engine::error_chain(&error).contains("left the group") => Err(first),
             (Ok(_), Some(first)) => Err(first),
-            (outcome, _) => outcome,
+            (outcome, _) => Ok(outcome?),
         }
     });
     Ok(report(outcome?, &run_dir))
@@ -405,7 +405,7 @@ fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> 
     for assignment in &args.set {
         config.set(assignment)?;
     }
-    config.check_numbers("the command line (--steps, --eval-tasks, --device, --set)")
+    Ok(config.check_numbers("the command line (--steps, --eval-tasks, --device, --set)")?)
 }
 
 /// Set by SIGINT.

@@ -147,7 +147,7 @@ impl Config {
     /// A `config.json`'s text, with transformers ≥ 5's `rope_parameters` folded into
     /// `rope_theta` and `rope_scaling` (a config that only has `rope_parameters` would
     /// otherwise run with the default base of 10,000: wrong logits, no error).
-    pub fn from_json(text: &str) -> Result<Config, String> {
+    pub fn from_json(text: &str) -> Result<Config, crate::Refused> {
         let mut config: Config = serde_json::from_str(text).map_err(|e| e.to_string())?;
         if let Some(parameters) = config.rope_parameters.take() {
             // Gemma 3 writes a table per layer type; the others one table.
@@ -261,9 +261,9 @@ impl Config {
     }
 
     /// An error naming `name` when `dims` (as stored) is not the shape the config gives it.
-    pub fn check_shape(&self, name: &str, dims: &[usize]) -> Result<(), String> {
+    pub fn check_shape(&self, name: &str, dims: &[usize]) -> Result<(), crate::Refused> {
         match self.expected_shape(name) {
-            Some(expected) if expected != dims => Err(format!(
+            Some(expected) if expected != dims => Err(crate::refused!(
                 "tensor `{name}` has shape {dims:?}, but config.json's sizes give it {expected:?}: the config does \
                  not describe these weights"
             )),
@@ -307,10 +307,10 @@ impl Config {
     /// Every size, count and parameter a model file gives, checked before anything is
     /// sized by it: positive, finite, within what any real model has, consistent with each
     /// other. The message names the field and the limit.
-    fn check_numbers(&self) -> Result<(), String> {
-        let within = |field: &str, value: usize, max: usize| -> Result<(), String> {
+    fn check_numbers(&self) -> Result<(), crate::Refused> {
+        let within = |field: &str, value: usize, max: usize| -> Result<(), crate::Refused> {
             if value == 0 || value > max {
-                return Err(format!("{field} is {value}: it must be between 1 and {max}"));
+                return Err(crate::refused!("{field} is {value}: it must be between 1 and {max}"));
             }
             Ok(())
         };
@@ -325,33 +325,33 @@ impl Config {
         if let Some(types) = &self.layer_types
             && types.len() != self.num_hidden_layers
         {
-            return Err(format!(
+            return Err(crate::refused!(
                 "layer_types has {} entries for num_hidden_layers {}: one per layer",
                 types.len(),
                 self.num_hidden_layers
             ));
         }
-        let positive = |field: &str, value: f64| -> Result<(), String> {
+        let positive = |field: &str, value: f64| -> Result<(), crate::Refused> {
             if !(value.is_finite() && value > 0.0) {
-                return Err(format!("{field} is {value}: it must be a positive, finite number"));
+                return Err(crate::refused!("{field} is {value}: it must be a positive, finite number"));
             }
             Ok(())
         };
         positive("rms_norm_eps", self.rms_norm_eps)?;
         if self.rms_norm_eps >= 1.0 {
-            return Err(format!(
+            return Err(crate::refused!(
                 "rms_norm_eps is {}: it must be below 1 (real models use 1e-6 to 1e-5)",
                 self.rms_norm_eps
             ));
         }
         positive("rope_theta", self.rope_theta)?;
         if self.rope_theta <= 1.0 {
-            return Err(format!("rope_theta is {}: the rope's base must be above 1", self.rope_theta));
+            return Err(crate::refused!("rope_theta is {}: the rope's base must be above 1", self.rope_theta));
         }
         if let Some(base) = self.rope_local_base_freq {
             positive("rope_local_base_freq", base)?;
             if base <= 1.0 {
-                return Err(format!("rope_local_base_freq is {base}: the rope's base must be above 1"));
+                return Err(crate::refused!("rope_local_base_freq is {base}: the rope's base must be above 1"));
             }
         }
         if let Some(scaling) = &self.rope_scaling {
@@ -364,7 +364,7 @@ impl Config {
                 positive("rope_scaling.low_freq_factor", low)?;
                 positive("rope_scaling.high_freq_factor", high)?;
                 if high <= low {
-                    return Err(format!(
+                    return Err(crate::refused!(
                         "rope_scaling.high_freq_factor ({high}) must be above rope_scaling.low_freq_factor ({low})"
                     ));
                 }
@@ -376,10 +376,10 @@ impl Config {
         if let Some(window) = self.sliding_window
             && window > MAX_CLAIMED_CONTEXT
         {
-            return Err(format!("sliding_window is {window}: it must be at most {MAX_CLAIMED_CONTEXT}"));
+            return Err(crate::refused!("sliding_window is {window}: it must be at most {MAX_CLAIMED_CONTEXT}"));
         }
         if self.parameter_count() > MAX_PARAMETERS {
-            return Err(format!(
+            return Err(crate::refused!(
                 "the config describes {} parameters: more than this engine loads ({MAX_PARAMETERS})",
                 self.parameter_count()
             ));
@@ -388,9 +388,9 @@ impl Config {
     }
 
     /// Check what the model code relies on; the message names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::Refused> {
         let Some(family) = family::by_model_type(&self.model_type) else {
-            return Err(format!(
+            return Err(crate::refused!(
                 "model_type {:?} is not supported; this engine runs these decoders: {}",
                 self.model_type,
                 family::model_types().join(", ")
@@ -398,7 +398,7 @@ impl Config {
         };
         let allowed = family.layer_types;
         if let Some(kind) = self.layer_types.iter().flatten().find(|kind| !allowed.contains(&kind.as_str())) {
-            return Err(format!(
+            return Err(crate::refused!(
                 "layer_types has {kind:?}: {} runs {} layers only",
                 self.model_type,
                 allowed.join(" and ")
@@ -411,28 +411,30 @@ impl Config {
             return Err("use_bidirectional_attention is true (an embedding model): this engine decodes causally".into());
         }
         if let Some(cap) = self.attn_logit_softcapping {
-            return Err(format!(
+            return Err(crate::refused!(
                 "attn_logit_softcapping is {cap}: soft-capped attention scores (Gemma 2) are not supported"
             ));
         }
         if let Some(cap) = self.final_logit_softcapping
             && !(cap.is_finite() && cap > 0.0)
         {
-            return Err(format!("final_logit_softcapping ({cap}) must be a positive number"));
+            return Err(crate::refused!("final_logit_softcapping ({cap}) must be a positive number"));
         }
         if let Some(scalar) = self.query_pre_attn_scalar
             && !(scalar.is_finite() && scalar > 0.0)
         {
-            return Err(format!("query_pre_attn_scalar ({scalar}) must be a positive number"));
+            return Err(crate::refused!("query_pre_attn_scalar ({scalar}) must be a positive number"));
         }
         let named = self.hidden_activation.as_deref().or(self.hidden_act.as_deref());
         if let Some(name) = named
             && !["silu", "gelu_pytorch_tanh", "gelu_new", "gelu_tanh"].contains(&name)
         {
-            return Err(format!("hidden activation {name:?} is not supported (silu and gelu_pytorch_tanh are)"));
+            return Err(crate::refused!(
+                "hidden activation {name:?} is not supported (silu and gelu_pytorch_tanh are)"
+            ));
         }
         if self.use_sliding_window == Some(true) {
-            return Err(format!(
+            return Err(crate::refused!(
                 "use_sliding_window is true: {} with sliding-window attention is not supported (this engine \
                  attends to every earlier position); a config with use_sliding_window = false loads",
                 self.model_type
@@ -442,7 +444,7 @@ impl Config {
             || self.num_kv_heads() == 0
             || !self.num_attention_heads.is_multiple_of(self.num_kv_heads())
         {
-            return Err(format!(
+            return Err(crate::refused!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                 self.num_attention_heads,
                 self.num_kv_heads()
@@ -450,10 +452,10 @@ impl Config {
         }
         self.check_numbers()?;
         if !self.head_dim().is_multiple_of(2) {
-            return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim()));
+            return Err(crate::refused!("head_dim ({}) must be even for rotary embeddings", self.head_dim()));
         }
         if let Some(factor) = self.partial_rotary_factor.filter(|&f| f != 1.0) {
-            return Err(format!(
+            return Err(crate::refused!(
                 "partial_rotary_factor is {factor}: a rope over part of each head is not supported (this engine \
                  turns whole heads; 1.0 loads)"
             ));
@@ -461,7 +463,7 @@ impl Config {
         if let Some(scaling) = &self.rope_scaling
             && !matches!(scaling.rope_type.as_str(), "llama3" | "linear" | "default")
         {
-            return Err(format!(
+            return Err(crate::refused!(
                 "rope_scaling.rope_type {:?} is not supported (llama3, linear and default are)",
                 scaling.rope_type
             ));
@@ -576,13 +578,13 @@ mod tests {
     #[test]
     fn an_unsupported_family_or_variant_is_refused_by_name_with_the_list() {
         for model_type in ["gemma2", "qwen3_moe", "llava"] {
-            let error = config(serde_json::json!({"model_type": model_type})).validate().unwrap_err();
+            let error = config(serde_json::json!({"model_type": model_type})).validate().unwrap_err().0;
             assert!(
                 error.contains(model_type) && error.contains("llama, qwen2, qwen3, mistral, gemma3_text"),
                 "{error}"
             );
         }
-        let error = config(serde_json::json!({"use_sliding_window": true})).validate().unwrap_err();
+        let error = config(serde_json::json!({"use_sliding_window": true})).validate().unwrap_err().0;
         assert!(error.contains("use_sliding_window is true"), "{error}");
         config(serde_json::json!({"use_sliding_window": false})).validate().unwrap();
     }
@@ -607,7 +609,7 @@ mod tests {
         assert_eq!((scaling.rope_type.as_str(), scaling.factor), ("llama3", Some(32.0)));
         let sliding =
             text.replace(r#"["full_attention", "full_attention"]"#, r#"["sliding_attention", "full_attention"]"#);
-        let error = Config::from_json(&sliding).unwrap().validate().unwrap_err();
+        let error = Config::from_json(&sliding).unwrap().validate().unwrap_err().0;
         assert!(error.contains("sliding_attention"), "{error}");
     }
 }

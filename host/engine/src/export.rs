@@ -71,7 +71,7 @@ pub fn write_hf_dir(
 /// in HF's row order.
 pub fn gguf_to_hf_dir(gguf: &Path, dir: &Path) -> Result<()> {
     if !gguf.is_file() {
-        return Err(Error::Io { file: gguf.display().to_string(), message: "not a GGUF file".into() });
+        return Err(Error::Format { file: gguf.display().to_string(), message: "not a GGUF file".into() });
     }
     let options = crate::LoadOptions { dtype: Some(candle_core::DType::F32), ..Default::default() };
     let (config, tokenizer, tensors) = crate::load::load_tensors(gguf, &options)?;

@@ -6,14 +6,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub(crate) fn io(path: &Path, e: std::io::Error) -> Error {
-    Error::Io { file: path.display().to_string(), message: e.to_string() }
+    Error::Io { file: path.display().to_string(), source: e }
 }
 
 /// Make `dir` (which must not exist yet) by `fill`ing a directory beside it and renaming
 /// that when `fill` succeeds: the directory appears whole or not at all.
 pub(crate) fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if dir.exists() {
-        return Err(Error::Io {
+        return Err(Error::Format {
             file: dir.display().to_string(),
             message: "already exists; remove it or choose another directory".into(),
         });
@@ -34,8 +34,7 @@ pub(crate) fn save_safetensors(tensors: &HashMap<String, Tensor>, path: &Path) -
         .iter()
         .map(|(name, t)| Ok((name.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
         .collect::<Result<_>>()?;
-    candle_core::safetensors::save(&cpu, path)
-        .map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })?;
+    candle_core::safetensors::save(&cpu, path).map_err(|e| io(path, std::io::Error::other(e)))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -60,7 +59,7 @@ pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
 pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
     let metadata = std::fs::metadata(path).map_err(|e| io(path, e))?;
     if !metadata.is_file() {
-        return Err(Error::Io {
+        return Err(Error::Format {
             file: path.display().to_string(),
             message: "not a regular file (a model's files must be plain files, not FIFOs, devices or directories)"
                 .into(),
@@ -76,7 +75,7 @@ pub(crate) fn read_text_within(path: &Path, limit: u64) -> Result<String> {
     let mut text = String::new();
     file.take(limit + 1).read_to_string(&mut text).map_err(|e| io(path, e))?;
     if text.len() as u64 > limit {
-        return Err(Error::Io {
+        return Err(Error::Format {
             file: path.display().to_string(),
             message: format!("over {limit} bytes: not a model's file of this kind"),
         });

@@ -14,12 +14,12 @@ pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 40;
 /// (candle's reader divides by it). The file is read without trusting any length in it;
 /// a file this scan cannot follow (cut short, not GGUF) is left to candle's reader, whose
 /// error says so.
-pub fn alignment(file: &mut std::fs::File) -> Result<Option<u64>, String> {
+pub fn alignment(file: &mut std::fs::File) -> Result<Option<u64>, crate::Refused> {
     let found = scan_alignment(file);
-    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    file.seek(SeekFrom::Start(0)).map_err(|e| crate::Refused(e.to_string()))?;
     let Ok(Some(value)) = found else { return Ok(None) };
     if value <= 0 || !(value as u128).is_power_of_two() || value > 1 << 20 {
-        return Err(format!(
+        return Err(crate::refused!(
             "metadata key `general.alignment` is {value}: it must be a power of two up to 2^20 (llama.cpp writes 32)"
         ));
     }
@@ -27,9 +27,9 @@ pub fn alignment(file: &mut std::fs::File) -> Result<Option<u64>, String> {
 }
 
 /// The value of `general.alignment` as the file gives it (an integer of any width).
-fn scan_alignment(file: &mut std::fs::File) -> Result<Option<i128>, String> {
-    let size = file.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
-    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+fn scan_alignment(file: &mut std::fs::File) -> Result<Option<i128>, crate::Refused> {
+    let size = file.seek(SeekFrom::End(0)).map_err(|e| crate::Refused(e.to_string()))?;
+    file.seek(SeekFrom::Start(0)).map_err(|e| crate::Refused(e.to_string()))?;
     let mut reader = Scanner { inner: BufReader::new(&mut *file), size, wide: true };
     if reader.u32()? != 0x4655_4747 {
         return Ok(None);
@@ -65,11 +65,11 @@ fn scan_alignment(file: &mut std::fs::File) -> Result<Option<i128>, String> {
 }
 
 /// Every tensor's dimensions multiplied without overflow and within [`MAX_TENSOR_ELEMENTS`].
-pub fn tensor_dims(content: &gguf_file::Content) -> Result<(), String> {
+pub fn tensor_dims(content: &gguf_file::Content) -> Result<(), crate::Refused> {
     for (name, info) in &content.tensor_infos {
         let elements = info.shape.dims().iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
         if elements.is_none_or(|n| n > MAX_TENSOR_ELEMENTS) {
-            return Err(format!(
+            return Err(crate::refused!(
                 "tensor `{name}` has dimensions {:?}: more than {MAX_TENSOR_ELEMENTS} elements",
                 info.shape.dims()
             ));
@@ -86,36 +86,36 @@ struct Scanner<R> {
 }
 
 impl<R: Read + Seek> Scanner<R> {
-    fn bytes<const N: usize>(&mut self) -> Result<[u8; N], String> {
+    fn bytes<const N: usize>(&mut self) -> Result<[u8; N], crate::Refused> {
         let mut out = [0u8; N];
         self.inner.read_exact(&mut out).map_err(|_| "cut short in its metadata".to_string())?;
         Ok(out)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, crate::Refused> {
         Ok(u32::from_le_bytes(self.bytes()?))
     }
 
-    fn length(&mut self) -> Result<u64, String> {
+    fn length(&mut self) -> Result<u64, crate::Refused> {
         if self.wide { Ok(u64::from_le_bytes(self.bytes()?)) } else { Ok(u64::from(self.u32()?)) }
     }
 
     /// Skip `bytes`, refusing to pass the end of the file.
-    fn skip(&mut self, bytes: u64) -> Result<(), String> {
-        let at = self.inner.stream_position().map_err(|e| e.to_string())?;
+    fn skip(&mut self, bytes: u64) -> Result<(), crate::Refused> {
+        let at = self.inner.stream_position().map_err(|e| crate::Refused(e.to_string()))?;
         if at.checked_add(bytes).is_none_or(|end| end > self.size) {
             return Err("a length in its metadata runs past the end of the file".into());
         }
-        self.inner.seek_relative(bytes as i64).map_err(|e| e.to_string())
+        self.inner.seek_relative(bytes as i64).map_err(|e| crate::Refused(e.to_string()))
     }
 
-    fn string(&mut self) -> Result<String, String> {
+    fn string(&mut self) -> Result<String, crate::Refused> {
         let length = self.length()?;
         if length > 1 << 16 {
             self.skip(length)?;
             return Ok(String::new());
         }
-        let at = self.inner.stream_position().map_err(|e| e.to_string())?;
+        let at = self.inner.stream_position().map_err(|e| crate::Refused(e.to_string()))?;
         if at.saturating_add(length) > self.size {
             return Err("a length in its metadata runs past the end of the file".into());
         }
@@ -124,7 +124,7 @@ impl<R: Read + Seek> Scanner<R> {
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
 
-    fn skip_value(&mut self, kind: u32, depth: u32) -> Result<(), String> {
+    fn skip_value(&mut self, kind: u32, depth: u32) -> Result<(), crate::Refused> {
         match kind {
             0 | 1 | 7 => self.skip(1),
             2 | 3 => self.skip(2),
@@ -151,7 +151,7 @@ impl<R: Read + Seek> Scanner<R> {
                     Some(width) => self.skip(count.checked_mul(width).ok_or("an array's length overflows")?),
                     None => {
                         // Each element takes at least a byte: a count past the file's end is a lie.
-                        let at = self.inner.stream_position().map_err(|e| e.to_string())?;
+                        let at = self.inner.stream_position().map_err(|e| crate::Refused(e.to_string()))?;
                         if count > self.size.saturating_sub(at) {
                             return Err("an array's length runs past the end of the file".into());
                         }
@@ -159,7 +159,7 @@ impl<R: Read + Seek> Scanner<R> {
                     }
                 }
             }
-            other => Err(format!("unknown metadata value type {other}")),
+            other => Err(crate::refused!("unknown metadata value type {other}")),
         }
     }
 }

@@ -594,7 +594,7 @@ impl Model {
         device: &Device,
         comm: Arc<dyn Comm>,
     ) -> Result<Self> {
-        config.validate().map_err(|message| Error::Config { field: "config".into(), message })?;
+        config.validate().map_err(|crate::Refused(message)| Error::Config { field: "config".into(), message })?;
         let (rank, size) = (comm.rank(), comm.size());
         let heads = config.num_attention_heads;
         let kv_heads = config.num_kv_heads();

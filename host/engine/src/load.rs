@@ -115,7 +115,7 @@ fn open(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dy
         source.matrix_dtype = options.matrix_dtype();
         Ok((config, tokenizer, Box::new(source)))
     } else {
-        Err(Error::Io { file: path.display().to_string(), message: "no such file or directory".into() })
+        Err(Error::Format { file: path.display().to_string(), message: "no such file or directory".into() })
     }
 }
 
@@ -266,10 +266,10 @@ impl WeightMirror {
 /// metadata), checked: what the engine would run, without reading any weight.
 pub fn read_config(path: &Path) -> Result<Config> {
     let origin = path.display().to_string();
-    let format_error = |message: String| Error::Format { file: origin.clone(), message };
+    let format_error = |crate::Refused(message)| Error::Format { file: origin.clone(), message };
     if path.is_dir() {
         let config_path = path.join("config.json");
-        let format_error = |message| Error::Format { file: config_path.display().to_string(), message };
+        let format_error = |crate::Refused(message)| Error::Format { file: config_path.display().to_string(), message };
         let config = Config::from_json(&read_text(&config_path)?).map_err(format_error)?;
         config.validate().map_err(format_error)?;
         return Ok(config);
@@ -311,7 +311,7 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, 
     };
     for shard in &shards {
         if !shard.exists() {
-            return Err(Error::Io { file: shard.display().to_string(), message: "weights file missing".into() });
+            return Err(Error::Format { file: shard.display().to_string(), message: "weights file missing".into() });
         }
         // A FIFO would block the memory map for ever; a device would map without end.
         files::open_regular(shard)?;
@@ -411,7 +411,7 @@ impl SafetensorsSource {
         if let Ok(view) = self.tensors.get(name) {
             self.config
                 .check_shape(name, view.shape())
-                .map_err(|message| Error::Format { file: self.dir.display().to_string(), message })?;
+                .map_err(|crate::Refused(message)| Error::Format { file: self.dir.display().to_string(), message })?;
             if !matches!(view.dtype(), safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16) {
                 return Err(Error::Format {
                     file: self.dir.display().to_string(),
@@ -450,7 +450,7 @@ pub fn all_finite(tensor: &Tensor) -> Result<bool> {
 /// A GGUF file's HF config, its tokenizer, and its tensors under HF names.
 pub(crate) fn open_gguf(path: &Path, device: &Device, quantized: bool) -> Result<(Config, Tokenizer, GgufSource)> {
     let origin = path.display().to_string();
-    let format_error = |message: String| Error::Format { file: origin.clone(), message };
+    let format_error = |crate::Refused(message)| Error::Format { file: origin.clone(), message };
     let mut file = files::open_regular(path)?;
     let content = read_gguf(&mut file).map_err(format_error)?;
     let config = config_from_gguf(&content.metadata).map_err(format_error)?;
@@ -502,7 +502,7 @@ fn gguf_tokenizer(
 
 /// A GGUF file's metadata and tensor table, what candle's reader trusts checked first
 /// ([`crate::gguf_check`]).
-pub fn read_gguf(file: &mut std::fs::File) -> std::result::Result<gguf_file::Content, String> {
+pub fn read_gguf(file: &mut std::fs::File) -> std::result::Result<gguf_file::Content, crate::Refused> {
     crate::gguf_check::alignment(file).map_err(|e| format!("not a usable GGUF file: {e}"))?;
     let content =
         gguf_file::Content::read(file).map_err(|e| format!("not a GGUF file: {}", crate::without_backtrace(&e)))?;
@@ -511,19 +511,19 @@ pub fn read_gguf(file: &mut std::fs::File) -> std::result::Result<gguf_file::Con
 }
 
 /// An HF `config.json` for a GGUF, from its `<arch>.*` metadata (llama, gemma3).
-pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::result::Result<Config, String> {
+pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::result::Result<Config, crate::Refused> {
     let arch = metadata
         .get("general.architecture")
         .and_then(|v| v.to_string().ok())
         .ok_or("missing metadata key `general.architecture`")?
         .clone();
     let Some(family) = family::by_gguf_architecture(&arch) else {
-        return Err(format!(
+        return Err(crate::refused!(
             "general.architecture {arch:?} is not supported in GGUF files yet ({} are)",
             family::gguf_architectures().join(", ")
         ));
     };
-    let number = |key: &str| -> std::result::Result<f64, String> {
+    let number = |key: &str| -> std::result::Result<f64, crate::Refused> {
         let value = metadata.get(&format!("{arch}.{key}")).ok_or(format!("missing metadata key `{arch}.{key}`"))?;
         value
             .to_u64()
@@ -531,7 +531,7 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
             .or_else(|_| value.to_u32().map(f64::from))
             .or_else(|_| value.to_f32().map(f64::from))
             .or_else(|_| value.to_f64())
-            .map_err(|e| format!("metadata key `{arch}.{key}`: {}", crate::without_backtrace(&e)))
+            .map_err(|e| crate::refused!("metadata key `{arch}.{key}`: {}", crate::without_backtrace(&e)))
     };
     let tokens = metadata.get("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()).map(Vec::len);
     let heads = number("attention.head_count")? as usize;
@@ -585,8 +585,8 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
 fn gemma3_fixed_choices(
     config: &mut Config,
     metadata: &HashMap<String, gguf_file::Value>,
-    number: &dyn Fn(&str) -> std::result::Result<f64, String>,
-) -> std::result::Result<(), String> {
+    number: &dyn Fn(&str) -> std::result::Result<f64, crate::Refused>,
+) -> std::result::Result<(), crate::Refused> {
     let (heads, head_dim) = (config.num_attention_heads, config.head_dim);
     // Every sixth layer global (unless the file says otherwise), the sliding layers' rope
     // base 10,000, GELU; scores scaled by head_dim^-1/2 (as transformers' Gemma 3 configs
@@ -820,15 +820,15 @@ mod tests {
     fn a_gguf_missing_what_its_architecture_needs_is_refused_by_key() {
         let mut metadata = gemma3();
         metadata.remove("gemma3.attention.sliding_window");
-        let error = config_from_gguf(&metadata).unwrap_err();
+        let error = config_from_gguf(&metadata).unwrap_err().0;
         assert!(error.contains("gemma3.attention.sliding_window"), "{error}");
         let mut zero = gemma3();
         zero.insert("gemma3.attention.sliding_window".into(), Value::U32(0));
-        let error = config_from_gguf(&zero).unwrap().validate().unwrap_err();
+        let error = config_from_gguf(&zero).unwrap().validate().unwrap_err().0;
         assert!(error.contains("sliding_window"), "{error}");
         let mut other = gemma3();
         other.insert("general.architecture".into(), Value::String("qwen3".into()));
-        let error = config_from_gguf(&other).unwrap_err();
+        let error = config_from_gguf(&other).unwrap_err().0;
         assert!(error.contains("\"qwen3\"") && error.contains("llama, gemma3"), "{error}");
     }
 }

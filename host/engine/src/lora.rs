@@ -61,26 +61,26 @@ impl LoraSpec {
     }
 
     /// Check rank, alpha and targets; the message names the field.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), crate::Refused> {
         if self.rank == 0 || self.rank > MAX_RANK {
-            return Err(format!("rank {} is out of range: 1 to {MAX_RANK}", self.rank));
+            return Err(crate::refused!("rank {} is out of range: 1 to {MAX_RANK}", self.rank));
         }
         if !self.alpha.is_finite() || self.alpha <= 0.0 || self.alpha > 1e6 {
-            return Err(format!("alpha {} must be a positive finite number (at most 1e6)", self.alpha));
+            return Err(crate::refused!("alpha {} must be a positive finite number (at most 1e6)", self.alpha));
         }
         if self.target_modules.is_empty() {
-            return Err(format!("target_modules is empty: name one or more of {}", targets().join(", ")));
+            return Err(crate::refused!("target_modules is empty: name one or more of {}", targets().join(", ")));
         }
         let targets = targets();
         for (i, module) in self.target_modules.iter().enumerate() {
             if !targets.contains(&module.as_str()) {
-                return Err(format!(
+                return Err(crate::refused!(
                     "target_modules has {module:?}, which is not a projection this engine adapts ({})",
                     targets.join(", ")
                 ));
             }
             if self.target_modules[..i].contains(module) {
-                return Err(format!("target_modules names {module:?} twice"));
+                return Err(crate::refused!("target_modules names {module:?} twice"));
             }
         }
         Ok(())
@@ -90,14 +90,14 @@ impl LoraSpec {
     /// query is a part of `qkv_proj`), and a target it lacks would adapt nothing, silently.
     /// The default list ([`targets`], every family's projections) means "every projection
     /// this model has".
-    pub fn check_family(&self, config: &Config) -> std::result::Result<(), String> {
+    pub fn check_family(&self, config: &Config) -> std::result::Result<(), crate::Refused> {
         if self.target_modules == targets() {
             return Ok(());
         }
         let family = config.family();
         let own: Vec<&str> = family.projections().into_iter().map(Family::target_name).collect();
         match self.target_modules.iter().find(|m| !own.contains(&m.as_str())) {
-            Some(missing) => Err(format!(
+            Some(missing) => Err(crate::refused!(
                 "target_modules has {missing:?}, which {} ({}) does not have: its projections are {}",
                 family.title,
                 config.model_type,
@@ -147,8 +147,9 @@ impl Adapter {
     /// A new adapter as PEFT starts one: A uniform in ±1/√in (Kaiming with a = √5), B zero,
     /// so that base + adapter starts equal to the base. Seeded: the same seed, the same A.
     pub fn init(spec: &LoraSpec, config: &Config, seed: u64, device: &Device) -> Result<Adapter> {
-        spec.validate().map_err(|message| Error::Config { field: "lora".into(), message })?;
-        spec.check_family(config).map_err(|message| Error::Config { field: "lora.target_modules".into(), message })?;
+        spec.validate().map_err(|crate::Refused(message)| Error::Config { field: "lora".into(), message })?;
+        spec.check_family(config)
+            .map_err(|crate::Refused(message)| Error::Config { field: "lora.target_modules".into(), message })?;
         let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
         let mut next = move || {
             // splitmix64: fast, seedable, and enough for an initialization.
@@ -289,9 +290,7 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
     let config_path = dir.join(CONFIG_FILE);
     let origin = config_path.display().to_string();
     let text = crate::files::read_text_within(&config_path, crate::files::MAX_CONFIG_BYTES).map_err(|e| match e {
-        Error::Io { file, message } => {
-            Error::Io { file, message: format!("{message} (a PEFT adapter directory has one)") }
-        }
+        Error::Io { file, source } => Error::Io { file: format!("{file} (a PEFT adapter directory has one)"), source },
         other => other,
     })?;
     let peft: PeftConfig =
@@ -328,7 +327,7 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
         }
     };
     let spec = LoraSpec { rank: peft.r, alpha: peft.lora_alpha, target_modules };
-    spec.validate().and_then(|()| spec.check_family(config)).map_err(refuse)?;
+    spec.validate().and_then(|()| spec.check_family(config)).map_err(|crate::Refused(message)| refuse(message))?;
     let weights_path = dir.join(WEIGHTS_FILE);
     let weights_origin = weights_path.display().to_string();
     // A link to a device or a FIFO would be read without end, or block.
@@ -394,7 +393,7 @@ pub fn write(dir: &Path, adapter: &Adapter, base: &str) -> Result<()> {
     crate::files::write_dir_atomically(dir, |partial| {
         let path = partial.join(CONFIG_FILE);
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("JSON values serialize"))
-            .map_err(|e| Error::Io { file: path.display().to_string(), message: e.to_string() })?;
+            .map_err(|e| crate::files::io(&path, e))?;
         crate::files::save_safetensors(&tensors, &partial.join(WEIGHTS_FILE))
     })
 }

@@ -46,7 +46,7 @@ pub type RequestId = u64;
 
 /// Check a request before it may join a batch.
 pub fn validate(model: &Model, request: &GenerateRequest) -> Result<()> {
-    request.sampling.validate().map_err(Error::Input)?;
+    request.sampling.validate().map_err(|crate::Refused(message)| Error::Input(message))?;
     if request.prompt.is_empty() {
         return Err(Error::Input("the prompt is empty".into()));
     }

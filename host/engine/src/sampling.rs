@@ -51,7 +51,7 @@ impl Sampling {
     }
 
     /// Every field within [`rules`]; the message names the field and its range.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::Refused> {
         let named = |field: &str, value: f32, rule: Result<f32, &str>| {
             rule.map(drop).map_err(|range| format!("{field} {range}, got {value}"))
         };
@@ -95,8 +95,12 @@ pub mod rules {
     }
 
     /// At least one token, at most `limit`.
-    pub fn max_tokens(m: i64, limit: usize) -> Result<usize, String> {
-        if m >= 1 && m as u64 <= limit as u64 { Ok(m as usize) } else { Err(format!("must be from 1 to {limit}")) }
+    pub fn max_tokens(m: i64, limit: usize) -> Result<usize, crate::Refused> {
+        if m >= 1 && m as u64 <= limit as u64 {
+            Ok(m as usize)
+        } else {
+            Err(crate::refused!("must be from 1 to {limit}"))
+        }
     }
 }
 
@@ -310,9 +314,9 @@ mod tests {
         assert_eq!((rules::top_k(-1), rules::top_k(7), rules::top_k(-2).is_err()), (Ok(0), Ok(7), true));
         assert_eq!((rules::min_p(0.0), rules::min_p(1.0).is_err()), (Ok(0.0), true));
         assert_eq!(rules::max_tokens(8, 8), Ok(8));
-        assert_eq!(rules::max_tokens(0, 8), Err("must be from 1 to 8".to_string()));
-        assert_eq!(rules::max_tokens(9, 8), Err("must be from 1 to 8".to_string()));
-        let error = Sampling { temperature: 3.0, ..Default::default() }.validate().unwrap_err();
+        assert_eq!(rules::max_tokens(0, 8), Err(crate::Refused("must be from 1 to 8".into())));
+        assert_eq!(rules::max_tokens(9, 8), Err(crate::Refused("must be from 1 to 8".into())));
+        let error = Sampling { temperature: 3.0, ..Default::default() }.validate().unwrap_err().0;
         assert_eq!(error, "temperature must be from 0 to 2, got 3");
     }
 }

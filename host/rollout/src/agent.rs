@@ -128,7 +128,7 @@ impl EngineInference {
             return Ok((tokens, trainable, logprobs, g.prompt_len, Some(id), g.turns));
         }
         let task = Task { id: String::new(), messages: conversation.to_vec(), answer: None, metadata: None };
-        let tokens = prompt_ids(&self.tokenizer, &task).map_err(|e| format!("{e:#}"))?;
+        let tokens = prompt_ids(&self.tokenizer, &task).map_err(|e| wirl_engine::error_chain(&e))?;
         let n = tokens.len();
         Ok((tokens, vec![false; n], vec![0.0; n], n, None, 0))
     }

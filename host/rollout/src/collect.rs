@@ -97,7 +97,7 @@ pub struct Engine<'a> {
 #[derive(Debug)]
 pub enum RollError {
     /// The engine failed a request.
-    Generation(anyhow::Error),
+    Generation(wirl_engine::Error),
     /// The chat template cannot hold a multi-turn ledger.
     Template(TemplateDrift),
 }
@@ -105,7 +105,7 @@ pub enum RollError {
 impl std::fmt::Display for RollError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RollError::Generation(error) => write!(f, "generation failed: {error:#}"),
+            RollError::Generation(error) => write!(f, "generation failed: {}", wirl_engine::error_chain(error)),
             RollError::Template(drift) => drift.fmt(f),
         }
     }
@@ -114,7 +114,7 @@ impl std::fmt::Display for RollError {
 impl std::error::Error for RollError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            RollError::Generation(error) => Some(error.as_ref()),
+            RollError::Generation(error) => Some(error),
             RollError::Template(drift) => Some(drift),
         }
     }
@@ -158,7 +158,7 @@ pub fn receive(
             Finished::Request(i, result) => {
                 let trajectories: Vec<Trajectory> = match result {
                     Ok(completions) => completions.into_iter().map(Trajectory::from).collect(),
-                    Err(error) => return Some(Err(RollError::Generation(error.into()))),
+                    Err(error) => return Some(Err(RollError::Generation(error))),
                 };
                 let ask = &asks[i];
                 if let Some(tasks) = score_on_arrival.as_deref_mut()

@@ -7,7 +7,7 @@
 //! (a block shuffle: one chunk decoded at a time, and the same index always gives the same
 //! row, so a resumed run draws what an uninterrupted one would).
 
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use std::io::{BufRead, Read, Seek, SeekFrom};
@@ -70,7 +70,7 @@ const JSONL_CHUNK: usize = 1024;
 pub const MAX_ROW_BYTES: usize = 1 << 20;
 
 /// A row's task, if within [`MAX_ROW_BYTES`] and with text in every message.
-fn bounded(task: Task) -> anyhow::Result<Task> {
+fn bounded(task: Task) -> crate::error::Result<Task> {
     let bytes = task.messages.iter().map(|m| m.content.len() + m.role.len()).sum::<usize>()
         + task.answer.as_ref().map_or(0, String::len)
         + task.metadata.as_ref().map_or(0, String::len)
@@ -86,7 +86,7 @@ fn bounded(task: Task) -> anyhow::Result<Task> {
 
 /// Open `path` for reading only if it is a regular file: a FIFO or a device as a dataset
 /// would hang or never end.
-fn open_regular(path: &Path) -> anyhow::Result<std::fs::File> {
+fn open_regular(path: &Path) -> crate::error::Result<std::fs::File> {
     let metadata = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if !metadata.is_file() {
         bail!("{}: not a regular file (a dataset is a file, or a save_to_disk directory)", path.display());
@@ -107,7 +107,7 @@ pub struct Dataset {
 
 impl Dataset {
     /// Open `spec.path`, reading only what locates its rows (footers, line offsets).
-    pub fn open(spec: &DatasetSpec) -> anyhow::Result<Self> {
+    pub fn open(spec: &DatasetSpec) -> crate::error::Result<Self> {
         let path = &spec.path;
         let name = path.file_stem().map_or_else(|| "dataset".into(), |s| s.to_string_lossy().into_owned());
         let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
@@ -141,19 +141,19 @@ impl Dataset {
     }
 
     /// The task of training index `index` (epochs cycle; shuffled if asked).
-    pub fn training(&mut self, index: u64) -> anyhow::Result<Task> {
+    pub fn training(&mut self, index: u64) -> crate::error::Result<Task> {
         let (epoch, position) = (index / self.total, index % self.total);
         let (chunk, row) = if self.spec.shuffle { self.shuffled(epoch, position) } else { self.locate(position) };
         self.task(chunk, row)
     }
 
     /// The first `count` rows, in file order.
-    pub fn first(&mut self, count: usize) -> anyhow::Result<Vec<Task>> {
+    pub fn first(&mut self, count: usize) -> crate::error::Result<Vec<Task>> {
         self.rows(0, count)
     }
 
     /// Rows `start .. start + count`, in file order (fewer past the end).
-    pub fn rows(&mut self, start: u64, count: usize) -> anyhow::Result<Vec<Task>> {
+    pub fn rows(&mut self, start: u64, count: usize) -> crate::error::Result<Vec<Task>> {
         (start.min(self.total)..start.saturating_add(count as u64).min(self.total))
             .map(|i| {
                 let (chunk, row) = self.locate(i);
@@ -185,13 +185,13 @@ impl Dataset {
         unreachable!("position below the total")
     }
 
-    fn task(&mut self, chunk: usize, row: usize) -> anyhow::Result<Task> {
+    fn task(&mut self, chunk: usize, row: usize) -> crate::error::Result<Task> {
         if self.cached.as_ref().is_none_or(|(c, _)| *c != chunk) {
             let tasks = self.read_chunk(chunk).with_context(|| format!("{}", self.spec.path.display()))?;
             self.cached = Some((chunk, tasks));
         }
         let (_, tasks) = self.cached.as_ref().expect("just cached");
-        match tasks.get(row).context("a row past its chunk's end")? {
+        match tasks.get(row).ok_or_else(|| crate::Error::Internal("a row past its chunk's end".into()))? {
             Ok(task) => Ok(task.clone()),
             Err(reason) => bail!("{}: {reason}", self.spec.path.display()),
         }
@@ -199,74 +199,75 @@ impl Dataset {
 
     /// The tasks of one chunk: a row that is not a task is its own failure (it is skipped
     /// and recorded), a chunk that cannot be read fails whole.
-    fn read_chunk(&self, chunk: usize) -> anyhow::Result<Vec<Result<Task, String>>> {
+    fn read_chunk(&self, chunk: usize) -> crate::error::Result<Vec<Result<Task, String>>> {
         let first_row: usize = self.sizes[..chunk].iter().sum();
         let columns = self.spec.columns.as_ref();
-        let batch = match &self.chunks {
-            Chunks::Jsonl { path, lines } => {
-                let mut file = std::io::BufReader::new(open_regular(path)?);
-                let mut tasks = Vec::new();
-                for (i, &offset) in lines.iter().enumerate().skip(chunk * JSONL_CHUNK).take(JSONL_CHUNK) {
-                    file.seek(SeekFrom::Start(offset))?;
-                    let mut line = Vec::new();
-                    // A line is read up to the row limit (and a little JSON around it), never whole.
-                    (&mut file).take(MAX_ROW_BYTES as u64 * 2).read_until(b'\n', &mut line)?;
-                    let task = || -> anyhow::Result<Task> {
-                        if line.len() >= MAX_ROW_BYTES * 2 {
-                            bail!(
-                                "over {} bytes, past the limit of {MAX_ROW_BYTES} bytes of text per row; the row \
+        let batch =
+            match &self.chunks {
+                Chunks::Jsonl { path, lines } => {
+                    let mut file = std::io::BufReader::new(open_regular(path)?);
+                    let mut tasks = Vec::new();
+                    for (i, &offset) in lines.iter().enumerate().skip(chunk * JSONL_CHUNK).take(JSONL_CHUNK) {
+                        file.seek(SeekFrom::Start(offset))?;
+                        let mut line = Vec::new();
+                        // A line is read up to the row limit (and a little JSON around it), never whole.
+                        (&mut file).take(MAX_ROW_BYTES as u64 * 2).read_until(b'\n', &mut line)?;
+                        let task = || -> crate::error::Result<Task> {
+                            if line.len() >= MAX_ROW_BYTES * 2 {
+                                bail!(
+                                    "over {} bytes, past the limit of {MAX_ROW_BYTES} bytes of text per row; the row \
                                  is skipped",
-                                MAX_ROW_BYTES * 2
-                            );
-                        }
-                        let value: serde_json::Value = serde_json::from_slice(&line).context("not JSON")?;
-                        match columns {
-                            None => {
-                                let task = value.get("task").cloned().unwrap_or(value);
-                                serde_json::from_value(task).context(
+                                    MAX_ROW_BYTES * 2
+                                );
+                            }
+                            let value: serde_json::Value = serde_json::from_slice(&line).context("not JSON")?;
+                            match columns {
+                                None => {
+                                    let task = value.get("task").cloned().unwrap_or(value);
+                                    serde_json::from_value(task).context(
                                     "not a task (fields id, messages, answer?, metadata?); name its columns to read \
                                      other rows",
                                 )
+                                }
+                                Some(columns) => json_row_task(&value, columns, &self.name, i),
                             }
-                            Some(columns) => json_row_task(&value, columns, &self.name, i),
-                        }
-                    };
-                    tasks.push(
-                        task().and_then(bounded).map_err(|e| format!("line {}: {e:#}", line_number(path, offset))),
-                    );
+                        };
+                        tasks.push(task().and_then(bounded).map_err(|e| {
+                            format!("line {}: {}", line_number(path, offset), wirl_engine::error_chain(&e))
+                        }));
+                    }
+                    return Ok(tasks);
                 }
-                return Ok(tasks);
-            }
-            Chunks::Parquet { path } => {
-                let file = open_regular(path)?;
-                let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
-                    .with_row_groups(vec![chunk])
-                    .build()?;
-                let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>()?;
-                concat(batches)?
-            }
-            Chunks::IpcFile { path } => {
-                let mut reader = arrow_ipc::reader::FileReader::try_new(open_regular(path)?, None)?;
-                reader.set_index(chunk)?;
-                reader.next().context("a record batch")??
-            }
-            Chunks::IpcStream { chunks, schemas } => {
-                let (path, start, end) = &chunks[chunk];
-                let schema = &schemas.iter().find(|(p, _)| p == path).context("the file's schema")?.1;
-                let mut bytes = schema.clone();
-                let mut file = open_regular(path)?;
-                file.seek(SeekFrom::Start(*start))?;
-                let mut message = vec![0u8; (end - start) as usize];
-                file.read_exact(&mut message)?;
-                bytes.extend(message);
-                bytes.extend([0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]);
-                let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-                reader.next().context("a record batch")??
-            }
-        };
+                Chunks::Parquet { path } => {
+                    let file = open_regular(path)?;
+                    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
+                        .with_row_groups(vec![chunk])
+                        .build()?;
+                    let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>()?;
+                    concat(batches)?
+                }
+                Chunks::IpcFile { path } => {
+                    let mut reader = arrow_ipc::reader::FileReader::try_new(open_regular(path)?, None)?;
+                    reader.set_index(chunk)?;
+                    reader.next().context("a record batch")??
+                }
+                Chunks::IpcStream { chunks, schemas } => {
+                    let (path, start, end) = &chunks[chunk];
+                    let schema = &schemas.iter().find(|(p, _)| p == path).context("the file's schema")?.1;
+                    let mut bytes = schema.clone();
+                    let mut file = open_regular(path)?;
+                    file.seek(SeekFrom::Start(*start))?;
+                    let mut message = vec![0u8; (end - start) as usize];
+                    file.read_exact(&mut message)?;
+                    bytes.extend(message);
+                    bytes.extend([0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]);
+                    let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+                    reader.next().context("a record batch")??
+                }
+            };
         Ok(batch_tasks(&batch, columns, &self.name, first_row)?
             .into_iter()
-            .map(|r| r.map_err(|e| format!("{e:#}")))
+            .map(|r| r.map_err(|e| wirl_engine::error_chain(&e)))
             .collect())
     }
 }
@@ -288,7 +289,7 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
     order
 }
 
-fn jsonl(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+fn jsonl(path: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
     let mut file = std::io::BufReader::new(open_regular(path)?);
     let mut lines = Vec::new();
     let mut offset = 0u64;
@@ -324,7 +325,7 @@ fn jsonl(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
     Ok((Chunks::Jsonl { path: path.to_path_buf(), lines }, sizes))
 }
 
-fn parquet(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+fn parquet(path: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
     let file = open_regular(path)?;
     let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .with_context(|| format!("{}: not a Parquet file", path.display()))?;
@@ -332,7 +333,7 @@ fn parquet(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
     Ok((Chunks::Parquet { path: path.to_path_buf() }, sizes))
 }
 
-fn ipc(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+fn ipc(path: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
     let mut magic = [0u8; 6];
     open_regular(path)?
         .read_exact(&mut magic)
@@ -354,13 +355,13 @@ fn ipc(path: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
 /// The messages of an Arrow IPC stream: its schema message's bytes, and per record batch
 /// the byte range of its message and its row count.
 #[allow(clippy::type_complexity)]
-fn ipc_stream(path: &Path) -> anyhow::Result<(Vec<(PathBuf, u64, u64)>, Vec<u8>, Vec<usize>)> {
-    let bad = |what: &str| anyhow::anyhow!("{}: not an Arrow IPC stream ({what})", path.display());
+fn ipc_stream(path: &Path) -> crate::error::Result<(Vec<(PathBuf, u64, u64)>, Vec<u8>, Vec<usize>)> {
+    let bad = |what: &str| crate::error::invalid!("{}: not an Arrow IPC stream ({what})", path.display());
     let mut file = std::io::BufReader::new(open_regular(path)?);
     let size = file.get_ref().metadata()?.len();
     // Each message: [0xFFFFFFFF] length, metadata, body. Only the metadata is read; bodies
     // are skipped, so opening a stream reads a few bytes per record batch.
-    let read_u32 = |file: &mut std::io::BufReader<std::fs::File>| -> anyhow::Result<Option<u32>> {
+    let read_u32 = |file: &mut std::io::BufReader<std::fs::File>| -> crate::error::Result<Option<u32>> {
         let mut word = [0u8; 4];
         match file.read_exact(&mut word) {
             Ok(()) => Ok(Some(u32::from_le_bytes(word))),
@@ -414,7 +415,7 @@ fn ipc_stream(path: &Path) -> anyhow::Result<(Vec<(PathBuf, u64, u64)>, Vec<u8>,
 }
 
 /// A Hugging Face `save_to_disk` directory: `state.json` names its Arrow stream files.
-fn hf_directory(dir: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
+fn hf_directory(dir: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
     let state_path = dir.join("state.json");
     let state: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&state_path)
@@ -427,7 +428,7 @@ fn hf_directory(dir: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
         .iter()
         .filter_map(|f| f["filename"].as_str())
         .map(|name| confined(dir, name, &state_path))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<crate::error::Result<_>>()?;
     let (mut chunks, mut schemas, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
     for file in files {
         let (c, schema, s) = ipc_stream(&file)?;
@@ -440,7 +441,7 @@ fn hf_directory(dir: &Path) -> anyhow::Result<(Chunks, Vec<usize>)> {
 
 /// A file that a `save_to_disk` directory's `state.json` names: a plain name inside the
 /// directory (no `..`, no absolute path, no link out of it).
-fn confined(dir: &Path, name: &str, state_path: &Path) -> anyhow::Result<PathBuf> {
+fn confined(dir: &Path, name: &str, state_path: &Path) -> crate::error::Result<PathBuf> {
     let plain = Path::new(name).components().all(|c| matches!(c, std::path::Component::Normal(_)));
     if !plain || name.is_empty() {
         bail!(
@@ -458,7 +459,7 @@ fn confined(dir: &Path, name: &str, state_path: &Path) -> anyhow::Result<PathBuf
     Ok(path)
 }
 
-fn concat(batches: Vec<RecordBatch>) -> anyhow::Result<RecordBatch> {
+fn concat(batches: Vec<RecordBatch>) -> crate::error::Result<RecordBatch> {
     let schema = batches.first().context("no rows in the chunk")?.schema();
     Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
 }
@@ -469,10 +470,10 @@ fn batch_tasks(
     columns: Option<&Columns>,
     name: &str,
     first_row: usize,
-) -> anyhow::Result<Vec<anyhow::Result<Task>>> {
+) -> crate::error::Result<Vec<crate::error::Result<Task>>> {
     let schema = batch.schema();
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    let find = |wanted: &Option<String>, defaults: &[&str], what: &str| -> anyhow::Result<Option<usize>> {
+    let find = |wanted: &Option<String>, defaults: &[&str], what: &str| -> crate::error::Result<Option<usize>> {
         match wanted {
             Some(column) => names.iter().position(|n| n == column).map(Some).with_context(|| {
                 format!("no column `{column}` for the {what} (the columns are: {})", names.join(", "))
@@ -498,8 +499,8 @@ fn batch_tasks(
         .metadata
         .iter()
         .map(|c| find(&Some(c.clone()), &[], "metadata").map(|i| i.expect("named")))
-        .collect::<anyhow::Result<_>>()?;
-    let task_of = |row: usize| -> anyhow::Result<Task> {
+        .collect::<crate::error::Result<_>>()?;
+    let task_of = |row: usize| -> crate::error::Result<Task> {
         let cell = |column: usize| value(batch.column(column).as_ref(), row, names[column]);
         let mut conversation = Vec::new();
         if let Some(system) = &columns.system {
@@ -521,7 +522,7 @@ fn batch_tasks(
             other => Some(other.to_string()),
         };
         let meta: serde_json::Map<String, serde_json::Value> =
-            metadata.iter().map(|&c| Ok((names[c].to_string(), cell(c)?))).collect::<anyhow::Result<_>>()?;
+            metadata.iter().map(|&c| Ok((names[c].to_string(), cell(c)?))).collect::<crate::error::Result<_>>()?;
         Ok(Task {
             id: match id {
                 Some(c) => text_of(cell(c)?).unwrap_or_else(|| format!("{name}/{}", first_row + row)),
@@ -541,7 +542,7 @@ fn batch_tasks(
 }
 
 /// One cell as JSON: text, numbers and booleans; other types name the column.
-fn value(array: &dyn Array, row: usize, column: &str) -> anyhow::Result<serde_json::Value> {
+fn value(array: &dyn Array, row: usize, column: &str) -> crate::error::Result<serde_json::Value> {
     use arrow_array::cast::AsArray;
     use arrow_array::types::*;
     if array.is_null(row) {
@@ -569,7 +570,7 @@ fn value(array: &dyn Array, row: usize, column: &str) -> anyhow::Result<serde_js
 }
 
 /// A list of `{role, content}` structs as messages.
-fn message_list(array: &dyn Array, row: usize, column: &str) -> anyhow::Result<Vec<Message>> {
+fn message_list(array: &dyn Array, row: usize, column: &str) -> crate::error::Result<Vec<Message>> {
     use arrow_array::cast::AsArray;
     let list = match array.data_type() {
         DataType::List(_) => array.as_list::<i32>().value(row),
@@ -585,9 +586,11 @@ fn message_list(array: &dyn Array, row: usize, column: &str) -> anyhow::Result<V
     let (roles, contents) = (field("role")?, field("content")?);
     (0..structs.len())
         .map(|i| {
-            let text = |a: &dyn Array, what: &str| match value(a, i, column)? {
-                serde_json::Value::String(s) => Ok(s),
-                other => bail!("column `{column}`: a message's {what} is {other}, not text"),
+            let text = |a: &dyn Array, what: &str| -> crate::Result<String> {
+                match value(a, i, column)? {
+                    serde_json::Value::String(s) => Ok(s),
+                    other => bail!("column `{column}`: a message's {what} is {other}, not text"),
+                }
             };
             Ok(Message { role: text(roles.as_ref(), "role")?, content: text(contents.as_ref(), "content")? })
         })
@@ -595,7 +598,7 @@ fn message_list(array: &dyn Array, row: usize, column: &str) -> anyhow::Result<V
 }
 
 /// A JSONL row (an object) as a task through `columns`.
-fn json_row_task(row: &serde_json::Value, columns: &Columns, name: &str, index: usize) -> anyhow::Result<Task> {
+fn json_row_task(row: &serde_json::Value, columns: &Columns, name: &str, index: usize) -> crate::error::Result<Task> {
     let object = row.as_object().context("not a JSON object")?;
     let get = |column: &Option<String>, defaults: &[&str]| -> Option<&serde_json::Value> {
         match column {
@@ -656,9 +659,9 @@ mod tests {
         let mut dataset =
             Dataset::open(&DatasetSpec { path, columns: Some(columns), shuffle: false, seed: 0 }).unwrap();
         assert_eq!(dataset.training(0).unwrap().messages[0].content, "2 + 2?");
-        let error = format!("{:#}", dataset.training(1).unwrap_err());
+        let error = wirl_engine::error_chain(&dataset.training(1).unwrap_err());
         assert!(error.contains("row 1") && error.contains("over the limit") && error.contains("per row"), "{error}");
-        let error = format!("{:#}", dataset.training(2).unwrap_err());
+        let error = wirl_engine::error_chain(&dataset.training(2).unwrap_err());
         assert!(error.contains("row 2") && error.contains("null"), "{error}");
         assert_eq!(dataset.training(3).unwrap().answer.as_deref(), Some("6"));
     }

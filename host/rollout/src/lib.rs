@@ -14,6 +14,7 @@ pub mod agent;
 pub mod collect;
 pub mod dataset;
 pub mod episode;
+pub mod error;
 pub mod group;
 pub mod mixture;
 pub mod openenv;
@@ -33,6 +34,7 @@ pub use episode::{
     EpisodeGroup, EpisodeOutcome, EpisodeRun, EpisodeSource, EpisodeSteps, EpisodeTimes, TemplateDrift, check_template,
     run_episodes,
 };
+pub use error::{Error, Result};
 pub use group::{RolloutGroup, SamplingSpec, Trajectory, seed_for};
 pub use mixture::{Allocation, MixtureError, allocate};
 pub use openenv::{OpenEnvEpisode, OpenEnvSpec, OpenEnvTasks};

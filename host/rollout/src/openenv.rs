@@ -60,17 +60,17 @@ fn remote(message: String) -> Failed {
 impl OpenEnvTasks {
     /// A client; it checks that the server answers (`/health`) and that its action has
     /// `action_field` (and its observation `observation_field`) in its schema (`/schema`).
-    pub fn connect(spec: &OpenEnvSpec, seed: u64) -> anyhow::Result<Self> {
+    pub fn connect(spec: &OpenEnvSpec, seed: u64) -> crate::error::Result<Self> {
         let authority = spec
             .url
             .trim_end_matches('/')
             .strip_prefix("http://")
             .filter(|rest| !rest.is_empty() && !rest.contains('/'))
-            .ok_or_else(|| anyhow::anyhow!("openenv url {:?}: give the server as http://HOST:PORT", spec.url))?
+            .ok_or_else(|| crate::error::invalid!("openenv url {:?}: give the server as http://HOST:PORT", spec.url))?
             .to_string();
         let agent: ureq::Agent =
             ureq::Agent::config_builder().timeout_global(Some(spec.timeout)).http_status_as_error(false).build().into();
-        let get = |path: &str| -> anyhow::Result<Value> {
+        let get = |path: &str| -> crate::error::Result<Value> {
             let url = format!("http://{authority}{path}");
             let mut last = String::new();
             for attempt in 0..=spec.retries {
@@ -81,13 +81,18 @@ impl OpenEnvTasks {
                     Ok(mut response) if response.status().is_success() => {
                         let text =
                             response.body_mut().with_config().limit(MAX_MESSAGE_BYTES as u64).read_to_string()?;
-                        return serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("GET {url}: not JSON: {e}"));
+                        return serde_json::from_str(&text)
+                            .map_err(|e| crate::error::invalid!("GET {url}: not JSON: {e}"));
                     }
                     Ok(response) => last = format!("GET {url}: {}", response.status()),
                     Err(error) => last = format!("GET {url}: {error}"),
                 }
             }
-            anyhow::bail!("OpenEnv server {}: {last} (after {} tries; is it running?)", spec.url, spec.retries + 1)
+            crate::error::bail!(
+                "OpenEnv server {}: {last} (after {} tries; is it running?)",
+                spec.url,
+                spec.retries + 1
+            )
         };
         get("/health")?;
         let schema = get("/schema")?;
@@ -96,7 +101,7 @@ impl OpenEnvTasks {
         };
         let actions = fields("action");
         if !actions.contains(&spec.action_field) {
-            anyhow::bail!(
+            crate::error::bail!(
                 "OpenEnv server {}: its action has no field `{}` (openenv.action_field); its fields: {}",
                 spec.url,
                 spec.action_field,
@@ -106,7 +111,7 @@ impl OpenEnvTasks {
         if let Some(field) = &spec.observation_field {
             let observations = fields("observation");
             if !observations.contains(field) {
-                anyhow::bail!(
+                crate::error::bail!(
                     "OpenEnv server {}: its observation has no field `{field}` (openenv.observation_field); its \
                      fields: {}",
                     spec.url,
@@ -127,9 +132,9 @@ impl OpenEnvTasks {
     }
 
     /// The task at `index`: the first observation after a reset with its seed.
-    pub fn task_at(&self, index: u64) -> Result<Task, String> {
+    pub fn task_at(&self, index: u64) -> crate::Result<Task> {
         let reset_seed = seed_for(self.seed, index) % SEED_RANGE;
-        let (session, observation) = self.open(reset_seed).map_err(|(_, message)| message)?;
+        let (session, observation) = self.open(reset_seed).map_err(|(_, message)| crate::Error::Invalid(message))?;
         drop(session);
         let mut messages = Vec::new();
         if let Some(system) = &self.spec.system {

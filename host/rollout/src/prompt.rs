@@ -6,7 +6,7 @@ use wirl_engine::{ChatMessage, Tokenizer};
 use wirl_sandbox::Task;
 
 /// A task's conversation, rendered with the model's chat template and tokenized.
-pub fn prompt_ids(tokenizer: &Tokenizer, task: &Task) -> anyhow::Result<Vec<u32>> {
+pub fn prompt_ids(tokenizer: &Tokenizer, task: &Task) -> crate::error::Result<Vec<u32>> {
     let messages: Vec<ChatMessage> =
         task.messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
     Ok(tokenizer.encode(&tokenizer.render_chat(&messages, true)?)?)
@@ -20,7 +20,7 @@ pub fn fitting_prompt(
     room: usize,
     context: usize,
 ) -> Result<Vec<u32>, TaskFailure> {
-    let prompt = prompt_ids(tokenizer, task).map_err(|e| TaskFailure::of(task, format!("{e:#}")))?;
+    let prompt = prompt_ids(tokenizer, task).map_err(|e| TaskFailure::of(task, wirl_engine::error_chain(&e)))?;
     if prompt.is_empty() || prompt.len().saturating_add(room) > context {
         return Err(TaskFailure::of(
             task,
@@ -119,7 +119,7 @@ pub fn step_tasks(
     source: &mut TaskSource,
     indices: std::ops::Range<u64>,
     fit: impl Fn(&Task) -> Result<Vec<u32>, TaskFailure>,
-) -> anyhow::Result<StepTasks> {
+) -> crate::error::Result<StepTasks> {
     let (mut tasks, mut prompts, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     for index in indices {
         let mut found = false;
@@ -131,7 +131,7 @@ pub fn step_tasks(
             let index = if attempt == 0 { index } else { REPLACEMENT_INDICES + index * MAX_TASK_TRIES + attempt };
             last_error = None;
             let task = source.training(index).map_err(|e| {
-                let failure = TaskFailure { id: None, reason: format!("{e:#}") };
+                let failure = TaskFailure { id: None, reason: wirl_engine::error_chain(&e) };
                 last_error = Some(e);
                 failure
             });
@@ -151,10 +151,10 @@ pub fn step_tasks(
                  environment, dataset or task server, then `wirl train --resume`); the last"
             );
             return Err(match last_error {
-                Some(error) => error.context(head),
+                Some(error) => crate::Error::Context { context: head, source: Box::new(error) },
                 None => {
                     let last = skipped.last().map(|s| s.reason.clone()).unwrap_or_default();
-                    anyhow::anyhow!("{head}: {last}")
+                    crate::error::invalid!("{head}: {last}")
                 }
             });
         }

@@ -61,17 +61,18 @@ pub struct RemoteTasks {
     spec: RemoteSpec,
     agent: ureq::Agent,
     /// Tasks drawn ahead (`prefetch`), by index.
+    /// Drawn ahead: each task, or the reason (with its causes) the server could not give it.
     drawn: HashMap<u64, Result<Task, String>>,
 }
 
 impl RemoteTasks {
     /// A client; it checks that the server answers and serves the task.
-    pub fn connect(spec: &RemoteSpec) -> anyhow::Result<Self> {
+    pub fn connect(spec: &RemoteSpec) -> crate::error::Result<Self> {
         let agent: ureq::Agent =
             ureq::Agent::config_builder().timeout_global(Some(spec.timeout)).http_status_as_error(false).build().into();
         let client = RemoteTasks { spec: spec.clone(), agent, drawn: HashMap::new() };
         let listed = client.call("GET", "/v1/tasks", None).map_err(|e| {
-            anyhow::anyhow!(
+            crate::error::invalid!(
                 "remote task server {}: {e} (start it with `wirl serve --config TRAIN.toml --port PORT`)",
                 spec.url
             )
@@ -80,13 +81,13 @@ impl RemoteTasks {
             listed["data"].as_array().into_iter().flatten().filter_map(|t| t["name"].as_str()).collect();
         match &spec.task {
             Some(name) if !names.contains(&name.as_str()) => {
-                anyhow::bail!(
+                crate::error::bail!(
                     "remote task server {} does not serve `{name}`; it serves: {}",
                     spec.url,
                     names.join(", ")
                 )
             }
-            None if names.len() != 1 => anyhow::bail!(
+            None if names.len() != 1 => crate::error::bail!(
                 "remote task server {} serves {} tasks ({}): name one with `task`",
                 spec.url,
                 names.len(),
@@ -177,7 +178,7 @@ impl RemoteTasks {
 
     /// Tasks `first..first + count` of the split, each a task or the reason the server's
     /// source could not give it.
-    pub fn draw(&self, first: u64, count: usize, eval: bool) -> Result<Vec<Result<Task, String>>, RemoteError> {
+    pub fn draw(&self, first: u64, count: usize, eval: bool) -> Result<Vec<crate::Result<Task>>, RemoteError> {
         let body = json!({"task": self.spec.task, "index": first, "count": count,
                           "split": if eval { "eval" } else { "train" }});
         let answer = self.call("POST", "/v1/tasks/draw", Some(&body))?;
@@ -188,9 +189,9 @@ impl RemoteTasks {
             .iter()
             .map(|item| match (item.get("task"), item.get("error").and_then(Value::as_str)) {
                 (Some(task), _) => serde_json::from_value::<Task>(task.clone())
-                    .map_err(|e| format!("the server's task is not a task: {e}")),
-                (None, Some(error)) => Err(error.to_string()),
-                (None, None) => Err("the server gave neither a task nor an error".into()),
+                    .map_err(|e| crate::Error::from(e).context("the server's task is not a task")),
+                (None, Some(error)) => Err(crate::Error::Invalid(error.to_string())),
+                (None, None) => Err(crate::Error::Invalid("the server gave neither a task nor an error".into())),
             })
             .collect())
     }
@@ -198,17 +199,21 @@ impl RemoteTasks {
     /// Draw the step's training tasks in one call, for [`RemoteTasks::training`] to hand out.
     pub fn prefetch(&mut self, first: u64, count: usize) -> Result<(), RemoteError> {
         let drawn = self.draw(first, count, false)?;
-        self.drawn = (first..).zip(drawn).collect();
+        let reasons = drawn.into_iter().map(|task| task.map_err(|e| wirl_engine::error_chain(&e)));
+        self.drawn = (first..).zip(reasons).collect();
         Ok(())
     }
 
     /// The training task at `index` (drawn ahead, or asked for alone).
-    pub fn training(&mut self, index: u64) -> anyhow::Result<Task> {
+    pub fn training(&mut self, index: u64) -> crate::error::Result<Task> {
         let task = match self.drawn.remove(&index) {
-            Some(task) => task,
-            None => self.draw(index, 1, false)?.pop().unwrap_or_else(|| Err("the server gave no task".into())),
+            Some(task) => task.map_err(crate::Error::Invalid),
+            None => self
+                .draw(index, 1, false)?
+                .pop()
+                .unwrap_or_else(|| Err(crate::Error::Invalid("the server gave no task".into()))),
         };
-        task.map_err(|reason| anyhow::anyhow!("remote task {index}: {reason}"))
+        task.map_err(|e| e.context(format!("remote task {index}")))
     }
 
     /// `count` held-out tasks from `offset` in the server's held-out range; one it cannot

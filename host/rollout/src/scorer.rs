@@ -23,7 +23,7 @@ pub struct Scorers {
 
 impl Scorers {
     /// Load the reward plugins (a grader with its code runner).
-    pub fn load(sandbox: &Sandbox, specs: &[RewardSpec]) -> anyhow::Result<Self> {
+    pub fn load(sandbox: &Sandbox, specs: &[RewardSpec]) -> crate::error::Result<Self> {
         let mut plugins = Vec::new();
         for reward in specs {
             plugins.push((RewardPlugin::new(sandbox.load(reward.spec())?)?, reward.weight));
@@ -39,7 +39,11 @@ impl Scorers {
 
     /// The scorers of a task from `source`: a remote task's server, else the plugins of
     /// `specs`.
-    pub fn for_source(sandbox: &Sandbox, source: &crate::TaskSource, specs: &[RewardSpec]) -> anyhow::Result<Self> {
+    pub fn for_source(
+        sandbox: &Sandbox,
+        source: &crate::TaskSource,
+        specs: &[RewardSpec],
+    ) -> crate::error::Result<Self> {
         match source {
             crate::TaskSource::Remote(remote) => Ok(Scorers {
                 plugins: Vec::new(),
@@ -106,12 +110,12 @@ impl Scorers {
     }
 
     /// Fresh instances of the same plugins, weights and labels.
-    fn another(&self) -> anyhow::Result<Scorers> {
+    fn another(&self) -> crate::error::Result<Scorers> {
         let plugins = self
             .plugins
             .iter()
             .map(|(plugin, weight)| Ok((RewardPlugin::new(plugin.plugin().clone())?, *weight)))
-            .collect::<anyhow::Result<_>>()?;
+            .collect::<crate::error::Result<_>>()?;
         Ok(Scorers { plugins, labels: self.labels.clone(), remote: None, lanes: Vec::new() })
     }
 

@@ -2,8 +2,8 @@
 //! from dataset files, an agent, another `wirl serve`'s task, or an OpenEnv server.
 
 use crate::dataset::Dataset;
+use crate::error::bail;
 use crate::spec::SourceSpec;
-use anyhow::bail;
 use std::sync::Arc;
 use wirl_sandbox::{EnvironmentPlugin, Plugin, Sandbox, Task, printable};
 
@@ -25,7 +25,7 @@ pub enum TaskSource {
 
 impl TaskSource {
     /// Load the plugin or read the files of `spec`.
-    pub fn load(sandbox: &Sandbox, spec: &SourceSpec) -> anyhow::Result<Self> {
+    pub fn load(sandbox: &Sandbox, spec: &SourceSpec) -> crate::error::Result<Self> {
         let open = |spec: &Option<Box<crate::dataset::DatasetSpec>>| {
             spec.as_ref().map(|s| Dataset::open(s).map(Box::new)).transpose()
         };
@@ -70,11 +70,13 @@ impl TaskSource {
     }
 
     /// The training task at `index`.
-    pub fn training(&mut self, index: u64) -> anyhow::Result<Task> {
+    pub fn training(&mut self, index: u64) -> crate::error::Result<Task> {
         match self {
             TaskSource::Environment { plugin, seed } => {
                 let seed = *seed;
-                plugin.task_at(seed, index).map_err(|f| anyhow::anyhow!("environment task {index} (seed {seed}): {f}"))
+                plugin
+                    .task_at(seed, index)
+                    .map_err(|f| crate::error::invalid!("environment task {index} (seed {seed}): {f}"))
             }
             TaskSource::Dataset { train: None, .. } => {
                 bail!("the [dataset] has no `train` file: name one to train (evaluation needs only `eval`)")
@@ -85,7 +87,7 @@ impl TaskSource {
             }
             TaskSource::Remote(remote) => remote.training(index),
             TaskSource::OpenEnv(server) => {
-                server.task_at(index).map_err(|reason| anyhow::anyhow!("OpenEnv task {index}: {reason}"))
+                server.task_at(index).map_err(|e| e.context(format!("OpenEnv task {index}")))
             }
         }
     }
@@ -102,13 +104,13 @@ impl TaskSource {
                     let index = first_index.saturating_add(offset).saturating_add(i);
                     self.training(index)
                         .inspect_err(|e| {
-                            tracing::warn!("held-out task {index} skipped: {}", printable(&format!("{e:#}")))
+                            tracing::warn!("held-out task {index} skipped: {}", printable(&wirl_engine::error_chain(e)))
                         })
                         .ok()
                 })
                 .collect(),
             TaskSource::Dataset { eval: Some(eval), .. } => eval.rows(offset, count).unwrap_or_else(|error| {
-                tracing::warn!("held-out tasks: {}", printable(&format!("{error:#}")));
+                tracing::warn!("held-out tasks: {}", printable(&wirl_engine::error_chain(&error)));
                 Vec::new()
             }),
             TaskSource::Dataset { eval: None, .. } => Vec::new(),

@@ -3,8 +3,8 @@
 //! runs episodes when `max_turns` asks for them; a chat template that can hold a multi-turn
 //! ledger), so that the three accept and refuse the same tasks.
 
+use crate::error::{Context, bail};
 use crate::{FailurePolicy, RewardSpec, SamplingSpec, Scorers, SourceSpec, TaskSource};
-use anyhow::{Context, bail};
 use std::sync::Arc;
 use wirl_engine::Tokenizer;
 use wirl_sandbox::{Plugin, Sandbox};
@@ -36,7 +36,7 @@ pub struct LoadedTask {
 impl LoadedTask {
     /// Load `spec`'s plugins (or dataset, or remote) and check that the task can run with
     /// this model: errors name the task.
-    pub fn load(sandbox: &Sandbox, spec: &TaskSpec, tokenizer: &Tokenizer) -> anyhow::Result<Self> {
+    pub fn load(sandbox: &Sandbox, spec: &TaskSpec, tokenizer: &Tokenizer) -> crate::error::Result<Self> {
         let name = &spec.name;
         let mut source = TaskSource::load(sandbox, &spec.source).with_context(|| format!("task `{name}`"))?;
         if let TaskSource::OpenEnv(_) = &source {
@@ -46,7 +46,7 @@ impl LoadedTask {
             let TaskSource::Environment { plugin, .. } = &mut source else {
                 bail!("task `{name}`: max_turns = {} needs an environment plugin", spec.max_turns);
             };
-            let description = plugin.describe().map_err(|f| anyhow::anyhow!("task `{name}`: describe: {f}"))?;
+            let description = plugin.describe().map_err(|f| crate::error::invalid!("task `{name}`: describe: {f}"))?;
             if !description.episodes {
                 bail!(
                     "task `{name}`: max_turns = {}, but its environment `{}` has no episodes (describe says so): \
@@ -69,7 +69,7 @@ impl LoadedTask {
     }
 
     /// A task that trains (`groups` of each step) needs training problems.
-    pub fn check_trains(&self, groups: usize) -> anyhow::Result<()> {
+    pub fn check_trains(&self, groups: usize) -> crate::error::Result<()> {
         if groups > 0 && !self.source.can_train() {
             bail!(
                 "task `{}`: its dataset has no `train` file: name one to train (evaluation needs only `eval`)",

@@ -58,8 +58,19 @@ pub enum Error {
     WrongWorld { name: String, path: PathBuf, found: World, wanted: String },
     #[error("plugin `{name}`: {message}")]
     Config { name: String, message: String },
+    /// A code worker process lost its pipe to the host (`what` it was doing).
+    #[error("code worker: {what}")]
+    WorkerPipe {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A code worker process was sent a first line that is not its hello.
+    #[error("code worker: a malformed hello")]
+    WorkerHello(#[source] serde_json::Error),
+    /// wasmtime could not be set up (its error, and the causes under it, kept as the source).
     #[error("sandbox engine: {0}")]
-    Engine(String),
+    Engine(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

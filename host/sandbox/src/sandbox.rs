@@ -46,16 +46,16 @@ impl Sandbox {
         pool.linear_memory_keep_resident(KEEP_RESIDENT);
         pool.table_keep_resident(KEEP_RESIDENT);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        let engine = Engine::new(&config).map_err(|e| Error::Engine(e.into()))?;
 
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Error::Engine(e.into()))?;
         config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
-            .map_err(|e| Error::Engine(format!("{e:#}")))?;
+            .map_err(|e| Error::Engine(e.into()))?;
         code_runner::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
-            .map_err(|e| Error::Engine(format!("{e:#}")))?;
+            .map_err(|e| Error::Engine(e.into()))?;
         inference::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
-            .map_err(|e| Error::Engine(format!("{e:#}")))?;
+            .map_err(|e| Error::Engine(e.into()))?;
 
         start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
         Ok(Sandbox { engine, linker, settings, interrupt: Interrupter::default() })

@@ -21,7 +21,7 @@
 //! calling [`serve_code_worker`] (wirl's is the hidden `wirl code-worker`).
 
 use crate::limits::{Limits, SandboxSettings};
-use crate::{CodeRunnerPlugin, Outcome, Program, RunLimits, Sandbox, Termination};
+use crate::{CodeRunnerPlugin, Error, Outcome, Program, RunLimits, Sandbox, Termination};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -77,13 +77,13 @@ struct Request {
 /// protocol. A runner that cannot be loaded is answered `refused` (the parent says why);
 /// an error (for the child to print, exiting non-zero) means the hello could not be read or
 /// the parent's pipe broke.
-pub fn serve_code_worker(input: impl BufRead, mut output: impl Write) -> Result<(), String> {
+pub fn serve_code_worker(input: impl BufRead, mut output: impl Write) -> crate::Result<()> {
     let mut lines = input.lines();
     let hello = match lines.next() {
-        Some(line) => line.map_err(|e| format!("reading the hello: {e}"))?,
+        Some(line) => line.map_err(|source| Error::WorkerPipe { what: "reading the hello", source })?,
         None => return Ok(()),
     };
-    let hello: Hello = serde_json::from_str(&hello).map_err(|e| format!("a malformed hello: {e}"))?;
+    let hello: Hello = serde_json::from_str(&hello).map_err(Error::WorkerHello)?;
     let runner = match load_runner(&hello) {
         Ok(runner) => runner,
         // The parent reports it (it started this child to use the runner).
@@ -91,7 +91,7 @@ pub fn serve_code_worker(input: impl BufRead, mut output: impl Write) -> Result<
     };
     send(&mut output, &Greeting::Ready { sha256: runner.plugin().sha256().to_string() })?;
     for line in lines {
-        let line = line.map_err(|e| format!("reading a request: {e}"))?;
+        let line = line.map_err(|source| Error::WorkerPipe { what: "reading a request", source })?;
         let outcome = match serde_json::from_str::<Request>(&line) {
             Ok(request) => runner.run_here(&request.program, &request.limits),
             Err(e) => crashed(format!("the code worker got a malformed request: {e}")),
@@ -116,10 +116,13 @@ fn load_runner(hello: &Hello) -> Result<CodeRunnerPlugin, String> {
     Ok(runner)
 }
 
-fn send(output: &mut impl Write, message: &impl Serialize) -> Result<(), String> {
-    let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+fn send(output: &mut impl Write, message: &impl Serialize) -> crate::Result<()> {
+    let mut line = serde_json::to_vec(message).expect("the worker's messages serialize");
     line.push(b'\n');
-    output.write_all(&line).and_then(|()| output.flush()).map_err(|e| format!("writing to the host: {e}"))
+    output
+        .write_all(&line)
+        .and_then(|()| output.flush())
+        .map_err(|source| Error::WorkerPipe { what: "writing to the host", source })
 }
 
 /// The process ids of a pool's live children.

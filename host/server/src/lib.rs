@@ -21,7 +21,7 @@ mod weights;
 
 pub use control::{ControlFailure, RunControl};
 pub use request::Limits;
-pub use settings::ServeSettings;
+pub use settings::{InvalidSetting, ServeSettings};
 pub use tasks::{ServedTask, TaskLimits};
 
 use axum::body::Bytes;

@@ -94,7 +94,7 @@ pub fn common(body: &Map<String, Value>, limits: &Limits, logprobs: bool) -> Res
     sampling.max_tokens = match max_tokens {
         None => limits.max_tokens.min(256),
         Some((field, tokens)) => {
-            rules::max_tokens(tokens, limits.max_tokens).map_err(|range| ApiError::bad(Some(field), &range))?
+            rules::max_tokens(tokens, limits.max_tokens).map_err(|range| ApiError::bad(Some(field), &range.0))?
         }
     };
     if let Some(t) = number(body, "temperature")? {

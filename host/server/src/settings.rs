@@ -101,9 +101,14 @@ impl Default for ServeSettings {
 /// The most `prefix_cache_mib` may be (1 TiB): a larger number is a typo, not a budget.
 const MAX_PREFIX_CACHE_MIB: u64 = 1 << 20;
 
+/// A `wirl serve` setting out of its range; the message names it as its flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSetting(pub String);
+
 impl ServeSettings {
     /// Every value in range; the error names the key (`--key` on the command line).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), InvalidSetting> {
         let counts = [
             ("max_n", self.max_n),
             ("max_tokens", self.max_tokens),
@@ -120,7 +125,7 @@ impl ServeSettings {
         ];
         for (key, value) in counts {
             if value == 0 {
-                return Err(format!("{} must be at least 1", flag(key)));
+                return Err(InvalidSetting(format!("{} must be at least 1", flag(key))));
             }
         }
         for (key, seconds) in [
@@ -129,20 +134,20 @@ impl ServeSettings {
             ("episode_idle_s", self.episode_idle_s),
         ] {
             if seconds == 0 {
-                return Err(format!("{} must be at least 1 second", flag(key)));
+                return Err(InvalidSetting(format!("{} must be at least 1 second", flag(key))));
             }
         }
         if self.prefix_cache_mib > MAX_PREFIX_CACHE_MIB {
-            return Err(format!(
+            return Err(InvalidSetting(format!(
                 "{} {}: at most {MAX_PREFIX_CACHE_MIB} (1 TiB); 0 keeps none",
                 flag("prefix_cache_mib"),
                 self.prefix_cache_mib
-            ));
+            )));
         }
         if let Some(dtype) = &self.dtype
             && !["f32", "bf16"].contains(&dtype.as_str())
         {
-            return Err(format!("{} {dtype:?}: expected \"f32\" or \"bf16\"", flag("dtype")));
+            return Err(InvalidSetting(format!("{} {dtype:?}: expected \"f32\" or \"bf16\"", flag("dtype"))));
         }
         Ok(())
     }
@@ -210,9 +215,9 @@ mod tests {
         assert_eq!((settings.max_n, settings.name.as_deref(), settings.max_tokens), (2, Some("m"), 4096));
         assert!(toml::from_str::<ServeSettings>("max_m = 2").unwrap_err().to_string().contains("max_m"));
         let zero = ServeSettings { max_episodes: 0, ..Default::default() };
-        assert_eq!(zero.check().unwrap_err(), "--max-episodes must be at least 1");
+        assert_eq!(zero.check().unwrap_err().0, "--max-episodes must be at least 1");
         let big = ServeSettings { prefix_cache_mib: 1 << 30, ..Default::default() };
-        assert!(big.check().unwrap_err().contains("--prefix-cache-mib"));
+        assert!(big.check().unwrap_err().0.contains("--prefix-cache-mib"));
         assert!(ServeSettings::default().check().is_ok());
     }
 }

@@ -353,7 +353,7 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
                 .zip(index..)
                 .map(|(task, i)| match task {
                     Ok(problem) => json!({"index": i, "task": problem}),
-                    Err(error) => json!({"index": i, "error": error}),
+                    Err(error) => json!({"index": i, "error": wirl_engine::error_chain(&error)}),
                 })
                 .collect(),
             (TaskSource::Environment { plugin, seed: own }, _) => (0..n as u64)
@@ -372,14 +372,14 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
                     let at = if eval { first.saturating_add(i) } else { i };
                     match server.task_at(at) {
                         Ok(problem) => json!({"index": i, "task": problem}),
-                        Err(error) => json!({"index": i, "error": error}),
+                        Err(error) => json!({"index": i, "error": wirl_engine::error_chain(&error)}),
                     }
                 })
                 .collect(),
             (source @ TaskSource::Dataset { .. }, false) => (0..n as u64)
                 .map(|k| match source.training(index + k) {
                     Ok(problem) => json!({"index": index + k, "task": problem}),
-                    Err(error) => json!({"index": index + k, "error": format!("{error:#}")}),
+                    Err(error) => json!({"index": index + k, "error": wirl_engine::error_chain(&error)}),
                 })
                 .collect(),
             (source @ TaskSource::Dataset { .. }, true) => source
@@ -579,16 +579,22 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
 /// server failing or refusing is upstream's (502), its silence past `timeout_s` too (504),
 /// an I/O error the host's (500), anything else the task's own (422: the source cannot give
 /// that task).
-fn source_failure(error: &anyhow::Error) -> ApiError {
-    use wirl_rollout::RemoteError;
-    let remote = error.chain().find_map(|cause| cause.downcast_ref::<RemoteError>());
+fn source_failure(error: &wirl_rollout::Error) -> ApiError {
+    use wirl_rollout::{Error, RemoteError};
+    let remote = error.layers().find_map(|layer| match layer {
+        Error::Remote(remote) => Some(remote),
+        _ => None,
+    });
+    let mut causes = std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |e| e.source());
+    let io =
+        error.layers().any(|layer| matches!(layer, Error::Io(_))) || causes.any(|cause| cause.is::<std::io::Error>());
     let status = match remote {
         Some(RemoteError::TimedOut(_)) => StatusCode::GATEWAY_TIMEOUT,
         Some(RemoteError::Unreachable(_) | RemoteError::Refused(_)) => StatusCode::BAD_GATEWAY,
-        None if error.chain().any(|cause| cause.is::<std::io::Error>()) => StatusCode::INTERNAL_SERVER_ERROR,
+        None if io => StatusCode::INTERNAL_SERVER_ERROR,
         None => StatusCode::UNPROCESSABLE_ENTITY,
     };
-    ApiError::with_status(status, format!("{error:#}"))
+    ApiError::with_status(status, wirl_engine::error_chain(error))
 }
 
 /// A session id's suffix that cannot be guessed from another's: `number` hashed under a
@@ -725,7 +731,7 @@ fn sampling(body: &Map<String, Value>, task: SamplingSpec, limits: &request::Lim
     }
     if let Some(m) = number("max_tokens")? {
         spec.max_tokens = rules::max_tokens(whole("max_tokens", m)?, limits.max_tokens)
-            .map_err(|range| ApiError::bad(Some(&field("max_tokens")), &range))?;
+            .map_err(|range| ApiError::bad(Some(&field("max_tokens")), &range.0))?;
     }
     Ok(spec)
 }

@@ -7,7 +7,7 @@
 //! `sha256.json` and passes over a checkpoint whose bytes changed since (bit rot, a bad copy,
 //! a hand edit) for the one before it.
 
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -63,7 +63,7 @@ pub fn read_adapter(
     checkpoint: &Checkpoint,
     config: &wirl_engine::Config,
     lora: &crate::config::LoraSection,
-) -> anyhow::Result<wirl_engine::lora::Adapter> {
+) -> crate::error::Result<wirl_engine::lora::Adapter> {
     let dir = checkpoint.adapter_dir();
     if !dir.is_dir() {
         bail!(
@@ -110,7 +110,7 @@ pub fn write(
     config: &wirl_engine::Config,
     tokenizer: &wirl_engine::Tokenizer,
     base_model: &str,
-) -> anyhow::Result<PathBuf> {
+) -> crate::error::Result<PathBuf> {
     // A checkpoint is a promise of usable weights: never write NaN or infinity.
     for (name, var) in policy.vars() {
         if !wirl_engine::load::all_finite(var.as_tensor())? {
@@ -150,7 +150,7 @@ pub fn write(
 const CHECKSUMS: &str = "sha256.json";
 
 /// Every file under `dir` (but [`CHECKSUMS`]), by its path relative to `dir`: its sha256.
-fn checksums(dir: &Path) -> anyhow::Result<BTreeMap<String, String>> {
+fn checksums(dir: &Path) -> crate::error::Result<BTreeMap<String, String>> {
     let mut sums = BTreeMap::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(folder) = pending.pop() {
@@ -174,7 +174,7 @@ fn checksums(dir: &Path) -> anyhow::Result<BTreeMap<String, String>> {
     Ok(sums)
 }
 
-fn sha256_file(path: &Path) -> anyhow::Result<String> {
+fn sha256_file(path: &Path) -> crate::error::Result<String> {
     let mut file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher).with_context(|| format!("reading {}", path.display()))?;
@@ -183,7 +183,7 @@ fn sha256_file(path: &Path) -> anyhow::Result<String> {
 
 /// Check the files of the checkpoint in `dir` against its `sha256.json`: the same files,
 /// the same bytes. A checkpoint from before checksums (no `sha256.json`) passes with a warning.
-fn verify(dir: &Path) -> anyhow::Result<()> {
+fn verify(dir: &Path) -> crate::error::Result<()> {
     let path = dir.join(CHECKSUMS);
     if !path.exists() {
         tracing::warn!("{}: no {CHECKSUMS} (written before checksums): its bytes are not verified", dir.display());
@@ -219,7 +219,7 @@ pub fn prune(run_dir: &Path, keep: usize, written: usize) {
     let mut steps = match step_dirs(&run_dir.join("checkpoints")) {
         Ok(steps) => steps,
         Err(error) => {
-            tracing::warn!("cannot list the checkpoints to prune: {error:#}");
+            tracing::warn!("cannot list the checkpoints to prune: {}", wirl_engine::error_chain(&error));
             return;
         }
     };
@@ -234,7 +234,7 @@ pub fn prune(run_dir: &Path, keep: usize, written: usize) {
 }
 
 /// The `step-N` directories under `root`, with their steps.
-fn step_dirs(root: &Path) -> anyhow::Result<Vec<(usize, PathBuf)>> {
+fn step_dirs(root: &Path) -> crate::error::Result<Vec<(usize, PathBuf)>> {
     Ok(std::fs::read_dir(root)?
         .filter_map(|e| e.ok())
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -250,7 +250,7 @@ fn step_dirs(root: &Path) -> anyhow::Result<Vec<(usize, PathBuf)>> {
 /// unreadable `state.json`, a step that disagrees with its directory's name, no model or
 /// moments, a file whose sha256 is not the one written) is passed over with a warning for
 /// the one before it.
-pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
+pub fn latest(run_dir: &Path) -> crate::error::Result<Option<Checkpoint>> {
     let root = run_dir.join("checkpoints");
     if !root.is_dir() {
         return Ok(None);
@@ -260,14 +260,16 @@ pub fn latest(run_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
     while let Some((step, dir)) = steps.pop() {
         match validate(step, &dir) {
             Ok(state) => return Ok(Some(Checkpoint { dir, state })),
-            Err(error) => tracing::warn!("checkpoint {} passed over: {error:#}", dir.display()),
+            Err(error) => {
+                tracing::warn!("checkpoint {} passed over: {}", dir.display(), wirl_engine::error_chain(&error))
+            }
         }
     }
     Ok(None)
 }
 
 /// The state of the checkpoint in `dir`, named for `step`, if everything it needs is there.
-fn validate(step: usize, dir: &Path) -> anyhow::Result<State> {
+fn validate(step: usize, dir: &Path) -> crate::error::Result<State> {
     let state_path = dir.join("state.json");
     let text = std::fs::read_to_string(&state_path).with_context(|| format!("reading {}", state_path.display()))?;
     let state: State =
@@ -298,7 +300,11 @@ fn validate(step: usize, dir: &Path) -> anyhow::Result<State> {
 }
 
 /// Restore the optimizer's moments from `checkpoint`.
-pub fn restore_optimizer(checkpoint: &Checkpoint, policy: &Policy, optimizer: &mut Optimizer) -> anyhow::Result<()> {
+pub fn restore_optimizer(
+    checkpoint: &Checkpoint,
+    policy: &Policy,
+    optimizer: &mut Optimizer,
+) -> crate::error::Result<()> {
     if checkpoint.state.optimizer_steps == 0 {
         return Ok(()); // no update yet: no moments were saved
     }
@@ -318,7 +324,7 @@ pub fn restore_optimizer(checkpoint: &Checkpoint, policy: &Policy, optimizer: &m
 
 /// Keep only the lines of a JSONL file whose `step` is at most `step` (a resumed run
 /// rewrites what came after its checkpoint).
-pub fn truncate_jsonl(path: &Path, step: usize) -> anyhow::Result<()> {
+pub fn truncate_jsonl(path: &Path, step: usize) -> crate::error::Result<()> {
     if !path.exists() {
         return Ok(());
     }

@@ -3,8 +3,8 @@
 //! one JSONL line per task. Needs only the inference model, not the learner.
 
 use crate::config::{EvalSection, RunConfig, TaskSpec};
+use crate::error::Context;
 use crate::observer::{Event, Observer};
-use anyhow::Context;
 use serde_json::json;
 use std::io::Write;
 use std::path::Path;
@@ -65,11 +65,11 @@ pub fn evaluate(
     model: &Path,
     output: &Path,
     observer: &mut dyn Observer,
-) -> anyhow::Result<serde_json::Value> {
+) -> crate::error::Result<serde_json::Value> {
     let started = Instant::now();
     let eval = &config.eval;
     if let Some(k) = eval.k.iter().find(|&&k| eval.samples > 0 && k > eval.samples) {
-        anyhow::bail!("pass@{k} needs at least {k} samples per task, but `eval.samples` is {}", eval.samples);
+        crate::error::bail!("pass@{k} needs at least {k} samples per task, but `eval.samples` is {}", eval.samples);
     }
     observer.event(Event::Loading { path: model });
     // On `model.device`, as training samples (it read the CPU only, whatever the config said).
@@ -86,7 +86,7 @@ pub fn evaluate(
         .tasks
         .iter()
         .map(|spec| LoadedTask::load(&sandbox, spec, &tokenizer))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<wirl_rollout::Result<Vec<_>>>()?;
     // Every task's held-out problems, in task order; one whose prompt does not fit the
     // context is left out, as in training. Agent tasks make their own.
     let problems = wirl_rollout::collect::held_out_asks(
@@ -98,7 +98,7 @@ pub fn evaluate(
         config.grpo.seed,
     );
     let mut tallies = agent_tallies(&tasks, eval, engine, &tokenizer);
-    anyhow::ensure!(
+    crate::error::ensure!(
         !problems.is_empty() || tallies.iter().any(|t| t.problems > 0),
         "no held-out task to evaluate (a dataset needs an `eval` file; prompts must fit the model's context of \
          {context} tokens)"
@@ -124,8 +124,12 @@ pub fn evaluate(
         let mut groups =
             wirl_rollout::collect_groups(engine, &mut tasks, asks, &never).expect("never stopped")?.into_iter();
         for ask in chunk {
-            let greedy = groups.next().context("a greedy group per problem")?;
-            let sampled = if eval.samples > 0 { Some(groups.next().context("samples per problem")?) } else { None };
+            let greedy = groups.next().ok_or_else(|| crate::Error::Internal("no greedy group for a problem".into()))?;
+            let sampled = if eval.samples > 0 {
+                Some(groups.next().ok_or_else(|| crate::Error::Internal("no sampled group for a problem".into()))?)
+            } else {
+                None
+            };
             let spec = &config.tasks[ask.task];
             let judged = judge(spec, eval, &greedy, sampled.as_ref(), &mut tallies[ask.task]);
             serde_json::to_writer(&mut lines, &judged.line)?;

@@ -9,6 +9,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod control;
+pub mod error;
 pub mod eval;
 pub mod manifest;
 pub mod metrics;
@@ -21,6 +22,7 @@ pub mod trainer;
 
 pub use config::{RunConfig, TrainConfig};
 pub use control::{Control, ControlError};
+pub use error::{Error, Result};
 pub use metrics::{RolloutRecord, StepMetrics};
 pub use observer::{Event, Observer, Phase, Quiet};
 pub use swap::{ApplyOptions, Refusal, Report, RunStatus, SwapEvent};

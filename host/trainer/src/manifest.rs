@@ -6,7 +6,7 @@
 //! generation in force, and `--resume` replays the later ones at their steps.
 
 use crate::config::{RunConfig, TaskSet, TaskSpec};
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -40,7 +40,7 @@ impl Manifest {
         reason: &str,
         tasks: TaskSet,
         store: &PluginStore,
-    ) -> anyhow::Result<Self> {
+    ) -> crate::error::Result<Self> {
         let mut plugins = BTreeMap::new();
         for reference in references(&tasks) {
             let sha256 = store.keep(&reference)?;
@@ -55,7 +55,7 @@ impl Manifest {
     }
 
     /// Point every plugin of `run`'s tasks at its kept bytes.
-    pub fn pin(&self, run: &mut RunConfig, store: &PluginStore) -> anyhow::Result<()> {
+    pub fn pin(&self, run: &mut RunConfig, store: &PluginStore) -> crate::error::Result<()> {
         for task in &mut run.tasks {
             for (reference, stored) in plugin_slots(task) {
                 let sha256 = self.sha256_of(reference).with_context(|| {
@@ -79,7 +79,7 @@ impl Manifest {
     }
 
     /// Write `manifests/GENERATION.json` (atomically).
-    pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
+    pub fn write(&self, run_dir: &Path) -> crate::error::Result<()> {
         let dir = run_dir.join("manifests");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join(format!("{:06}.json", self.generation));
@@ -88,7 +88,7 @@ impl Manifest {
 }
 
 /// Every generation written in `run_dir`, oldest first.
-pub fn history(run_dir: &Path) -> anyhow::Result<Vec<Manifest>> {
+pub fn history(run_dir: &Path) -> crate::error::Result<Vec<Manifest>> {
     let dir = run_dir.join("manifests");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Ok(Vec::new());
@@ -164,7 +164,7 @@ impl PluginStore {
 
     /// Check that the kept file of `sha256` still holds those bytes: never run bytes that
     /// changed after the run kept them (a tampered or damaged `RUN_DIR/plugins/` file).
-    pub fn verify(&self, sha256: &str) -> anyhow::Result<()> {
+    pub fn verify(&self, sha256: &str) -> crate::error::Result<()> {
         let path = self.path(sha256);
         let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let actual = hex::encode(Sha256::digest(&bytes));
@@ -179,8 +179,8 @@ impl PluginStore {
     }
 
     /// The bytes of a plugin reference (a file, or a built-in) as they are now.
-    pub fn read(reference: &Path) -> anyhow::Result<Vec<u8>> {
-        if let Some(builtin) = wirl_builtins::lookup(reference).map_err(|message| anyhow::anyhow!(message))? {
+    pub fn read(reference: &Path) -> crate::error::Result<Vec<u8>> {
+        if let Some(builtin) = wirl_builtins::lookup(reference)? {
             return Ok(builtin.bytes.to_vec());
         }
         let metadata =
@@ -195,12 +195,12 @@ impl PluginStore {
     }
 
     /// Keep the bytes of `reference` as they are now; their sha256.
-    pub fn keep(&self, reference: &Path) -> anyhow::Result<String> {
+    pub fn keep(&self, reference: &Path) -> crate::error::Result<String> {
         self.put(&Self::read(reference)?)
     }
 
     /// Keep `bytes`; their sha256.
-    pub fn put(&self, bytes: &[u8]) -> anyhow::Result<String> {
+    pub fn put(&self, bytes: &[u8]) -> crate::error::Result<String> {
         let sha256 = hex::encode(Sha256::digest(bytes));
         let path = self.path(&sha256);
         if !path.is_file() {
@@ -212,7 +212,7 @@ impl PluginStore {
 }
 
 /// Write through a temporary file and a rename, so a reader (or a kill) never sees half a file.
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+fn write_atomically(path: &Path, bytes: &[u8]) -> crate::error::Result<()> {
     let temporary = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&temporary, bytes).with_context(|| format!("writing {}", temporary.display()))?;
     std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))

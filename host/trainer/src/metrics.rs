@@ -211,8 +211,8 @@ pub struct PluginHash {
 }
 
 /// Read `metrics.jsonl`; an undecodable line is an error naming the file and the line.
-pub fn read_metrics(path: &std::path::Path) -> anyhow::Result<Vec<StepMetrics>> {
-    use anyhow::Context;
+pub fn read_metrics(path: &std::path::Path) -> crate::error::Result<Vec<StepMetrics>> {
+    use crate::error::Context;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .enumerate()

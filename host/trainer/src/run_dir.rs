@@ -4,21 +4,21 @@
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::TrainConfig;
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 use std::path::{Path, PathBuf};
 
 /// The config as resolved, in a run directory.
 pub const RESOLVED: &str = "config.resolved.toml";
 
 /// `runs/train-<unix time>`.
-pub fn default_run_dir() -> anyhow::Result<PathBuf> {
+pub fn default_run_dir() -> crate::error::Result<PathBuf> {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     Ok(PathBuf::from(format!("runs/train-{now}")))
 }
 
 /// Make `run_dir` a new run's directory, keeping the config as given (`text`) and as
 /// resolved. A directory that already holds a run is refused, untouched.
-pub fn create(run_dir: &Path, text: &str, config: &TrainConfig) -> anyhow::Result<()> {
+pub fn create(run_dir: &Path, text: &str, config: &TrainConfig) -> crate::error::Result<()> {
     if run_dir.join(RESOLVED).exists() {
         bail!(
             "{} already holds a run; continue it with `wirl train --resume {0}`, or choose another --run-dir",
@@ -43,7 +43,7 @@ pub fn abandon(run_dir: &Path, existed: bool) {
 }
 
 /// The config of the run in `run_dir`.
-pub fn config(run_dir: &Path) -> anyhow::Result<TrainConfig> {
+pub fn config(run_dir: &Path) -> crate::error::Result<TrainConfig> {
     let path = run_dir.join(RESOLVED);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("{} is not a wirl run directory (no {RESOLVED})", run_dir.display()))?;
@@ -52,7 +52,7 @@ pub fn config(run_dir: &Path) -> anyhow::Result<TrainConfig> {
 
 /// The newest complete checkpoint of the run in `run_dir`, its records cut back to it (the
 /// steps after it are run again).
-pub fn prepare_resume(run_dir: &Path) -> anyhow::Result<Checkpoint> {
+pub fn prepare_resume(run_dir: &Path) -> crate::error::Result<Checkpoint> {
     let Some(checkpoint) = checkpoint::latest(run_dir)? else {
         bail!("{}: no complete checkpoint to resume from (checkpoints/step-*)", run_dir.display());
     };

@@ -127,7 +127,7 @@ impl SwapEvent {
 }
 
 /// Read `events.jsonl` (none: empty).
-pub fn read_events(run_dir: &Path) -> anyhow::Result<Vec<SwapEvent>> {
+pub fn read_events(run_dir: &Path) -> crate::error::Result<Vec<SwapEvent>> {
     let path = run_dir.join("events.jsonl");
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(Vec::new());
@@ -137,7 +137,7 @@ pub fn read_events(run_dir: &Path) -> anyhow::Result<Vec<SwapEvent>> {
         .enumerate()
         .map(|(i, line)| {
             serde_json::from_str(line)
-                .map_err(|e| anyhow::anyhow!("{} line {}: not an event ({e})", path.display(), i + 1))
+                .map_err(|e| crate::error::invalid!("{} line {}: not an event ({e})", path.display(), i + 1))
         })
         .collect()
 }
@@ -350,7 +350,8 @@ impl Swapper {
     /// for a dry run) stage it: its report, or why it is refused.
     fn check_and_stage(&self, set: TaskSet, options: &ApplyOptions) -> Result<Report, Refusal> {
         let origin = if options.origin.is_empty() { "the task set".to_string() } else { options.origin.clone() };
-        let config = self.base.with_task_set(set, &origin, Path::new("/")).map_err(|e| refuse(format!("{e:#}")))?;
+        let config =
+            self.base.with_task_set(set, &origin, Path::new("/")).map_err(|e| refuse(wirl_engine::error_chain(&e)))?;
         let set = config.task_set();
         let now = self.read_plugins(&set, options, &origin)?;
         let Against { changes, changed_tasks, changed_sources, current, generation } =
@@ -358,8 +359,9 @@ impl Swapper {
 
         // Load: from the files for a dry run, from kept bytes otherwise (the run then never
         // depends on the files again).
-        let mut run = config.run_config().map_err(|e| refuse(format!("{origin}: {e:#}")))?;
-        let allocation = run.allocation().map_err(|e| refuse(format!("{origin}: {e:#}")))?.groups;
+        let mut run = config.run_config().map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?;
+        let allocation =
+            run.allocation().map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?.groups;
         let manifest = if options.dry_run {
             None
         } else {
@@ -370,11 +372,11 @@ impl Swapper {
                 tasks: set.clone(),
                 plugins: now.clone(),
             };
-            manifest.pin(&mut run, &self.store).map_err(|e| refuse(format!("{e:#}")))?;
+            manifest.pin(&mut run, &self.store).map_err(|e| refuse(wirl_engine::error_chain(&e)))?;
             Some(manifest)
         };
         let mut tasks = load_tasks(&self.sandbox, &run, &allocation, &self.tokenizer)
-            .map_err(|e| refuse(format!("{origin}: {e:#}")))?;
+            .map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?;
         if !(options.allow_new_capabilities || self.base.swap.allow_new_capabilities) {
             self.no_new_capabilities(&tasks, &current)?;
         }
@@ -415,11 +417,12 @@ impl Swapper {
     ) -> Result<BTreeMap<String, String>, Refusal> {
         let mut now = BTreeMap::new();
         for reference in crate::manifest::references(set) {
-            let bytes = PluginStore::read(&reference).map_err(|e| refuse(format!("{origin}: {e:#}")))?;
+            let bytes = PluginStore::read(&reference)
+                .map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?;
             let sha256 = if options.dry_run {
                 hex::encode(Sha256::digest(&bytes))
             } else {
-                self.store.put(&bytes).map_err(|e| refuse(format!("{origin}: {e:#}")))?
+                self.store.put(&bytes).map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?
             };
             now.insert(reference.display().to_string(), sha256);
         }

@@ -15,7 +15,7 @@ pub(crate) fn load_tasks(
     run: &RunConfig,
     groups: &[usize],
     tokenizer: &Tokenizer,
-) -> anyhow::Result<Vec<LoadedTask>> {
+) -> crate::error::Result<Vec<LoadedTask>> {
     run.tasks
         .iter()
         .zip(groups)

@@ -18,7 +18,7 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    pub fn create(run_dir: &Path) -> anyhow::Result<Self> {
+    pub fn create(run_dir: &Path) -> crate::error::Result<Self> {
         let dir = run_dir.join("tensorboard");
         std::fs::create_dir_all(&dir)?;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
@@ -39,7 +39,7 @@ impl EventWriter {
     }
 
     /// One step's scalars: the run's figures, the time split, and each task's.
-    pub fn step(&mut self, metrics: &StepMetrics) -> anyhow::Result<()> {
+    pub fn step(&mut self, metrics: &StepMetrics) -> crate::error::Result<()> {
         let mut scalars: Vec<(String, f64)> = vec![
             ("reward/mean".into(), f64::from(metrics.reward_mean)),
             ("reward/std".into(), f64::from(metrics.reward_std)),
@@ -79,7 +79,7 @@ impl EventWriter {
 
     /// An event of `scalars` at `step` (non-finite values are left out: TensorBoard would
     /// draw them as gaps anyway, and JSON readers choke on them).
-    pub fn scalars(&mut self, step: i64, scalars: &[(String, f64)]) -> anyhow::Result<()> {
+    pub fn scalars(&mut self, step: i64, scalars: &[(String, f64)]) -> crate::error::Result<()> {
         let mut summary = Vec::new();
         for (tag, value) in scalars.iter().filter(|(_, v)| v.is_finite()) {
             let mut entry = Vec::new();
@@ -158,8 +158,8 @@ pub type ScalarEvent = (i64, Vec<(String, f32)>);
 
 /// Read back an event file: each record checked, each event's step and scalars (for tests
 /// and tools; the first event, the file version, has none).
-pub fn read_scalars(path: &Path) -> anyhow::Result<Vec<ScalarEvent>> {
-    use anyhow::{Context, bail};
+pub fn read_scalars(path: &Path) -> crate::error::Result<Vec<ScalarEvent>> {
+    use crate::error::{Context, bail};
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut at = 0;
     let mut events = Vec::new();
@@ -208,9 +208,9 @@ enum Field<'a> {
     Bytes(&'a [u8]),
 }
 
-fn fields(mut data: &[u8]) -> anyhow::Result<Vec<(u32, Field<'_>)>> {
-    use anyhow::Context;
-    fn read_varint(data: &mut &[u8]) -> anyhow::Result<u64> {
+fn fields(mut data: &[u8]) -> crate::error::Result<Vec<(u32, Field<'_>)>> {
+    use crate::error::Context;
+    fn read_varint(data: &mut &[u8]) -> crate::error::Result<u64> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let (&byte, rest) = data.split_first().context("a truncated varint")?;
@@ -220,7 +220,7 @@ fn fields(mut data: &[u8]) -> anyhow::Result<Vec<(u32, Field<'_>)>> {
                 return Ok(value);
             }
         }
-        anyhow::bail!("a varint too long")
+        crate::error::bail!("a varint too long")
     }
     let mut out = Vec::new();
     while !data.is_empty() {
@@ -243,7 +243,7 @@ fn fields(mut data: &[u8]) -> anyhow::Result<Vec<(u32, Field<'_>)>> {
                 data = &data[length..];
                 Field::Bytes(bytes)
             }
-            other => anyhow::bail!("wire type {other}"),
+            other => crate::error::bail!("wire type {other}"),
         };
         out.push((field, value));
     }

@@ -14,12 +14,12 @@ mod step;
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::{BaseDtype, GrpoSection, RunConfig, TaskSpec, TrainConfig};
 use crate::control::Control;
+use crate::error::{Context, bail};
 use crate::manifest::{self, Manifest, PluginStore};
 use crate::metrics::StepMetrics;
 use crate::observer::{Event, Observer};
 use crate::swap::{Staged, SwapEvent, Swapper};
 use crate::tasks::{LoadedTask, load_tasks};
-use anyhow::{Context, bail};
 use candle_core::{DType, Device};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -149,7 +149,7 @@ impl Trainer {
         control: Control,
         observer: &mut dyn Observer,
         ranks: Arc<dyn Comm>,
-    ) -> anyhow::Result<Self> {
+    ) -> crate::error::Result<Self> {
         let store = PluginStore::new(run_dir);
         let follower = ranks.rank() > 0;
         let (manifest, scheduled, next_generation) = manifest_in_force(&base, run_dir, resume, &store, follower)?;
@@ -234,7 +234,7 @@ impl Trainer {
 
     /// Every rank starts from the same config, plugins (by sha256), weights version and
     /// step as rank 0, or all refuse to start, naming what differs on which rank.
-    fn check_ranks_agree(&self, start: usize) -> anyhow::Result<()> {
+    fn check_ranks_agree(&self, start: usize) -> crate::error::Result<()> {
         if self.ranks.size() == 1 {
             return Ok(());
         }
@@ -264,7 +264,7 @@ impl Trainer {
     /// manifest that rank 0 switched to (a swap, a rollback) loaded and switched in by the
     /// others at the same boundary, from the plugin bytes rank 0 keeps in the run directory;
     /// then every rank's plugins checked against rank 0's.
-    fn follow_tasks(&mut self, step: usize, observer: &mut dyn Observer) -> anyhow::Result<()> {
+    fn follow_tasks(&mut self, step: usize, observer: &mut dyn Observer) -> crate::error::Result<()> {
         if self.ranks.size() == 1 {
             return Ok(());
         }
@@ -302,7 +302,7 @@ impl Trainer {
     }
 
     /// Whether any rank says `flag` (alone: `flag`). Every rank calls it at the same points.
-    fn agree(&self, flag: bool) -> anyhow::Result<bool> {
+    fn agree(&self, flag: bool) -> crate::error::Result<bool> {
         let mut any = [f32::from(u8::from(flag))];
         self.ranks.all_reduce_sum_in_place(&mut any)?;
         Ok(any[0] > 0.0)
@@ -337,7 +337,7 @@ impl Trainer {
 
     /// Between steps: switch in a resumed run's later generations at their steps, a staged
     /// task set or a rollback; wait while paused. Whether the run was stopped meanwhile.
-    fn boundary(&mut self, step: usize, observer: &mut dyn Observer) -> anyhow::Result<bool> {
+    fn boundary(&mut self, step: usize, observer: &mut dyn Observer) -> crate::error::Result<bool> {
         loop {
             while self.scheduled.front().is_some_and(|m| m.from_step <= step) {
                 let manifest = self.scheduled.pop_front().expect("just looked");
@@ -377,7 +377,7 @@ impl Trainer {
     }
 
     /// A manifest of this run, loaded from its kept bytes.
-    fn stage(&self, manifest: Manifest) -> anyhow::Result<Staged> {
+    fn stage(&self, manifest: Manifest) -> crate::error::Result<Staged> {
         let mut run = self.swapper.base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
         manifest.pin(&mut run, &self.swapper.store)?;
         let allocation = run.allocation()?.groups;
@@ -403,7 +403,7 @@ impl Trainer {
         staged: Staged,
         on_probation: bool,
         observer: &mut dyn Observer,
-    ) -> anyhow::Result<()> {
+    ) -> crate::error::Result<()> {
         let started = Instant::now();
         let Staged { mut manifest, run, tasks, allocation, changes, changed_tasks: changed, report } = staged;
         manifest.from_step = step;
@@ -458,7 +458,7 @@ impl Trainer {
 
     /// Put the task set before the last switch back in force (a new generation), from its
     /// loaded plugins.
-    fn roll_back(&mut self, step: usize, reason: &str, observer: &mut dyn Observer) -> anyhow::Result<()> {
+    fn roll_back(&mut self, step: usize, reason: &str, observer: &mut dyn Observer) -> crate::error::Result<()> {
         let Some(previous) = self.previous.take() else {
             tracing::warn!("a rollback was asked for, but no earlier task set is kept; nothing changed");
             return Ok(());
@@ -493,7 +493,7 @@ impl Trainer {
     /// generated together; a multi-turn task's as greedy episodes.
     /// The held-out pass rate before training: measured now on a new run, kept in a resumed
     /// run's checkpoint, unknown when a run starts past step 0 otherwise.
-    fn held_out_before(&mut self, start: usize, resumed: Option<&Checkpoint>) -> anyhow::Result<HeldOut> {
+    fn held_out_before(&mut self, start: usize, resumed: Option<&Checkpoint>) -> crate::error::Result<HeldOut> {
         Ok(match resumed {
             Some(checkpoint) => HeldOut {
                 overall: checkpoint.state.held_out_before,
@@ -512,7 +512,7 @@ impl Trainer {
         line: &StepMetrics,
         metrics: &mut impl Write,
         tensorboard: &mut crate::tensorboard::EventWriter,
-    ) -> anyhow::Result<()> {
+    ) -> crate::error::Result<()> {
         {
             let mut state = self.swapper.state();
             state.status.step = line.step;
@@ -534,7 +534,7 @@ impl Trainer {
         before: &HeldOut,
         started: Instant,
         observer: &mut dyn Observer,
-    ) -> anyhow::Result<Summary> {
+    ) -> crate::error::Result<Summary> {
         let after = self.evaluate()?;
         if let Some(pass_rate) = after.overall {
             observer.event(Event::HeldOut { after: true, pass_rate, problems: after.problems });
@@ -558,7 +558,7 @@ impl Trainer {
         Ok(summary)
     }
 
-    fn evaluate(&mut self) -> anyhow::Result<HeldOut> {
+    fn evaluate(&mut self) -> crate::error::Result<HeldOut> {
         let count = self.config.eval.tasks;
         if count == 0 {
             return Ok(HeldOut::default());
@@ -616,7 +616,7 @@ impl Trainer {
         Ok(HeldOut { overall, problems: all, by_task })
     }
 
-    fn checkpoint(&self, step: usize, before: &HeldOut, observer: &mut dyn Observer) -> anyhow::Result<()> {
+    fn checkpoint(&self, step: usize, before: &HeldOut, observer: &mut dyn Observer) -> crate::error::Result<()> {
         if !self.writes() {
             return Ok(());
         }
@@ -650,7 +650,7 @@ impl Trainer {
         start: usize,
         resumed: Option<&Checkpoint>,
         observer: &mut dyn Observer,
-    ) -> anyhow::Result<Outcome> {
+    ) -> crate::error::Result<Outcome> {
         let started = Instant::now();
         self.check_ranks_agree(start)?;
         // The held-out evaluation, the files and the checkpoints are rank 0's.
@@ -659,7 +659,7 @@ impl Trainer {
         if let (0, Some(pass_rate)) = (start, before.overall) {
             observer.event(Event::HeldOut { after: false, pass_rate, problems: before.problems });
         }
-        let append = |name: &str| -> anyhow::Result<Box<dyn Write>> {
+        let append = |name: &str| -> crate::error::Result<Box<dyn Write>> {
             if !writes {
                 return Ok(Box::new(std::io::sink()));
             }
@@ -759,7 +759,7 @@ fn manifest_in_force(
     resume: Option<&Checkpoint>,
     store: &PluginStore,
     follower: bool,
-) -> anyhow::Result<(Manifest, Vec<Manifest>, u64)> {
+) -> crate::error::Result<(Manifest, Vec<Manifest>, u64)> {
     let history = manifest::history(run_dir)?;
     let next_generation = history.last().map_or(0, |m| m.generation + 1);
     if follower && resume.and_then(|c| c.state.manifest_generation).is_none() {
@@ -798,7 +798,7 @@ fn load_policy(
     config: &RunConfig,
     device: &Device,
     observer: &mut dyn Observer,
-) -> anyhow::Result<(wirl_engine::Config, Tokenizer, Policy, Option<Net>)> {
+) -> crate::error::Result<(wirl_engine::Config, Tokenizer, Policy, Option<Net>)> {
     // f32 on every device: the master weights and what the optimizer updates.
     let options = LoadOptions { dtype: Some(DType::F32), device: device.clone(), ..Default::default() };
     let beta = config.grpo.beta;
@@ -877,7 +877,7 @@ fn draw_tasks(
     draw: usize,
     grpo: &GrpoSection,
     stopped: &(dyn Fn() -> bool + Sync),
-) -> anyhow::Result<Option<Drawn>> {
+) -> crate::error::Result<Option<Drawn>> {
     let group_size = grpo.group_size;
     let mut drawn = Drawn::default();
     // The draw's place among every step's: the first index of a task's groups and of the

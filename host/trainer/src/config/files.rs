@@ -6,26 +6,26 @@ use super::*;
 impl TrainConfig {
     /// The embedded default ([`DEFAULT_TOML`]): its plugins are built in, so it runs from any
     /// folder.
-    pub fn embedded_default() -> anyhow::Result<Self> {
+    pub fn embedded_default() -> crate::error::Result<Self> {
         Self::parse(DEFAULT_TOML, "the embedded default config (examples/train/default.toml)", Path::new("."))
     }
 
     /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
-    pub fn parse(text: &str, origin: &str, base: &Path) -> anyhow::Result<Self> {
+    pub fn parse(text: &str, origin: &str, base: &Path) -> crate::error::Result<Self> {
         let invalid = || "the training config is not valid; see examples/train/default.toml for every key";
         let config: TrainConfig = match super::preset::fill(text, origin)? {
             Some(table) => table.try_into().map_err(|e: toml::de::Error| {
-                anyhow::anyhow!("{origin}: {}", e.message().trim_end()).context(invalid())
+                crate::error::invalid!("{origin}: {}", e.message().trim_end()).context(invalid())
             })?,
             None => toml::from_str(text)
-                .map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()).context(invalid()))?,
+                .map_err(|e| crate::error::invalid!("{origin}: {}", e.to_string().trim_end()).context(invalid()))?,
         };
         config.resolved(origin, base)
     }
 
     /// Files (not built-ins) joined to `base`, checked, then absolute: the run directory
     /// keeps the config for `--resume`.
-    fn resolved(mut self, origin: &str, base: &Path) -> anyhow::Result<Self> {
+    fn resolved(mut self, origin: &str, base: &Path) -> crate::error::Result<Self> {
         for path in self.paths() {
             *path = base.join(&*path);
         }
@@ -63,7 +63,7 @@ impl TrainConfig {
 
     /// This config with its tasks replaced by `set` (read from `origin`; its relative paths
     /// from `base`), checked as a whole.
-    pub fn with_task_set(&self, set: TaskSet, origin: &str, base: &Path) -> anyhow::Result<Self> {
+    pub fn with_task_set(&self, set: TaskSet, origin: &str, base: &Path) -> crate::error::Result<Self> {
         if set.tasks.is_empty() {
             bail!("{origin}: no [[tasks]]: a task set names every task of the run as a [[tasks]] table");
         }
@@ -74,16 +74,16 @@ impl TrainConfig {
 
     /// A run directory's resolved config (absolute paths): its plugin files need not exist
     /// any more, the run keeps their bytes.
-    pub fn parse_resolved(text: &str, origin: &str) -> anyhow::Result<Self> {
+    pub fn parse_resolved(text: &str, origin: &str) -> crate::error::Result<Self> {
         let config: TrainConfig =
-            toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()))?;
+            toml::from_str(text).map_err(|e| crate::error::invalid!("{origin}: {}", e.to_string().trim_end()))?;
         config.check_with(origin, false)?;
         Ok(config)
     }
 
     /// This config with the task set of a run manifest (absolute paths; its plugins are the
     /// bytes the run keeps, so their files need not exist any more).
-    pub fn with_manifest_tasks(&self, set: &TaskSet) -> anyhow::Result<Self> {
+    pub fn with_manifest_tasks(&self, set: &TaskSet) -> crate::error::Result<Self> {
         let config = TrainConfig {
             tasks: set.tasks.clone(),
             rewards: set.rewards.clone(),
@@ -96,16 +96,16 @@ impl TrainConfig {
     }
 
     /// Read a task set file (`[[tasks]]`, shared `[[rewards]]`; paths relative to it).
-    pub fn read_task_set(path: &Path) -> anyhow::Result<TaskSet> {
+    pub fn read_task_set(path: &Path) -> crate::error::Result<TaskSet> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         Self::parse_task_set(&text, &path.display().to_string(), parent)
     }
 
     /// A task set's text (from `origin`), its relative paths from `parent`.
-    pub fn parse_task_set(text: &str, origin: &str, parent: &Path) -> anyhow::Result<TaskSet> {
+    pub fn parse_task_set(text: &str, origin: &str, parent: &Path) -> crate::error::Result<TaskSet> {
         let mut set: TaskSet = toml::from_str(text).map_err(|e| {
-            anyhow::anyhow!("{origin}: {}", e.to_string().trim_end())
+            crate::error::invalid!("{origin}: {}", e.to_string().trim_end())
                 .context("not a task set: [[tasks]] tables (and shared [[rewards]]), as in a training config")
         })?;
         // Relative paths from the file's directory, as in a config; built-ins stay names.
@@ -174,7 +174,7 @@ impl TrainConfig {
     }
 
     /// Load from a TOML file.
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
+    pub fn load(path: &Path) -> crate::error::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         Self::parse(&text, &path.display().to_string(), base)

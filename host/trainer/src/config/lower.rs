@@ -122,7 +122,7 @@ impl TrainConfig {
 
     /// The validated form. Only for a config that `parse` (or `check_numbers`, after an
     /// override) accepted.
-    pub fn run_config(&self) -> anyhow::Result<RunConfig> {
+    pub fn run_config(&self) -> crate::error::Result<RunConfig> {
         let mut tasks = Vec::new();
         for view in self.task_views() {
             let source = view.source_spec()?;
@@ -176,7 +176,7 @@ impl TrainConfig {
 
 impl TaskView<'_> {
     /// Where the task's problems come from: exactly one source (checked on load).
-    fn source_spec(&self) -> anyhow::Result<SourceSpec> {
+    fn source_spec(&self) -> crate::error::Result<SourceSpec> {
         if let Some(remote) = self.remote {
             return self.remote_spec(remote);
         }
@@ -211,11 +211,11 @@ impl TaskView<'_> {
     }
 
     /// A remote task, its API key read from the environment variable the config names.
-    fn remote_spec(&self, remote: &RemoteSection) -> anyhow::Result<SourceSpec> {
+    fn remote_spec(&self, remote: &RemoteSection) -> crate::error::Result<SourceSpec> {
         let api_key = match &remote.api_key_env {
             None => None,
             Some(variable) => Some(std::env::var(variable).map_err(|_| {
-                anyhow::anyhow!(
+                crate::error::invalid!(
                     "task `{}`: remote.api_key_env names {variable}, which is not set: export it with the server's key",
                     self.name
                 )

@@ -14,7 +14,7 @@ pub mod preset;
 mod set;
 mod validate;
 
-use anyhow::{Context, bail};
+use crate::error::{Context, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, KlEstimator, LossKind, Schedule};
@@ -385,11 +385,13 @@ impl DeviceSpec {
     }
 
     /// The device (an error where this build has no CUDA, or the GPU is missing).
-    pub fn open(self) -> anyhow::Result<candle_core::Device> {
+    pub fn open(self) -> crate::error::Result<candle_core::Device> {
         match self {
             DeviceSpec::Cpu => Ok(candle_core::Device::Cpu),
             DeviceSpec::Cuda(n) => candle_core::Device::new_cuda(n).map_err(|e| {
-                anyhow::anyhow!("`model.device` = \"cuda:{n}\": {e} (a CUDA build comes from scripts/build-cuda)")
+                crate::error::invalid!(
+                    "`model.device` = \"cuda:{n}\": {e} (a CUDA build comes from scripts/build-cuda)"
+                )
             }),
         }
     }
@@ -730,7 +732,7 @@ impl RunConfig {
     }
 
     /// Groups per step for each task, by Megatron's rule (checked on load).
-    pub fn allocation(&self) -> anyhow::Result<wirl_rollout::Allocation> {
+    pub fn allocation(&self) -> crate::error::Result<wirl_rollout::Allocation> {
         let weights: Vec<f64> = self.tasks.iter().map(|t| t.weight).collect();
         Ok(wirl_rollout::allocate(&weights, self.grpo.prompts_per_step)?)
     }

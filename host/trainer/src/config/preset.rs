@@ -33,8 +33,8 @@ overlong_penalty = 1.0"#,
 }
 
 /// The refusal of an unknown preset `name`.
-pub fn unknown(origin: &str, name: &str) -> anyhow::Error {
-    anyhow::anyhow!(
+pub fn unknown(origin: &str, name: &str) -> crate::Error {
+    crate::error::invalid!(
         "{origin}: `grpo.preset` = {name:?}: expected one of {}",
         PRESETS.map(|p| format!("{p:?}")).join(", ")
     )
@@ -42,7 +42,7 @@ pub fn unknown(origin: &str, name: &str) -> anyhow::Error {
 
 /// A config's text with its preset's keys filled into `[grpo]` where the text does not set
 /// them; the text as it is without a preset.
-pub fn fill(text: &str, origin: &str) -> anyhow::Result<Option<toml::Table>> {
+pub fn fill(text: &str, origin: &str) -> crate::error::Result<Option<toml::Table>> {
     let Ok(mut table) = toml::from_str::<toml::Table>(text) else { return Ok(None) };
     let Some(name) = table.get("grpo").and_then(|g| g.get("preset")).and_then(toml::Value::as_str).map(str::to_string)
     else {

@@ -8,7 +8,7 @@ impl TrainConfig {
     /// `tasks.1.weight=0` (an array's element by index). VALUE is a TOML value; a bare word
     /// is a string. The whole config is checked again, so a wrong key or value is refused
     /// with its name.
-    pub fn set(&mut self, assignment: &str) -> anyhow::Result<()> {
+    pub fn set(&mut self, assignment: &str) -> crate::error::Result<()> {
         let origin = format!("--set {assignment}");
         let Some((key, text)) = assignment.split_once('=') else {
             bail!("{origin}: expected KEY=VALUE, for example grpo.group_size=4");
@@ -60,7 +60,7 @@ impl TrainConfig {
             }
             _ => bail!("{origin}: `{}` is a value, not a table", parents.join(".")),
         }
-        *self = tree.try_into().map_err(|e: toml::de::Error| anyhow::anyhow!("{origin}: {}", e.message()))?;
+        *self = tree.try_into().map_err(|e: toml::de::Error| crate::error::invalid!("{origin}: {}", e.message()))?;
         // Plugin files are not required: a resumed run loads the bytes it keeps.
         self.check_with(&origin, false)
     }

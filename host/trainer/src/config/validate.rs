@@ -16,13 +16,13 @@ const MAX_MEMORY_MIB: u64 = 4 << 10;
 const MAX_PREFIX_CACHE_MIB: u64 = 1 << 20;
 
 impl TrainConfig {
-    pub(super) fn check(&self, origin: &str) -> anyhow::Result<()> {
+    pub(super) fn check(&self, origin: &str) -> crate::error::Result<()> {
         self.check_with(origin, true)
     }
 
     /// [`TrainConfig::check`]; without `plugins_on_disk`, plugin files need not exist (a
     /// manifest's plugins are loaded from the bytes the run keeps).
-    pub(super) fn check_with(&self, origin: &str, plugins_on_disk: bool) -> anyhow::Result<()> {
+    pub(super) fn check_with(&self, origin: &str, plugins_on_disk: bool) -> crate::error::Result<()> {
         // A file's path is read from the config's directory; one given by `--set`, from here.
         let relative_to = if origin.starts_with("--set") { "the current directory" } else { "the config's directory" };
         let files = Files { origin, relative_to, plugins_on_disk };
@@ -51,7 +51,7 @@ impl TrainConfig {
 
     /// Every number of the config finite and in range, the error naming the key. Run on
     /// load and again after command-line overrides.
-    pub fn check_numbers(&self, origin: &str) -> anyhow::Result<()> {
+    pub fn check_numbers(&self, origin: &str) -> crate::error::Result<()> {
         if let Some(device) = &self.model.device
             && super::DeviceSpec::parse(device).is_none()
         {
@@ -91,7 +91,7 @@ impl TrainConfig {
     }
 
     /// Counts of `[grpo]` and `[sampling]` that must be at least 1 (a group: 2).
-    fn check_counts(&self, origin: &str) -> anyhow::Result<()> {
+    fn check_counts(&self, origin: &str) -> crate::error::Result<()> {
         let g = &self.grpo;
         let positive = [
             ("grpo.steps", g.steps),
@@ -125,7 +125,7 @@ impl TrainConfig {
     }
 
     /// `[swap]`'s window and rates.
-    fn check_swap_numbers(&self, origin: &str) -> anyhow::Result<()> {
+    fn check_swap_numbers(&self, origin: &str) -> crate::error::Result<()> {
         let w = &self.swap;
         if w.rollback_window == 0 {
             bail!("{origin}: `swap.rollback_window` must be at least 1");
@@ -144,7 +144,7 @@ impl TrainConfig {
     }
 
     /// `[grpo]`'s real numbers: finite, each in its range.
-    fn check_grpo_floats(&self, origin: &str) -> anyhow::Result<()> {
+    fn check_grpo_floats(&self, origin: &str) -> crate::error::Result<()> {
         let g = &self.grpo;
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
         let floats: [FloatRule; 10] = [
@@ -189,7 +189,7 @@ impl TrainConfig {
     }
 
     /// `[lora]`: rank, alpha and targets as the adapter format allows; dropout 0.
-    fn check_lora(&self, origin: &str) -> anyhow::Result<()> {
+    fn check_lora(&self, origin: &str) -> crate::error::Result<()> {
         let Some(lora) = &self.lora else { return Ok(()) };
         if lora.dropout != 0.0 {
             bail!(
@@ -205,7 +205,7 @@ impl TrainConfig {
     }
 
     /// `grpo.generation_lag`: 0 or 1, and 1 only where every trained task is single-turn.
-    fn check_generation_lag(&self, origin: &str, views: &[TaskView<'_>]) -> anyhow::Result<()> {
+    fn check_generation_lag(&self, origin: &str, views: &[TaskView<'_>]) -> crate::error::Result<()> {
         let g = &self.grpo;
         if g.generation_lag > 1 {
             bail!(
@@ -230,7 +230,7 @@ impl TrainConfig {
 
     /// The task mixture and the evaluation: a failure reward used somewhere, at least one
     /// group per trained task, training indices below the held-out ones, `[eval]`'s counts.
-    fn check_mixture(&self, origin: &str, views: &[TaskView<'_>]) -> anyhow::Result<()> {
+    fn check_mixture(&self, origin: &str, views: &[TaskView<'_>]) -> crate::error::Result<()> {
         let g = &self.grpo;
         if g.failure_reward != 0.0 && views.iter().all(|v| v.on_failure.unwrap_or(g.on_failure) == OnFailure::Mask) {
             bail!(
@@ -277,7 +277,7 @@ struct Files<'a> {
 
 impl Files<'_> {
     /// A plugin is a file, or a built-in named `builtin:NAME`.
-    fn plugin(&self, key: &str, path: &Path) -> anyhow::Result<()> {
+    fn plugin(&self, key: &str, path: &Path) -> crate::error::Result<()> {
         let (origin, relative_to) = (self.origin, self.relative_to);
         match wirl_builtins::lookup(path) {
             Err(message) => bail!("{origin}: `{key}`: {message}"),
@@ -300,7 +300,7 @@ fn where_of(view: &TaskView<'_>) -> String {
 }
 
 /// A `[[tasks]]` entry's name: 1 to 64 safe characters, unique.
-fn check_task_name(origin: &str, view: &TaskView<'_>, names: &mut BTreeSet<String>) -> anyhow::Result<()> {
+fn check_task_name(origin: &str, view: &TaskView<'_>, names: &mut BTreeSet<String>) -> crate::error::Result<()> {
     let key = &view.key;
     if key.is_empty() {
         return Ok(());
@@ -316,7 +316,7 @@ fn check_task_name(origin: &str, view: &TaskView<'_>, names: &mut BTreeSet<Strin
 }
 
 /// A task served by another `wirl serve`: its only source, scored there, single-turn.
-fn check_remote_task(origin: &str, view: &TaskView<'_>, remote: &RemoteSection) -> anyhow::Result<()> {
+fn check_remote_task(origin: &str, view: &TaskView<'_>, remote: &RemoteSection) -> crate::error::Result<()> {
     let key = &view.key;
     if view.agent.is_some() || view.environment.is_some() || view.dataset.is_some() || view.openenv.is_some() {
         bail!(
@@ -334,7 +334,7 @@ fn check_remote_task(origin: &str, view: &TaskView<'_>, remote: &RemoteSection) 
 }
 
 /// A server's URL (`http://HOST:PORT`), its timeout and retries, named by `section`.
-fn check_server(origin: &str, section: &str, url: &str, timeout_s: f64, retries: u32) -> anyhow::Result<()> {
+fn check_server(origin: &str, section: &str, url: &str, timeout_s: f64, retries: u32) -> crate::error::Result<()> {
     let host = url.trim_end_matches('/').strip_prefix("http://").unwrap_or_default();
     if host.is_empty() || host.contains(['/', '?', '#', ' ']) {
         bail!("{origin}: `{section}.url` = {url:?}: give the server as http://HOST:PORT (as `wirl serve` prints it)");
@@ -349,7 +349,7 @@ fn check_server(origin: &str, section: &str, url: &str, timeout_s: f64, retries:
 }
 
 /// An OpenEnv task: its only source, scored by its environment's rewards.
-fn check_openenv_task(origin: &str, view: &TaskView<'_>, openenv: &OpenEnvSection) -> anyhow::Result<()> {
+fn check_openenv_task(origin: &str, view: &TaskView<'_>, openenv: &OpenEnvSection) -> crate::error::Result<()> {
     let key = &view.key;
     if view.agent.is_some() || view.environment.is_some() || view.dataset.is_some() {
         bail!("{origin}: give one of [{key}environment], [{key}dataset], [{key}agent] or [{key}openenv], not several");
@@ -370,7 +370,7 @@ fn check_openenv_task(origin: &str, view: &TaskView<'_>, openenv: &OpenEnvSectio
 }
 
 /// An agent task: its plugin, and nothing it does itself (scoring, turns).
-fn check_agent_task(files: &Files<'_>, view: &TaskView<'_>, agent: &AgentSection) -> anyhow::Result<()> {
+fn check_agent_task(files: &Files<'_>, view: &TaskView<'_>, agent: &AgentSection) -> crate::error::Result<()> {
     let (origin, key) = (files.origin, &view.key);
     if view.environment.is_some() || view.dataset.is_some() {
         let where_ = where_of(view);
@@ -392,7 +392,7 @@ fn check_agent_task(files: &Files<'_>, view: &TaskView<'_>, agent: &AgentSection
 }
 
 /// An environment's plugin or a dataset's files: exactly one of the two.
-fn check_task_source(files: &Files<'_>, view: &TaskView<'_>) -> anyhow::Result<()> {
+fn check_task_source(files: &Files<'_>, view: &TaskView<'_>) -> crate::error::Result<()> {
     let (origin, relative_to, key) = (files.origin, files.relative_to, &view.key);
     let where_ = where_of(view);
     match (view.environment, view.dataset) {
@@ -433,7 +433,7 @@ fn check_task_source(files: &Files<'_>, view: &TaskView<'_>) -> anyhow::Result<(
 
 /// How the task is scored: a multi-turn task by its environment's episodes, a single-turn
 /// one by at least one reward plugin.
-fn check_task_scoring(files: &Files<'_>, view: &TaskView<'_>) -> anyhow::Result<()> {
+fn check_task_scoring(files: &Files<'_>, view: &TaskView<'_>) -> crate::error::Result<()> {
     let (origin, key) = (files.origin, &view.key);
     if view.max_turns > 1 {
         if view.environment.is_none() {
@@ -472,7 +472,7 @@ fn check_task_scoring(files: &Files<'_>, view: &TaskView<'_>) -> anyhow::Result<
 
 /// One task's numbers: its pass reward, turns, sampling, weight, reward weights, workers and
 /// plugin memories.
-fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> anyhow::Result<()> {
+fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> crate::error::Result<()> {
     let key = &view.key;
     if let Some(pass) = view.pass_reward
         && !pass.is_finite()
@@ -543,19 +543,19 @@ impl From<SamplingSection> for SamplingOverrides {
 /// The sampling keys under `prefix` that are set: in the engine's ranges
 /// (`wirl_engine::sampling::rules`, as for the HTTP API), named on error; and a temperature
 /// above 0, which training needs.
-fn check_sampling(origin: &str, prefix: &str, sampling: &SamplingOverrides) -> anyhow::Result<()> {
+fn check_sampling(origin: &str, prefix: &str, sampling: &SamplingOverrides) -> crate::error::Result<()> {
     use wirl_engine::sampling::rules;
     if let Some(max_tokens) = sampling.max_tokens {
         rules::max_tokens(i64::try_from(max_tokens).unwrap_or(i64::MAX), usize::MAX)
-            .map_err(|_| anyhow::anyhow!("{origin}: `{prefix}max_tokens` must be at least 1"))?;
+            .map_err(|_| crate::error::invalid!("{origin}: `{prefix}max_tokens` must be at least 1"))?;
     }
     if let Some(top_p) = sampling.top_p {
         rules::top_p(top_p.into())
-            .map_err(|range| anyhow::anyhow!("{origin}: `{prefix}top_p` = {top_p}: it {range}"))?;
+            .map_err(|range| crate::error::invalid!("{origin}: `{prefix}top_p` = {top_p}: it {range}"))?;
     }
     if let Some(temperature) = sampling.temperature {
         rules::temperature(temperature.into())
-            .map_err(|range| anyhow::anyhow!("{origin}: `{prefix}temperature` = {temperature}: it {range}"))?;
+            .map_err(|range| crate::error::invalid!("{origin}: `{prefix}temperature` = {temperature}: it {range}"))?;
         if temperature == 0.0 {
             bail!(
                 "{origin}: `{prefix}temperature` = {temperature}: training needs a positive temperature (at 0 every \
@@ -571,7 +571,7 @@ mod tests {
     use super::*;
 
     /// The default config with its `[sampling]` keys replaced.
-    fn with_sampling(keys: &str) -> anyhow::Result<TrainConfig> {
+    fn with_sampling(keys: &str) -> crate::error::Result<TrainConfig> {
         let default = "[sampling]\nmax_tokens = 64\ntemperature = 1.0\n";
         assert!(DEFAULT_TOML.contains(default), "the default config's [sampling] changed: update this test");
         let text = DEFAULT_TOML.replace(default, &format!("[sampling]\n{keys}\n"));
@@ -591,7 +591,7 @@ mod tests {
             ("top_p = 1.5", "`sampling.top_p` = 1.5: it must be in (0, 1]"),
             ("max_tokens = 0", "`sampling.max_tokens` must be at least 1"),
         ] {
-            let error = format!("{:#}", with_sampling(keys).unwrap_err());
+            let error = wirl_engine::error_chain(&with_sampling(keys).unwrap_err());
             assert!(error.contains(says) && error.contains("test.toml"), "{keys}: {error}");
         }
     }
@@ -601,7 +601,7 @@ mod tests {
     fn tasks_config(tasks: &str, extra: &str) -> Result<TrainConfig, String> {
         let text =
             format!("[model]\npath = \"m\"\n\n[[rewards]]\nplugin = \"builtin:math-answer\"\n\n{tasks}\n{extra}");
-        TrainConfig::parse(&text, "t.toml", Path::new(".")).map_err(|e| format!("{e:#}"))
+        TrainConfig::parse(&text, "t.toml", Path::new(".")).map_err(|e| wirl_engine::error_chain(&e))
     }
 
     const ARITHMETIC: &str = "[[tasks]]\nname = \"a\"\nenvironment = { plugin = \"builtin:arithmetic\" }\n";
@@ -624,7 +624,7 @@ mod tests {
         let model = |mib: &str| format!("[model]\npath = \"m\"\nprefix_cache_mib = {mib}\n");
         let with = |mib: &str, tasks: &str| {
             let text = format!("{}\n[[rewards]]\nplugin = \"builtin:math-answer\"\n\n{tasks}", model(mib));
-            TrainConfig::parse(&text, "t.toml", Path::new(".")).map_err(|e| format!("{e:#}"))
+            TrainConfig::parse(&text, "t.toml", Path::new(".")).map_err(|e| wirl_engine::error_chain(&e))
         };
         assert_eq!(with("0", &multi_turn).unwrap().run_config().unwrap().prefix_cache_bytes, 0);
         assert_eq!(with("64", ARITHMETIC).unwrap().run_config().unwrap().prefix_cache_bytes, 64 << 20);

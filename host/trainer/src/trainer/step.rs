@@ -105,7 +105,7 @@ impl Trainer {
         step: usize,
         rollouts: &mut impl Write,
         observer: &mut dyn Observer,
-    ) -> anyhow::Result<Option<StepMetrics>> {
+    ) -> crate::error::Result<Option<StepMetrics>> {
         let started = Instant::now();
         let stop = self.control.clone();
         let stopped = move || stop.is_stopped();
@@ -200,7 +200,7 @@ impl Trainer {
         stopped: Stopped,
         observer: &mut dyn Observer,
         clock: &mut Clock,
-    ) -> anyhow::Result<Option<usize>> {
+    ) -> crate::error::Result<Option<usize>> {
         let g = self.config.grpo.clone();
         if !g.dynamic_sampling {
             return Ok(Some(1));
@@ -277,7 +277,7 @@ impl Trainer {
     /// REINFORCE++ (`grpo.advantage = "reinforce++"`, `"reinforce++-baseline"`): every
     /// trained token of the step carries its sequence's advantage; whiten them together,
     /// over every rank's groups (`gathered`: `batches` are every rank's already).
-    fn whiten(&self, batches: &mut [GroupBatch], gathered: bool) -> anyhow::Result<()> {
+    fn whiten(&self, batches: &mut [GroupBatch], gathered: bool) -> crate::error::Result<()> {
         if !self.config.grpo.advantage.whitened() {
             return Ok(());
         }
@@ -295,7 +295,7 @@ impl Trainer {
                 whitening.add(a, tokens);
             }
         }
-        let summed = |values: &mut [f64]| -> anyhow::Result<()> {
+        let summed = |values: &mut [f64]| -> crate::error::Result<()> {
             if gathered || self.ranks.size() == 1 {
                 return Ok(());
             }
@@ -322,7 +322,7 @@ impl Trainer {
 
     /// A step stopped before its update: with ranks, after saying so to the others (who
     /// then abandon it too, at the agreement before the update).
-    fn abandon(&self) -> anyhow::Result<Option<StepMetrics>> {
+    fn abandon(&self) -> crate::error::Result<Option<StepMetrics>> {
         self.agree(true)?;
         Ok(None)
     }
@@ -348,7 +348,7 @@ impl Trainer {
     }
 
     /// Every rank's groups, in rank order, on rank 0 (`None` on the others, and alone).
-    fn gather(&self, groups: &Groups) -> anyhow::Result<Option<Groups>> {
+    fn gather(&self, groups: &Groups) -> crate::error::Result<Option<Groups>> {
         if self.ranks.size() == 1 {
             return Ok(None);
         }
@@ -362,7 +362,7 @@ impl Trainer {
         let mut gathered = Groups::default();
         for (rank, bytes) in all.iter().enumerate() {
             let theirs: Vec<(usize, usize, RolloutGroup)> = serde_json::from_slice(bytes)
-                .map_err(|e| anyhow::anyhow!("rank {rank}'s groups could not be read: {e}"))?;
+                .map_err(|e| crate::Error::Internal(format!("rank {rank}'s groups could not be read: {e}")))?;
             for (t, draw, group) in theirs {
                 gathered.push(t, (draw, rank), group);
             }
@@ -391,7 +391,7 @@ impl Trainer {
         step: usize,
         stopped: Stopped,
         clock: &mut Clock,
-    ) -> anyhow::Result<Option<(Drawn, Option<Lagged>)>> {
+    ) -> crate::error::Result<Option<(Drawn, Option<Lagged>)>> {
         let ahead = self.ahead.take().filter(|a| a.step == step && a.generation == self.manifest.generation);
         if let Some(Ahead { drawn, sampling, .. }) = ahead {
             return Ok(Some((drawn, sampling)));
@@ -421,7 +421,7 @@ impl Trainer {
         lagged: Option<Lagged>,
         stopped: Stopped,
         clock: &mut Clock,
-    ) -> anyhow::Result<Option<Sampled>> {
+    ) -> crate::error::Result<Option<Sampled>> {
         let started = Instant::now();
         let (in_flight, sent) = match lagged {
             Some(lagged) => lagged,
@@ -448,7 +448,7 @@ impl Trainer {
         stopped: Stopped,
         observer: &mut dyn Observer,
         clock: &mut Clock,
-    ) -> anyhow::Result<Option<Episodes>> {
+    ) -> crate::error::Result<Option<Episodes>> {
         let started = Instant::now();
         let episodic = picked.iter().filter(|ask| self.tasks[ask.task].spec.max_turns > 1).count();
         if episodic > 0 {
@@ -546,7 +546,7 @@ impl Trainer {
     /// signal. Under dynamic sampling only the first `prompts_per_step` groups with signal
     /// train, in the order one trainer draws them (draw by draw, rank by rank within a
     /// draw). `gathered`: `groups` are every rank's (rank 0's record), else this rank's own.
-    fn advantages(&self, groups: &Groups, sampler_lag: u64, gathered: bool) -> anyhow::Result<Advantaged> {
+    fn advantages(&self, groups: &Groups, sampler_lag: u64, gathered: bool) -> crate::error::Result<Advantaged> {
         let mut kept_of_task = vec![0usize; self.tasks.len()];
         let mut unusable_of_task = vec![0usize; self.tasks.len()];
         // Each group's usable trajectories and rewards, once, where it has a signal.
@@ -617,7 +617,7 @@ impl Trainer {
     /// Per group (`signal`: whether it has one), whether it may train: all of them, or under
     /// dynamic sampling the first `prompts_per_step` with signal in draw-then-rank order (each rank counts its own by
     /// draw; the counts are summed over the ranks so that every rank knows its place).
-    fn trained(&self, groups: &Groups, signal: &[bool], gathered: bool) -> anyhow::Result<Vec<bool>> {
+    fn trained(&self, groups: &Groups, signal: &[bool], gathered: bool) -> crate::error::Result<Vec<bool>> {
         let g = &self.config.grpo;
         if !g.dynamic_sampling {
             return Ok(vec![true; signal.len()]);
@@ -695,7 +695,7 @@ impl Trainer {
         stopped: Stopped,
         observer: &mut dyn Observer,
         clock: &mut Clock,
-    ) -> anyhow::Result<Option<(UpdateStats, f64)>> {
+    ) -> crate::error::Result<Option<(UpdateStats, f64)>> {
         let started = Instant::now();
         let settings = self.update_settings(step);
         let g = self.config.grpo.clone();
@@ -744,7 +744,7 @@ impl Trainer {
         rollouts: &mut impl Write,
         skipped: &[(usize, SkippedTask)],
         groups: &Groups,
-    ) -> anyhow::Result<()> {
+    ) -> crate::error::Result<()> {
         for (t, skip) in skipped {
             let record = SkippedTaskRecord {
                 step: step + 1,

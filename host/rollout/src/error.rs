@@ -1,0 +1,95 @@
+//! Why a task source, a dataset or a scorer could not be opened or read: what the caller
+//! brought (`Invalid`, the message naming the file, row, column or key), what failed under it
+//! (the I/O, JSON, Arrow or Parquet error, the sandbox's or the engine's, kept as sources),
+//! or a broken invariant of wirl's own (`Internal`). `context` adds what was being done, as
+//! anyhow's did, keeping the cause as the source.
+
+/// An error of the rollout layer; `wirl_engine::error_chain` shows it with its causes.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A dataset, task spec or server answer that cannot be used; the message says which.
+    #[error("{0}")]
+    Invalid(String),
+    /// What was being done when `source` failed.
+    #[error("{context}")]
+    Context {
+        context: String,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Arrow(#[from] arrow_schema::ArrowError),
+    #[error(transparent)]
+    Parquet(#[from] parquet::errors::ParquetError),
+    #[error(transparent)]
+    Sandbox(#[from] wirl_sandbox::Error),
+    #[error(transparent)]
+    Engine(#[from] wirl_engine::Error),
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
+    #[error(transparent)]
+    Http(#[from] ureq::Error),
+    #[error(transparent)]
+    Template(#[from] crate::episode::TemplateDrift),
+    /// A broken invariant of wirl's own, told apart from the caller's bad input.
+    #[error("internal error (a bug in wirl, please report it): {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `Error::Invalid` from a format string.
+macro_rules! invalid {
+    ($($message:tt)*) => { $crate::error::Error::Invalid(format!($($message)*)) };
+}
+
+/// Return `Error::Invalid` from a format string.
+macro_rules! bail {
+    ($($message:tt)*) => { return Err($crate::error::invalid!($($message)*).into()) };
+}
+
+pub(crate) use {bail, invalid};
+
+wirl_engine::error_context!();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Dataset, DatasetSpec};
+
+    fn open(path: &std::path::Path) -> Error {
+        let spec = DatasetSpec { path: path.to_path_buf(), columns: None, shuffle: false, seed: 0 };
+        Dataset::open(&spec).err().expect("refused")
+    }
+
+    /// A file that is not there: what was being done, with the I/O error kept as the source
+    /// (not flattened), shown as anyhow showed it.
+    #[test]
+    fn a_failure_under_the_layer_keeps_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.jsonl");
+        let error = open(&missing);
+        let Error::Context { context, source } = &error else { panic!("{error:?}") };
+        assert_eq!(context, &format!("reading {}", missing.display()));
+        assert!(matches!(source.as_ref(), Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound), "{source:?}");
+        let chain = wirl_engine::error_chain(&error);
+        assert!(
+            chain.starts_with(&format!("reading {}: ", missing.display())) && chain.contains("No such file"),
+            "{chain}"
+        );
+    }
+
+    /// A file the caller brought that cannot be used is `Invalid`, naming it.
+    #[test]
+    fn the_callers_bad_input_is_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.jsonl");
+        std::fs::write(&empty, "").unwrap();
+        let error = open(&empty);
+        assert!(matches!(&error, Error::Invalid(message) if message.contains("empty.jsonl")), "{error:?}");
+    }
+}
