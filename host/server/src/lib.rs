@@ -16,6 +16,7 @@ mod control;
 mod openai;
 mod request;
 mod settings;
+mod task_replies;
 mod tasks;
 mod weights;
 

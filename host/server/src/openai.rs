@@ -20,7 +20,7 @@ impl Serialize for Widened<'_> {
     }
 }
 
-fn widened<S: Serializer>(x: &f32, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn widened<S: Serializer>(x: &f32, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_f64(f64::from(*x))
 }
 

@@ -44,31 +44,87 @@ pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-fn number(body: &Map<String, Value>, field: &str) -> Result<Option<f64>, ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_f64()
-            .filter(|x| x.is_finite())
-            .map(Some)
-            .ok_or_else(|| ApiError::bad(Some(field), "must be a finite number")),
-        Some(_) => Err(ApiError::bad(Some(field), "must be a number")),
-    }
+/// The fields of one JSON object in a request, read by key: the one reader of request
+/// fields, for the OpenAI routes and the served tasks' alike. An error names the field as
+/// the client wrote it (`generation_args.top_k` for a field of a nested object) and what it
+/// must be; an absent field and `null` are both `None`.
+pub struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    /// The path of the object in the body (`generation_args`), or empty at the top.
+    within: &'a str,
 }
 
-fn integer(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| ApiError::bad(Some(field), "must be an integer")),
-        Some(_) => Err(ApiError::bad(Some(field), "must be an integer")),
+impl<'a> Fields<'a> {
+    /// The body's own fields.
+    pub fn of(map: &'a Map<String, Value>) -> Self {
+        Fields { map, within: "" }
     }
-}
 
-fn boolean(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::bad(Some(field), "must be true or false")),
+    /// The fields of the object at `within` in the body.
+    pub fn within(map: &'a Map<String, Value>, within: &'a str) -> Self {
+        Fields { map, within }
+    }
+
+    /// `key` as the client wrote it.
+    pub fn name(&self, key: &str) -> String {
+        if self.within.is_empty() { key.to_string() } else { format!("{}.{key}", self.within) }
+    }
+
+    fn bad(&self, key: &str, what: &str) -> ApiError {
+        ApiError::bad(Some(&self.name(key)), what)
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    /// A finite number.
+    pub fn number(&self, key: &str) -> Result<Option<f64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                n.as_f64().filter(|x| x.is_finite()).map(Some).ok_or_else(|| self.bad(key, "must be a finite number"))
+            }
+            Some(_) => Err(self.bad(key, "must be a number")),
+        }
+    }
+
+    /// An integer, written as one (`5`; OpenAI's fields).
+    pub fn integer(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| self.bad(key, "must be an integer")),
+            Some(_) => Err(self.bad(key, "must be an integer")),
+        }
+    }
+
+    /// A whole number, written as an integer or not (`5` or `5.0`: Megatron's
+    /// `generation_args` come from Python dicts of floats).
+    pub fn whole(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        match self.number(key)? {
+            Some(x) if x.fract() != 0.0 => Err(self.bad(key, "must be a whole number")),
+            other => Ok(other.map(|x| x as i64)),
+        }
+    }
+
+    /// A count or index from 0 to `max`; `default` when absent.
+    pub fn unsigned(&self, key: &str, default: u64, max: u64) -> Result<u64, ApiError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(value) => value
+                .as_u64()
+                .filter(|&v| v <= max)
+                .ok_or_else(|| self.bad(key, &format!("must be an integer from 0 to {max}"))),
+        }
+    }
+
+    /// `true` or `false`.
+    pub fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.bad(key, "must be true or false")),
+        }
     }
 }
 
@@ -80,12 +136,13 @@ pub fn common(body: &Map<String, Value>, limits: &Limits, logprobs: bool) -> Res
         Some(Value::String(name)) => Some(name.clone()),
         Some(_) => return Err(ApiError::bad(Some("model"), "must be a string")),
     };
-    let n = integer(body, "n")?.unwrap_or(1);
+    let n = Fields::of(body).integer("n")?.unwrap_or(1);
     if n < 1 || n as usize > limits.max_n {
         return Err(ApiError::bad(Some("n"), &format!("must be from 1 to {} (this server's limit)", limits.max_n)));
     }
     let mut sampling = Sampling::default();
-    let max_tokens = match (integer(body, "max_completion_tokens")?, integer(body, "max_tokens")?) {
+    let max_tokens = match (Fields::of(body).integer("max_completion_tokens")?, Fields::of(body).integer("max_tokens")?)
+    {
         (Some(tokens), _) => Some(("max_completion_tokens", tokens)),
         (None, Some(tokens)) => Some(("max_tokens", tokens)),
         (None, None) => None,
@@ -97,19 +154,19 @@ pub fn common(body: &Map<String, Value>, limits: &Limits, logprobs: bool) -> Res
             rules::max_tokens(tokens, limits.max_tokens).map_err(|range| ApiError::bad(Some(field), &range.0))?
         }
     };
-    if let Some(t) = number(body, "temperature")? {
+    if let Some(t) = Fields::of(body).number("temperature")? {
         sampling.temperature = rules::temperature(t).map_err(|range| ApiError::bad(Some("temperature"), range))?;
     }
-    if let Some(p) = number(body, "top_p")? {
+    if let Some(p) = Fields::of(body).number("top_p")? {
         sampling.top_p = rules::top_p(p).map_err(|range| ApiError::bad(Some("top_p"), range))?;
     }
-    if let Some(k) = integer(body, "top_k")? {
+    if let Some(k) = Fields::of(body).integer("top_k")? {
         sampling.top_k = rules::top_k(k).map_err(|range| ApiError::bad(Some("top_k"), range))?;
     }
-    if let Some(p) = number(body, "min_p")? {
+    if let Some(p) = Fields::of(body).number("min_p")? {
         sampling.min_p = rules::min_p(p).map_err(|range| ApiError::bad(Some("min_p"), range))?;
     }
-    if let Some(seed) = integer(body, "seed")? {
+    if let Some(seed) = Fields::of(body).integer("seed")? {
         sampling.seed = Some(seed as u64);
     }
     sampling.stop = match body.get("stop") {
@@ -125,19 +182,19 @@ pub fn common(body: &Map<String, Value>, limits: &Limits, logprobs: bool) -> Res
         return Err(ApiError::bad(Some("stop"), &format!("at most {} non-empty strings", limits.max_stop)));
     }
     for field in ["presence_penalty", "frequency_penalty"] {
-        if number(body, field)?.is_some_and(|x| x != 0.0) {
+        if Fields::of(body).number(field)?.is_some_and(|x| x != 0.0) {
             return Err(ApiError::bad(Some(field), "is not supported (only 0)"));
         }
     }
     if body.get("logit_bias").is_some_and(|b| !b.is_null() && b.as_object().is_none_or(|m| !m.is_empty())) {
         return Err(ApiError::bad(Some("logit_bias"), "is not supported"));
     }
-    let stream = boolean(body, "stream")?.unwrap_or(false);
+    let stream = Fields::of(body).boolean("stream")?.unwrap_or(false);
     let include_usage = match body.get("stream_options") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(options)) => boolean(options, "include_usage")
-            .map_err(|_| ApiError::bad(Some("stream_options.include_usage"), "must be true or false"))?
-            .unwrap_or(false),
+        Some(Value::Object(options)) => {
+            Fields::within(options, "stream_options").boolean("include_usage")?.unwrap_or(false)
+        }
         Some(_) => return Err(ApiError::bad(Some("stream_options"), "must be an object")),
     };
     Ok(Common { model, n: n as usize, sampling, stream, include_usage, logprobs })
@@ -149,8 +206,8 @@ pub const MAX_TOP_LOGPROBS: i64 = 20;
 /// Chat: `logprobs` (bool) and `top_logprobs` (0 to 20 most likely tokens per position,
 /// with `logprobs: true`).
 pub fn chat_logprobs(body: &Map<String, Value>) -> Result<(bool, usize), ApiError> {
-    let wanted = boolean(body, "logprobs")?.unwrap_or(false);
-    let top = match integer(body, "top_logprobs")? {
+    let wanted = Fields::of(body).boolean("logprobs")?.unwrap_or(false);
+    let top = match Fields::of(body).integer("top_logprobs")? {
         None => 0,
         Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => k as usize,
         Some(_) => return Err(ApiError::bad(Some("top_logprobs"), &format!("must be from 0 to {MAX_TOP_LOGPROBS}"))),
@@ -164,7 +221,7 @@ pub fn chat_logprobs(body: &Map<String, Value>) -> Result<(bool, usize), ApiErro
 /// Completions: `logprobs` is a count (0 to 20): the sampled token's log-prob, and that many
 /// most likely tokens per position.
 pub fn completion_logprobs(body: &Map<String, Value>) -> Result<(bool, usize), ApiError> {
-    match integer(body, "logprobs")? {
+    match Fields::of(body).integer("logprobs")? {
         None => Ok((false, 0)),
         Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Ok((true, k as usize)),
         Some(_) => Err(ApiError::bad(Some("logprobs"), &format!("must be from 0 to {MAX_TOP_LOGPROBS}"))),
@@ -234,7 +291,7 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
 /// message's own token ids (`generation_token_ids`, as its reply carried them), to be used as
 /// they are instead of tokenizing its text again; `None` for the other messages.
 pub fn spliced_ids(body: &Map<String, Value>, vocab: usize) -> Result<Option<Vec<Option<Vec<u32>>>>, ApiError> {
-    if !boolean(body, "prevent_retokenization")?.unwrap_or(false) {
+    if !Fields::of(body).boolean("prevent_retokenization")?.unwrap_or(false) {
         return Ok(None);
     }
     let items = body.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();

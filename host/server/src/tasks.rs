@@ -10,7 +10,13 @@
 //!
 //! Plugin calls block: they run on tokio's blocking threads, one task's plugins at a time.
 
-use crate::request;
+use crate::openai::Widened;
+use crate::request::{self, Fields};
+use crate::task_replies::{
+    Closed, DrawReply, Drawn, EpisodeStarted, EpisodeStep, EvalReply, EvalResult, GroupScores, GroupsReply,
+    Observation, PluginInfo, RewardReply, Rewards, SamplingInfo, ScoreInfo, ScoreReply, TaskInfo, TaskList,
+    TokenRollout, usable_reward,
+};
 use crate::{ApiError, AppState};
 use axum::Json;
 use axum::body::Bytes;
@@ -64,7 +70,7 @@ pub(crate) struct Tasks {
     /// Each task's next training index for rollout requests that name none.
     cursors: Vec<AtomicU64>,
     /// A description of each task, made once (its plugins and their sha256).
-    described: Vec<Value>,
+    described: Vec<TaskInfo>,
     sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
     /// Episodes being opened (their environment called outside the lock): counted against
     /// `max_sessions` with the open ones, so concurrent resets never open more than it.
@@ -189,8 +195,9 @@ fn reap(tasks: Weak<Tasks>, period: Duration) {
     }
 }
 
-fn describe(task: &ServedTask) -> Value {
-    let plugin = |p: &Arc<wirl_sandbox::Plugin>| json!({"name": p.name(), "sha256": p.sha256()});
+fn describe(task: &ServedTask) -> TaskInfo {
+    let plugin =
+        |p: &Arc<wirl_sandbox::Plugin>| PluginInfo { name: p.name().to_string(), sha256: p.sha256().to_string() };
     let kind = match &task.loaded.source {
         TaskSource::Environment { .. } => "environment",
         TaskSource::Dataset { .. } => "dataset",
@@ -199,16 +206,20 @@ fn describe(task: &ServedTask) -> Value {
         TaskSource::OpenEnv(_) => "openenv",
     };
     let (spec, sampling) = (&task.loaded.spec, &task.loaded.spec.sampling);
-    json!({
-        "name": spec.name,
-        "source": kind,
-        "source_plugin": task.loaded.source.plugin().map(plugin),
-        "rewards": task.loaded.scorers.plugins().map(plugin).collect::<Vec<_>>(),
-        "max_turns": spec.max_turns,
-        "sampling": {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                     "top_p": sampling.top_p, "top_k": sampling.top_k},
-        "on_failure": spec.failures.on_failure,
-    })
+    TaskInfo {
+        max_turns: spec.max_turns,
+        name: spec.name.clone(),
+        on_failure: spec.failures.on_failure,
+        rewards: task.loaded.scorers.plugins().map(plugin).collect(),
+        sampling: SamplingInfo {
+            max_tokens: sampling.max_tokens,
+            temperature: sampling.temperature,
+            top_k: sampling.top_k,
+            top_p: sampling.top_p,
+        },
+        source: kind,
+        source_plugin: task.loaded.source.plugin().map(plugin),
+    }
 }
 
 fn served(state: &AppState) -> Result<Arc<Tasks>, ApiError> {
@@ -231,18 +242,8 @@ async fn blocking<T: Send + 'static>(
     })?
 }
 
-fn integer(body: &Map<String, Value>, field: &str, default: u64, max: u64) -> Result<u64, ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(default),
-        Some(value) => value
-            .as_u64()
-            .filter(|&v| v <= max)
-            .ok_or_else(|| ApiError::bad(Some(field), &format!("must be an integer from 0 to {max}"))),
-    }
-}
-
 fn count(body: &Map<String, Value>, field: &str, default: usize, max: usize) -> Result<usize, ApiError> {
-    let value = integer(body, field, default as u64, max as u64)?;
+    let value = Fields::of(body).unsigned(field, default as u64, max as u64)?;
     if value == 0 {
         return Err(ApiError::bad(Some(field), &format!("must be from 1 to {max}")));
     }
@@ -305,30 +306,18 @@ fn completions(value: Option<&Value>, field: &str, max: usize) -> Result<Vec<Str
         .collect()
 }
 
-/// A scored completion as JSON: `reward` is null when the trajectory is masked (a plugin
-/// failed and the task's `on_failure` is `mask`): never a silent 0.
-fn scored(score: &Scored) -> Value {
-    json!({
-        "reward": if score.status.usable() { json!(score.reward) } else { Value::Null },
-        "status": score.status,
-        "parts": score.parts,
-        "failures": score.failures,
-        "notes": score.notes,
-    })
-}
-
-pub(crate) async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let tasks = served(&state)?;
-    Ok(Json(json!({"object": "list", "data": tasks.described})))
+    Ok(Json(TaskList { data: &tasks.described, object: "list" }).into_response())
 }
 
 /// `{task, index = 0, count = 1, seed, split = "train" | "eval"}`: tasks by index, each
 /// `{index, task}` or `{index, error}` (the source could not give it).
-pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let tasks = served(&state)?;
     let body = request::object(&body)?;
     let t = tasks.find(&body, "task")?;
-    let index = integer(&body, "index", 0, u64::MAX / 2)?;
+    let index = Fields::of(&body).unsigned("index", 0, u64::MAX / 2)?;
     let n = count(&body, "count", 1, tasks.limits.max_groups)?;
     let seed = body.get("seed").filter(|v| !v.is_null()).map(|v| v.as_u64().ok_or(())).transpose();
     let seed = seed.map_err(|()| ApiError::bad(Some("seed"), "must be a non-negative integer"))?;
@@ -342,7 +331,7 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
     let drawn = blocking(move || {
         let mut task = lock(&task);
         let first = task.eval_first_index;
-        let out: Vec<Value> = match (&mut task.loaded.source, eval) {
+        let out: Vec<Drawn> = match (&mut task.loaded.source, eval) {
             (TaskSource::Agent { .. }, _) => {
                 return Err(ApiError::bad(Some("task"), "is an agent's: it makes rollouts, not tasks"));
             }
@@ -352,8 +341,8 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
                 .into_iter()
                 .zip(index..)
                 .map(|(task, i)| match task {
-                    Ok(problem) => json!({"index": i, "task": problem}),
-                    Err(error) => json!({"index": i, "error": wirl_engine::error_chain(&error)}),
+                    Ok(problem) => Drawn::task(i, problem),
+                    Err(error) => Drawn::error(i, wirl_engine::error_chain(&error)),
                 })
                 .collect(),
             (TaskSource::Environment { plugin, seed: own }, _) => (0..n as u64)
@@ -361,8 +350,8 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
                     let i = index + k;
                     let at = if eval { first.saturating_add(i) } else { i };
                     match plugin.task_at(seed.unwrap_or(*own), at) {
-                        Ok(problem) => json!({"index": i, "task": problem}),
-                        Err(failure) => json!({"index": i, "error": failure.to_string()}),
+                        Ok(problem) => Drawn::task(i, problem),
+                        Err(failure) => Drawn::error(i, failure.to_string()),
                     }
                 })
                 .collect(),
@@ -371,34 +360,34 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
                     let i = index + k;
                     let at = if eval { first.saturating_add(i) } else { i };
                     match server.task_at(at) {
-                        Ok(problem) => json!({"index": i, "task": problem}),
-                        Err(error) => json!({"index": i, "error": wirl_engine::error_chain(&error)}),
+                        Ok(problem) => Drawn::task(i, problem),
+                        Err(error) => Drawn::error(i, wirl_engine::error_chain(&error)),
                     }
                 })
                 .collect(),
             (source @ TaskSource::Dataset { .. }, false) => (0..n as u64)
                 .map(|k| match source.training(index + k) {
-                    Ok(problem) => json!({"index": index + k, "task": problem}),
-                    Err(error) => json!({"index": index + k, "error": wirl_engine::error_chain(&error)}),
+                    Ok(problem) => Drawn::task(index + k, problem),
+                    Err(error) => Drawn::error(index + k, wirl_engine::error_chain(&error)),
                 })
                 .collect(),
             (source @ TaskSource::Dataset { .. }, true) => source
                 .held_out(0, index, n)
                 .into_iter()
                 .zip(index..)
-                .map(|(problem, i)| json!({"index": i, "task": problem}))
+                .map(|(problem, i)| Drawn::task(i, problem))
                 .collect(),
         };
         Ok(out)
     })
     .await?;
-    Ok(Json(json!({"task": tasks.names[t], "tasks": drawn})))
+    Ok(Json(DrawReply { task: &tasks.names[t], tasks: drawn }).into_response())
 }
 
 /// `{task, problem, completions}` or `{task, groups: [{problem, completions}]}`: each
 /// completion's reward by the task's reward plugins (summed by weight), status, parts,
 /// failures and notes.
-pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let tasks = served(&state)?;
     let body = request::object(&body)?;
     let t = tasks.find(&body, "task")?;
@@ -431,32 +420,22 @@ pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Re
         let policy = task.loaded.spec.failures;
         // At once where the task's graders run programs in worker processes.
         let asked: Vec<(&Task, &[String])> = groups.iter().map(|(p, c)| (p, c.as_slice())).collect();
-        Ok(task
-            .loaded
-            .scorers
-            .score_groups(&asked, policy)
-            .into_iter()
-            .map(|scores| {
-                json!({
-                    "rewards": scores.iter().map(|s| scored(s)["reward"].clone()).collect::<Vec<_>>(),
-                    "scores": scores.iter().map(scored).collect::<Vec<_>>(),
-                })
-            })
-            .collect::<Vec<_>>())
+        Ok(task.loaded.scorers.score_groups(&asked, policy))
     })
     .await?;
     let name = &tasks.names[t];
     if single {
-        let group = results.into_iter().next().unwrap_or_default();
-        return Ok(Json(json!({"task": name, "rewards": group["rewards"], "scores": group["scores"]})));
+        let group = GroupScores::of(results.first().map_or(&[], Vec::as_slice));
+        return Ok(Json(ScoreReply { rewards: group.rewards, scores: group.scores, task: name }).into_response());
     }
-    Ok(Json(json!({"task": name, "groups": results})))
+    Ok(Json(GroupsReply { groups: results.iter().map(|scores| GroupScores::of(scores)).collect(), task: name })
+        .into_response())
 }
 
 /// OpenRLHF's remote reward: `{query: [prompt + response], prompts: [prompt], labels:
 /// [answer]}` → `{rewards}`, each query scored alone by the task's plugins (the response is
 /// the query past its prompt). A masked failure is null (and named in `failures`).
-pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let tasks = served(&state)?;
     let body = request::object(&body)?;
     let t = tasks.find(&body, "task")?;
@@ -502,9 +481,11 @@ pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) 
             .collect())
     })
     .await?;
-    let rewards: Vec<Value> = results.iter().map(|s| scored(s)["reward"].clone()).collect();
-    let failures: Vec<&Vec<String>> = results.iter().map(|s| &s.failures).collect();
-    Ok(Json(json!({"rewards": rewards, "failures": failures})))
+    Ok(Json(RewardReply {
+        failures: results.iter().map(|s| s.failures.as_slice()).collect(),
+        rewards: Rewards(results.iter().map(usable_reward).collect()),
+    })
+    .into_response())
 }
 
 /// Reset: `{task, seed, index}` (the source's task) or `{task, problem}` (a given one) →
@@ -518,7 +499,7 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
         None | Some(Value::Null) => None,
         value => Some(problem(value, "problem")?),
     };
-    let index = integer(&body, "index", 0, u64::MAX / 2)?;
+    let index = Fields::of(&body).unsigned("index", 0, u64::MAX / 2)?;
     let seed = body.get("seed").filter(|v| !v.is_null()).map(|v| v.as_u64().ok_or(())).transpose();
     let seed = seed.map_err(|()| ApiError::bad(Some("seed"), "must be a non-negative integer"))?;
     tasks.sweep();
@@ -564,15 +545,16 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
     .await?;
     let number = tasks.next_session.fetch_add(1, Ordering::Relaxed);
     let id = format!("ep-{number}-{:016x}", unguessable(number));
-    let reply = json!({
-        "session_id": id,
-        "observation": {"messages": session.problem.messages},
-        "task": session.problem,
-        "max_turns": session.max_turns,
-        "done": false,
-    });
+    let reply = Json(EpisodeStarted {
+        done: false,
+        max_turns: session.max_turns,
+        observation: Observation { messages: &session.problem.messages },
+        session_id: &id,
+        task: &session.problem,
+    })
+    .into_response();
     place.open(id, session);
-    Ok((StatusCode::CREATED, Json(reply)).into_response())
+    Ok((StatusCode::CREATED, reply).into_response())
 }
 
 /// A task source's error, answered with the status its cause calls for: the remote task
@@ -643,38 +625,43 @@ pub(crate) async fn episode_step(
         session.last_used = Instant::now();
         let task = owner.tasks[session.task].clone();
         let turns = session.turns;
+        let max_turns = session.max_turns;
+        let ended = |failure: String| EpisodeStep { failure: Some(failure), ..EpisodeStep::plain(&[], true, turns) };
         let reply = match session.episode.as_mut() {
             None => {
                 let mut task = lock(&task);
                 let policy = task.loaded.spec.failures;
                 let score =
                     task.loaded.scorers.score_group(&session.problem, std::slice::from_ref(&action), policy).remove(0);
-                json!({"observation": {"messages": []}, "done": true, "turns": turns, "score": scored(&score),
-                       "reward": scored(&score)["reward"]})
+                let step = EpisodeStep {
+                    reward: usable_reward(&score),
+                    score: Some(ScoreInfo::of(&score)),
+                    ..EpisodeStep::plain(&[], true, turns)
+                };
+                serde_json::to_value(step)
             }
             Some(episode) => match episode.step(&action) {
-                Ok(StepResult::Continue(messages)) if turns < session.max_turns => {
-                    json!({"observation": {"messages": messages}, "reward": null, "done": false, "turns": turns})
+                Ok(StepResult::Continue(messages)) if turns < max_turns => {
+                    serde_json::to_value(EpisodeStep::plain(&messages, false, turns))
                 }
-                Ok(StepResult::Continue(messages)) => json!({
-                    "observation": {"messages": messages}, "reward": null, "done": true, "turns": turns,
-                    "truncated": true,
-                    "failure": format!("max_turns: the episode did not end within {} model turns", session.max_turns),
+                Ok(StepResult::Continue(messages)) => serde_json::to_value(EpisodeStep {
+                    failure: Some(format!("max_turns: the episode did not end within {max_turns} model turns")),
+                    truncated: Some(true),
+                    ..EpisodeStep::plain(&messages, true, turns)
                 }),
-                Ok(StepResult::Done(score)) if score.reward.is_finite() => json!({
-                    "observation": {"messages": []}, "reward": score.reward, "done": true, "turns": turns,
-                    "parts": score.parts.into_iter().collect::<HashMap<_, _>>(), "note": score.note,
+                Ok(StepResult::Done(score)) if score.reward.is_finite() => serde_json::to_value(EpisodeStep {
+                    note: Some(score.note),
+                    parts: Some(score.parts.into_iter().collect()),
+                    reward: Some(score.reward),
+                    ..EpisodeStep::plain(&[], true, turns)
                 }),
-                Ok(StepResult::Done(score)) => json!({
-                    "observation": {"messages": []}, "reward": null, "done": true, "turns": turns,
-                    "failure": format!("non_finite: the environment's score is {}", score.reward),
-                }),
-                Err((kind, message)) => json!({
-                    "observation": {"messages": []}, "reward": null, "done": true, "turns": turns,
-                    "failure": format!("{kind}: {message}"),
-                }),
+                Ok(StepResult::Done(score)) => {
+                    serde_json::to_value(ended(format!("non_finite: the environment's score is {}", score.reward)))
+                }
+                Err((kind, message)) => serde_json::to_value(ended(format!("{kind}: {message}"))),
             },
-        };
+        }
+        .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the reply: {e}")))?;
         session.done = reply["done"].as_bool().unwrap_or(true);
         let done = session.done;
         Ok((reply, done))
@@ -690,11 +677,11 @@ pub(crate) async fn episode_step(
 pub(crate) async fn episode_close(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let tasks = served(&state)?;
     let _ = session(&tasks, &id)?;
     lock(&tasks.sessions).remove(&id);
-    Ok(Json(json!({"closed": id})))
+    Ok(Json(Closed { closed: &id }).into_response())
 }
 
 /// Megatron's `generation_args` (and wirl's names) over the task's own sampling, within the
@@ -705,33 +692,20 @@ fn sampling(body: &Map<String, Value>, task: SamplingSpec, limits: &request::Lim
     let Value::Object(args) = args else {
         return Err(ApiError::bad(Some("generation_args"), "must be an object"));
     };
-    let number = |key: &str| -> Result<Option<f64>, ApiError> {
-        match args.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .filter(|x| x.is_finite())
-                .map(Some)
-                .ok_or_else(|| ApiError::bad(Some(&format!("generation_args.{key}")), "must be a finite number")),
-        }
-    };
+    let args = Fields::within(args, "generation_args");
     // The ranges are the engine's (`wirl_engine::sampling::rules`), as for requests and configs.
-    let field = |key: &str| format!("generation_args.{key}");
-    let whole = |key: &str, x: f64| {
-        if x.fract() == 0.0 { Ok(x as i64) } else { Err(ApiError::bad(Some(&field(key)), "must be a whole number")) }
-    };
-    if let Some(t) = number("temperature")? {
-        spec.temperature = rules::temperature(t).map_err(|range| ApiError::bad(Some(&field("temperature")), range))?;
+    let bad = |key: &str, range: &str| ApiError::bad(Some(&args.name(key)), range);
+    if let Some(t) = args.number("temperature")? {
+        spec.temperature = rules::temperature(t).map_err(|range| bad("temperature", range))?;
     }
-    if let Some(p) = number("top_p")? {
-        spec.top_p = rules::top_p(p).map_err(|range| ApiError::bad(Some(&field("top_p")), range))?;
+    if let Some(p) = args.number("top_p")? {
+        spec.top_p = rules::top_p(p).map_err(|range| bad("top_p", range))?;
     }
-    if let Some(k) = number("top_k")? {
-        spec.top_k = rules::top_k(whole("top_k", k)?).map_err(|range| ApiError::bad(Some(&field("top_k")), range))?;
+    if let Some(k) = args.whole("top_k")? {
+        spec.top_k = rules::top_k(k).map_err(|range| bad("top_k", range))?;
     }
-    if let Some(m) = number("max_tokens")? {
-        spec.max_tokens = rules::max_tokens(whole("max_tokens", m)?, limits.max_tokens)
-            .map_err(|range| ApiError::bad(Some(&field("max_tokens")), &range.0))?;
+    if let Some(m) = args.whole("max_tokens")? {
+        spec.max_tokens = rules::max_tokens(m, limits.max_tokens).map_err(|range| bad("max_tokens", &range.0))?;
     }
     Ok(spec)
 }
@@ -832,7 +806,7 @@ fn roll_failure(error: wirl_rollout::RollError) -> ApiError {
 /// sampled), `logprobs` (per token after the prompt, 0 for appended ones), `reward`, `env_id`,
 /// `problem_id`; and wirl's `rollout_status` (`ok`, `failed`, `masked`: a masked rollout's
 /// reward is not a score, skip it), `failures`, `text`, `weights_version`.
-fn token_rollout(group: &RolloutGroup, i: usize) -> Value {
+fn token_rollout(group: &RolloutGroup, i: usize) -> TokenRollout<'_> {
     let (t, s) = (&group.trajectories[i], &group.scores[i]);
     let mut trajectory = group.prompt.clone();
     trajectory.extend(&t.tokens);
@@ -847,27 +821,30 @@ fn token_rollout(group: &RolloutGroup, i: usize) -> Value {
         Status::Failed => "failed",
         Status::Masked => "masked",
     };
-    let epoch = json!([[[0, t.weights_version]]]);
-    json!({
-        "trajectory": [trajectory],
-        "prompt_length": [group.prompt.len()],
-        "generation_mask": [mask],
-        "logprobs": [t.logprobs],
-        "reward": s.reward,
-        "env_id": group.task_name,
-        "problem_id": group.task.id,
-        "policy_epoch": epoch,
-        "kv_cache_epoch": epoch,
-        "num_evictions": [0],
-        "rollout_status": status,
-        "failures": s.failures,
-        "notes": s.notes,
-        "parts": s.parts,
-        "text": t.text,
-        "finish_reason": match t.finish { FinishReason::Stop => "stop", FinishReason::Length => "length" },
-        "turns": t.turns,
-        "weights_version": t.weights_version,
-    })
+    let epoch = [[[0, t.weights_version]]];
+    TokenRollout {
+        env_id: &group.task_name,
+        failures: &s.failures,
+        finish_reason: match t.finish {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        },
+        generation_mask: [mask],
+        kv_cache_epoch: epoch,
+        logprobs: [Widened(&t.logprobs)],
+        notes: &s.notes,
+        num_evictions: [0],
+        parts: &s.parts,
+        policy_epoch: epoch,
+        problem_id: &group.task.id,
+        prompt_length: [group.prompt.len()],
+        reward: s.reward,
+        rollout_status: status,
+        text: &t.text,
+        trajectory: [trajectory],
+        turns: t.turns,
+        weights_version: t.weights_version,
+    }
 }
 
 /// Read a rollout request, take a slot, roll, under the deadline; a client that goes away
@@ -889,7 +866,7 @@ async fn rollouts_of(
     let first = match body.get("start_index") {
         None | Some(Value::Null) if validation => 0,
         None | Some(Value::Null) => tasks.cursors[t].fetch_add(groups as u64, Ordering::Relaxed),
-        Some(_) => integer(body, "start_index", 0, u64::MAX / 4)?,
+        Some(_) => Fields::of(body).unsigned("start_index", 0, u64::MAX / 4)?,
     };
     let ask = RolloutAsk { task: t, groups, group_size, sampling, first, validation, filter_same_reward };
     crate::weights::wait_unpaused(&state).await?;
@@ -933,26 +910,26 @@ async fn rollouts_of(
 /// Megatron's `/grouped_rollouts/`: `{num_groups, rollouts_per_group, validation,
 /// filter_groups_with_same_reward, generation_args, task, start_index}` →
 /// `[[TokenRollout]]`. `inference_interface` is not used: this server samples itself.
-pub(crate) async fn grouped_rollouts(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn grouped_rollouts(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let body = request::object(&body)?;
     let (_, groups) = rollouts_of(state, &body, "num_groups", true).await?;
-    let out: Vec<Vec<Value>> =
+    let out: Vec<Vec<TokenRollout>> =
         groups.iter().map(|g| (0..g.trajectories.len()).map(|i| token_rollout(g, i)).collect()).collect();
-    Ok(Json(json!(out)))
+    Ok(Json(out).into_response())
 }
 
 /// Megatron's `/rollouts/`: `{num_rollouts, ...}` → `[TokenRollout]`, one per task.
-pub(crate) async fn rollouts(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn rollouts(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let body = request::object(&body)?;
     let (_, groups) = rollouts_of(state, &body, "num_rollouts", false).await?;
-    let out: Vec<Value> = groups.iter().map(|g| token_rollout(g, 0)).collect();
-    Ok(Json(json!(out)))
+    let out: Vec<TokenRollout> = groups.iter().map(|g| token_rollout(g, 0)).collect();
+    Ok(Json(out).into_response())
 }
 
 /// Megatron's `/evaluation/`: `{num_prompts, rank_info: [rank, ranks], generation_args,
 /// task}` → `{env_id, results: [{prompt, response, reward, problem_id, passed, status}],
 /// pass_rate}` over held-out tasks, greedy unless `generation_args` say otherwise.
-pub(crate) async fn evaluation(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn evaluation(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let mut body = request::object(&body)?;
     let prompts = body.remove("num_prompts").unwrap_or(json!(1));
     body.insert("num_groups".into(), prompts);
@@ -977,25 +954,25 @@ pub(crate) async fn evaluation(State(state): State<Arc<AppState>>, body: Bytes) 
         lock(&tasks.tasks[t]).loaded.spec.pass_reward
     };
     let (t, groups) = rollouts_of(state.clone(), &body, "num_groups", false).await?;
-    let results: Vec<Value> = groups
+    let results: Vec<EvalResult> = groups
         .iter()
         .enumerate()
         .filter(|(i, _)| rank.is_none_or(|(rank, ranks)| i % ranks == rank))
         .map(|(_, g)| {
             let s = &g.scores[0];
-            json!({
-                "prompt": g.task.messages,
-                "response": g.trajectories[0].text,
-                "reward": if s.status.usable() { json!(s.reward) } else { Value::Null },
-                "problem_id": g.task.id,
-                "passed": s.status.usable() && s.reward >= pass,
-                "status": s.status,
-                "failures": s.failures,
-            })
+            EvalResult {
+                failures: &s.failures,
+                passed: s.status.usable() && s.reward >= pass,
+                problem_id: &g.task.id,
+                prompt: &g.task.messages,
+                response: &g.trajectories[0].text,
+                reward: usable_reward(s),
+                status: s.status,
+            }
         })
         .collect();
-    let passed = results.iter().filter(|r| r["passed"] == json!(true)).count();
+    let passed = results.iter().filter(|r| r.passed).count();
     let env_id = served(&state)?.names[t].clone();
-    let pass_rate = if results.is_empty() { Value::Null } else { json!(passed as f64 / results.len() as f64) };
-    Ok(Json(json!({"env_id": env_id, "results": results, "pass_rate": pass_rate})))
+    let pass_rate = (!results.is_empty()).then(|| passed as f64 / results.len() as f64);
+    Ok(Json(EvalReply { env_id: &env_id, pass_rate, results }).into_response())
 }
