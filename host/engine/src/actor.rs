@@ -370,6 +370,58 @@ impl InFlight {
     }
 }
 
+/// What the actor's loop needs to admit the requests at the front of its queue.
+struct Admitting<'a> {
+    model: &'a Model,
+    context: usize,
+    /// Ranks must draw the same tokens: a request without a seed is given one.
+    tensor_parallel: bool,
+}
+
+impl Admitting<'_> {
+    /// Every request at the front of `queue` (up to the next model swap or hold) checked and
+    /// placed in the lane the scheduler gives it, or answered with why it cannot be.
+    fn admit(
+        &self,
+        queue: &mut VecDeque<Message>,
+        scheduler: &mut Scheduler,
+        waiters: &mut HashMap<RequestId, Waiter>,
+        next_id: &mut RequestId,
+    ) {
+        while matches!(queue.front(), Some(Message::Generate { .. })) {
+            let Some(Message::Generate { mut request, reply, text, admitted }) = queue.pop_front() else {
+                unreachable!()
+            };
+            if reply.is_closed() {
+                continue; // the caller gave up before it started
+            }
+            if let Err(error) = validate(self.model, &request) {
+                let _ = reply.send(Err(error));
+                continue;
+            }
+            if self.tensor_parallel && request.sampling.seed.is_none() {
+                // Every rank must draw the same tokens.
+                request.sampling.seed = Some(rand::random());
+            }
+            let reach = extent(&request, self.context);
+            if let Err(error) = scheduler.place(*next_id, request, reach) {
+                let _ = reply.send(Err(error));
+                continue;
+            }
+            if let Some(admitted) = admitted {
+                let _ = admitted.send(());
+            }
+            waiters.insert(*next_id, Waiter { reply, text });
+            *next_id += 1;
+        }
+    }
+}
+
+/// The engine's actor: one loop that sees every message in the order it came (requests,
+/// cancellations, weight holds, model swaps) and steps the lanes between them. Kept whole
+/// past ~80 lines on purpose: a hold or a swap must wait for the rows in flight and break out
+/// of the inner loop with the lanes it drops, and splitting those arms from the loop would
+/// hide that order. Admission is `Admitting::admit`, the step `apply`.
 fn run(
     mut model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
@@ -419,32 +471,8 @@ fn run(
                 bytes_per_position,
             };
             let mut scheduler = Scheduler::new(lanes.iter().map(Batch::load).collect(), limits);
-            while matches!(queue.front(), Some(Message::Generate { .. })) {
-                let Some(Message::Generate { mut request, reply, text, admitted }) = queue.pop_front() else {
-                    unreachable!()
-                };
-                if reply.is_closed() {
-                    continue; // the caller gave up before it started
-                }
-                if let Err(error) = validate(&model, &request) {
-                    let _ = reply.send(Err(error));
-                    continue;
-                }
-                if ranks.is_some() && request.sampling.seed.is_none() {
-                    // Every rank must draw the same tokens.
-                    request.sampling.seed = Some(rand::random());
-                }
-                let reach = extent(&request, context);
-                if let Err(error) = scheduler.place(next_id, request, reach) {
-                    let _ = reply.send(Err(error));
-                    continue;
-                }
-                if let Some(admitted) = admitted {
-                    let _ = admitted.send(());
-                }
-                waiters.insert(next_id, Waiter { reply, text });
-                next_id += 1;
-            }
+            let admitting = Admitting { model: &model, context, tensor_parallel: ranks.is_some() };
+            admitting.admit(&mut queue, &mut scheduler, &mut waiters, &mut next_id);
             // Callers that gave up (a client gone, an interrupted trainer): their rows are
             // dropped instead of decoded for no one.
             let gone: Vec<RequestId> = waiters.iter().filter(|(_, w)| w.reply.is_closed()).map(|(&id, _)| id).collect();

@@ -387,8 +387,9 @@ impl Config {
         Ok(())
     }
 
-    /// Check what the model code relies on; the message names the field.
-    pub fn validate(&self) -> Result<(), crate::Refused> {
+    /// The model's family and the variants of it the engine runs (layer kinds, windows,
+    /// attention, activation); the message names the field.
+    fn check_variants(&self) -> Result<(), crate::Refused> {
         let Some(family) = family::by_model_type(&self.model_type) else {
             return Err(crate::refused!(
                 "model_type {:?} is not supported; this engine runs these decoders: {}",
@@ -440,6 +441,12 @@ impl Config {
                 self.model_type
             ));
         }
+        Ok(())
+    }
+
+    /// Check what the model code relies on; the message names the field.
+    pub fn validate(&self) -> Result<(), crate::Refused> {
+        self.check_variants()?;
         if self.num_attention_heads == 0
             || self.num_kv_heads() == 0
             || !self.num_attention_heads.is_multiple_of(self.num_kv_heads())

@@ -137,30 +137,7 @@ impl Tokenizer {
                 )));
             }
         };
-        // Control (3) and user-defined (4) tokens are matched whole, before BPE.
-        let added: Vec<serde_json::Value> = tokens
-            .iter()
-            .zip(&types)
-            .enumerate()
-            .filter(|(_, (_, kind))| matches!(kind, 3 | 4))
-            .map(|(id, (content, kind))| {
-                serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": *kind == 3})
-            })
-            .collect();
-        let vocab: serde_json::Map<String, serde_json::Value> =
-            tokens.iter().enumerate().map(|(id, t)| (t.clone(), id.into())).collect();
-        let document = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null,
-            "added_tokens": added,
-            "normalizer": null,
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                "vocab": vocab, "merges": merges},
-        });
+        let document = bpe_document(&tokens, &types, merges, pre_tokenizer);
         let token_at = |key: &str| -> Option<String> {
             let id = metadata.get(key)?.to_u32().ok()? as usize;
             tokens.get(id).cloned()
@@ -493,4 +470,37 @@ impl Default for TextStream {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// A `tokenizer.json` for llama.cpp's byte-level BPE: `tokens` (their kinds in `types`: control
+/// (3) and user-defined (4) tokens are matched whole, before BPE), `merges`, the pre-tokenizer.
+fn bpe_document(
+    tokens: &[String],
+    types: &[i32],
+    merges: Vec<String>,
+    pre_tokenizer: serde_json::Value,
+) -> serde_json::Value {
+    let added: Vec<serde_json::Value> = tokens
+        .iter()
+        .zip(types)
+        .enumerate()
+        .filter(|(_, (_, kind))| matches!(kind, 3 | 4))
+        .map(|(id, (content, kind))| {
+            serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": *kind == 3})
+        })
+        .collect();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        tokens.iter().enumerate().map(|(id, t)| (t.clone(), id.into())).collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": merges},
+    })
 }

@@ -229,6 +229,11 @@ impl Learner {
     /// sampling engine, is held at its barrier for each optimizer step. `stop` is asked
     /// between groups until the first optimizer step: `Ok(None)` then, nothing changed.
     /// `progress(k, n)` says that group `k` of `n` is being trained on.
+    ///
+    /// Over ~80 lines on purpose: the epochs over the spans, the stop asked (and agreed by the
+    /// ranks) only before the first optimizer step, the step taken inside the engine's hold,
+    /// and the epoch means, in one loop, so that where a stop may land reads beside the one
+    /// place the weights change.
     pub fn update(
         &mut self,
         groups: &[GroupBatch],

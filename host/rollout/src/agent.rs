@@ -97,11 +97,7 @@ impl EngineInference {
     /// The prompt of `conversation` (its ledger tokens, trainable flags, log-probs, where
     /// the first prompt ends, parent, turns so far), continuing an earlier generation where
     /// the conversation does.
-    #[allow(clippy::type_complexity)]
-    fn prompt_of(
-        &self,
-        conversation: &[Message],
-    ) -> Result<(Vec<u32>, Vec<bool>, Vec<f32>, usize, Option<u64>, usize), String> {
+    fn prompt_of(&self, conversation: &[Message]) -> Result<LedgerPrompt, String> {
         let ledgers = self.ledgers();
         // The latest generation whose conversation and reply this one starts with.
         let parent = ledgers
@@ -175,6 +171,154 @@ impl EngineInference {
     }
 }
 
+/// A conversation's prompt as the ledger continues it: tokens, which of them were sampled,
+/// their log-probs, where the first prompt ends, the parent generation, turns so far.
+type LedgerPrompt = (Vec<u32>, Vec<bool>, Vec<f32>, usize, Option<u64>, usize);
+
+impl EngineInference {
+    /// This call's number and the tokens each of its conversations may make; `None` for a
+    /// call without conversations; or why it is refused. Everything is bounded before
+    /// anything is tokenized: the calls and tokens of the rollouts, a call's conversations,
+    /// their roles and sizes.
+    fn admit(
+        &self,
+        conversations: &[Vec<Message>],
+        sampling: &wirl_sandbox::Sampling,
+    ) -> Result<Option<(u64, usize)>, String> {
+        let call = {
+            let mut ledgers = self.ledgers();
+            ledgers.calls += 1;
+            if ledgers.calls > self.limits.generate_calls {
+                return Err(format!(
+                    "this agent made more than {} generate calls for its rollouts (agent.max_generate_calls per \
+                     rollout)",
+                    self.limits.generate_calls
+                ));
+            }
+            if ledgers.tokens >= self.limits.tokens {
+                return Err(format!(
+                    "this agent generated its {} tokens (agent.max_tokens per rollout)",
+                    self.limits.tokens
+                ));
+            }
+            ledgers.calls
+        };
+        if conversations.is_empty() {
+            return Ok(None);
+        }
+        if conversations.len() > self.max_conversations {
+            return Err(format!(
+                "one generate call carries {} conversations: at most {} (four per rollout asked for, at least \
+                 {MAX_CONVERSATIONS_PER_CALL})",
+                conversations.len(),
+                self.max_conversations
+            ));
+        }
+        for (i, conversation) in conversations.iter().enumerate() {
+            check_conversation(i, conversation, self.context)?;
+        }
+        if sampling.max_tokens == 0 {
+            return Err("sampling.max_tokens is 0: ask for at least one token".into());
+        }
+        let left = self.limits.tokens.saturating_sub(self.ledgers().tokens);
+        // Each conversation may make its share of what the rollouts have left, no more.
+        let share = usize::try_from(left / conversations.len() as u64).unwrap_or(usize::MAX);
+        if share == 0 {
+            return Err(format!(
+                "{} conversations in one call, {left} tokens left of agent.max_tokens: not one token each",
+                conversations.len()
+            ));
+        }
+        Ok(Some((call, (sampling.max_tokens as usize).min(self.sampling.max_tokens).min(share))))
+    }
+
+    /// The engine's requests for an admitted call, and each conversation's ledger prompt.
+    fn requests(
+        &self,
+        conversations: &[Vec<Message>],
+        sampling: &wirl_sandbox::Sampling,
+        call: u64,
+        max_tokens: usize,
+    ) -> Result<(Vec<GenerateRequest>, Vec<LedgerPrompt>), String> {
+        let mut requests = Vec::new();
+        let mut prompts = Vec::new();
+        for (i, conversation) in conversations.iter().enumerate() {
+            let prompt = self.prompt_of(conversation)?;
+            if prompt.0.len() + max_tokens > self.context {
+                return Err(format!(
+                    "conversation {i} is {} tokens; with max_tokens = {max_tokens} it does not fit the model's \
+                     context of {}",
+                    prompt.0.len(),
+                    self.context
+                ));
+            }
+            // Seeded by the agent's seed if it gave one, else by the call, so runs repeat.
+            let seed = seed_for(self.seed, sampling.seed.unwrap_or(call << 16) ^ i as u64);
+            let engine_sampling = Sampling {
+                max_tokens,
+                temperature: sampling.temperature,
+                top_p: sampling.top_p,
+                top_k: sampling.top_k as usize,
+                min_p: sampling.min_p,
+                stop: sampling.stop.clone(),
+                seed: Some(seed),
+                ..Default::default()
+            };
+            engine_sampling.validate().map_err(|e| format!("sampling: {e}"))?;
+            requests.push(GenerateRequest { prompt: prompt.0.clone(), n: 1, sampling: engine_sampling });
+            prompts.push(prompt);
+        }
+        Ok((requests, prompts))
+    }
+
+    /// Each completion kept in the ledger (under the id the agent is given) and counted
+    /// against the rollouts' tokens.
+    fn record(
+        &self,
+        conversations: Vec<Vec<Message>>,
+        prompts: Vec<LedgerPrompt>,
+        results: Vec<wirl_engine::Result<Vec<wirl_engine::Completion>>>,
+    ) -> Result<Vec<Completion>, String> {
+        let mut ledgers = self.ledgers();
+        let mut out = Vec::new();
+        for ((conversation, prompt), result) in conversations.into_iter().zip(prompts).zip(results) {
+            let completion = result.map_err(|e| e.to_string())?.into_iter().next().ok_or("no completion")?;
+            let (mut tokens, mut trainable, mut logprobs, prompt_len, parent, turns) = prompt;
+            ledgers.tokens += completion.tokens.len() as u64;
+            trainable.extend(std::iter::repeat_n(true, completion.tokens.len()));
+            logprobs.extend_from_slice(&completion.logprobs);
+            tokens.extend_from_slice(&completion.tokens);
+            let eos = completion.tokens.last().copied().filter(|id| self.tokenizer.eos_ids().contains(id));
+            let id = ledgers.next;
+            ledgers.next += 1;
+            ledgers.generations.insert(
+                id,
+                Generation {
+                    conversation,
+                    reply: completion.text.clone(),
+                    tokens,
+                    trainable,
+                    logprobs,
+                    prompt_len,
+                    parent,
+                    turns: turns + 1,
+                    eos,
+                    weights_version: completion.weights_version,
+                },
+            );
+            out.push(Completion {
+                text: completion.text,
+                finish_reason: match completion.finish {
+                    FinishReason::Stop => wirl_sandbox::FinishReason::Stop,
+                    FinishReason::Length => wirl_sandbox::FinishReason::Length,
+                },
+                generation: id,
+            });
+        }
+        Ok(out)
+    }
+}
+
 impl InferenceHost for EngineInference {
     fn generate(
         &self,
@@ -182,119 +326,12 @@ impl InferenceHost for EngineInference {
         sampling: wirl_sandbox::Sampling,
     ) -> Pin<Box<dyn Future<Output = Result<Vec<Completion>, String>> + Send + '_>> {
         Box::pin(async move {
-            let call = {
-                let mut ledgers = self.ledgers();
-                ledgers.calls += 1;
-                if ledgers.calls > self.limits.generate_calls {
-                    return Err(format!(
-                        "this agent made more than {} generate calls for its rollouts (agent.max_generate_calls per \
-                         rollout)",
-                        self.limits.generate_calls
-                    ));
-                }
-                if ledgers.tokens >= self.limits.tokens {
-                    return Err(format!(
-                        "this agent generated its {} tokens (agent.max_tokens per rollout)",
-                        self.limits.tokens
-                    ));
-                }
-                ledgers.calls
-            };
-            if conversations.is_empty() {
+            let Some((call, max_tokens)) = self.admit(&conversations, &sampling)? else {
                 return Ok(Vec::new());
-            }
-            // Bounded within the call, before anything is tokenized: a call's conversations,
-            // their roles and sizes, and the tokens it may still make.
-            if conversations.len() > self.max_conversations {
-                return Err(format!(
-                    "one generate call carries {} conversations: at most {} (four per rollout asked for, at least \
-                     {MAX_CONVERSATIONS_PER_CALL})",
-                    conversations.len(),
-                    self.max_conversations
-                ));
-            }
-            for (i, conversation) in conversations.iter().enumerate() {
-                check_conversation(i, conversation, self.context)?;
-            }
-            if sampling.max_tokens == 0 {
-                return Err("sampling.max_tokens is 0: ask for at least one token".into());
-            }
-            let left = self.limits.tokens.saturating_sub(self.ledgers().tokens);
-            // Each conversation may make its share of what the rollouts have left, no more.
-            let share = usize::try_from(left / conversations.len() as u64).unwrap_or(usize::MAX);
-            if share == 0 {
-                return Err(format!(
-                    "{} conversations in one call, {left} tokens left of agent.max_tokens: not one token each",
-                    conversations.len()
-                ));
-            }
-            let max_tokens = (sampling.max_tokens as usize).min(self.sampling.max_tokens).min(share);
-            let mut requests = Vec::new();
-            let mut prompts = Vec::new();
-            for (i, conversation) in conversations.iter().enumerate() {
-                let prompt = self.prompt_of(conversation)?;
-                if prompt.0.len() + max_tokens > self.context {
-                    return Err(format!(
-                        "conversation {i} is {} tokens; with max_tokens = {max_tokens} it does not fit the model's \
-                         context of {}",
-                        prompt.0.len(),
-                        self.context
-                    ));
-                }
-                // Seeded by the agent's seed if it gave one, else by the call, so runs repeat.
-                let seed = seed_for(self.seed, sampling.seed.unwrap_or(call << 16) ^ i as u64);
-                let engine_sampling = Sampling {
-                    max_tokens,
-                    temperature: sampling.temperature,
-                    top_p: sampling.top_p,
-                    top_k: sampling.top_k as usize,
-                    min_p: sampling.min_p,
-                    stop: sampling.stop.clone(),
-                    seed: Some(seed),
-                    ..Default::default()
-                };
-                engine_sampling.validate().map_err(|e| format!("sampling: {e}"))?;
-                requests.push(GenerateRequest { prompt: prompt.0.clone(), n: 1, sampling: engine_sampling });
-                prompts.push(prompt);
-            }
+            };
+            let (requests, prompts) = self.requests(&conversations, &sampling, call, max_tokens)?;
             let results = self.engine.generate_all(requests).await;
-            let mut ledgers = self.ledgers();
-            let mut out = Vec::new();
-            for ((conversation, prompt), result) in conversations.into_iter().zip(prompts).zip(results) {
-                let completion = result.map_err(|e| e.to_string())?.into_iter().next().ok_or("no completion")?;
-                let (mut tokens, mut trainable, mut logprobs, prompt_len, parent, turns) = prompt;
-                ledgers.tokens += completion.tokens.len() as u64;
-                trainable.extend(std::iter::repeat_n(true, completion.tokens.len()));
-                logprobs.extend_from_slice(&completion.logprobs);
-                tokens.extend_from_slice(&completion.tokens);
-                let eos = completion.tokens.last().copied().filter(|id| self.tokenizer.eos_ids().contains(id));
-                let id = ledgers.next;
-                ledgers.next += 1;
-                ledgers.generations.insert(
-                    id,
-                    Generation {
-                        conversation,
-                        reply: completion.text.clone(),
-                        tokens,
-                        trainable,
-                        logprobs,
-                        prompt_len,
-                        parent,
-                        turns: turns + 1,
-                        eos,
-                        weights_version: completion.weights_version,
-                    },
-                );
-                out.push(Completion {
-                    text: completion.text,
-                    finish_reason: match completion.finish {
-                        FinishReason::Stop => wirl_sandbox::FinishReason::Stop,
-                        FinishReason::Length => wirl_sandbox::FinishReason::Length,
-                    },
-                    generation: id,
-                });
-            }
-            Ok(out)
+            self.record(conversations, prompts, results)
         })
     }
 }

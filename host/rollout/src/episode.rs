@@ -67,23 +67,7 @@ impl EpisodeSteps for crate::openenv::OpenEnvEpisode {
     }
 }
 
-/// The chat template does not render the conversation as the ledger holds it.
-#[derive(Debug)]
-pub struct TemplateDrift(pub String);
-
-impl std::fmt::Display for TemplateDrift {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the chat template cannot be used for multi-turn training: {} (the token ledger appends each turn to \
-             the last; a template that rewrites earlier turns, or the model's reply, would make the trained \
-             tokens differ from what the model saw)",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for TemplateDrift {}
+pub use crate::error::TemplateDrift;
 
 fn chat(messages: &[Message]) -> Vec<ChatMessage> {
     messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect()

@@ -30,15 +30,58 @@ pub enum Error {
     #[error(transparent)]
     Engine(#[from] wirl_engine::Error),
     #[error(transparent)]
-    Remote(#[from] crate::remote::RemoteError),
+    Remote(#[from] RemoteError),
     #[error(transparent)]
     Http(#[from] ureq::Error),
     #[error(transparent)]
-    Template(#[from] crate::episode::TemplateDrift),
+    Template(#[from] TemplateDrift),
     /// A broken invariant of wirl's own, told apart from the caller's bad input.
     #[error("internal error (a bug in wirl, please report it): {0}")]
     Internal(String),
 }
+
+// The two errors of the layer that its parts name by themselves live here too, so that
+// this file imports none of them (they import it).
+
+/// Why a remote call failed.
+#[derive(Debug)]
+pub enum RemoteError {
+    /// The server could not be reached, or failed (5xx, 429), after every retry.
+    Unreachable(String),
+    /// It did not answer within the task's `timeout_s`, on the last try.
+    TimedOut(String),
+    /// It answered, refusing (a 4xx), or with something that is not the expected JSON.
+    Refused(String),
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoteError::Unreachable(message) | RemoteError::Refused(message) => f.write_str(message),
+            RemoteError::TimedOut(message) => write!(f, "{message} (no answer within the task's timeout_s)"),
+        }
+    }
+}
+
+impl std::error::Error for RemoteError {}
+
+/// The chat template does not render the conversation as the ledger holds it.
+#[derive(Debug)]
+pub struct TemplateDrift(pub String);
+
+impl std::fmt::Display for TemplateDrift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the chat template cannot be used for multi-turn training: {} (the token ledger appends each turn to \
+             the last; a template that rewrites earlier turns, or the model's reply, would make the trained \
+             tokens differ from what the model saw)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for TemplateDrift {}
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

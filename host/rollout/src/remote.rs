@@ -30,27 +30,7 @@ pub struct RemoteSpec {
     pub api_key: Option<String>,
 }
 
-/// Why a remote call failed.
-#[derive(Debug)]
-pub enum RemoteError {
-    /// The server could not be reached, or failed (5xx, 429), after every retry.
-    Unreachable(String),
-    /// It did not answer within the task's `timeout_s`, on the last try.
-    TimedOut(String),
-    /// It answered, refusing (a 4xx), or with something that is not the expected JSON.
-    Refused(String),
-}
-
-impl std::fmt::Display for RemoteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RemoteError::Unreachable(message) | RemoteError::Refused(message) => f.write_str(message),
-            RemoteError::TimedOut(message) => write!(f, "{message} (no answer within the task's timeout_s)"),
-        }
-    }
-}
-
-impl std::error::Error for RemoteError {}
+pub use crate::error::RemoteError;
 
 /// The largest answer read from a server.
 const MAX_ANSWER_BYTES: u64 = 256 << 20;

@@ -165,30 +165,9 @@ impl CodeRunnerPlugin {
                 // A runner may also return output in the record; it follows what it printed.
                 stdout.push_str(&outcome.stdout);
                 stderr.push_str(&outcome.stderr);
-                let termination = match outcome.termination {
-                    // An interpreter reports the MemoryError of a program whose growth the
-                    // host denied as an ordinary failure; name the limit instead.
-                    guest::Termination::Exited(status) if status != 0 && memory_denied => Termination::OutOfMemory,
-                    other => from_guest(other),
-                };
-                (termination, outcome.truncated)
+                (ended(outcome.termination, memory_denied), outcome.truncated)
             }
-            Err(error) => match error.downcast_ref::<wasmtime_wasi::I32Exit>() {
-                // `os._exit(n)` and friends end the instance through WASI's exit.
-                Some(exit) if memory_denied && exit.0 != 0 => (Termination::OutOfMemory, false),
-                Some(exit) => (Termination::Exited(exit.0), false),
-                None => {
-                    let failure = failure.expect("classified above");
-                    let termination = match failure.kind {
-                        FailureKind::Deadline => Termination::TimedOut,
-                        FailureKind::Fuel => Termination::OutOfFuel,
-                        FailureKind::Memory => Termination::OutOfMemory,
-                        FailureKind::PrintLimit => Termination::OutputLimit,
-                        _ => Termination::Crashed(failure.message),
-                    };
-                    (termination, false)
-                }
-            },
+            Err(error) => (failed(&error, failure.expect("classified above"), memory_denied), false),
         };
         let limit = usize::try_from(limits.max_print_bytes).unwrap_or(usize::MAX);
         let cut = stdout_cut || stderr_cut || guest_cut || stdout.len() > limit || stderr.len() > limit;
@@ -201,6 +180,32 @@ impl CodeRunnerPlugin {
 impl std::fmt::Debug for CodeRunnerPlugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CodeRunnerPlugin").field("plugin", &self.plugin).finish()
+    }
+}
+
+/// How a program the runner ran ended. An interpreter reports the MemoryError of a program
+/// whose growth the host denied as an ordinary failure; the limit is named instead.
+fn ended(termination: guest::Termination, memory_denied: bool) -> Termination {
+    match termination {
+        guest::Termination::Exited(status) if status != 0 && memory_denied => Termination::OutOfMemory,
+        other => from_guest(other),
+    }
+}
+
+/// How a program ended whose run failed in the host (`failure`, classified before the output
+/// was taken).
+fn failed(error: &wasmtime::Error, failure: call::Failure, memory_denied: bool) -> Termination {
+    match error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        // `os._exit(n)` and friends end the instance through WASI's exit.
+        Some(exit) if memory_denied && exit.0 != 0 => Termination::OutOfMemory,
+        Some(exit) => Termination::Exited(exit.0),
+        None => match failure.kind {
+            FailureKind::Deadline => Termination::TimedOut,
+            FailureKind::Fuel => Termination::OutOfFuel,
+            FailureKind::Memory => Termination::OutOfMemory,
+            FailureKind::PrintLimit => Termination::OutputLimit,
+            _ => Termination::Crashed(failure.message),
+        },
     }
 }
 

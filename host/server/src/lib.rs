@@ -467,13 +467,10 @@ enum Kind {
 }
 
 async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let body = request::object(&body)?;
-    let (logprobs, top) = request::chat_logprobs(&body)?;
-    let mut common = request::common(&body, &state.config.limits, logprobs)?;
-    common.sampling.top_logprobs = top;
+    let request::ChatRequest { common, messages, spliced_ids: spliced } =
+        request::ChatRequest::read(&body, &state.config.limits, state.tokenizer.vocab_size())?;
     let messages: Vec<ChatMessage> =
-        request::messages(&body)?.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
-    let spliced = request::spliced_ids(&body, state.tokenizer.vocab_size())?;
+        messages.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
     // The chat template is the model's program and tokenizing a long conversation takes
     // time: both run off the server's async threads, so that a slow template (bounded in
     // its own right) never holds up `/health` or other requests.
@@ -526,14 +523,9 @@ fn spliced_prompt(state: &AppState, messages: &[ChatMessage], ids: &[Option<Vec<
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let body = request::object(&body)?;
-    let (logprobs, top) = request::completion_logprobs(&body)?;
-    if body.get("echo").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::bad(Some("echo"), "is not supported"));
-    }
-    let mut common = request::common(&body, &state.config.limits, logprobs)?;
-    common.sampling.top_logprobs = top;
-    let prompt = match request::prompt(&body, state.tokenizer.vocab_size())? {
+    let request::CompletionRequest { common, prompt } =
+        request::CompletionRequest::read(&body, &state.config.limits, state.tokenizer.vocab_size())?;
+    let prompt = match prompt {
         request::Prompt::Text(text) => encode(&state, &text)?,
         request::Prompt::Tokens(ids) => ids,
     };

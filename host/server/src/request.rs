@@ -1,4 +1,6 @@
-//! OpenAI-style request bodies, read field by field so that every refusal names its field.
+//! OpenAI-style request bodies, read field by field into `ChatRequest` and `CompletionRequest`
+//! so that every refusal names its field; `Fields` is the one reader of a body's fields, the
+//! served tasks' (`tasks.rs`) included.
 //! Fields a client commonly sends and wirl does not use (`user`, `presence_penalty` at 0, …)
 //! are ignored; ones whose meaning wirl would silently change are refused.
 
@@ -33,6 +35,45 @@ pub struct Common {
     pub stream: bool,
     pub include_usage: bool,
     pub logprobs: bool,
+}
+
+/// `POST /v1/chat/completions`, read: what both endpoints share, the conversation, and the
+/// token ids its assistant messages carry (`prevent_retokenization`).
+pub struct ChatRequest {
+    pub common: Common,
+    pub messages: Vec<Message>,
+    pub spliced_ids: Option<Vec<Option<Vec<u32>>>>,
+}
+
+impl ChatRequest {
+    /// Read field by field; the first refusal names its field.
+    pub fn read(body: &[u8], limits: &Limits, vocab: usize) -> Result<Self, ApiError> {
+        let body = object(body)?;
+        let (logprobs, top) = chat_logprobs(&body)?;
+        let mut common = common(&body, limits, logprobs)?;
+        common.sampling.top_logprobs = top;
+        Ok(ChatRequest { common, messages: messages(&body)?, spliced_ids: spliced_ids(&body, vocab)? })
+    }
+}
+
+/// `POST /v1/completions`, read: what both endpoints share and the prompt.
+pub struct CompletionRequest {
+    pub common: Common,
+    pub prompt: Prompt,
+}
+
+impl CompletionRequest {
+    /// Read field by field; the first refusal names its field.
+    pub fn read(body: &[u8], limits: &Limits, vocab: usize) -> Result<Self, ApiError> {
+        let body = object(body)?;
+        let (logprobs, top) = completion_logprobs(&body)?;
+        if body.get("echo").and_then(Value::as_bool) == Some(true) {
+            return Err(ApiError::bad(Some("echo"), "is not supported"));
+        }
+        let mut common = common(&body, limits, logprobs)?;
+        common.sampling.top_logprobs = top;
+        Ok(CompletionRequest { common, prompt: prompt(&body, vocab)? })
+    }
 }
 
 /// The body as a JSON object.

@@ -58,6 +58,26 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
     1.0 - ((n - c + 1)..=n).map(|i| 1.0 - k as f64 / i as f64).product::<f64>()
 }
 
+/// The file of per-problem lines at `output`, its directory made.
+fn lines_at(output: &Path) -> crate::error::Result<std::io::BufWriter<std::fs::File>> {
+    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let file = std::fs::File::create(output).with_context(|| format!("cannot create {}", output.display()))?;
+    Ok(std::io::BufWriter::new(file))
+}
+
+/// A problem's greedy group of one, then (for pass@k) its samples, seeded alike.
+fn asks_of(config: &RunConfig, greedy: &GroupAsk) -> Vec<GroupAsk> {
+    let eval = &config.eval;
+    let mut asks = vec![greedy.clone()];
+    if eval.samples > 0 {
+        let sampling = config.tasks[greedy.task].sampling;
+        asks.push(GroupAsk { size: eval.samples, sampling, ..greedy.clone() });
+    }
+    asks
+}
+
 /// Evaluate the model at `model` (a resolved path; `config.model` names it in the summary);
 /// the summary as JSON.
 pub fn evaluate(
@@ -103,23 +123,10 @@ pub fn evaluate(
         "no held-out task to evaluate (a dataset needs an `eval` file; prompts must fit the model's context of \
          {context} tokens)"
     );
-    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    let mut lines = std::io::BufWriter::new(
-        std::fs::File::create(output).with_context(|| format!("cannot create {}", output.display()))?,
-    );
+    let mut lines = lines_at(output)?;
     let mut done = 0usize;
     for chunk in problems.chunks(eval.batch_tasks) {
-        // Each problem's greedy group of one, then (for pass@k) its samples, seeded alike.
-        let mut asks = Vec::new();
-        for greedy in chunk {
-            asks.push(greedy.clone());
-            if eval.samples > 0 {
-                let sampling = config.tasks[greedy.task].sampling;
-                asks.push(GroupAsk { size: eval.samples, sampling, ..greedy.clone() });
-            }
-        }
+        let asks = chunk.iter().flat_map(|greedy| asks_of(config, greedy)).collect();
         let never = || false;
         let mut groups =
             wirl_rollout::collect_groups(engine, &mut tasks, asks, &never).expect("never stopped")?.into_iter();

@@ -141,6 +141,11 @@ impl Trainer {
     /// As a rank of the data-parallel group `ranks` (`wirl_engine::Solo`: alone). Rank 0 is made first
     /// and writes the run's start (its manifest, its plugins' bytes); the others read it,
     /// write nothing, and leave the control (`wirl ctl`) to rank 0. All share one `control`.
+    ///
+    /// Over ~80 lines on purpose: it is the run's start in the order it must happen (the
+    /// manifest in force, the device, the policy, the inference model sharing its storage, the
+    /// engine, the sandbox, the tasks, the optimizer restored), and a third of it is the
+    /// struct those parts make.
     pub fn new(
         base: TrainConfig,
         model: &Path,
@@ -643,8 +648,48 @@ impl Trainer {
         Ok(())
     }
 
+    /// The updates skipped in a row after `step` (a non-finite gradient leaves the weights
+    /// alone); past `grpo.max_skipped_updates` the last good weights are checkpointed and the
+    /// run stops, saying what to do.
+    fn count_skipped(
+        &mut self,
+        step: usize,
+        line: &StepMetrics,
+        in_a_row: usize,
+        before: &HeldOut,
+        observer: &mut dyn Observer,
+    ) -> crate::error::Result<usize> {
+        if line.updates_skipped == 0 {
+            return Ok(0);
+        }
+        tracing::warn!(
+            "step {}: the gradient norm is {}; the update is skipped (weights unchanged)",
+            step + 1,
+            line.grad_norm
+        );
+        let in_a_row = in_a_row + line.updates_skipped;
+        if in_a_row >= self.config.grpo.max_skipped_updates {
+            // The weights are still the last good ones: skipped updates leave them alone.
+            self.checkpoint(step + 1, before, observer)?;
+            bail!(
+                "stopping: {in_a_row} updates in a row had a non-finite gradient (the last at step {}; \
+                 grpo.max_skipped_updates = {}); the last good weights are checkpointed. Look at the step's \
+                 rewards in {} and lower grpo.learning_rate, then `wirl train --resume {}`",
+                step + 1,
+                self.config.grpo.max_skipped_updates,
+                self.run_dir.join("rollouts.jsonl").display(),
+                self.run_dir.display()
+            );
+        }
+        Ok(in_a_row)
+    }
+
     /// Run steps `start + 1 ..= grpo.steps`; a resumed run passes its checkpoint, whose
     /// held-out scores before training it keeps.
+    ///
+    /// Over ~80 lines on purpose: the loop's four ways to end (stopped between steps, stopped
+    /// inside one, too many skipped updates, the last step) each checkpoint and discard a
+    /// staged swap differently, and reading them side by side is what keeps them consistent.
     pub fn train(
         &mut self,
         start: usize,
@@ -701,27 +746,7 @@ impl Trainer {
             let mean_step = step_times.iter().sum::<f64>() / step_times.len() as f64;
             let eta_s = mean_step * (steps - step - 1) as f64;
             observer.event(Event::Step { metrics: &line, steps, eta_s });
-            if line.updates_skipped > 0 {
-                tracing::warn!(
-                    "step {}: the gradient norm is {}; the update is skipped (weights unchanged)",
-                    step + 1,
-                    line.grad_norm
-                );
-            }
-            skipped_in_a_row = if line.updates_skipped > 0 { skipped_in_a_row + line.updates_skipped } else { 0 };
-            if skipped_in_a_row >= self.config.grpo.max_skipped_updates {
-                // The weights are still the last good ones: skipped updates leave them alone.
-                self.checkpoint(step + 1, &before, observer)?;
-                bail!(
-                    "stopping: {skipped_in_a_row} updates in a row had a non-finite gradient (the last at step {}; \
-                     grpo.max_skipped_updates = {}); the last good weights are checkpointed. Look at the step's \
-                     rewards in {} and lower grpo.learning_rate, then `wirl train --resume {}`",
-                    step + 1,
-                    self.config.grpo.max_skipped_updates,
-                    self.run_dir.join("rollouts.jsonl").display(),
-                    self.run_dir.display()
-                );
-            }
+            skipped_in_a_row = self.count_skipped(step, &line, skipped_in_a_row, &before, observer)?;
             // With ranks, a stop is agreed at the next boundary instead (a rank may see it later).
             let stopped = alone && self.control.is_stopped();
             if step + 1 == steps || (every > 0 && (step + 1) % every == 0) || stopped {

@@ -100,6 +100,10 @@ struct Advantaged {
 impl Trainer {
     /// One GRPO step: its metrics, or `None` when a stop came before its first update
     /// (generating, scoring, or training its first epoch), which abandons it unrecorded.
+    ///
+    /// Over ~80 lines on purpose: it is the module's list of stages, each a call, with the
+    /// points where a stop abandons the step between them; split, the list would not read
+    /// in one place.
     pub(super) fn step(
         &mut self,
         step: usize,
