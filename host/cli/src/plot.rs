@@ -99,7 +99,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// A line chart of `series` against the step, with a legend; `marks` are task set changes
-/// (x, whether a rollback), drawn as vertical lines.
+/// (x, whether a rollback), drawn as vertical lines. Over ~80 lines on purpose: plotters'
+/// builder calls for one chart (axes, series, marks, legend), in the order they draw.
 fn write_chart(
     path: &Path,
     title: &str,

@@ -27,6 +27,9 @@ pub struct Args {
     answers: bool,
 }
 
+/// `wirl score`: each input line scored and written as it is read. Over ~80 lines on purpose:
+/// one loop whose every kind of bad line (not UTF-8, not JSON, not a task, a failed verdict)
+/// is named and passed over in place, which reads best beside the good path.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let (Some(input), Some(output)) = (&args.input, &args.output)
         && same_file(input, output)

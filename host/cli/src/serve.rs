@@ -198,6 +198,9 @@ pub fn api_key(host: &str, given: Option<&str>, flag: &str) -> anyhow::Result<Op
     Ok(key)
 }
 
+/// `wirl serve`. Over ~80 lines on purpose: the command's steps in the order they must run
+/// (settings and their checks, the key, the model and its shards, the tasks, the engine, the
+/// listener, the drain), each a few lines over the library calls that do the work.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = match &args.config {
         Some(path) => read_config(path)?,
