@@ -197,6 +197,24 @@ def reinforce_pp(groups, baseline):
 WHITEN_GROUPS = [([1.0, 0.0, 0.0, 1.0], [5, 3, 8, 2]), ([0.5, 0.5, 0.5], [4, 6, 1]), ([2.0, 0.0], [7, 7])]
 
 
+def kl_in_reward(scores, estimator, beta):
+    """verl's apply_kl_penalty (use_kl_in_reward) with its outcome score at the last token,
+    summed per row as its outcome advantage estimators sum token_level_rewards: the scores
+    the group's advantages are then taken of. old = OLD, ref = REF, the response mask MASK."""
+    if estimator == "k1":  # kl_penalty "kl"
+        kld = OLD - REF
+    elif estimator == "k2":  # "mse"
+        kld = 0.5 * (OLD - REF).square()
+    else:  # "low_var_kl" (k3)
+        kl = REF - OLD
+        kld = torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+    token_scores = torch.zeros_like(OLD)
+    lengths = MASK.sum(-1).long()
+    token_scores[torch.arange(len(scores)), lengths - 1] = torch.tensor(scores, dtype=torch.float64)
+    token_rewards = token_scores - beta * kld * MASK
+    return token_rewards.sum(-1).tolist()
+
+
 def overlong(length, max_tokens, buffer, factor):
     """verl's DAPO reward manager's overlong reward."""
     expected_len = max_tokens - buffer
@@ -216,6 +234,9 @@ fixture = {
     "whitening_groups": [{"rewards": r, "tokens": n} for r, n in WHITEN_GROUPS],
     "whitening_cases": [{"mode": "reinforce++", "advantages": reinforce_pp(WHITEN_GROUPS, False)},
                         {"mode": "reinforce++-baseline", "advantages": reinforce_pp(WHITEN_GROUPS, True)}],
+    "kl_in_reward_cases": [{"estimator": e, "beta": b, "scores": REWARDS[:ROWS],
+                            "shaped": kl_in_reward(REWARDS[:ROWS], e, b)}
+                           for e in ("k1", "k2", "k3") for b in (0.04, 0.5)],
     "overlong_cases": [{"length": n, "max_tokens": 16, "buffer": b, "factor": f, "penalty": overlong(n, 16, b, f)}
                        for b in (4, 10) for f in (1.0, 0.5) for n in range(17)],
 }

@@ -262,3 +262,52 @@ fn each_objective_resumes_runs_on_two_ranks_and_trains_an_adapter() {
         assert!(turns > 0, "{name}: the multi-turn task ran no episode");
     }
 }
+
+/// The KL in the reward (`grpo.kl_in_reward`): a completion's score less β × its summed KL
+/// estimate, as verl's `apply_kl_penalty` makes token rewards and its outcome estimators sum
+/// them (k1, k2 and k3 = verl's "kl", "mse", "low_var_kl"; two β), within 1e-6.
+#[test]
+fn the_kl_in_the_reward_shapes_scores_as_verl_does() {
+    let fixture = fixture();
+    let (old, reference, mask) = (matrix(&fixture["old_logp"]), matrix(&fixture["ref_logp"]), matrix(&fixture["mask"]));
+    let cases = fixture["kl_in_reward_cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 6);
+    for case in cases {
+        let estimator: KlEstimator = named(&case["estimator"]);
+        let beta = case["beta"].as_f64().unwrap() as f32;
+        for (row, score) in case["scores"].as_array().unwrap().iter().enumerate() {
+            let trained: Vec<bool> = mask[row].iter().map(|&m| m > 0.5).collect();
+            let penalty = wirl_grpo::kl_penalty(&old[row], &reference[row], Some(&trained), estimator, beta);
+            let ours = score.as_f64().unwrap() - f64::from(penalty);
+            let theirs = case["shaped"][row].as_f64().unwrap();
+            assert!(close(ours, theirs), "{estimator:?} β {beta} row {row}: {ours} vs verl's {theirs}");
+        }
+    }
+}
+
+/// `grpo.kl_in_reward = true` end to end: at step 1 the policy is the reference, so the KL
+/// (the sampler's log-probs against the reference's) is ~0 and the step is a β-0 run's; later
+/// steps differ from it (the KL reached the rewards, and nothing else did: the loss has no
+/// KL term). Without a β it is refused, naming the key.
+#[test]
+fn the_kl_in_the_reward_trains_and_needs_a_beta() {
+    use crate::grpo::{metrics, train_with, write_config};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 3, 0.05);
+    let losses = |name: &str, sets: &[&str]| -> Vec<f64> {
+        let mut args = vec!["--eval-tasks", "0"];
+        args.extend(sets.iter().flat_map(|set| ["--set", *set]));
+        let out = train_with(&config, &dir.path().join(name), &args);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        metrics(&dir.path().join(name)).iter().map(|m| m["loss"].as_f64().unwrap()).collect()
+    };
+    let plain = losses("plain", &[]);
+    let shaped = losses("shaped", &["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_estimator=k1"]);
+    assert_eq!((plain.len(), shaped.len()), (3, 3));
+    // A KL misaligned by one token moved step 1's loss by 7.5e-5 (tried).
+    assert!((plain[0] - shaped[0]).abs() < 1e-6, "step 1: {} vs {}", plain[0], shaped[0]);
+    assert_ne!(plain[1..], shaped[1..], "the KL in the reward changed nothing");
+    let out = train_with(&config, &dir.path().join("refused"), &["--set", "grpo.kl_in_reward=true"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("`grpo.kl_in_reward`") && stderr.contains("beta"), "{stderr}");
+}

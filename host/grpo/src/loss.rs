@@ -108,6 +108,29 @@ pub enum KlEstimator {
     K3,
 }
 
+impl KlEstimator {
+    /// This estimate of KL(π ‖ π_ref) at one token, from `d = logp − ref_logp` as the loss's
+    /// (verl's `kl_penalty` "kl", "mse", "low_var_kl" without its clamp, which real log-probs
+    /// never reach). In f64: a sum over a completion's tokens follows.
+    pub fn at(self, logp: f32, ref_logp: f32) -> f64 {
+        let d = f64::from(logp) - f64::from(ref_logp);
+        match self {
+            KlEstimator::K1 => d,
+            KlEstimator::K2 => d * d / 2.0,
+            KlEstimator::K3 => (-d).exp() + d - 1.0,
+        }
+    }
+}
+
+/// One completion's KL in the reward (verl's `apply_kl_penalty`, summed over the row as its
+/// outcome advantages sum token rewards): β × Σ over its trained tokens (`trained`: `None`,
+/// every one) of `estimator` between `old` (π_old) and `reference` log-probs.
+pub fn kl_penalty(old: &[f32], reference: &[f32], trained: Option<&[bool]>, estimator: KlEstimator, beta: f32) -> f32 {
+    let counted = |i: &usize| trained.is_none_or(|mask| mask[*i]);
+    let sum: f64 = (0..old.len()).filter(counted).map(|i| estimator.at(old[i], reference[i])).sum();
+    (f64::from(beta) * sum) as f32
+}
+
 /// How per-token losses are summed into the step's loss.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]

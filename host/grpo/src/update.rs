@@ -6,7 +6,7 @@
 //! rollout layer turns scored trajectories into [`GroupBatch`]es.
 
 use crate::grads::Gradients;
-use crate::loss::{Aggregation, LossParts, LossSettings, grpo_loss, masked_token_weights, token_weights};
+use crate::loss::{Aggregation, KlEstimator, LossParts, LossSettings, grpo_loss, masked_token_weights, token_weights};
 use crate::optim::Optimizer;
 use crate::policy::{MemoryLimits, Net, Policy, TokenStats};
 use crate::positions::Part;
@@ -219,6 +219,39 @@ impl Learner {
         Learner { policy, reference, optimizer, ranks: Arc::new(Solo), mirror: None }
     }
 
+    /// Per completion, β × the sum over its trained tokens of `estimator`'s KL(π_old ‖ π_ref):
+    /// verl's `apply_kl_penalty` (`use_kl_in_reward`) summed as its outcome advantages sum a
+    /// completion's token rewards ([`crate::loss::kl_penalty`]). π_old is `old` (the sampler's
+    /// log-probs), π_ref the reference net's, run here; `trained` as a `GroupBatch`'s (empty:
+    /// every token).
+    #[allow(clippy::too_many_arguments)]
+    pub fn kl_penalties(
+        &self,
+        prompt: &[u32],
+        completions: &[Vec<u32>],
+        trained: &[Vec<bool>],
+        old: &[Vec<f32>],
+        estimator: KlEstimator,
+        beta: f32,
+        head_chunk: u64,
+    ) -> crate::Result<Vec<f32>> {
+        let Some(reference) = &self.reference else {
+            return Err(crate::Error::Internal("the KL in the reward asked of a learner without a reference".into()));
+        };
+        let part = Part { completions, trained: Some(trained) };
+        let stats = reference.parts_stats_chunked(prompt, &[part], head_chunk)?;
+        let logp = stats[0].logp.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
+        Ok(completions
+            .iter()
+            .enumerate()
+            .map(|(row, tokens)| {
+                let n = tokens.len();
+                let mask = trained.get(row).map(Vec::as_slice);
+                crate::loss::kl_penalty(&old[row][..n], &logp[row][..n], mask, estimator, beta)
+            })
+            .collect())
+    }
+
     /// Sums across the data-parallel group of `values` (themselves when alone).
     fn summed(&self, mut values: Vec<f32>) -> crate::Result<Vec<f32>> {
         self.ranks.all_reduce_sum_in_place(&mut values)?;
@@ -398,7 +431,8 @@ impl Learner {
                 old.push(None);
             }
         }
-        // The reference's: a group's micro-batches share one pass of its prompt.
+        // The reference's: a group's micro-batches share one pass of its prompt. Not with β 0
+        // in the loss (the KL in the reward was taken before the advantages).
         let mut reference = Vec::new();
         for (span, _) in spans {
             if stop() {
@@ -406,12 +440,12 @@ impl Learner {
             }
             let micro = &groups[span.clone()];
             match &self.reference {
-                Some(net) => {
+                Some(net) if settings.loss.beta > 0.0 => {
                     let parts: Vec<Part<'_>> = micro.iter().map(GroupBatch::part).collect();
                     let stats = net.parts_stats_chunked(&micro[0].prompt, &parts, settings.memory.head_chunk)?;
                     reference.extend(stats.into_iter().map(|s| Some(s.logp.detach())));
                 }
-                None => reference.extend(micro.iter().map(|_| None)),
+                _ => reference.extend(micro.iter().map(|_| None)),
             }
         }
         Ok(Some((old, reference)))

@@ -534,6 +534,10 @@ pub struct GrpoSection {
     pub loss: LossKind,
     /// The KL penalty's estimator, `k1`, `k2` or `k3` (unset: k3); only with `beta` > 0.
     pub kl_estimator: Option<KlEstimator>,
+    /// The KL term in the reward instead of the loss (verl's `use_kl_in_reward`): each
+    /// completion's reward less β × its summed estimate against the reference, before the
+    /// advantages; the loss then has none. Only with `beta` > 0.
+    pub kl_in_reward: bool,
     /// DAPO's overlong shaping: the last this many tokens before a task's `max_tokens` cost a
     /// completion's reward up to `overlong_penalty`, linearly (0: none).
     pub overlong_buffer: usize,
@@ -630,6 +634,7 @@ impl Default for GrpoSection {
             aggregation: Aggregation::TokenMean,
             loss: LossKind::Grpo,
             kl_estimator: None,
+            kl_in_reward: false,
             overlong_buffer: 0,
             overlong_penalty: 1.0,
             mask_truncated: false,

@@ -176,6 +176,12 @@ impl TrainConfig {
         {
             return Err(super::preset::unknown(origin, name));
         }
+        if g.kl_in_reward && g.beta == 0.0 {
+            bail!(
+                "{origin}: `grpo.kl_in_reward` = true with `grpo.beta` = 0: there is no KL term to move into the \
+                 reward (set beta > 0, or leave kl_in_reward out)"
+            );
+        }
         if let Some(estimator) = g.kl_estimator
             && g.beta == 0.0
         {

@@ -278,6 +278,41 @@ impl Trainer {
         (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0])).then_some((usable, rewards))
     }
 
+    /// `rewards` of a group's `usable` trajectories less β × each one's summed KL estimate
+    /// against the reference (`grpo.kl_in_reward`), the sampler's log-probs standing for
+    /// π_old (without a lag they are the policy's within 1e-4; with one, the behaviour
+    /// policy's).
+    fn kl_shaped(
+        &self,
+        group: &RolloutGroup,
+        usable: Vec<usize>,
+        rewards: Vec<f32>,
+    ) -> crate::error::Result<(Vec<usize>, Vec<f32>)> {
+        let g = &self.config.grpo;
+        let trajectories: Vec<_> = usable.iter().map(|&i| &group.trajectories[i]).collect();
+        let completions: Vec<Vec<u32>> = trajectories.iter().map(|t| t.tokens.clone()).collect();
+        let trained: Vec<Vec<bool>> = if trajectories.iter().any(|t| !t.trainable.is_empty()) {
+            trajectories
+                .iter()
+                .map(|t| if t.trainable.is_empty() { vec![true; t.tokens.len()] } else { t.trainable.clone() })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let old: Vec<Vec<f32>> = trajectories.iter().map(|t| t.logprobs.clone()).collect();
+        let penalties = self.learner.kl_penalties(
+            &group.prompt,
+            &completions,
+            &trained,
+            &old,
+            g.kl_estimator.unwrap_or_default(),
+            g.beta as f32,
+            self.update_settings(0).memory.head_chunk,
+        )?;
+        let shaped = rewards.iter().zip(&penalties).map(|(reward, penalty)| reward - penalty).collect();
+        Ok((usable, shaped))
+    }
+
     /// REINFORCE++ (`grpo.advantage = "reinforce++"`, `"reinforce++-baseline"`): every
     /// trained token of the step carries its sequence's advantage; whiten them together,
     /// over every rank's groups (`gathered`: `batches` are every rank's already).
@@ -557,6 +592,19 @@ impl Trainer {
         let signals: Vec<_> = groups.iter().map(|(group, t)| self.signal(group, t)).collect();
         let has_signal: Vec<bool> = signals.iter().map(Option::is_some).collect();
         let trains = self.trained(groups, &has_signal, gathered)?;
+        // The KL in the reward (verl's `use_kl_in_reward`), on the groups that train: whether a
+        // group has signal was read from its scores, as wirl's filter always reads them.
+        let signals: Vec<_> = signals
+            .into_iter()
+            .zip(groups.iter())
+            .zip(&trains)
+            .map(|((signal, (group, _)), &trains)| match signal {
+                Some((usable, rewards)) if trains && self.config.grpo.kl_in_reward => {
+                    self.kl_shaped(group, usable, rewards).map(Some)
+                }
+                other => Ok(other),
+            })
+            .collect::<crate::error::Result<_>>()?;
         let mut batches: Vec<GroupBatch> = groups
             .iter()
             .zip(&groups.draws)
@@ -663,7 +711,8 @@ impl Trainer {
             loss: LossSettings {
                 clip_low: g.clip_low,
                 clip_high: g.clip_high,
-                beta: g.beta,
+                // The KL in the reward was taken before the advantages: none in the loss.
+                beta: if g.kl_in_reward { 0.0 } else { g.beta },
                 entropy: g.entropy,
                 kind: g.loss,
                 kl: g.kl_estimator.unwrap_or_default(),
