@@ -288,7 +288,8 @@ fn the_kl_in_the_reward_shapes_scores_as_verl_does() {
 /// `grpo.kl_in_reward = true` end to end: at step 1 the policy is the reference, so the KL
 /// (the sampler's log-probs against the reference's) is ~0 and the step is a β-0 run's; later
 /// steps differ from it (the KL reached the rewards, and nothing else did: the loss has no
-/// KL term). Without a β it is refused, naming the key.
+/// KL term). Two ranks, each shaping its own groups, train as one trainer does. Without a β
+/// it is refused, naming the key.
 #[test]
 fn the_kl_in_the_reward_trains_and_needs_a_beta() {
     use crate::grpo::{metrics, train_with, write_config};
@@ -302,11 +303,22 @@ fn the_kl_in_the_reward_trains_and_needs_a_beta() {
         metrics(&dir.path().join(name)).iter().map(|m| m["loss"].as_f64().unwrap()).collect()
     };
     let plain = losses("plain", &[]);
-    let shaped = losses("shaped", &["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_estimator=k1"]);
+    let keys = ["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_estimator=k1"];
+    let shaped = losses("shaped", &keys);
     assert_eq!((plain.len(), shaped.len()), (3, 3));
     // A KL misaligned by one token moved step 1's loss by 7.5e-5 (tried).
     assert!((plain[0] - shaped[0]).abs() < 1e-6, "step 1: {} vs {}", plain[0], shaped[0]);
     assert_ne!(plain[1..], shaped[1..], "the KL in the reward changed nothing");
+    let mut args = vec!["--eval-tasks", "0", "--dp", "2"];
+    args.extend(keys.iter().flat_map(|set| ["--set", *set]));
+    let out = train_with(&config, &dir.path().join("ranks"), &args);
+    assert!(out.status.success(), "ranks: {}", String::from_utf8_lossy(&out.stderr));
+    let ranks = metrics(&dir.path().join("ranks"));
+    assert_eq!(ranks.len(), 3);
+    for (one, two) in shaped.iter().zip(ranks) {
+        let two = two["loss"].as_f64().unwrap();
+        assert!((one - two).abs() < 1e-5, "loss {one} alone, {two} on two ranks");
+    }
     let out = train_with(&config, &dir.path().join("refused"), &["--set", "grpo.kl_in_reward=true"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("`grpo.kl_in_reward`") && stderr.contains("beta"), "{stderr}");

@@ -593,13 +593,15 @@ impl Trainer {
         let has_signal: Vec<bool> = signals.iter().map(Option::is_some).collect();
         let trains = self.trained(groups, &has_signal, gathered)?;
         // The KL in the reward (verl's `use_kl_in_reward`), on the groups that train: whether a
-        // group has signal was read from its scores, as wirl's filter always reads them.
+        // group has signal was read from its scores, as wirl's filter always reads them. Not
+        // for rank 0's record of every rank's groups, which counts groups and tokens only
+        // (another reference pass over all of them would buy it nothing).
         let signals: Vec<_> = signals
             .into_iter()
             .zip(groups.iter())
             .zip(&trains)
             .map(|((signal, (group, _)), &trains)| match signal {
-                Some((usable, rewards)) if trains && self.config.grpo.kl_in_reward => {
+                Some((usable, rewards)) if trains && !gathered && self.config.grpo.kl_in_reward => {
                     self.kl_shaped(group, usable, rewards).map(Some)
                 }
                 other => Ok(other),
