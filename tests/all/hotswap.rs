@@ -219,6 +219,19 @@ fn a_swap_takes_effect_on_every_rank_at_the_same_step() {
     swap_takes_effect_at_the_next_step(&["--dp", "2"]);
 }
 
+/// The same under the new objectives (issue 47): GSPO's sequence ratio with REINFORCE++'s
+/// step-wide whitening, and CISPO's clipped weights with the KL in the reward. A swap
+/// changes the task set; the objective, set on the command line, goes on under it.
+#[test]
+fn a_swap_takes_effect_under_the_new_objectives() {
+    let gspo = ["grpo.loss=gspo", "grpo.aggregation=sequence-mean", "grpo.advantage=reinforce++"];
+    let cispo = ["grpo.loss=cispo", "grpo.clip_high=4", "grpo.beta=0.04", "grpo.kl_in_reward=true"];
+    for sets in [&gspo[..], &cispo[..]] {
+        let flags: Vec<&str> = sets.iter().flat_map(|set| ["--set", *set]).collect();
+        swap_takes_effect_at_the_next_step(&flags);
+    }
+}
+
 fn swap_takes_effect_at_the_next_step(flags: &[&str]) {
     let live = Live::start_with(flags);
     let k = live.hold_after(1);
