@@ -197,18 +197,18 @@ def reinforce_pp(groups, baseline):
 WHITEN_GROUPS = [([1.0, 0.0, 0.0, 1.0], [5, 3, 8, 2]), ([0.5, 0.5, 0.5], [4, 6, 1]), ([2.0, 0.0], [7, 7])]
 
 
-def kl_in_reward(scores, estimator, beta):
+def kl_in_reward(scores, estimator, beta, old):
     """verl's apply_kl_penalty (use_kl_in_reward) with its outcome score at the last token,
     summed per row as its outcome advantage estimators sum token_level_rewards: the scores
-    the group's advantages are then taken of. old = OLD, ref = REF, the response mask MASK."""
+    the group's advantages are then taken of. ref = REF, the response mask MASK."""
     if estimator == "k1":  # kl_penalty "kl"
-        kld = OLD - REF
+        kld = old - REF
     elif estimator == "k2":  # "mse"
-        kld = 0.5 * (OLD - REF).square()
+        kld = 0.5 * (old - REF).square()
     else:  # "low_var_kl" (k3)
-        kl = REF - OLD
+        kl = REF - old
         kld = torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
-    token_scores = torch.zeros_like(OLD)
+    token_scores = torch.zeros_like(old)
     lengths = MASK.sum(-1).long()
     token_scores[torch.arange(len(scores)), lengths - 1] = torch.tensor(scores, dtype=torch.float64)
     token_rewards = token_scores - beta * kld * MASK
@@ -234,8 +234,10 @@ fixture = {
     "whitening_groups": [{"rewards": r, "tokens": n} for r, n in WHITEN_GROUPS],
     "whitening_cases": [{"mode": "reinforce++", "advantages": reinforce_pp(WHITEN_GROUPS, False)},
                         {"mode": "reinforce++-baseline", "advantages": reinforce_pp(WHITEN_GROUPS, True)}],
-    "kl_in_reward_cases": [{"estimator": e, "beta": b, "scores": REWARDS[:ROWS],
-                            "shaped": kl_in_reward(REWARDS[:ROWS], e, b)}
+    # π_old as OLD, and 12 times as far from π_ref (k3 past verl's clamp of ±10 there).
+    "kl_in_reward_cases": [{"estimator": e, "beta": b, "scores": REWARDS[:ROWS], "old_logp": old.tolist(),
+                            "shaped": kl_in_reward(REWARDS[:ROWS], e, b, old)}
+                           for old in (OLD, REF + 12 * (OLD - REF))
                            for e in ("k1", "k2", "k3") for b in (0.04, 0.5)],
     "overlong_cases": [{"length": n, "max_tokens": 16, "buffer": b, "factor": f, "penalty": overlong(n, 16, b, f)}
                        for b in (4, 10) for f in (1.0, 0.5) for n in range(17)],

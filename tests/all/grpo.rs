@@ -90,6 +90,27 @@ tasks = 0
     path
 }
 
+/// `wirl train --resume RUN_DIR --steps STEPS`.
+pub fn resume(run_dir: &Path, steps: usize) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg("--resume")
+        .arg(run_dir)
+        .args(["--steps", &steps.to_string()])
+        .output()
+        .unwrap()
+}
+
+/// A step's metrics without the figures that depend on the machine's speed and memory.
+pub fn deterministic(metrics: &serde_json::Value) -> serde_json::Value {
+    let mut metrics = metrics.clone();
+    let object = metrics.as_object_mut().expect("a metrics line");
+    for key in ["time_s", "generate_tokens_per_s", "peak_rss_mib", "peak_rss_mib_by_phase"] {
+        object.remove(key);
+    }
+    metrics
+}
+
 pub fn train(config: &Path, run_dir: &Path) -> std::process::Output {
     train_with(config, run_dir, &[])
 }
@@ -265,25 +286,10 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
     assert!(parts.join("checkpoints/step-000002/model/model.safetensors").is_file());
     // What a run killed while writing its next checkpoint leaves behind.
     std::fs::create_dir_all(parts.join("checkpoints/.step-000003.partial/model")).unwrap();
-    let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .arg("train")
-        .arg("--resume")
-        .arg(&parts)
-        .args(["--steps", "4"])
-        .output()
-        .unwrap();
+    let resumed = resume(&parts, 4);
     assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
     assert!(String::from_utf8_lossy(&resumed.stderr).contains("resuming"));
 
-    let deterministic = |m: &serde_json::Value| {
-        let mut m = m.clone();
-        let object = m.as_object_mut().unwrap();
-        object.remove("time_s");
-        object.remove("generate_tokens_per_s");
-        object.remove("peak_rss_mib");
-        object.remove("peak_rss_mib_by_phase");
-        m
-    };
     let (a, b) = (metrics(&whole), metrics(&parts));
     assert_eq!(a.len(), 4);
     assert_eq!(b.len(), 4);

@@ -109,15 +109,16 @@ pub enum KlEstimator {
 }
 
 impl KlEstimator {
-    /// This estimate of KL(π ‖ π_ref) at one token, from `d = logp − ref_logp` as the loss's
-    /// (verl's `kl_penalty` "kl", "mse", "low_var_kl" without its clamp, which real log-probs
-    /// never reach). In f64: a sum over a completion's tokens follows.
+    /// This estimate of KL(π ‖ π_ref) at one token, from `d = logp − ref_logp`, as verl's
+    /// `kl_penalty` computes it for the reward: "kl", "mse", and "low_var_kl" clamped to ±10
+    /// (reached where π_old is ~2.5 nats below π_ref; the loss's k3, TRL's, has no clamp). In
+    /// f64: a sum over a completion's tokens follows.
     pub fn at(self, logp: f32, ref_logp: f32) -> f64 {
         let d = f64::from(logp) - f64::from(ref_logp);
         match self {
             KlEstimator::K1 => d,
             KlEstimator::K2 => d * d / 2.0,
-            KlEstimator::K3 => (-d).exp() + d - 1.0,
+            KlEstimator::K3 => ((-d).exp() + d - 1.0).clamp(-10.0, 10.0),
         }
     }
 }

@@ -307,7 +307,7 @@ impl Trainer {
             &old,
             g.kl_estimator.unwrap_or_default(),
             g.beta as f32,
-            self.update_settings(0).memory.head_chunk,
+            self.head_chunk(),
         )?;
         let shaped = rewards.iter().zip(&penalties).map(|(reward, penalty)| reward - penalty).collect();
         Ok((usable, shaped))
@@ -705,6 +705,14 @@ impl Trainer {
             .collect())
     }
 
+    /// The bytes of logits the head computes at once (`grpo.head_chunk_mib`; 0: no limit).
+    fn head_chunk(&self) -> u64 {
+        match self.config.grpo.head_chunk_mib {
+            0 => u64::MAX,
+            mib => mib.saturating_mul(1 << 20),
+        }
+    }
+
     /// The learner's settings for `step` (its learning rate by the schedule).
     fn update_settings(&self, step: usize) -> UpdateSettings {
         let g = &self.config.grpo;
@@ -726,10 +734,7 @@ impl Trainer {
             memory: MemoryLimits {
                 recompute_above: g.recompute_above_mib.saturating_mul(1 << 20),
                 keep_layers: g.keep_activations_mib.saturating_mul(1 << 20),
-                head_chunk: match g.head_chunk_mib {
-                    0 => u64::MAX,
-                    mib => mib.saturating_mul(1 << 20),
-                },
+                head_chunk: self.head_chunk(),
             },
             micro_batch_rows: g.micro_batch_rows,
             split_by_length: g.split_by_length,
