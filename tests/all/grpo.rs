@@ -431,6 +431,9 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
     }
     for (set, said) in [
         ("grpo.loss=ppo", "expected one of `grpo`, `gspo`, `cispo`"),
+        // TRL's loss_type names that are not losses here say what they are.
+        ("grpo.loss=dr_grpo", "set grpo.preset = \"dr_grpo\""),
+        ("grpo.loss=bnpo", "grpo.aggregation = \"token-mean\""),
         ("grpo.advantage=loo", "`rloo`, `reinforce++`, `reinforce++-baseline`"),
         ("grpo.kl_estimator=k4", "`k3`"),
         ("grpo.overlong_buffer=6", "less than `sampling.max_tokens` = 6"),

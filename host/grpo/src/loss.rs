@@ -81,7 +81,7 @@ impl Whitening {
 
 /// How the policy term weighs each token's log-probability (docs/ALGORITHMS.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case", try_from = "String")]
 pub enum LossKind {
     /// PPO's clipped surrogate per token, `−min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A)`
     /// with `r = π/π_old` (GRPO, DAPO's clip-higher).
@@ -93,6 +93,37 @@ pub enum LossKind {
     /// `−sg(min(r, 1 + ε_high))·A·log π` per token: the importance weight clipped and
     /// detached, every token's gradient kept (CISPO, MiniMax-M1; no lower bound).
     Cispo,
+}
+
+/// A `grpo.loss` name wirl has no loss for; its text says what to set instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UnknownLoss(String);
+
+impl TryFrom<String> for LossKind {
+    type Error = UnknownLoss;
+
+    /// A loss by name; TRL's `loss_type` names that are not a loss here are answered with
+    /// what they are in wirl, since users bring their TRL settings along.
+    fn try_from(name: String) -> std::result::Result<Self, UnknownLoss> {
+        let refuse = |text: String| Err(UnknownLoss(text));
+        match name.as_str() {
+            "grpo" => Ok(LossKind::Grpo),
+            "gspo" => Ok(LossKind::Gspo),
+            "cispo" => Ok(LossKind::Cispo),
+            "dr_grpo" | "dapo" => refuse(format!(
+                "`{name}` is a preset here, not a loss: set grpo.preset = \"{name}\" (docs/ALGORITHMS.md)"
+            )),
+            "bnpo" => refuse(
+                "`bnpo` is TRL's token mean over each randomly drawn micro-batch, averaged over \
+                 the micro-batches; with one micro-batch a step it is the token mean, wirl's default \
+                 (grpo.loss = \"grpo\" with grpo.aggregation = \"token-mean\", TRL's `dapo`). wirl does \
+                 not let how a step is split for memory change its loss (docs/ALGORITHMS.md)"
+                    .to_string(),
+            ),
+            other => refuse(format!("unknown loss `{other}`, expected one of `grpo`, `gspo`, `cispo`")),
+        }
+    }
 }
 
 /// How the KL penalty to the reference is estimated per token, from `d = log π − log π_ref`.
@@ -508,5 +539,21 @@ mod tests {
         close(g[0][0], -2.0 * 0.5 * 0.25);
         close(g[0][1], -2.0 * 2.0 * 0.75);
         close(parts.loss.to_scalar::<f32>().unwrap(), -(0.25 + 3.0));
+    }
+
+    #[test]
+    fn a_loss_is_read_by_name_and_trl_names_say_what_they_are_here() {
+        for (name, kind) in [("grpo", LossKind::Grpo), ("gspo", LossKind::Gspo), ("cispo", LossKind::Cispo)] {
+            assert_eq!(LossKind::try_from(name.to_string()), Ok(kind));
+        }
+        for (name, said) in [
+            ("dapo", "grpo.preset = \"dapo\""),
+            ("dr_grpo", "grpo.preset = \"dr_grpo\""),
+            ("bnpo", "grpo.aggregation = \"token-mean\""),
+            ("GRPO", "unknown loss `GRPO`, expected one of"),
+        ] {
+            let err = LossKind::try_from(name.to_string()).unwrap_err().to_string();
+            assert!(err.contains(said), "{name}: {err}");
+        }
     }
 }
