@@ -215,12 +215,47 @@ def kl_in_reward(scores, estimator, beta, old):
     return token_rewards.sum(-1).tolist()
 
 
+class AdaptiveKLController:
+    """verl's adaptive controller (`core_algos.AdaptiveKLController`, Ziegler et al. 2019)."""
+
+    def __init__(self, init_kl_coef, target_kl, horizon):
+        self.value, self.target, self.horizon = init_kl_coef, target_kl, horizon
+
+    def update(self, current_kl, n_steps):
+        proportional_error = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + proportional_error * n_steps / self.horizon
+
+
+def kl_controller(estimator, old, beta, target, horizon, later_kls):
+    """verl's apply_kl_penalty's controller: the step's current_kl is the batch mean of each
+    row's masked_mean of kld (verl_F.masked_mean: sum / (mask sum + 1e-8)), n_steps the batch
+    size; then one update per KL of `later_kls` over the same batch. Returns the step's
+    current_kl and β after each update."""
+    if estimator == "k1":
+        kld = old - REF
+    elif estimator == "k2":
+        kld = 0.5 * (old - REF).square()
+    else:
+        kl = REF - old
+        kld = torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+    kld = kld * MASK
+    current_kl = ((kld * MASK).sum(-1) / (MASK.sum(-1) + 1e-8)).mean(0).item()
+    controller = AdaptiveKLController(beta, target, horizon)
+    values = []
+    for kl in [current_kl] + later_kls:
+        controller.update(current_kl=kl, n_steps=ROWS)
+        values.append(controller.value)
+    return current_kl, values
+
+
 def overlong(length, max_tokens, buffer, factor):
     """verl's DAPO reward manager's overlong reward."""
     expected_len = max_tokens - buffer
     exceed_len = length - expected_len
     return min(-exceed_len / buffer * factor, 0)
 
+
+LATER_KLS = [0.0, 0.004, 0.01, 0.0105, 0.03, 2.0]
 
 fixture = {
     "about": "scripts/reference/algorithms.py: losses and d loss / d logp from TRL's GRPOTrainer._compute_loss "
@@ -239,6 +274,11 @@ fixture = {
                             "shaped": kl_in_reward(REWARDS[:ROWS], e, b, old)}
                            for old in (OLD, REF + 12 * (OLD - REF))
                            for e in ("k1", "k2", "k3") for b in (0.04, 0.5)],
+    # The step's KL from the fixture's rows, then KLs below, at and past the target (the
+    # error clipped at ±0.2), a horizon short enough for β to move visibly.
+    "kl_controller_cases": [dict(zip(("estimator", "beta", "target", "horizon", "later_kls", "current_kl", "values"),
+                                     (e, 0.04, t, 40, LATER_KLS, *kl_controller(e, OLD, 0.04, t, 40, LATER_KLS))))
+                            for e in ("k1", "k2", "k3") for t in (0.01, 0.5)],
     "overlong_cases": [{"length": n, "max_tokens": 16, "buffer": b, "factor": f, "penalty": overlong(n, 16, b, f)}
                        for b in (4, 10) for f in (1.0, 0.5) for n in range(17)],
 }

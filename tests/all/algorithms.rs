@@ -271,6 +271,122 @@ fn the_kl_in_the_reward_shapes_scores_as_verl_does() {
     }
 }
 
+/// verl's adaptive KL controller (`grpo.kl_target`): the step's KL from the fixture's rows
+/// (each row's mean estimate per token over its mask, averaged over the rows) and β after
+/// each update, from below, at and past the target (the error clipped at ±0.2), within 1e-6.
+#[test]
+fn the_adaptive_kl_coefficient_moves_as_verls_controller() {
+    let fixture = fixture();
+    let (old, reference, mask) = (matrix(&fixture["old_logp"]), matrix(&fixture["ref_logp"]), matrix(&fixture["mask"]));
+    let cases = fixture["kl_controller_cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 6);
+    let number = |value: &serde_json::Value| value.as_f64().unwrap();
+    for case in cases {
+        let estimator: KlEstimator = named(&case["estimator"]);
+        let rows = old.len();
+        let current: f64 = (0..rows)
+            .map(|row| {
+                let trained: Vec<bool> = mask[row].iter().map(|&m| m > 0.5).collect();
+                wirl_grpo::kl_estimate(&old[row], &reference[row], Some(&trained), estimator).mean()
+            })
+            .sum::<f64>()
+            / rows as f64;
+        let theirs = number(&case["current_kl"]);
+        assert!(close(current, theirs), "{estimator:?}: the step's KL {current}, verl's {theirs}");
+        let mut adaptive = wirl_grpo::AdaptiveKl {
+            value: number(&case["beta"]),
+            target: number(&case["target"]),
+            horizon: number(&case["horizon"]),
+        };
+        let later = case["later_kls"].as_array().unwrap().iter().map(number);
+        let values = case["values"].as_array().unwrap().iter().map(number);
+        for (kl, theirs) in std::iter::once(theirs).chain(later).zip(values) {
+            adaptive.update(kl, rows);
+            assert!(close(adaptive.value, theirs), "{estimator:?} at KL {kl}: β {}, verl's {theirs}", adaptive.value);
+        }
+    }
+}
+
+/// `grpo.kl_target` end to end: β starts at `beta` and moves after each step by verl's rule
+/// from that step's KL over its shaped completions (the metrics' `kl_coef`, `reward_kl`); a
+/// run stopped at a checkpoint and resumed goes on with the β it had reached (the whole
+/// run's metrics); two ranks move it as one trainer; without a target it stays put; each
+/// key without what it needs, or out of range, is refused by name.
+#[test]
+fn the_adaptive_kl_coefficient_trains_resumes_and_runs_on_ranks() {
+    use crate::grpo::{deterministic, metrics, resume, train_with, write_config};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 4, 0.05);
+    let text = std::fs::read_to_string(&config).unwrap().replace("seed = 3", "seed = 3\ncheckpoint_every = 2");
+    std::fs::write(&config, text).unwrap();
+    let run = |name: &str, args: &[&str]| {
+        let run_dir = dir.path().join(name);
+        let out = train_with(&config, &run_dir, args);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        run_dir
+    };
+    let keys = ["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=0.001", "grpo.kl_horizon=24"];
+    let mut args: Vec<&str> = keys.iter().flat_map(|set| ["--set", *set]).collect();
+    let whole = metrics(&run("whole", &args));
+    assert_eq!(whole.len(), 4);
+    let field = |m: &serde_json::Value, key: &str| m[key].as_f64().unwrap_or_else(|| panic!("no {key} in {m}"));
+    assert_eq!(field(&whole[0], "kl_coef"), 0.5);
+    for pair in whole.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert_eq!(before["trajectories_masked"], 0);
+        let completions = before["groups_kept"].as_u64().unwrap() as f64 * 6.0;
+        let error = (field(before, "reward_kl") / 0.001 - 1.0).clamp(-0.2, 0.2);
+        let expected = field(before, "kl_coef") * (1.0 + error * completions / 24.0);
+        let got = field(after, "kl_coef");
+        assert!((got - expected).abs() < 1e-9 * expected, "step {}: β {got}, the rule's {expected}", after["step"]);
+    }
+    assert_ne!(field(&whole[1], "kl_coef"), 0.5, "β did not move");
+
+    let mut first = args.clone();
+    first.extend(["--steps", "2"]);
+    let parts = run("parts", &first);
+    let resumed = resume(&parts, 4);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    for (x, y) in whole.iter().zip(&metrics(&parts)) {
+        assert_eq!(deterministic(x), deterministic(y), "resumed differs");
+    }
+
+    args.extend(["--dp", "2"]);
+    let ranks = metrics(&run("ranks", &args));
+    assert_eq!(ranks.len(), 4);
+    for (one, two) in whole.iter().zip(&ranks) {
+        let (a, b) = (field(one, "kl_coef"), field(two, "kl_coef"));
+        assert!((a - b).abs() < 1e-6 * a, "β {a} alone, {b} on two ranks");
+        let (a, b) = (field(one, "loss"), field(two, "loss"));
+        assert!((a - b).abs() < 1e-5, "loss {a} alone, {b} on two ranks");
+    }
+
+    let fixed = metrics(&run("fixed", &["--steps", "2", "--set", "grpo.beta=0.5", "--set", "grpo.kl_in_reward=true"]));
+    assert!(fixed.iter().all(|m| field(m, "kl_coef") == 0.5), "{fixed:?}");
+
+    for (sets, said) in [
+        (&["grpo.beta=0.5", "grpo.kl_target=0.01"][..], "`grpo.kl_target` = 0.01 without `grpo.kl_in_reward`"),
+        (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=0"], "`grpo.kl_target` = 0: it must be"),
+        (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=nan"], "`grpo.kl_target` = NaN"),
+        (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_horizon=24"], "`grpo.kl_horizon` = 24 without"),
+        (
+            &["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=0.01", "grpo.kl_horizon=0"],
+            "`grpo.kl_horizon` = 0",
+        ),
+        // 12 completions a step: a horizon of 2 could take β below 0 in one step.
+        (
+            &["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=0.01", "grpo.kl_horizon=2"],
+            "prompts_per_step × group_size = 12",
+        ),
+    ] {
+        let args: Vec<&str> = sets.iter().flat_map(|set| ["--set", *set]).collect();
+        let out = train_with(&config, &dir.path().join("refused"), &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(said), "{sets:?}: {stderr}");
+        assert!(!dir.path().join("refused").exists());
+    }
+}
+
 /// `grpo.kl_in_reward = true` end to end: at step 1 the policy is the reference, so the KL
 /// (the sampler's log-probs against the reference's) is ~0 and the step is a β-0 run's; later
 /// steps differ from it (the KL reached the rewards, and nothing else did: the loss has no

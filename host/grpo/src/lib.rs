@@ -16,8 +16,9 @@ pub mod update;
 
 pub use grads::Gradients;
 pub use loss::{
-    AdvantageMode, Aggregation, KlEstimator, LossKind, LossParts, LossSettings, UnknownLoss, Whitening,
-    group_advantages, grpo_loss, kl_penalty, masked_token_weights, overlong_penalty, token_weights,
+    AdaptiveKl, AdvantageMode, Aggregation, KlEstimate, KlEstimator, LossKind, LossParts, LossSettings, UnknownLoss,
+    Whitening, group_advantages, grpo_loss, kl_estimate, kl_penalty, masked_token_weights, overlong_penalty,
+    token_weights,
 };
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{MemoryLimits, Net, Policy, TokenStats};

@@ -158,9 +158,58 @@ impl KlEstimator {
 /// outcome advantages sum token rewards): β × Σ over its trained tokens (`trained`: `None`,
 /// every one) of `estimator` between `old` (π_old) and `reference` log-probs.
 pub fn kl_penalty(old: &[f32], reference: &[f32], trained: Option<&[bool]>, estimator: KlEstimator, beta: f32) -> f32 {
+    kl_estimate(old, reference, trained, estimator).penalty(f64::from(beta))
+}
+
+/// One completion's KL estimate against the reference over its trained tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KlEstimate {
+    /// Σ over the trained tokens of the estimator.
+    pub sum: f64,
+    /// How many tokens are trained.
+    pub tokens: usize,
+}
+
+impl KlEstimate {
+    /// The reward's penalty under coefficient β.
+    pub fn penalty(self, beta: f64) -> f32 {
+        (beta * self.sum) as f32
+    }
+
+    /// The mean over the trained tokens (verl's `masked_mean` of the row: 0 without any).
+    pub fn mean(self) -> f64 {
+        if self.tokens == 0 { 0.0 } else { self.sum / self.tokens as f64 }
+    }
+}
+
+/// [`KlEstimate`] of one completion: `estimator` between `old` (π_old) and `reference`
+/// log-probs over its trained tokens (`trained`: `None`, every one).
+pub fn kl_estimate(old: &[f32], reference: &[f32], trained: Option<&[bool]>, estimator: KlEstimator) -> KlEstimate {
     let counted = |i: &usize| trained.is_none_or(|mask| mask[*i]);
-    let sum: f64 = (0..old.len()).filter(counted).map(|i| estimator.at(old[i], reference[i])).sum();
-    (f64::from(beta) * sum) as f32
+    let (sum, tokens) = (0..old.len())
+        .filter(counted)
+        .fold((0.0, 0), |(sum, tokens), i| (sum + estimator.at(old[i], reference[i]), tokens + 1));
+    KlEstimate { sum, tokens }
+}
+
+/// The KL coefficient of the reward's penalty, adapted towards a target KL (Ziegler et al.
+/// 2019, arXiv 1909.08593; verl's `AdaptiveKLController`, `algorithm.kl_ctrl.type =
+/// "adaptive"`): after each step, `β ← β · (1 + clip(KL / target − 1, ±0.2) · n / horizon)`,
+/// KL the mean over the step's `n` completions of each one's mean estimate per token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdaptiveKl {
+    /// β now.
+    pub value: f64,
+    pub target: f64,
+    pub horizon: f64,
+}
+
+impl AdaptiveKl {
+    /// One step's update from its mean `current` KL over `completions`.
+    pub fn update(&mut self, current: f64, completions: usize) {
+        let error = (current / self.target - 1.0).clamp(-0.2, 0.2);
+        self.value *= 1.0 + error * completions as f64 / self.horizon;
+    }
 }
 
 /// How per-token losses are summed into the step's loss.

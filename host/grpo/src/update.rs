@@ -6,7 +6,9 @@
 //! rollout layer turns scored trajectories into [`GroupBatch`]es.
 
 use crate::grads::Gradients;
-use crate::loss::{Aggregation, KlEstimator, LossParts, LossSettings, grpo_loss, masked_token_weights, token_weights};
+use crate::loss::{
+    Aggregation, KlEstimate, KlEstimator, LossParts, LossSettings, grpo_loss, masked_token_weights, token_weights,
+};
 use crate::optim::Optimizer;
 use crate::policy::{MemoryLimits, Net, Policy, TokenStats};
 use crate::positions::Part;
@@ -219,22 +221,19 @@ impl Learner {
         Learner { policy, reference, optimizer, ranks: Arc::new(Solo), mirror: None }
     }
 
-    /// Per completion, β × the sum over its trained tokens of `estimator`'s KL(π_old ‖ π_ref):
-    /// verl's `apply_kl_penalty` (`use_kl_in_reward`) summed as its outcome advantages sum a
-    /// completion's token rewards ([`crate::loss::kl_penalty`]). π_old is `old` (the sampler's
-    /// log-probs), π_ref the reference net's, run here; `trained` as a `GroupBatch`'s (empty:
-    /// every token).
-    #[allow(clippy::too_many_arguments)]
-    pub fn kl_penalties(
+    /// Per completion, its estimate of KL(π_old ‖ π_ref) over its trained tokens, for the KL
+    /// in the reward (verl's `apply_kl_penalty`, `use_kl_in_reward`: the penalty is β × its
+    /// sum, [`crate::loss::kl_penalty`]). π_old is `old` (the sampler's log-probs), π_ref the
+    /// reference net's, run here; `trained` as a `GroupBatch`'s (empty: every token).
+    pub fn kl_estimates(
         &self,
         prompt: &[u32],
         completions: &[Vec<u32>],
         trained: &[Vec<bool>],
         old: &[Vec<f32>],
         estimator: KlEstimator,
-        beta: f32,
         head_chunk: u64,
-    ) -> crate::Result<Vec<f32>> {
+    ) -> crate::Result<Vec<KlEstimate>> {
         let Some(reference) = &self.reference else {
             return Err(crate::Error::Internal("the KL in the reward asked of a learner without a reference".into()));
         };
@@ -247,7 +246,7 @@ impl Learner {
             .map(|(row, tokens)| {
                 let n = tokens.len();
                 let mask = trained.get(row).map(Vec::as_slice);
-                crate::loss::kl_penalty(&old[row][..n], &logp[row][..n], mask, estimator, beta)
+                crate::loss::kl_estimate(&old[row][..n], &logp[row][..n], mask, estimator)
             })
             .collect())
     }

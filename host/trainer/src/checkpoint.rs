@@ -34,6 +34,31 @@ pub struct State {
     /// whole run), so that a resumed run's records go on counting; absent in older runs.
     #[serde(default)]
     pub weights_version: Option<u64>,
+    /// The KL in the reward's β for the next step, where it adapts (`grpo.kl_target`).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "exact")]
+    pub reward_kl_coef: Option<f64>,
+}
+
+/// An f64 kept bit for bit: written as its shortest decimal text in a string, read back
+/// with Rust's correctly rounded parser. serde_json's own number parser may land one unit
+/// in the last place off, and a resumed run must go on from the very value it stopped at.
+mod exact {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<f64>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => serializer.serialize_str(&format!("{value:?}")),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(deserializer)? else { return Ok(None) };
+        match text.parse::<f64>() {
+            Ok(value) if value.is_finite() => Ok(Some(value)),
+            _ => Err(serde::de::Error::custom(format!("{text:?} is not a finite number"))),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

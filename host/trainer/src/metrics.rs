@@ -36,6 +36,13 @@ pub struct StepMetrics {
     pub kl: f32,
     pub entropy: f32,
     pub clip_fraction: f32,
+    /// Under `grpo.kl_in_reward`: the β the step's rewards were shaped with (it moves
+    /// between steps with `grpo.kl_target`) and the mean, over the shaped completions, of
+    /// each one's mean KL estimate per token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_coef: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_kl: Option<f64>,
     /// Written as a string when not finite (JSON has no NaN).
     #[serde(with = "finite_or_string")]
     pub grad_norm: f64,

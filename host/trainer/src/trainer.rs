@@ -94,6 +94,9 @@ pub struct Trainer {
     prompt_positions_seen: (u64, u64),
     /// The next step, begun during this one's update.
     ahead: Option<Ahead>,
+    /// The KL in the reward's β where it adapts (`grpo.kl_target`), a resumed run's as its
+    /// checkpoint left it.
+    reward_kl: Option<wirl_grpo::AdaptiveKl>,
     /// Kept alive for the plugins' lifetime (its epoch ticker).
     sandbox: Sandbox,
     /// The data-parallel group this trainer is a rank of ([`Solo`]: alone). Every rank draws
@@ -209,6 +212,11 @@ impl Trainer {
         if let Some(checkpoint) = resume {
             checkpoint::restore_optimizer(checkpoint, &policy, &mut optimizer)?;
         }
+        let reward_kl = config.grpo.kl_target.map(|target| wirl_grpo::AdaptiveKl {
+            value: resume.and_then(|c| c.state.reward_kl_coef).unwrap_or(config.grpo.beta),
+            target,
+            horizon: config.grpo.kl_horizon.unwrap_or(10_000) as f64,
+        });
         Ok(Trainer {
             model_config,
             config,
@@ -232,6 +240,7 @@ impl Trainer {
             peak_rss: None,
             prompt_positions_seen: (0, 0),
             ahead: None,
+            reward_kl,
             sandbox,
             ranks,
         })
@@ -633,6 +642,7 @@ impl Trainer {
             plugins: self.plugin_hashes(),
             manifest_generation: Some(self.manifest.generation),
             weights_version: Some(self.weights_base + self.weights_written),
+            reward_kl_coef: self.reward_kl.map(|adaptive| adaptive.value),
         };
         let dir = checkpoint::write(
             &self.run_dir,

@@ -538,6 +538,12 @@ pub struct GrpoSection {
     /// completion's reward less β × its summed estimate against the reference, before the
     /// advantages; the loss then has none. Only with `beta` > 0.
     pub kl_in_reward: bool,
+    /// With `kl_in_reward`: adapt β after each step towards this mean KL per token (verl's
+    /// adaptive `kl_ctrl`, `target_kl`): β starts at `beta`; unset, β stays fixed.
+    pub kl_target: Option<f64>,
+    /// With `kl_target`: how many completions β takes to move by the clipped relative error
+    /// (verl's `horizon`; unset: 10000, verl's default).
+    pub kl_horizon: Option<usize>,
     /// DAPO's overlong shaping: the last this many tokens before a task's `max_tokens` cost a
     /// completion's reward up to `overlong_penalty`, linearly (0: none).
     pub overlong_buffer: usize,
@@ -635,6 +641,8 @@ impl Default for GrpoSection {
             loss: LossKind::Grpo,
             kl_estimator: None,
             kl_in_reward: false,
+            kl_target: None,
+            kl_horizon: None,
             overlong_buffer: 0,
             overlong_penalty: 1.0,
             mask_truncated: false,

@@ -80,6 +80,7 @@ impl TrainConfig {
         self.check_counts(origin)?;
         self.check_swap_numbers(origin)?;
         self.check_grpo_floats(origin)?;
+        self.check_kl(origin)?;
         self.check_lora(origin)?;
         check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
         let views = self.task_views();
@@ -176,11 +177,42 @@ impl TrainConfig {
         {
             return Err(super::preset::unknown(origin, name));
         }
+        Ok(())
+    }
+
+    /// The KL keys: each only where there is a KL term (`beta` > 0) or an adaptive β to use it.
+    fn check_kl(&self, origin: &str) -> crate::error::Result<()> {
+        let g = &self.grpo;
         if g.kl_in_reward && g.beta == 0.0 {
             bail!(
                 "{origin}: `grpo.kl_in_reward` = true with `grpo.beta` = 0: there is no KL term to move into the \
                  reward (set beta > 0, or leave kl_in_reward out)"
             );
+        }
+        if let Some(target) = g.kl_target {
+            if !g.kl_in_reward {
+                bail!(
+                    "{origin}: `grpo.kl_target` = {target} without `grpo.kl_in_reward` = true: β adapts only for \
+                     the KL in the reward (as verl's adaptive kl_ctrl); set kl_in_reward, or leave kl_target out"
+                );
+            }
+            if !(target.is_finite() && target > 0.0) {
+                bail!("{origin}: `grpo.kl_target` = {target}: it must be a positive number (a mean KL per token)");
+            }
+        }
+        match (g.kl_horizon, g.kl_target) {
+            // A step of n completions multiplies β by 1 ± 0.2·n/horizon: at n ≥ 5·horizon it
+            // could reach 0 or change sign.
+            (Some(horizon), Some(_)) if horizon * 5 <= g.prompts_per_step * g.group_size => bail!(
+                "{origin}: `grpo.kl_horizon` = {horizon}: it must be more than a fifth of the completions a step \
+                 trains (prompts_per_step × group_size = {}), or one step's update could take β to 0 or below",
+                g.prompts_per_step * g.group_size
+            ),
+            (Some(horizon), None) => bail!(
+                "{origin}: `grpo.kl_horizon` = {horizon} without `grpo.kl_target`: there is no adaptive β to pace \
+                 (set kl_target, or leave kl_horizon out)"
+            ),
+            _ => {}
         }
         if let Some(estimator) = g.kl_estimator
             && g.beta == 0.0

@@ -95,6 +95,16 @@ struct Advantaged {
     unusable_of_task: Vec<usize>,
     /// Whether the groups were sampled by the weights before the previous update (a lag).
     sampler_lag: u64,
+    /// Under `grpo.kl_in_reward`: the KL of the completions whose rewards it shaped.
+    reward_kl: RewardKl,
+}
+
+/// This rank's (or, summed, the step's) completions whose rewards carry the KL penalty: the
+/// sum of each one's mean estimate per token, and how many.
+#[derive(Clone, Copy, Debug, Default)]
+struct RewardKl {
+    means: f64,
+    completions: usize,
 }
 
 impl Trainer {
@@ -157,6 +167,7 @@ impl Trainer {
         else {
             return Ok(None);
         };
+        let reward_kl = self.adapt_reward_kl(advantaged.reward_kl)?;
         // Rank 0 records and measures every rank's groups.
         let (groups, advantaged) = match self.gather(&groups)? {
             Some(all) => {
@@ -187,6 +198,7 @@ impl Trainer {
         };
         let mut metrics = self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured);
         metrics.draws = draws;
+        (metrics.kl_coef, metrics.reward_kl) = reward_kl.unzip();
         Ok(Some(metrics))
     }
 
@@ -281,13 +293,13 @@ impl Trainer {
     /// `rewards` of a group's `usable` trajectories less β × each one's summed KL estimate
     /// against the reference (`grpo.kl_in_reward`), the sampler's log-probs standing for
     /// π_old (without a lag they are the policy's within 1e-4; with one, the behaviour
-    /// policy's).
+    /// policy's); and the estimates.
     fn kl_shaped(
         &self,
         group: &RolloutGroup,
-        usable: Vec<usize>,
+        usable: &[usize],
         rewards: Vec<f32>,
-    ) -> crate::error::Result<(Vec<usize>, Vec<f32>)> {
+    ) -> crate::error::Result<(Vec<f32>, Vec<wirl_grpo::KlEstimate>)> {
         let g = &self.config.grpo;
         let trajectories: Vec<_> = usable.iter().map(|&i| &group.trajectories[i]).collect();
         let completions: Vec<Vec<u32>> = trajectories.iter().map(|t| t.tokens.clone()).collect();
@@ -300,17 +312,49 @@ impl Trainer {
             Vec::new()
         };
         let old: Vec<Vec<f32>> = trajectories.iter().map(|t| t.logprobs.clone()).collect();
-        let penalties = self.learner.kl_penalties(
+        let estimates = self.learner.kl_estimates(
             &group.prompt,
             &completions,
             &trained,
             &old,
             g.kl_estimator.unwrap_or_default(),
-            g.beta as f32,
             self.head_chunk(),
         )?;
-        let shaped = rewards.iter().zip(&penalties).map(|(reward, penalty)| reward - penalty).collect();
-        Ok((usable, shaped))
+        let beta = self.reward_kl_coef();
+        let shaped = rewards.iter().zip(&estimates).map(|(reward, kl)| reward - kl.penalty(beta)).collect();
+        Ok((shaped, estimates))
+    }
+
+    /// β of the KL in the reward this step: `grpo.beta`, or where it adapts
+    /// (`grpo.kl_target`), where the steps before took it.
+    fn reward_kl_coef(&self) -> f64 {
+        self.reward_kl.map_or(self.config.grpo.beta, |adaptive| adaptive.value)
+    }
+
+    /// After a step's update under `grpo.kl_in_reward`: the β its rewards were shaped with
+    /// and the mean, over every rank's shaped completions, of each one's mean KL per token;
+    /// with `grpo.kl_target`, β moves towards it for the next step (verl's adaptive
+    /// controller, after the update as verl's `apply_kl_penalty` does before its own).
+    fn adapt_reward_kl(&mut self, local: RewardKl) -> crate::error::Result<Option<(f64, f64)>> {
+        if !self.config.grpo.kl_in_reward {
+            return Ok(None);
+        }
+        let beta = self.reward_kl_coef();
+        let RewardKl { mut means, mut completions } = local;
+        if self.ranks.size() > 1 {
+            // f32 over the ranks, as the whitening's sums: a relative error of ~1e-7 on a mean.
+            let mut sent = [means as f32, completions as f32];
+            self.ranks.all_reduce_sum_in_place(&mut sent)?;
+            (means, completions) = (f64::from(sent[0]), sent[1].round() as usize);
+        }
+        if completions == 0 {
+            return Ok(None);
+        }
+        let current = means / completions as f64;
+        if let Some(adaptive) = &mut self.reward_kl {
+            adaptive.update(current, completions);
+        }
+        Ok(Some((beta, current)))
     }
 
     /// REINFORCE++ (`grpo.advantage = "reinforce++"`, `"reinforce++-baseline"`): every
@@ -596,13 +640,17 @@ impl Trainer {
         // group has signal was read from its scores, as wirl's filter always reads them. Not
         // for rank 0's record of every rank's groups, which counts groups and tokens only
         // (another reference pass over all of them would buy it nothing).
+        let mut reward_kl = RewardKl::default();
         let signals: Vec<_> = signals
             .into_iter()
             .zip(groups.iter())
             .zip(&trains)
             .map(|((signal, (group, _)), &trains)| match signal {
                 Some((usable, rewards)) if trains && !gathered && self.config.grpo.kl_in_reward => {
-                    self.kl_shaped(group, usable, rewards).map(Some)
+                    let (shaped, estimates) = self.kl_shaped(group, &usable, rewards)?;
+                    reward_kl.means += estimates.iter().map(|kl| kl.mean()).sum::<f64>();
+                    reward_kl.completions += estimates.len();
+                    Ok(Some((usable, shaped)))
                 }
                 other => Ok(other),
             })
@@ -665,7 +713,7 @@ impl Trainer {
             })
             .collect();
         self.whiten(&mut batches, gathered)?;
-        Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag })
+        Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag, reward_kl })
     }
 
     /// Per group (`signal`: whether it has one), whether it may train: all of them, or under
@@ -942,6 +990,8 @@ impl Trainer {
             kl: if step_tokens > 0 && self.config.grpo.beta > 0.0 { update.kl } else { 0.0 },
             entropy: update.entropy,
             clip_fraction: update.clip_fraction,
+            kl_coef: None,
+            reward_kl: None,
             grad_norm: update.grad_norm,
             updates_skipped: update.updates_skipped,
             groups_recomputed: update.groups_recomputed,
