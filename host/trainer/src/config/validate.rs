@@ -203,11 +203,15 @@ impl TrainConfig {
         match (g.kl_horizon, g.kl_target) {
             // A step of n completions multiplies β by 1 ± 0.2·n/horizon: at n ≥ 5·horizon it
             // could reach 0 or change sign.
-            (Some(horizon), Some(_)) if horizon * 5 <= g.prompts_per_step * g.group_size => bail!(
-                "{origin}: `grpo.kl_horizon` = {horizon}: it must be more than a fifth of the completions a step \
+            (Some(horizon), Some(_))
+                if horizon.saturating_mul(5) <= g.prompts_per_step.saturating_mul(g.group_size) =>
+            {
+                bail!(
+                    "{origin}: `grpo.kl_horizon` = {horizon}: it must be more than a fifth of the completions a step \
                  trains (prompts_per_step × group_size = {}), or one step's update could take β to 0 or below",
-                g.prompts_per_step * g.group_size
-            ),
+                    g.prompts_per_step * g.group_size
+                )
+            }
             (Some(horizon), None) => bail!(
                 "{origin}: `grpo.kl_horizon` = {horizon} without `grpo.kl_target`: there is no adaptive β to pace \
                  (set kl_target, or leave kl_horizon out)"
@@ -734,6 +738,18 @@ mod tests {
         ] {
             refused(ARITHMETIC, extra, says);
         }
+    }
+
+    /// The adaptive β's keys: a horizon as large as TOML allows is taken (β then barely
+    /// moves), not overflowed into a refusal.
+    #[test]
+    fn the_kl_horizon_takes_any_size_above_a_fifth_of_a_step() {
+        let kl = "[grpo]\nbeta = 0.1\nkl_in_reward = true\nkl_target = 0.1\nkl_horizon = ";
+        let config = tasks_config(ARITHMETIC, &format!("{kl}{}", i64::MAX)).unwrap().run_config().unwrap();
+        assert_eq!(config.grpo.kl_horizon, Some(i64::MAX as usize));
+        // The default step: 4 prompts × 8 completions.
+        refused(ARITHMETIC, &format!("{kl}6"), "prompts_per_step × group_size = 32");
+        assert!(tasks_config(ARITHMETIC, &format!("{kl}7")).is_ok());
     }
 
     #[test]
