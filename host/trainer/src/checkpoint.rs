@@ -55,8 +55,8 @@ mod exact {
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
         let Some(text) = Option::<String>::deserialize(deserializer)? else { return Ok(None) };
         match text.parse::<f64>() {
-            Ok(value) if value.is_finite() => Ok(Some(value)),
-            _ => Err(serde::de::Error::custom(format!("{text:?} is not a finite number"))),
+            Ok(value) if value.is_finite() && value >= 0.0 => Ok(Some(value)),
+            _ => Err(serde::de::Error::custom(format!("{text:?} is not a finite number >= 0"))),
         }
     }
 }
@@ -387,5 +387,35 @@ mod tests {
         assert_eq!(left, [".step-000006.partial", "step-000002", "step-000003", "step-000004", "step-000005"]);
         super::prune(run.path(), 0, 5);
         assert_eq!(std::fs::read_dir(run.path().join("checkpoints")).unwrap().count(), 5, "0 keeps all");
+    }
+
+    /// The adaptive β comes back bit for bit, is absent where it does not adapt (older
+    /// checkpoints read), and a hand-edited one that is no β is refused, not trained with.
+    #[test]
+    fn the_reward_kl_coefficient_is_kept_exactly() {
+        let state = |coef: Option<f64>| super::State {
+            step: 2,
+            optimizer_steps: 2,
+            held_out_before: None,
+            held_out_before_by_task: Default::default(),
+            plugins: Vec::new(),
+            manifest_generation: None,
+            weights_version: None,
+            reward_kl_coef: coef,
+        };
+        // The first two are read an ulp off by serde_json's own number reader (0.495000…05
+        // is the β the adaptive run's test reaches at step 3); then the extremes.
+        for coef in [0.49500000000000005, 0.9047802727761427, 0.1 + 0.2, f64::MIN_POSITIVE, 5e-324, f64::MAX] {
+            let text = serde_json::to_string(&state(Some(coef))).unwrap();
+            let back: super::State = serde_json::from_str(&text).unwrap();
+            assert_eq!(back.reward_kl_coef.map(f64::to_bits), Some(coef.to_bits()), "{text}");
+        }
+        let text = serde_json::to_string(&state(None)).unwrap();
+        assert!(!text.contains("reward_kl_coef"), "{text}");
+        assert_eq!(serde_json::from_str::<super::State>(&text).unwrap().reward_kl_coef, None);
+        for bad in ["\"NaN\"", "\"-0.5\"", "\"inf\"", "\"x\"", "0.5"] {
+            let text = text.replace("\"step\"", &format!("\"reward_kl_coef\":{bad},\"step\""));
+            assert!(serde_json::from_str::<super::State>(&text).is_err(), "{text} was read");
+        }
     }
 }
