@@ -12,7 +12,9 @@
 #                                                (TRL has no dynamic sampling nor overlong shaping)
 #   gspo     grpo.loss = "gspo", sequence-mean   importance_sampling_level "sequence", loss_type "grpo"
 #   cispo    grpo.loss = "cispo", clip_high 4    loss_type "cispo", epsilon_high 5.0
-# About 2 h on 2 cores with the defaults (5 objectives x 3 seeds x 2 step counts x 2 systems).
+# On 2 cores a pair (wirl, then TRL) takes ~12 min at 10 steps and ~22 at 20: ~8 h with the
+# defaults (5 objectives x 3 seeds x 2 step counts). Runs already in $WORK/runs.jsonl are
+# skipped, so the same WORK picks up where a stopped comparison left off.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 peers=${PEERS:-$HOME/.cache/wirl-peers}
@@ -51,34 +53,53 @@ trl_keys() {
     esac
 }
 
+# A run already in $work/runs.jsonl is not run again: a comparison that takes longer than one
+# sitting goes on where it stopped when started again with the same WORK.
+recorded() {
+    [ -f "$work/runs.jsonl" ] && python3 - "$work/runs.jsonl" "$@" <<'PY'
+import json, sys
+path, system, objective, steps, seed = sys.argv[1:]
+for line in open(path):
+    r = json.loads(line)
+    if (r["system"], r["objective"], r["steps"], r["seed"]) == (system, objective, int(steps), int(seed)):
+        sys.exit(0)
+sys.exit(1)
+PY
+}
+
 for objective in $objectives; do
     for steps in $steps_list; do
         for seed in $seeds; do
             run=$work/$objective-$steps-$seed
-            # shellcheck disable=SC2046
-            "$wirl" train --steps "$steps" --set grpo.seed="$seed" $(wirl_keys "$objective") --run-dir "$run-wirl" \
-                > /dev/null 2> "$run-wirl.log" || { tail -5 "$run-wirl.log" >&2; continue; }
-            python3 - "$objective" "$steps" "$seed" "$run-wirl/summary.json" <<'PY'
+            if ! recorded wirl "$objective" "$steps" "$seed"; then
+                # shellcheck disable=SC2046
+                "$wirl" train --steps "$steps" --set grpo.seed="$seed" $(wirl_keys "$objective") --run-dir "$run-wirl" \
+                    > /dev/null 2> "$run-wirl.log" || { tail -5 "$run-wirl.log" >&2; continue; }
+                python3 - "$objective" "$steps" "$seed" "$run-wirl/summary.json" <<'PY' | tee -a "$work/runs.jsonl"
 import json, sys
 objective, steps, seed, path = sys.argv[1:]
 s = json.load(open(path))
 print(json.dumps({"system": "wirl", "objective": objective, "steps": int(steps), "seed": int(seed),
                   "before": s["held_out_pass_rate_before"], "after": s["held_out_pass_rate_after"]}))
 PY
+            fi
+            recorded trl "$objective" "$steps" "$seed" && continue
             "$peers/venv/bin/python" benches/trl_objective.py "$(trl_keys "$objective")" --steps "$steps" --seed "$seed" \
                 --save-dir "$run-trl" > "$run-trl.out" 2> "$run-trl.log" || { tail -5 "$run-trl.log" >&2; continue; }
             "$wirl" eval --model "$run-trl" --output "$run-trl-eval.jsonl" > "$run-trl-eval.json" 2> /dev/null || continue
-            python3 - "$objective" "$steps" "$seed" "$run-wirl/summary.json" "$run-trl-eval.json" <<'PY'
+            # Both start from the same model and held-out set: wirl's "before" is TRL's too.
+            python3 - "$objective" "$steps" "$seed" "$work/runs.jsonl" "$run-trl-eval.json" <<'PY' | tee -a "$work/runs.jsonl"
 import json, sys
-objective, steps, seed, ours, theirs = sys.argv[1:]
-before = json.load(open(ours))["held_out_pass_rate_before"]
+objective, steps, seed, runs, theirs = sys.argv[1:]
+before = next(r["before"] for r in map(json.loads, open(runs))
+              if (r["system"], r["objective"], r["steps"], r["seed"]) == ("wirl", objective, int(steps), int(seed)))
 after = json.load(open(theirs)).get("greedy_pass_rate")
 print(json.dumps({"system": "trl", "objective": objective, "steps": int(steps), "seed": int(seed),
                   "before": before, "after": after}))
 PY
         done
     done
-done | tee "$work/runs.jsonl"
+done
 python3 - "$work/runs.jsonl" <<'PY'
 import collections, json, statistics, sys
 lifts = collections.defaultdict(list)
