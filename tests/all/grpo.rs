@@ -363,6 +363,29 @@ fn training_on_a_jsonl_dataset() {
     assert!(!skipped.is_empty(), "{rollouts}");
     let reason = skipped[0]["reason"].as_str().unwrap();
     assert!(reason.contains("train.jsonl") && reason.contains("line 2") && reason.contains("not JSON"), "{reason}");
+
+    // Held out likewise: a line that is no task, and one whose prompt cannot fit the model,
+    // are left out of `wirl eval` each with its reason; the lines around them are evaluated.
+    let mut long: serde_json::Value = serde_json::from_str(&good).unwrap();
+    long["task"]["messages"][1]["content"] = "w2 ".repeat(4000).into();
+    std::fs::write(dir.path().join("eval.jsonl"), format!("{good}\nnot json\n{long}\n{good}\n")).unwrap();
+    let eval = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("eval")
+        .arg(&config)
+        .args(["--tasks", "4", "--output"])
+        .arg(dir.path().join("eval-results.jsonl"))
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    assert_eq!(result["tasks"], 2, "{result}");
+    let skipped = result["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 2, "{result}");
+    assert_eq!((&skipped[0]["index"], &skipped[1]["index"]), (&1.into(), &2.into()), "{result}");
+    let reason = skipped[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("eval.jsonl") && reason.contains("line 2"), "{reason}");
+    assert!(skipped[1]["reason"].as_str().unwrap().contains("does not fit the model's context"), "{result}");
+    assert_eq!(skipped[1]["id"], long["task"]["id"], "{result}");
 }
 
 /// `model.device_sampling = true`: the sampler draws its tokens where the logits are, and a

@@ -13,6 +13,7 @@
 
 use crate::episode::{EpisodeGroup, EpisodeOutcome, EpisodeTimes, TemplateDrift, run_episodes};
 use crate::group::{RolloutGroup, SamplingSpec, Trajectory};
+use crate::prompt::SkippedTask;
 use crate::score::Scored;
 use crate::seed::seed_for;
 use crate::task::LoadedTask;
@@ -59,9 +60,9 @@ pub fn greedy(sampling: SamplingSpec) -> SamplingSpec {
     SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, ..sampling }
 }
 
-/// Every task's held-out problems (from `first_index`, `count` each, in task order; one
-/// whose prompt does not fit the context is left out) as greedy groups of one, seeded by
-/// their place in that list.
+/// Every task's held-out problems (from `first_index`, `count` each, in task order) as
+/// greedy groups of one, seeded by their place in that list; and, by task, the slots left
+/// out (a source that could not give one, a prompt that does not fit the context).
 pub fn held_out_asks(
     tasks: &mut [LoadedTask],
     first_index: u64,
@@ -69,19 +70,21 @@ pub fn held_out_asks(
     tokenizer: &Tokenizer,
     context: usize,
     run_seed: u64,
-) -> Vec<GroupAsk> {
-    let mut asks = Vec::new();
+) -> (Vec<GroupAsk>, Vec<(usize, SkippedTask)>) {
+    let (mut asks, mut left_out) = (Vec::new(), Vec::new());
     for (t, task) in tasks.iter_mut().enumerate() {
         let sampling = greedy(task.spec.sampling);
         let name = &task.spec.name;
         let room = sampling.max_tokens;
-        let held_out = crate::held_out_prompts(name, &mut task.source, first_index, 0, count, tokenizer, room, context);
+        let (held_out, skipped) =
+            crate::held_out_prompts(name, &mut task.source, first_index, 0, count, tokenizer, room, context);
         for (problem, prompt) in held_out {
             let slot = asks.len() as u64;
             asks.push(GroupAsk::new(t, problem, prompt, 1, sampling, run_seed, slot));
         }
+        left_out.extend(skipped.into_iter().map(|skip| (t, skip)));
     }
-    asks
+    (asks, left_out)
 }
 
 /// What the engine, its tokenizer and its context are, for the stages that call it.

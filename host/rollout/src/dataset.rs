@@ -154,12 +154,15 @@ impl Dataset {
 
     /// Rows `start .. start + count`, in file order (fewer past the end).
     pub fn rows(&mut self, start: u64, count: usize) -> crate::error::Result<Vec<Task>> {
-        (start.min(self.total)..start.saturating_add(count as u64).min(self.total))
-            .map(|i| {
-                let (chunk, row) = self.locate(i);
-                self.task(chunk, row)
-            })
-            .collect()
+        (start..start.saturating_add(count as u64)).map_while(|i| self.row(i)).collect()
+    }
+
+    /// Row `i` in file order, or why it is no task (`None` past the end).
+    pub fn row(&mut self, i: u64) -> Option<crate::error::Result<Task>> {
+        (i < self.total).then(|| {
+            let (chunk, row) = self.locate(i);
+            self.task(chunk, row)
+        })
     }
 
     fn locate(&self, mut position: u64) -> (usize, usize) {

@@ -149,13 +149,13 @@ impl OpenEnvTasks {
         })
     }
 
-    /// Held-out tasks: indices from `first_index + offset`; one the server cannot give is
-    /// left out, with a warning.
-    pub fn held_out(&self, first_index: u64, offset: u64, count: usize) -> Vec<Task> {
+    /// Held-out tasks: indices from `first_index + offset`, each with its task or why the
+    /// server gave none.
+    pub fn held_out(&self, first_index: u64, offset: u64, count: usize) -> Vec<(u64, Result<Task, String>)> {
         (0..count as u64)
-            .filter_map(|i| {
+            .map(|i| {
                 let index = first_index.saturating_add(offset).saturating_add(i);
-                self.task_at(index).inspect_err(|e| tracing::warn!("held-out OpenEnv task {index} skipped: {e}")).ok()
+                (index, self.task_at(index).map_err(|e| e.to_string()))
             })
             .collect()
     }

@@ -3,7 +3,7 @@
 
 use crate::source::TaskSource;
 use wirl_engine::{ChatMessage, Tokenizer};
-use wirl_sandbox::Task;
+use wirl_sandbox::{Task, printable};
 
 /// A task's conversation, rendered with the model's chat template and tokenized.
 pub fn prompt_ids(tokenizer: &Tokenizer, task: &Task) -> crate::error::Result<Vec<u32>> {
@@ -34,9 +34,9 @@ pub fn fitting_prompt(
     Ok(prompt)
 }
 
-/// Held-out tasks `offset .. offset + count` of task `name` ([`TaskSource::held_out`]) with
-/// their prompts; one whose prompt leaves no room for `room` new tokens in `context` is left
-/// out, as in training (warned, like a task source without held-out tasks).
+/// A task source's held-out problems whose prompts fit (`room` tokens left for the answer
+/// within `context`), with the slots left out and why (a source that could not give the
+/// task, a prompt too long), each also logged.
 #[allow(clippy::too_many_arguments)]
 pub fn held_out_prompts(
     name: &str,
@@ -47,21 +47,26 @@ pub fn held_out_prompts(
     tokenizer: &Tokenizer,
     room: usize,
     context: usize,
-) -> Vec<(Task, Vec<u32>)> {
+) -> (Vec<(Task, Vec<u32>)>, Vec<SkippedTask>) {
     let held_out = source.held_out(first_index, offset, count);
     if held_out.is_empty() && count > 0 && !matches!(source, TaskSource::Agent { .. }) {
         tracing::warn!("task `{name}`: no held-out problems (a dataset needs an `eval` file)");
     }
-    held_out
-        .into_iter()
-        .filter_map(|problem| match fitting_prompt(tokenizer, &problem, room, context) {
-            Ok(prompt) => Some((problem, prompt)),
+    let (mut usable, mut skipped) = (Vec::new(), Vec::new());
+    for (index, problem) in held_out {
+        let fitted = problem
+            .map_err(|reason| TaskFailure { id: None, reason })
+            .and_then(|problem| fitting_prompt(tokenizer, &problem, room, context).map(|prompt| (problem, prompt)));
+        match fitted {
+            Ok(fitted) => usable.push(fitted),
             Err(failure) => {
-                tracing::warn!("held-out task `{}` left out: {}", problem.id, wirl_sandbox::printable(&failure.reason));
-                None
+                let left = failure.at(index);
+                tracing::warn!("task `{name}`: held-out {}", printable(&left.to_string()));
+                skipped.push(left);
             }
-        })
-        .collect()
+        }
+    }
+    (usable, skipped)
 }
 
 /// Tries per task slot of a step before the source counts as broken.

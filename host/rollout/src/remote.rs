@@ -196,18 +196,12 @@ impl RemoteTasks {
         task.map_err(|e| e.context(format!("remote task {index}")))
     }
 
-    /// `count` held-out tasks from `offset` in the server's held-out range; one it cannot
-    /// give is left out, with a warning.
-    pub fn held_out(&self, offset: u64, count: usize) -> Vec<Task> {
+    /// `count` held-out tasks from `offset` in the server's held-out range, slot by slot:
+    /// each one's place with its task or why the server gave none.
+    pub fn held_out(&self, offset: u64, count: usize) -> Vec<(u64, Result<Task, String>)> {
         match self.draw(offset, count, true) {
-            Ok(tasks) => tasks
-                .into_iter()
-                .filter_map(|t| t.inspect_err(|e| tracing::warn!("remote held-out task skipped: {e}")).ok())
-                .collect(),
-            Err(error) => {
-                tracing::warn!("remote held-out tasks: {error}");
-                Vec::new()
-            }
+            Ok(tasks) => (offset..).zip(tasks.into_iter().map(|t| t.map_err(|e| e.to_string()))).collect(),
+            Err(error) => vec![(offset, Err(format!("the remote held-out tasks: {error}")))],
         }
     }
 

@@ -5,7 +5,7 @@ use crate::dataset::Dataset;
 use crate::error::bail;
 use crate::spec::SourceSpec;
 use std::sync::Arc;
-use wirl_sandbox::{EnvironmentPlugin, Plugin, Sandbox, Task, printable};
+use wirl_sandbox::{EnvironmentPlugin, Plugin, Sandbox, Task};
 
 /// Where a run's tasks come from, loaded.
 pub enum TaskSource {
@@ -92,27 +92,24 @@ impl TaskSource {
         }
     }
 
-    /// Held-out tasks `offset .. offset + count`: an environment's indices from
-    /// `first_index` (`eval.first_index`) plus `offset` (one it cannot give is left out, with
-    /// a warning), a dataset's rows of its `eval` file from `offset`, a remote task's held-out
-    /// ones there from `offset`. The one held-out selection: training's evaluation, `wirl
-    /// eval` and a server's validation rollouts all draw through it.
-    pub fn held_out(&mut self, first_index: u64, offset: u64, count: usize) -> Vec<Task> {
+    /// Held-out tasks `offset .. offset + count`, slot by slot: each one's index (an
+    /// environment's from `first_index` (`eval.first_index`) plus `offset`, a dataset's row of
+    /// its `eval` file, a remote task's place in its held-out range) with its task or why there
+    /// is none (a line of an `eval` file that is no task says so). The one held-out selection:
+    /// training's evaluation, `wirl eval` and a server's validation rollouts all draw through it.
+    pub fn held_out(&mut self, first_index: u64, offset: u64, count: usize) -> Vec<(u64, Result<Task, String>)> {
+        let chain = |e: &crate::Error| wirl_engine::error_chain(e);
         match self {
             TaskSource::Environment { .. } => (0..count as u64)
-                .filter_map(|i| {
+                .map(|i| {
                     let index = first_index.saturating_add(offset).saturating_add(i);
-                    self.training(index)
-                        .inspect_err(|e| {
-                            tracing::warn!("held-out task {index} skipped: {}", printable(&wirl_engine::error_chain(e)))
-                        })
-                        .ok()
+                    (index, self.training(index).map_err(|e| chain(&e)))
                 })
                 .collect(),
-            TaskSource::Dataset { eval: Some(eval), .. } => eval.rows(offset, count).unwrap_or_else(|error| {
-                tracing::warn!("held-out tasks: {}", printable(&wirl_engine::error_chain(&error)));
-                Vec::new()
-            }),
+            // Row by row: a bad line is that task's failure, not the whole held-out set's.
+            TaskSource::Dataset { eval: Some(eval), .. } => (offset..offset.saturating_add(count as u64))
+                .map_while(|i| eval.row(i).map(|task| (i, task.map_err(|e| chain(&e)))))
+                .collect(),
             TaskSource::Dataset { eval: None, .. } => Vec::new(),
             // Evaluated through its own rollouts instead.
             TaskSource::Agent { .. } => Vec::new(),

@@ -374,8 +374,10 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
             (source @ TaskSource::Dataset { .. }, true) => source
                 .held_out(0, index, n)
                 .into_iter()
-                .zip(index..)
-                .map(|(problem, i)| Drawn::task(i, problem))
+                .map(|(i, problem)| match problem {
+                    Ok(problem) => Drawn::task(i, problem),
+                    Err(reason) => Drawn::error(i, reason),
+                })
                 .collect(),
         };
         Ok(out)
@@ -766,6 +768,7 @@ fn draw_asks(state: &AppState, owner: &mut ServedTask, ask: &RolloutAsk) -> Resu
         let (first, name) = (owner.eval_first_index, owner.loaded.spec.name.clone());
         let source = &mut owner.loaded.source;
         wirl_rollout::held_out_prompts(&name, source, first, ask.first, ask.groups, tokenizer, room, context)
+            .0
             .into_iter()
             .unzip()
     } else {

@@ -109,7 +109,7 @@ pub fn evaluate(
         .collect::<wirl_rollout::Result<Vec<_>>>()?;
     // Every task's held-out problems, in task order; one whose prompt does not fit the
     // context is left out, as in training. Agent tasks make their own.
-    let problems = wirl_rollout::collect::held_out_asks(
+    let (problems, left_out) = wirl_rollout::collect::held_out_asks(
         &mut tasks,
         eval.first_index,
         eval.tasks,
@@ -152,7 +152,16 @@ pub fn evaluate(
         }
         lines.flush()?;
     }
-    Ok(summary(config, output, &tallies, started))
+    let mut summary = summary(config, output, &tallies, started);
+    // The problems left out, so that a pass rate over fewer than `eval.tasks` says why.
+    summary["skipped"] = left_out
+        .iter()
+        .map(|(t, skip)| {
+            json!({ "task": config.tasks[*t].name, "index": skip.index, "id": skip.id, "reason": skip.reason })
+        })
+        .collect::<Vec<_>>()
+        .into();
+    Ok(summary)
 }
 
 /// Every task's tally, with the held-out rollouts of its agent tasks (which make their own)

@@ -579,7 +579,8 @@ impl Trainer {
         }
         let context = self.model_config.context();
         let first = self.config.eval.first_index;
-        let asks = wirl_rollout::collect::held_out_asks(
+        // Those left out were logged; the summary's figures are over the rest.
+        let (asks, _left_out) = wirl_rollout::collect::held_out_asks(
             &mut self.tasks,
             first,
             count,
