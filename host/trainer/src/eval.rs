@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use wirl_engine::LoadOptions;
-use wirl_rollout::{Engine, GroupAsk, LoadedTask, RolloutGroup, Scored, TaskSource};
+use wirl_rollout::{Engine, GroupAsk, LoadedTask, RolloutGroup, Scored, SkippedTask, TaskSource};
 use wirl_sandbox::{Sandbox, SandboxSettings};
 
 /// An agent task's held-out score: it is asked greedily for one group of one rollout per
@@ -152,16 +152,7 @@ pub fn evaluate(
         }
         lines.flush()?;
     }
-    let mut summary = summary(config, output, &tallies, started);
-    // The problems left out, so that a pass rate over fewer than `eval.tasks` says why.
-    summary["skipped"] = left_out
-        .iter()
-        .map(|(t, skip)| {
-            json!({ "task": config.tasks[*t].name, "index": skip.index, "id": skip.id, "reason": skip.reason })
-        })
-        .collect::<Vec<_>>()
-        .into();
-    Ok(summary)
+    Ok(summary(config, output, &tallies, &left_out, started))
 }
 
 /// Every task's tally, with the held-out rollouts of its agent tasks (which make their own)
@@ -258,7 +249,13 @@ fn judge(
 }
 
 /// The summary: over all problems together, and per task.
-fn summary(config: &RunConfig, output: &Path, tallies: &[Tally], started: Instant) -> serde_json::Value {
+fn summary(
+    config: &RunConfig,
+    output: &Path,
+    tallies: &[Tally],
+    left_out: &[(usize, SkippedTask)],
+    started: Instant,
+) -> serde_json::Value {
     let eval = &config.eval;
     let figures = |count: usize, passed: usize, estimates: &[f64]| {
         let mut figures = json!({ "tasks": count, "greedy_pass_rate": passed as f64 / count.max(1) as f64 });
@@ -284,6 +281,14 @@ fn summary(config: &RunConfig, output: &Path, tallies: &[Tally], started: Instan
         .filter(|(_, tally)| tally.problems > 0)
         .map(|(spec, t)| (spec.name.clone(), figures(t.problems, t.greedy_passed, &t.estimates)))
         .collect::<serde_json::Map<_, _>>()
+        .into();
+    // The problems left out, so that a pass rate over fewer than `eval.tasks` says why.
+    summary["skipped"] = left_out
+        .iter()
+        .map(|(t, skip)| {
+            json!({ "task": config.tasks[*t].name, "index": skip.index, "id": skip.id, "reason": skip.reason })
+        })
+        .collect::<Vec<_>>()
         .into();
     summary
 }

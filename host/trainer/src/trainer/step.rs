@@ -99,6 +99,10 @@ struct Advantaged {
     reward_kl: RewardKl,
 }
 
+/// A group's signal: its usable trajectories and their rewards, where they differ (or the
+/// advantages whiten over the step).
+type Signal = Option<(Vec<usize>, Vec<f32>)>;
+
 /// This rank's (or, summed, the step's) completions whose rewards carry the KL penalty: the
 /// sum of each one's mean estimate per token, and how many.
 #[derive(Clone, Copy, Debug, Default)]
@@ -270,7 +274,7 @@ impl Trainer {
 
     /// A group's usable trajectories and their rewards (shaped: `grpo.overlong_buffer`)
     /// when they can train it: at least two, not all rewards equal.
-    fn signal(&self, group: &RolloutGroup, t: usize) -> Option<(Vec<usize>, Vec<f32>)> {
+    fn signal(&self, group: &RolloutGroup, t: usize) -> Signal {
         let usable: Vec<usize> = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).collect();
         if usable.len() < 2 || group.prompt.is_empty() {
             return None;
@@ -288,6 +292,38 @@ impl Trainer {
             .collect();
         // REINFORCE++ whitens over the step: a group of equal rewards trains too.
         (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0])).then_some((usable, rewards))
+    }
+
+    /// The KL in the reward (verl's `use_kl_in_reward`), on the groups that train: whether a
+    /// group has signal was read from its scores, as wirl's filter always reads them. Not for
+    /// rank 0's record of every rank's groups (`gathered`), which counts groups and tokens
+    /// only (another reference pass over all of them would buy it nothing).
+    fn kl_in_rewards(
+        &self,
+        groups: &Groups,
+        signals: Vec<Signal>,
+        trains: &[bool],
+        gathered: bool,
+    ) -> crate::error::Result<(Vec<Signal>, RewardKl)> {
+        let mut reward_kl = RewardKl::default();
+        if gathered || !self.config.grpo.kl_in_reward {
+            return Ok((signals, reward_kl));
+        }
+        let signals = signals
+            .into_iter()
+            .zip(groups.iter())
+            .zip(trains)
+            .map(|((signal, (group, _)), &trains)| match signal {
+                Some((usable, rewards)) if trains => {
+                    let (shaped, estimates) = self.kl_shaped(group, &usable, rewards)?;
+                    reward_kl.means += estimates.iter().map(|kl| kl.mean()).sum::<f64>();
+                    reward_kl.completions += estimates.len();
+                    Ok(Some((usable, shaped)))
+                }
+                other => Ok(other),
+            })
+            .collect::<crate::error::Result<_>>()?;
+        Ok((signals, reward_kl))
     }
 
     /// `rewards` of a group's `usable` trajectories less β × each one's summed KL estimate
@@ -636,25 +672,7 @@ impl Trainer {
         let signals: Vec<_> = groups.iter().map(|(group, t)| self.signal(group, t)).collect();
         let has_signal: Vec<bool> = signals.iter().map(Option::is_some).collect();
         let trains = self.trained(groups, &has_signal, gathered)?;
-        // The KL in the reward (verl's `use_kl_in_reward`), on the groups that train: whether a
-        // group has signal was read from its scores, as wirl's filter always reads them. Not
-        // for rank 0's record of every rank's groups, which counts groups and tokens only
-        // (another reference pass over all of them would buy it nothing).
-        let mut reward_kl = RewardKl::default();
-        let signals: Vec<_> = signals
-            .into_iter()
-            .zip(groups.iter())
-            .zip(&trains)
-            .map(|((signal, (group, _)), &trains)| match signal {
-                Some((usable, rewards)) if trains && !gathered && self.config.grpo.kl_in_reward => {
-                    let (shaped, estimates) = self.kl_shaped(group, &usable, rewards)?;
-                    reward_kl.means += estimates.iter().map(|kl| kl.mean()).sum::<f64>();
-                    reward_kl.completions += estimates.len();
-                    Ok(Some((usable, shaped)))
-                }
-                other => Ok(other),
-            })
-            .collect::<crate::error::Result<_>>()?;
+        let (signals, reward_kl) = self.kl_in_rewards(groups, signals, &trains, gathered)?;
         let mut batches: Vec<GroupBatch> = groups
             .iter()
             .zip(&groups.draws)
