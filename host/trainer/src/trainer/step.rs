@@ -369,8 +369,10 @@ impl Trainer {
 
     /// After a step's update under `grpo.kl_in_reward`: the β its rewards were shaped with
     /// and the mean, over every rank's shaped completions, of each one's mean KL per token;
-    /// with `grpo.kl_target`, β moves towards it for the next step (verl's adaptive
-    /// controller, after the update as verl's `apply_kl_penalty` does before its own).
+    /// with `grpo.kl_target`, β moves by it for the next step (verl's adaptive controller,
+    /// which `apply_kl_penalty` moves once a step's rewards are shaped: the step keeps the β
+    /// it was shaped with either way). Called once the update is done, so that a step given up
+    /// before it leaves β where it was, as a resumed run finds it.
     fn adapt_reward_kl(&mut self, local: RewardKl) -> crate::error::Result<Option<(f64, f64)>> {
         if !self.config.grpo.kl_in_reward {
             return Ok(None);
