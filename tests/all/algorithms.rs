@@ -361,8 +361,15 @@ fn the_adaptive_kl_coefficient_trains_resumes_and_runs_on_ranks() {
         assert!((a - b).abs() < 1e-5, "loss {a} alone, {b} on two ranks");
     }
 
-    let fixed = metrics(&run("fixed", &["--steps", "2", "--set", "grpo.beta=0.5", "--set", "grpo.kl_in_reward=true"]));
+    let fixed = dir.path().join("fixed");
+    let out =
+        train_with(&config, &fixed, &["--steps", "2", "--set", "grpo.beta=0.5", "--set", "grpo.kl_in_reward=true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fixed = metrics(&fixed);
     assert!(fixed.iter().all(|m| field(m, "kl_coef") == 0.5), "{fixed:?}");
+    // The console shows the rewards' KL and β (the loss has no KL term to show).
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("kl(reward) ") && said.contains(" β 0.5000 "), "{said}");
 
     for (sets, said) in [
         (&["grpo.beta=0.5", "grpo.kl_target=0.01"][..], "`grpo.kl_target` = 0.01 without `grpo.kl_in_reward`"),

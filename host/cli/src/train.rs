@@ -514,13 +514,18 @@ impl Observer for Terminal {
             }),
             Event::Step { metrics: m, steps, eta_s } => {
                 status("");
+                // Under `grpo.kl_in_reward` the loss has no KL term: the KL shown is the
+                // rewards', with the β they were shaped with.
+                let kl = match (m.reward_kl, m.kl_coef) {
+                    (Some(kl), Some(beta)) => format!("kl(reward) {kl:.5} β {beta:.4}"),
+                    _ => format!("kl {:.5}", m.kl),
+                };
                 eprintln!(
-                    "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  kl {:.5}  len {:.1}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
+                    "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  {kl}  len {:.1}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
                     m.step,
                     m.reward_mean,
                     m.pass_rate,
                     m.loss,
-                    m.kl,
                     m.completion_tokens_mean,
                     m.time_s.generate,
                     m.time_s.score,
