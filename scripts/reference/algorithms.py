@@ -55,8 +55,9 @@ REWARDS = [1.0, 0.0, 0.5, 1.0]
 MAX_TOKENS = 8
 
 
-def trl_loss(loss_type, level, beta, eps_low, eps_high):
-    """TRL's loss and d loss / d log π for the fixed inputs."""
+def trl_loss(loss_type, level, beta, eps_low, eps_high, sapo=(1.0, 1.05)):
+    """TRL's loss and d loss / d log π for the fixed inputs (`sapo`: its temperatures for
+    positive advantages and the rest)."""
     logp = LOGP.clone().requires_grad_(True)
 
     def forward(_self, *args, **kwargs):
@@ -67,7 +68,8 @@ def trl_loss(loss_type, level, beta, eps_low, eps_high):
         aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
         importance_sampling_level=level, loss_type=loss_type, beta=beta,
         epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
-        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1,
+                                   sapo_temperature_pos=sapo[0], sapo_temperature_neg=sapo[1]),
         model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
         max_completion_length=MAX_TOKENS,
         accelerator=types.SimpleNamespace(num_processes=1, gather=lambda x: x,
@@ -161,6 +163,13 @@ for eps_high in (0.2, 4.0):
     cases.append({"name": "cispo", "loss": "cispo", "aggregation": "token-mean", "beta": 0.04, "kl": "k3",
                   "clip_low": 0.2, "clip_high": eps_high, "value": loss, "grad": grad,
                   "peer": f"trl {trl.__version__} cispo"})
+for beta, sapo in [(0.0, (1.0, 1.05)), (0.04, (1.0, 1.05)), (0.04, (0.5, 3.0))]:
+    # TRL aggregates SAPO as its grpo (per sequence); the temperatures as TRL's defaults and
+    # far apart (a steeper gate for negative advantages).
+    loss, grad = trl_loss("sapo", "token", beta, 0.2, 0.2, sapo)
+    cases.append({"name": "sapo", "loss": "sapo", "aggregation": "sequence-mean", "beta": beta, "kl": "k3",
+                  "clip_low": 0.2, "clip_high": 0.2, "sapo_temperatures": list(sapo), "value": loss, "grad": grad,
+                  "peer": f"trl {trl.__version__} sapo"})
 for estimator in ("k1", "k2"):
     loss, grad = with_verl_kl(estimator, 0.04, "sequence-mean", "grpo")
     cases.append({"name": f"grpo-{estimator}", "loss": "grpo", "aggregation": "sequence-mean", "beta": 0.04,

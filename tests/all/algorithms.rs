@@ -58,6 +58,7 @@ fn every_loss_kl_and_aggregation_gives_the_peers_value_and_gradient() {
             entropy: 0.0,
             kind: named::<LossKind>(&case["loss"]),
             kl: named::<KlEstimator>(&case["kl"]),
+            sapo_temperatures: case.get("sapo_temperatures").map_or(wirl_grpo::SAPO_TEMPERATURES, named),
         };
         let var = Var::from_tensor(&logp).unwrap();
         let parts =
@@ -201,6 +202,7 @@ fn each_objective_resumes_runs_on_two_ranks_and_trains_an_adapter() {
     for (name, sets) in [
         ("gspo", &["grpo.loss=gspo", "grpo.aggregation=sequence-mean", "grpo.kl_estimator=k2"][..]),
         ("cispo", &["grpo.loss=cispo", "grpo.clip_high=4", "grpo.kl_estimator=k2"]),
+        ("sapo", &["grpo.loss=sapo", "grpo.sapo_temperature_pos=0.5", "grpo.inner_epochs=2"]),
         ("reinforce++", &["grpo.advantage=reinforce++"]),
         ("dapo", &["grpo.preset=dapo"]),
     ] {

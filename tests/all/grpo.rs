@@ -439,6 +439,7 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
     for (run, set) in [
         ("gspo", &["grpo.loss=gspo", "grpo.aggregation=sequence-mean"][..]),
         ("cispo", &["grpo.loss=cispo", "grpo.clip_high=4"]),
+        ("sapo", &["grpo.loss=sapo", "grpo.sapo_temperature_neg=2"]),
         ("rloo", &["grpo.advantage=rloo"]),
         ("k2", &["grpo.beta=0.04", "grpo.kl_estimator=k2"]),
         // Completions of 3 to 6 tokens lose up to their whole reward (the length reward's
@@ -453,7 +454,8 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
         assert_ne!(theirs, grpo, "{run}: the same losses as GRPO's");
     }
     for (set, said) in [
-        ("grpo.loss=ppo", "expected one of `grpo`, `gspo`, `cispo`"),
+        ("grpo.loss=ppo", "expected one of `grpo`, `gspo`, `cispo`, `sapo`"),
+        ("grpo.sapo_temperature_pos=2", "`grpo.sapo_temperature_pos` = 2 with `grpo.loss` = \"grpo\""),
         // TRL's loss_type names that are not losses here say what they are.
         ("grpo.loss=dr_grpo", "set grpo.preset = \"dr_grpo\""),
         ("grpo.loss=bnpo", "grpo.aggregation = \"token-mean\""),

@@ -16,9 +16,9 @@ pub mod update;
 
 pub use grads::Gradients;
 pub use loss::{
-    AdaptiveKl, AdvantageMode, Aggregation, KlEstimate, KlEstimator, LossKind, LossParts, LossSettings, UnknownLoss,
-    Whitening, group_advantages, grpo_loss, kl_estimate, kl_penalty, masked_token_weights, overlong_penalty,
-    token_weights,
+    AdaptiveKl, AdvantageMode, Aggregation, KlEstimate, KlEstimator, LossKind, LossParts, LossSettings,
+    SAPO_TEMPERATURES, UnknownLoss, Whitening, group_advantages, grpo_loss, kl_estimate, kl_penalty,
+    masked_token_weights, overlong_penalty, token_weights,
 };
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{MemoryLimits, Net, Policy, TokenStats};

@@ -93,6 +93,10 @@ pub enum LossKind {
     /// `−sg(min(r, 1 + ε_high))·A·log π` per token: the importance weight clipped and
     /// detached, every token's gradient kept (CISPO, MiniMax-M1; no lower bound).
     Cispo,
+    /// `−σ(τ·(r − 1))·(4/τ)·A` per token: a soft gate in place of the clip, τ one temperature
+    /// for positive advantages and another for the rest (SAPO, Qwen; TRL `loss_type =
+    /// "sapo"`). Its gradient is the plain policy gradient at r = 1 and fades away from it.
+    Sapo,
 }
 
 /// A `grpo.loss` name wirl has no loss for; its text says what to set instead.
@@ -111,6 +115,7 @@ impl TryFrom<String> for LossKind {
             "grpo" => Ok(LossKind::Grpo),
             "gspo" => Ok(LossKind::Gspo),
             "cispo" => Ok(LossKind::Cispo),
+            "sapo" => Ok(LossKind::Sapo),
             "dr_grpo" | "dapo" => refuse(format!(
                 "`{name}` is a preset here, not a loss: set grpo.preset = \"{name}\" (docs/ALGORITHMS.md)"
             )),
@@ -121,7 +126,7 @@ impl TryFrom<String> for LossKind {
                  not let how a step is split for memory change its loss (docs/ALGORITHMS.md)"
                     .to_string(),
             ),
-            other => refuse(format!("unknown loss `{other}`, expected one of `grpo`, `gspo`, `cispo`")),
+            other => refuse(format!("unknown loss `{other}`, expected one of `grpo`, `gspo`, `cispo`, `sapo`")),
         }
     }
 }
@@ -384,12 +389,25 @@ pub struct LossSettings {
     pub kind: LossKind,
     /// The KL penalty's estimator (with `beta` > 0).
     pub kl: KlEstimator,
+    /// SAPO's temperatures: for tokens of positive advantage, and for the rest.
+    pub sapo_temperatures: [f64; 2],
 }
+
+/// SAPO's temperatures as its paper and TRL set them (τ_pos, τ_neg).
+pub const SAPO_TEMPERATURES: [f64; 2] = [1.0, 1.05];
 
 impl LossSettings {
     /// GRPO's loss with the k3 KL: what every run before these choices trained with.
     pub fn grpo(clip_low: f64, clip_high: f64, beta: f64, entropy: f64) -> Self {
-        LossSettings { clip_low, clip_high, beta, entropy, kind: LossKind::Grpo, kl: KlEstimator::K3 }
+        LossSettings {
+            clip_low,
+            clip_high,
+            beta,
+            entropy,
+            kind: LossKind::Grpo,
+            kl: KlEstimator::K3,
+            sapo_temperatures: SAPO_TEMPERATURES,
+        }
     }
 }
 
@@ -419,7 +437,7 @@ pub fn grpo_loss(
     let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
     let log_ratio = (logp - old_logp)?;
     let ratio = match settings.kind {
-        LossKind::Grpo | LossKind::Cispo => log_ratio.exp()?,
+        LossKind::Grpo | LossKind::Cispo | LossKind::Sapo => log_ratio.exp()?,
         LossKind::Gspo => {
             // The geometric mean of the sequence's token ratios over its trained tokens,
             // the same for each of them: `[rows, 1]`, broadcast below.
@@ -437,6 +455,15 @@ pub fn grpo_loss(
             let cap = 1.0 + settings.clip_high;
             let weight = ratio.minimum(cap)?.detach();
             (weight.broadcast_mul(&advantages)?.mul(logp)?.neg()?, ratio.gt(cap)?)
+        }
+        LossKind::Sapo => {
+            let [positive, negative] = settings.sapo_temperatures;
+            // τ per advantage: `positive` where A > 0, `negative` elsewhere.
+            let temperature = ((advantages.gt(0.0)?.to_dtype(logp.dtype())? * (positive - negative))? + negative)?;
+            let gate = candle_nn::ops::sigmoid(&(ratio - 1.0)?.broadcast_mul(&temperature)?)?;
+            let soft = (gate * 4.0)?.broadcast_div(&temperature)?;
+            // Nothing is clipped: the gate only fades (the clip fraction reads 0).
+            (soft.broadcast_mul(&advantages)?.neg()?, logp.zeros_like()?.ne(0.0)?)
         }
     };
     let clip_fraction = {

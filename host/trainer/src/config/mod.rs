@@ -529,9 +529,13 @@ pub struct GrpoSection {
     pub advantage: AdvantageMode,
     pub aggregation: Aggregation,
     /// The policy term: `grpo` (the clipped ratio per token), `gspo` (the clipped ratio of
-    /// the sequence) or `cispo` (the clipped importance weight, detached, times log π);
-    /// docs/ALGORITHMS.md.
+    /// the sequence), `cispo` (the clipped importance weight, detached, times log π) or
+    /// `sapo` (a soft gate on the ratio); docs/ALGORITHMS.md.
     pub loss: LossKind,
+    /// SAPO's gate temperature for tokens of positive advantage (unset: 1.0, TRL's), and for
+    /// the rest (unset: 1.05); only with `loss = "sapo"`.
+    pub sapo_temperature_pos: Option<f64>,
+    pub sapo_temperature_neg: Option<f64>,
     /// The KL penalty's estimator, `k1`, `k2` or `k3` (unset: k3); only with `beta` > 0.
     pub kl_estimator: Option<KlEstimator>,
     /// The KL term in the reward instead of the loss (verl's `use_kl_in_reward`): each
@@ -641,6 +645,8 @@ impl Default for GrpoSection {
             loss: LossKind::Grpo,
             kl_estimator: None,
             kl_in_reward: false,
+            sapo_temperature_pos: None,
+            sapo_temperature_neg: None,
             kl_target: None,
             kl_horizon: None,
             overlong_buffer: 0,

@@ -81,6 +81,7 @@ impl TrainConfig {
         self.check_swap_numbers(origin)?;
         self.check_grpo_floats(origin)?;
         self.check_kl(origin)?;
+        self.check_sapo(origin)?;
         self.check_lora(origin)?;
         check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
         let views = self.task_views();
@@ -226,6 +227,28 @@ impl TrainConfig {
                  (set beta > 0, or leave kl_estimator out)",
                 format!("{estimator:?}").to_lowercase()
             );
+        }
+        Ok(())
+    }
+
+    /// SAPO's temperatures: only under `loss = "sapo"`, each positive and at most 50 (the
+    /// gate's sigmoid then stays within f32 at any ratio).
+    fn check_sapo(&self, origin: &str) -> crate::error::Result<()> {
+        let g = &self.grpo;
+        for (key, value) in
+            [("sapo_temperature_pos", g.sapo_temperature_pos), ("sapo_temperature_neg", g.sapo_temperature_neg)]
+        {
+            let Some(value) = value else { continue };
+            if g.loss != LossKind::Sapo {
+                bail!(
+                    "{origin}: `grpo.{key}` = {value} with `grpo.loss` = \"{}\": it is SAPO's gate temperature \
+                     (set loss = \"sapo\", or leave {key} out)",
+                    format!("{:?}", g.loss).to_lowercase()
+                );
+            }
+            if !(value.is_finite() && value > 0.0 && value <= 50.0) {
+                bail!("{origin}: `grpo.{key}` = {value}: it must be a number above 0 and at most 50");
+            }
         }
         Ok(())
     }
@@ -730,6 +753,9 @@ mod tests {
             ("[grpo]\ngeneration_lag = 2", "`grpo.generation_lag` = 2: it must be 0"),
             ("[grpo]\nfailure_reward = -1.0", "`grpo.failure_reward` = -1 is used only where failures are rewarded"),
             ("[grpo]\nsteps = 1099511627776", "`grpo.steps` x `grpo.prompts_per_step` is too large"),
+            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_neg = 0.0", "`grpo.sapo_temperature_neg` = 0: it must be"),
+            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_pos = 51.0", "`grpo.sapo_temperature_pos` = 51: it must be"),
+            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_pos = nan", "`grpo.sapo_temperature_pos` = NaN: it must be"),
             ("[swap]\nmax_failure_rate = 2.0", "`swap.max_failure_rate` = 2: it must be in [0, 1]"),
             ("[swap]\nrollback_window = 0", "`swap.rollback_window` must be at least 1"),
             ("[eval]\nsamples = 2\nk = [3]", "`eval.k` = 3: each k must be between 1 and `eval.samples` (2)"),

@@ -794,6 +794,10 @@ impl Trainer {
                 entropy: g.entropy,
                 kind: g.loss,
                 kl: g.kl_estimator.unwrap_or_default(),
+                sapo_temperatures: [
+                    g.sapo_temperature_pos.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[0]),
+                    g.sapo_temperature_neg.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[1]),
+                ],
             },
             inner_epochs: g.inner_epochs,
             aggregation: g.aggregation,
