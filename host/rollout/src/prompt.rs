@@ -61,7 +61,11 @@ pub fn held_out_prompts(
             Ok(fitted) => usable.push(fitted),
             Err(failure) => {
                 let left = failure.at(index);
-                tracing::warn!("task `{name}`: held-out {}", printable(&left.to_string()));
+                let reason = printable(&left.reason);
+                match &left.id {
+                    Some(id) => tracing::warn!("held-out task `{}` left out: {reason}", printable(id)),
+                    None => tracing::warn!("held-out task {index} of `{name}` left out: {reason}"),
+                }
                 skipped.push(left);
             }
         }
