@@ -82,6 +82,7 @@ impl TrainConfig {
         self.check_grpo_floats(origin)?;
         self.check_kl(origin)?;
         self.check_sapo(origin)?;
+        self.check_unread_keys(origin)?;
         self.check_lora(origin)?;
         check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
         let views = self.task_views();
@@ -249,6 +250,54 @@ impl TrainConfig {
             if !(value.is_finite() && value > 0.0 && value <= 50.0) {
                 bail!("{origin}: `grpo.{key}` = {value}: it must be a number above 0 and at most 50");
             }
+        }
+        Ok(())
+    }
+
+    /// Keys the chosen objective does not read, refused where they differ from their defaults:
+    /// a value set there would be silently ignored.
+    fn check_unread_keys(&self, origin: &str) -> crate::error::Result<()> {
+        let (g, default) = (&self.grpo, GrpoSection::default());
+        let loss = format!("{:?}", g.loss).to_lowercase();
+        let unread = [
+            (
+                g.max_draws != default.max_draws && !g.dynamic_sampling,
+                ("max_draws", g.max_draws.to_string()),
+                "is read only with grpo.dynamic_sampling = true (it caps its draws): set that, or leave it out"
+                    .to_string(),
+            ),
+            (
+                g.overlong_penalty != default.overlong_penalty && g.overlong_buffer == 0,
+                ("overlong_penalty", g.overlong_penalty.to_string()),
+                "is the penalty at the end of grpo.overlong_buffer tokens, which is 0: set overlong_buffer, or leave \
+                 it out"
+                    .to_string(),
+            ),
+            (
+                g.clip_low != default.clip_low && matches!(g.loss, LossKind::Cispo | LossKind::Sapo),
+                ("clip_low", g.clip_low.to_string()),
+                format!(
+                    "is not read under grpo.loss = \"{loss}\" (CISPO's weight has no lower bound, SAPO's gate no \
+                     clip): leave it out"
+                ),
+            ),
+            (
+                g.clip_high != default.clip_high && g.loss == LossKind::Sapo,
+                ("clip_high", g.clip_high.to_string()),
+                "is not read under grpo.loss = \"sapo\" (its gate has no clip; grpo.sapo_temperature_pos and _neg \
+                 shape it): leave it out"
+                    .to_string(),
+            ),
+            (
+                g.tis_cap != default.tis_cap && g.generation_lag == 0,
+                ("tis_cap", g.tis_cap.to_string()),
+                "caps the importance weight of groups sampled a step behind, and grpo.generation_lag is 0: set \
+                 generation_lag = 1, or leave it out"
+                    .to_string(),
+            ),
+        ];
+        if let Some((_, (key, value), why)) = unread.iter().find(|(refused, ..)| *refused) {
+            bail!("{origin}: `grpo.{key}` = {value} {why}");
         }
         Ok(())
     }
@@ -776,6 +825,39 @@ mod tests {
         // The default step: 4 prompts × 8 completions.
         refused(ARITHMETIC, &format!("{kl}6"), "prompts_per_step × group_size = 32");
         assert!(tasks_config(ARITHMETIC, &format!("{kl}7")).is_ok());
+    }
+
+    /// A key the objective would not read is refused where it differs from its default, naming
+    /// what reads it; the same keys where they are read, and the presets, are taken.
+    #[test]
+    fn keys_the_objective_does_not_read_are_refused() {
+        for (extra, says) in [
+            ("[grpo]\nmax_draws = 3", "`grpo.max_draws` = 3 is read only with grpo.dynamic_sampling = true"),
+            ("[grpo]\noverlong_penalty = 0.5", "`grpo.overlong_penalty` = 0.5 is the penalty at the end of"),
+            (
+                "[grpo]\nloss = \"cispo\"\nclip_low = 0.1",
+                "`grpo.clip_low` = 0.1 is not read under grpo.loss = \"cispo\"",
+            ),
+            ("[grpo]\nloss = \"sapo\"\nclip_low = 0.1", "`grpo.clip_low` = 0.1 is not read under grpo.loss = \"sapo\""),
+            (
+                "[grpo]\nloss = \"sapo\"\nclip_high = 0.28",
+                "`grpo.clip_high` = 0.28 is not read under grpo.loss = \"sapo\"",
+            ),
+            ("[grpo]\ntis_cap = 3.0", "`grpo.tis_cap` = 3 caps the importance weight of groups sampled a step behind"),
+        ] {
+            refused(ARITHMETIC, extra, says);
+        }
+        for extra in [
+            "[grpo]\ndynamic_sampling = true\nmax_draws = 3",
+            "[grpo]\noverlong_buffer = 4\noverlong_penalty = 0.5",
+            "[grpo]\nloss = \"cispo\"\nclip_high = 4.0",
+            "[grpo]\nloss = \"sapo\"\nclip_low = 0.2\nclip_high = 0.2",
+            "[grpo]\ngeneration_lag = 1\ntis_cap = 3.0",
+            "[grpo]\npreset = \"dapo\"",
+            "[grpo]\npreset = \"dr_grpo\"\nloss = \"sapo\"",
+        ] {
+            assert!(tasks_config(ARITHMETIC, extra).is_ok(), "{extra}: {:?}", tasks_config(ARITHMETIC, extra).err());
+        }
     }
 
     #[test]
