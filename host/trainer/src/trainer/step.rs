@@ -389,7 +389,8 @@ impl Trainer {
             return Ok(None);
         }
         let current = means / completions as f64;
-        if let Some(adaptive) = &mut self.reward_kl {
+        // A non-finite KL (only from non-finite log-probs) would make β NaN for good: it stays.
+        if let (Some(adaptive), true) = (&mut self.reward_kl, current.is_finite()) {
             adaptive.update(current, completions);
         }
         Ok(Some((beta, current)))
