@@ -92,11 +92,15 @@ s = json.load(open(path))
 print(json.dumps({"system": "wirl", "objective": objective, "steps": int(steps), "seed": int(seed),
                   "before": s["held_out_pass_rate_before"], "after": s["held_out_pass_rate_after"]}))
 PY
+                # What the comparison reads is in summary.json and metrics.jsonl; a run's
+                # checkpoints are ~1.6 GB (KEEP_RUNS=1 keeps them).
+                [ -n "${KEEP_RUNS:-}" ] || rm -rf "$run-wirl/checkpoints"
             fi
             recorded trl "$objective" "$steps" "$seed" && continue
             "$peers/venv/bin/python" benches/trl_objective.py "$(trl_keys "$objective")" --steps "$steps" --seed "$seed" \
                 --save-dir "$run-trl" > "$run-trl.out" 2> "$run-trl.log" || { tail -5 "$run-trl.log" >&2; continue; }
             "$wirl" eval --model "$run-trl" --output "$run-trl-eval.jsonl" > "$run-trl-eval.json" 2> /dev/null || continue
+            [ -n "${KEEP_RUNS:-}" ] || rm -rf "$run-trl"
             # Both start from the same model and held-out set: wirl's "before" is TRL's too.
             python3 - "$objective" "$steps" "$seed" "$work/runs.jsonl" "$run-trl-eval.json" <<'PY' | tee -a "$work/runs.jsonl"
 import json, sys
