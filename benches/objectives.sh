@@ -82,6 +82,7 @@ for objective in $objectives; do
         for seed in $seeds; do
             run=$work/$objective-$steps-$seed
             if ! recorded wirl "$objective" "$steps" "$seed"; then
+                rm -rf "$run-wirl" # a run stopped before it was recorded: wirl refuses a run's directory
                 # shellcheck disable=SC2046
                 "$wirl" train --steps "$steps" --set grpo.seed="$seed" $(wirl_keys "$objective") --run-dir "$run-wirl" \
                     > /dev/null 2> "$run-wirl.log" || { tail -5 "$run-wirl.log" >&2; continue; }
