@@ -104,18 +104,31 @@ pub enum LossKind {
 #[error("{0}")]
 pub struct UnknownLoss(String);
 
+impl LossKind {
+    pub const ALL: [LossKind; 4] = [LossKind::Grpo, LossKind::Gspo, LossKind::Cispo, LossKind::Sapo];
+
+    /// Its name in a config (`grpo.loss`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LossKind::Grpo => "grpo",
+            LossKind::Gspo => "gspo",
+            LossKind::Cispo => "cispo",
+            LossKind::Sapo => "sapo",
+        }
+    }
+}
+
 impl TryFrom<String> for LossKind {
     type Error = UnknownLoss;
 
     /// A loss by name; TRL's `loss_type` names that are not a loss here are answered with
     /// what they are in wirl, since users bring their TRL settings along.
     fn try_from(name: String) -> std::result::Result<Self, UnknownLoss> {
+        if let Some(kind) = LossKind::ALL.into_iter().find(|kind| kind.name() == name) {
+            return Ok(kind);
+        }
         let refuse = |text: String| Err(UnknownLoss(text));
         match name.as_str() {
-            "grpo" => Ok(LossKind::Grpo),
-            "gspo" => Ok(LossKind::Gspo),
-            "cispo" => Ok(LossKind::Cispo),
-            "sapo" => Ok(LossKind::Sapo),
             "dr_grpo" | "dapo" => refuse(format!(
                 "`{name}` is a preset here, not a loss: set grpo.preset = \"{name}\" (docs/ALGORITHMS.md)"
             )),
@@ -126,7 +139,10 @@ impl TryFrom<String> for LossKind {
                  not let how a step is split for memory change its loss (docs/ALGORITHMS.md)"
                     .to_string(),
             ),
-            other => refuse(format!("unknown loss `{other}`, expected one of `grpo`, `gspo`, `cispo`, `sapo`")),
+            other => {
+                let names: Vec<String> = LossKind::ALL.iter().map(|kind| format!("`{}`", kind.name())).collect();
+                refuse(format!("unknown loss `{other}`, expected one of {}", names.join(", ")))
+            }
         }
     }
 }
@@ -210,6 +226,9 @@ pub struct AdaptiveKl {
 }
 
 impl AdaptiveKl {
+    /// verl's default `horizon` (`algorithm.kl_ctrl.horizon`), in completions.
+    pub const DEFAULT_HORIZON: usize = 10_000;
+
     /// One step's update from its mean `current` KL over `completions`.
     pub fn update(&mut self, current: f64, completions: usize) {
         let error = (current / self.target - 1.0).clamp(-0.2, 0.2);

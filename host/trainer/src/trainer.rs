@@ -215,7 +215,7 @@ impl Trainer {
         let reward_kl = config.grpo.kl_target.map(|target| wirl_grpo::AdaptiveKl {
             value: resume.and_then(|c| c.state.reward_kl_coef).unwrap_or(config.grpo.beta),
             target,
-            horizon: config.grpo.kl_horizon.unwrap_or(10_000) as f64,
+            horizon: config.grpo.kl_horizon.unwrap_or(wirl_grpo::AdaptiveKl::DEFAULT_HORIZON) as f64,
         });
         Ok(Trainer {
             model_config,

@@ -202,18 +202,15 @@ impl TrainConfig {
                 bail!("{origin}: `grpo.kl_target` = {target}: it must be a positive number (a mean KL per token)");
             }
         }
+        let completions = g.prompts_per_step.saturating_mul(g.group_size);
         match (g.kl_horizon, g.kl_target) {
             // A step of n completions multiplies β by 1 ± 0.2·n/horizon: at n ≥ 5·horizon it
             // could reach 0 or change sign.
-            (Some(horizon), Some(_))
-                if horizon.saturating_mul(5) <= g.prompts_per_step.saturating_mul(g.group_size) =>
-            {
-                bail!(
-                    "{origin}: `grpo.kl_horizon` = {horizon}: it must be more than a fifth of the completions a step \
-                 trains (prompts_per_step × group_size = {}), or one step's update could take β to 0 or below",
-                    g.prompts_per_step * g.group_size
-                )
-            }
+            (Some(horizon), Some(_)) if horizon.saturating_mul(5) <= completions => bail!(
+                "{origin}: `grpo.kl_horizon` = {horizon}: it must be more than a fifth of the completions a step \
+                 trains (prompts_per_step × group_size = {completions}), or one step's update could take β to 0 or \
+                 below"
+            ),
             (Some(horizon), None) => bail!(
                 "{origin}: `grpo.kl_horizon` = {horizon} without `grpo.kl_target`: there is no adaptive β to pace \
                  (set kl_target, or leave kl_horizon out)"
@@ -244,7 +241,7 @@ impl TrainConfig {
                 bail!(
                     "{origin}: `grpo.{key}` = {value} with `grpo.loss` = \"{}\": it is SAPO's gate temperature \
                      (set loss = \"sapo\", or leave {key} out)",
-                    format!("{:?}", g.loss).to_lowercase()
+                    g.loss.name()
                 );
             }
             if !(value.is_finite() && value > 0.0 && value <= 50.0) {
@@ -258,7 +255,7 @@ impl TrainConfig {
     /// a value set there would be silently ignored.
     fn check_unread_keys(&self, origin: &str) -> crate::error::Result<()> {
         let (g, default) = (&self.grpo, GrpoSection::default());
-        let loss = format!("{:?}", g.loss).to_lowercase();
+        let loss = g.loss.name();
         let unread = [
             (
                 g.max_draws != default.max_draws && !g.dynamic_sampling,
