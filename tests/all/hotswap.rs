@@ -220,13 +220,16 @@ fn a_swap_takes_effect_on_every_rank_at_the_same_step() {
 }
 
 /// The same under the new objectives (issue 47): GSPO's sequence ratio with REINFORCE++'s
-/// step-wide whitening, and CISPO's clipped weights with the KL in the reward. A swap
+/// step-wide whitening, CISPO's clipped weights with the KL in the reward, and DAPO, whose
+/// dynamic sampling draws again within a step (the tiny model's groups have no signal, so
+/// every step makes all its draws: every one after the swap rolls the new plugin). A swap
 /// changes the task set; the objective, set on the command line, goes on under it.
 #[test]
 fn a_swap_takes_effect_under_the_new_objectives() {
     let gspo = ["grpo.loss=gspo", "grpo.aggregation=sequence-mean", "grpo.advantage=reinforce++"];
     let cispo = ["grpo.loss=cispo", "grpo.clip_high=4", "grpo.beta=0.04", "grpo.kl_in_reward=true"];
-    for sets in [&gspo[..], &cispo[..]] {
+    let dapo = ["grpo.preset=dapo"];
+    for sets in [&gspo[..], &cispo[..], &dapo[..]] {
         let flags: Vec<&str> = sets.iter().flat_map(|set| ["--set", *set]).collect();
         swap_takes_effect_at_the_next_step(&flags);
     }
@@ -247,6 +250,8 @@ fn swap_takes_effect_at_the_next_step(flags: &[&str]) {
 
     let (old, new) = (sha256_of(MATH_ANSWER), sha256_of(EXACT_MATCH));
     let steps = metrics(&live.run_dir);
+    let draws = if flags.contains(&"grpo.preset=dapo") { 4 } else { 1 };
+    assert!(steps.iter().all(|line| line["draws"] == draws), "{draws} draws a step expected: {steps:?}");
     for line in &steps {
         let step = line["step"].as_u64().unwrap();
         let shas = shas_at(&live.run_dir, step);
