@@ -92,7 +92,9 @@ pub struct StepMetrics {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TaskMetrics {
-    /// Groups allocated to it.
+    /// Groups allocated to it in each draw: a step of `draws` draws rolled `draws` times as
+    /// many (an agent's excepted: they are not drawn again). The other figures count every
+    /// group the step rolled, so under dynamic sampling `groups_kept` may exceed `groups`.
     pub groups: usize,
     pub groups_kept: usize,
     pub reward_mean: f32,
