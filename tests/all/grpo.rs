@@ -525,6 +525,19 @@ fn dynamic_sampling_draws_until_the_step_has_groups_with_signal() {
     assert!(read("lagged") == read("lagged-ranked"), "with a lag, two ranks rolled other groups than one trainer");
     let capped = run("capped", &["grpo.dynamic_sampling=true", "grpo.max_draws=1"], &[]);
     assert!(capped.iter().all(|s| s["groups_kept"] == 1 && s["draws"] == 1), "{capped:?}");
+    // The step line says the draws and the groups kept; the capped one warns.
+    let said = |name: &str, sets: &[&str]| {
+        let mut args = vec!["--eval-tasks", "0"];
+        args.extend(sets.iter().flat_map(|set| ["--set", set]));
+        let out = train_with(&config, &dir.path().join(name), &args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let drew = said("said", &["grpo.dynamic_sampling=true"]);
+    assert!(drew.matches("  draws 2 (kept 2)  |").count() == 2, "{drew}");
+    let short = said("said-capped", &["grpo.dynamic_sampling=true", "grpo.max_draws=1"]);
+    assert!(short.contains("1 of 2 groups have a signal after 1 draw (grpo.max_draws)"), "{short}");
+    assert!(!short.contains("draws 1"), "one draw is not said on the step line: {short}");
     let out = train_with(&config, &dir.path().join("bad"), &["--set", "grpo.max_draws=0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("grpo.max_draws"), "{stderr}");

@@ -520,8 +520,14 @@ impl Observer for Terminal {
                     (Some(kl), Some(beta)) => format!("kl(reward) {kl:.5} β {beta:.4}"),
                     _ => format!("kl {:.5}", m.kl),
                 };
+                // Under dynamic sampling a step that drew again generated that many times the
+                // groups: say so, and how many of them trained.
+                let draws = match m.draws {
+                    1 => String::new(),
+                    draws => format!("  draws {draws} (kept {})", m.groups_kept),
+                };
                 eprintln!(
-                    "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  {kl}  len {:.1}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
+                    "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  {kl}  len {:.1}{draws}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
                     m.step,
                     m.reward_mean,
                     m.pass_rate,

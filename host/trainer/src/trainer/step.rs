@@ -235,10 +235,11 @@ impl Trainer {
             }
             if draws >= g.max_draws {
                 tracing::warn!(
-                    "step {}: {with_signal} of {} groups have a signal after {draws} draws (grpo.max_draws): training \
-                     on those",
+                    "step {}: {with_signal} of {} groups have a signal after {draws} draw{} (grpo.max_draws): \
+                     training on those",
                     step + 1,
-                    g.prompts_per_step
+                    g.prompts_per_step,
+                    if draws == 1 { "" } else { "s" }
                 );
                 return Ok(Some(draws));
             }
