@@ -163,3 +163,60 @@ fn oversize_and_null_rows_fifos_and_escaping_state_files_are_refused() {
     let error = wirl_engine::error_chain(&error);
     assert!(error.contains("a link out of its directory"), "{error}");
 }
+
+/// A dataset file edited while a run reads it is refused when a chunk is next read (its rows
+/// were located when it was opened: other rows, or halves of rows, would come back under the
+/// same indices), naming the file; the chunk already read stays, and lines appended to a
+/// JSONL file are no edit (its rows read as they were). Fingerprints cover every
+/// file a dataset reads (a `save_to_disk` directory's `state.json` and its data files) and
+/// tell an edit apart; a FIFO is refused, not read forever.
+#[test]
+fn a_dataset_edited_under_a_reader_is_refused_and_fingerprints_tell_edits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rows.jsonl");
+    let rows = |answer: &str| -> String {
+        (0..1500)
+            .map(|i| format!("{}\n", serde_json::json!({"prompt": format!("{i} + 1?"), "answer": answer})))
+            .collect()
+    };
+    std::fs::write(&path, rows("1")).unwrap();
+    let columns = Columns { prompt: Some("prompt".into()), answer: Some("answer".into()), ..Columns::default() };
+    let spec = DatasetSpec { path: path.clone(), columns: Some(columns), shuffle: false, seed: 0 };
+    // Lines appended (to a file whose last line has no newline) are no change: the rows
+    // opened read as they were, the new ones wait for the next open.
+    std::fs::write(&path, rows("1").trim_end()).unwrap();
+    let mut dataset = Dataset::open(&spec).unwrap();
+    assert_eq!(dataset.training(0).unwrap().messages[0].content, "0 + 1?");
+    let appended = [rows("1").trim_end().as_bytes(), br#"{"prompt": "new?", "answer": "3"}"#, b"\n"].concat();
+    std::fs::write(&path, &appended).unwrap();
+    assert_eq!(dataset.len(), 1500);
+    assert_eq!(dataset.training(1499).unwrap().messages[0].content, "1499 + 1?", "the last row as it was");
+    assert_eq!(Dataset::open(&spec).unwrap().len(), 1500, "the appended text joins the unterminated line");
+    std::fs::write(&path, rows("1")).unwrap();
+    let mut dataset = Dataset::open(&spec).unwrap();
+    assert_eq!(dataset.training(0).unwrap().messages[0].content, "0 + 1?");
+    let before = wirl_rollout::dataset::fingerprint(&path).unwrap();
+    // Rewritten (the same rows with other answers): refused.
+    std::fs::write(&path, rows("22")).unwrap();
+    assert_eq!(dataset.training(1).unwrap().messages[0].content, "1 + 1?", "the chunk read before stays");
+    let error = wirl_engine::error_chain(&dataset.training(1200).unwrap_err());
+    assert!(
+        error.contains("rows.jsonl: changed since the run opened it") && error.contains("wirl ctl apply"),
+        "{error}"
+    );
+    let after = wirl_rollout::dataset::fingerprint(&path).unwrap();
+    assert_eq!(before.keys().collect::<Vec<_>>(), [&path]);
+    assert!(before[&path].sha256 != after[&path].sha256 && after[&path].bytes == before[&path].bytes + 1500);
+    // Opened again, the edited file reads.
+    assert_eq!(Dataset::open(&spec).unwrap().training(1200).unwrap().answer.as_deref(), Some("22"));
+
+    let hf = root().join("tests/fixtures/datasets/hf-word-problems");
+    let prints = wirl_rollout::dataset::fingerprint(&hf).unwrap();
+    assert!(prints.contains_key(&hf.join("state.json")) && prints.len() >= 2, "{prints:?}");
+    assert!(prints.values().all(|p| p.sha256.len() == 64 && p.bytes > 0), "{prints:?}");
+
+    let fifo = dir.path().join("pipe.jsonl");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let error = wirl_engine::error_chain(&wirl_rollout::dataset::fingerprint(&fifo).unwrap_err());
+    assert!(error.contains("not a regular file"), "{error}");
+}

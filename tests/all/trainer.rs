@@ -326,11 +326,25 @@ fn a_weighted_multitask_run_records_each_task_and_resumes_exactly() {
         .output()
         .unwrap();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["train", "--steps", "2", "--resume"])
-        .arg(&parts)
-        .output()
-        .unwrap();
+    let resume = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["train", "--steps", "2", "--resume"])
+            .arg(&parts)
+            .output()
+            .unwrap()
+    };
+    // The run recorded its dataset's fingerprint; edited, the dataset is refused on resume
+    // (its rows would not be the ones the run read), restored, it resumes.
+    let manifest = std::fs::read_to_string(parts.join("manifests/000000.json")).unwrap();
+    assert!(manifest.contains("held.jsonl") && manifest.contains("sha256"), "{manifest}");
+    let held = dir.path().join("held.jsonl");
+    let original = std::fs::read(&held).unwrap();
+    std::fs::write(&held, [&original[..], b"\n"].concat()).unwrap();
+    let refused = resume();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("held.jsonl: changed since the run read it"), "{said}");
+    std::fs::write(&held, &original).unwrap();
+    let resumed = resume();
     assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
     let read = |run: &Path, name: &str| std::fs::read_to_string(run.join(name)).unwrap();
     assert_eq!(read(&whole, "rollouts.jsonl"), read(&parts, "rollouts.jsonl"));

@@ -10,8 +10,12 @@
 use crate::error::{Context, bail};
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 use wirl_sandbox::{Message, Task};
 
 /// Which columns of a row make a task.
@@ -42,10 +46,12 @@ pub struct DatasetSpec {
 
 /// Where a dataset's chunks come from.
 enum Chunks {
-    /// Byte offsets of the non-empty lines.
+    /// Byte offsets of the non-empty lines, and the sha256 of the bytes scanned for them
+    /// (lines appended later leave those bytes as they were).
     Jsonl {
         path: PathBuf,
         lines: Vec<u64>,
+        scanned: FileFingerprint,
     },
     Parquet {
         path: PathBuf,
@@ -68,6 +74,24 @@ const JSONL_CHUNK: usize = 1024;
 /// prompt, not a document, and one 100 MB cell would otherwise be tokenized whole. A row over
 /// it is skipped and recorded, like any row that is not a task.
 pub const MAX_ROW_BYTES: usize = 1 << 20;
+
+impl Chunks {
+    /// The files the chunks are read from, each once.
+    fn files(&self) -> Vec<PathBuf> {
+        match self {
+            Chunks::Jsonl { path, .. } | Chunks::Parquet { path } | Chunks::IpcFile { path } => vec![path.clone()],
+            Chunks::IpcStream { schemas, .. } => schemas.iter().map(|(path, _)| path.clone()).collect(),
+        }
+    }
+
+    /// The file chunk `chunk` is read from.
+    fn file_of(&self, chunk: usize) -> &Path {
+        match self {
+            Chunks::Jsonl { path, .. } | Chunks::Parquet { path } | Chunks::IpcFile { path } => path,
+            Chunks::IpcStream { chunks, .. } => &chunks[chunk].0,
+        }
+    }
+}
 
 /// A row's task, if within [`MAX_ROW_BYTES`] and with text in every message.
 fn bounded(task: Task) -> crate::error::Result<Task> {
@@ -101,8 +125,52 @@ pub struct Dataset {
     chunks: Chunks,
     sizes: Vec<usize>,
     total: u64,
+    /// Each file read, as it was when opened (or last found to have only grown by lines):
+    /// rows are read later where they were then.
+    opened: Vec<(PathBuf, std::cell::Cell<FileStat>)>,
     /// The chunk last read: each row's task, or why the row is not one.
     cached: Option<(usize, Vec<Result<Task, String>>)>,
+}
+
+/// What tells that a file changed after it was opened: its size and modification time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct FileStat {
+    bytes: u64,
+    modified: Option<SystemTime>,
+}
+
+impl FileStat {
+    fn of(path: &Path) -> crate::error::Result<Self> {
+        let metadata = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(FileStat { bytes: metadata.len(), modified: metadata.modified().ok() })
+    }
+}
+
+/// A file that a dataset reads, as it was when fingerprinted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileFingerprint {
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// Every file the dataset at `path` reads (the file itself, or a `save_to_disk` directory's
+/// `state.json` and the files it names), with its size and sha256 now: what a run records
+/// so that a resumed run can tell whether its rows are still the ones it trained on.
+pub fn fingerprint(path: &Path) -> crate::error::Result<BTreeMap<PathBuf, FileFingerprint>> {
+    let files = if path.is_dir() {
+        let (state_path, data) = hf_data_files(path)?;
+        std::iter::once(state_path).chain(data).collect()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut prints = BTreeMap::new();
+    for file in files {
+        let mut reader = open_regular(&file)?;
+        let mut hasher = Sha256::new();
+        let bytes = std::io::copy(&mut reader, &mut hasher).with_context(|| format!("reading {}", file.display()))?;
+        prints.insert(file, FileFingerprint { bytes, sha256: hex::encode(hasher.finalize()) });
+    }
+    Ok(prints)
 }
 
 impl Dataset {
@@ -129,7 +197,54 @@ impl Dataset {
         if total == 0 {
             bail!("{}: no rows", path.display());
         }
-        Ok(Dataset { spec: spec.clone(), name, chunks, sizes, total, cached: None })
+        let opened = chunks
+            .files()
+            .into_iter()
+            .map(|file| Ok((file.clone(), std::cell::Cell::new(FileStat::of(&file)?))))
+            .collect::<crate::error::Result<_>>()?;
+        Ok(Dataset { spec: spec.clone(), name, chunks, sizes, total, opened, cached: None })
+    }
+
+    /// Whether a JSONL file now `now` big still begins with the bytes its lines were scanned in.
+    fn only_appended(&self, now: FileStat) -> crate::error::Result<bool> {
+        let Chunks::Jsonl { path, scanned, .. } = &self.chunks else {
+            return Ok(false);
+        };
+        if now.bytes < scanned.bytes {
+            return Ok(false);
+        }
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut open_regular(path)?.take(scanned.bytes), &mut hasher)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(hex::encode(hasher.finalize()) == scanned.sha256)
+    }
+
+    /// Refuse to read `file` if it changed since it was opened: its rows were located then
+    /// (a JSONL line's offset, a Parquet row group, an Arrow batch's bytes), so an edited
+    /// file would give other rows, or parts of rows, under the same indices.
+    /// Lines appended to a JSONL file are no change: the rows scanned are where they were
+    /// (the new ones are not read until the dataset is opened again).
+    fn unchanged(&self, file: &Path) -> crate::error::Result<()> {
+        let Some((_, opened)) = self.opened.iter().find(|(path, _)| path == file) else {
+            return Ok(());
+        };
+        let (then, now) = (opened.get(), FileStat::of(file)?);
+        if now != then && self.only_appended(now)? {
+            opened.set(now);
+            return Ok(());
+        }
+        if now != then {
+            bail!(
+                "{}: changed since the run opened it ({} bytes then, {} now{}): its rows were located when it was \
+                 opened, so an edited dataset gives other rows under the same indices. Write a changed dataset to a \
+                 new file and swap it in (`wirl ctl apply`), or start the run again",
+                file.display(),
+                then.bytes,
+                now.bytes,
+                if now.bytes == then.bytes { ", modified since" } else { "" }
+            );
+        }
+        Ok(())
     }
 
     pub fn len(&self) -> u64 {
@@ -203,18 +318,22 @@ impl Dataset {
     /// The tasks of one chunk: a row that is not a task is its own failure (it is skipped
     /// and recorded), a chunk that cannot be read fails whole.
     fn read_chunk(&self, chunk: usize) -> crate::error::Result<Vec<Result<Task, String>>> {
+        self.unchanged(self.chunks.file_of(chunk))?;
         let first_row: usize = self.sizes[..chunk].iter().sum();
         let columns = self.spec.columns.as_ref();
         let batch =
             match &self.chunks {
-                Chunks::Jsonl { path, lines } => {
+                Chunks::Jsonl { path, lines, scanned } => {
                     let mut file = std::io::BufReader::new(open_regular(path)?);
                     let mut tasks = Vec::new();
                     for (i, &offset) in lines.iter().enumerate().skip(chunk * JSONL_CHUNK).take(JSONL_CHUNK) {
                         file.seek(SeekFrom::Start(offset))?;
                         let mut line = Vec::new();
-                        // A line is read up to the row limit (and a little JSON around it), never whole.
-                        (&mut file).take(MAX_ROW_BYTES as u64 * 2).read_until(b'\n', &mut line)?;
+                        // A line is read up to the row limit (and a little JSON around it), never whole,
+                        // and never past the bytes scanned (a last line without its newline stays
+                        // itself when lines are appended).
+                        let within = (MAX_ROW_BYTES as u64 * 2).min(scanned.bytes.saturating_sub(offset));
+                        (&mut file).take(within).read_until(b'\n', &mut line)?;
                         let task = || -> crate::error::Result<Task> {
                             if line.len() >= MAX_ROW_BYTES * 2 {
                                 bail!(
@@ -296,6 +415,7 @@ fn jsonl(path: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
     let mut file = std::io::BufReader::new(open_regular(path)?);
     let mut lines = Vec::new();
     let mut offset = 0u64;
+    let mut hasher = Sha256::new();
     loop {
         // Only where lines start is kept: a line is scanned buffer by buffer, never held.
         let mut read = 0usize;
@@ -310,6 +430,7 @@ fn jsonl(path: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
                 None => (buffer.len(), false),
             };
             content |= buffer[..take].iter().any(|b| !b.is_ascii_whitespace());
+            hasher.update(&buffer[..take]);
             file.consume(take);
             read += take;
             if end {
@@ -325,7 +446,8 @@ fn jsonl(path: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
         offset += read as u64;
     }
     let sizes = lines.chunks(JSONL_CHUNK).map(<[u64]>::len).collect();
-    Ok((Chunks::Jsonl { path: path.to_path_buf(), lines }, sizes))
+    let scanned = FileFingerprint { bytes: offset, sha256: hex::encode(hasher.finalize()) };
+    Ok((Chunks::Jsonl { path: path.to_path_buf(), lines, scanned }, sizes))
 }
 
 fn parquet(path: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
@@ -419,19 +541,7 @@ fn ipc_stream(path: &Path) -> crate::error::Result<(Vec<(PathBuf, u64, u64)>, Ve
 
 /// A Hugging Face `save_to_disk` directory: `state.json` names its Arrow stream files.
 fn hf_directory(dir: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
-    let state_path = dir.join("state.json");
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&state_path)
-            .with_context(|| format!("{}: no state.json (not a save_to_disk directory)", dir.display()))?,
-    )
-    .with_context(|| format!("{}: not JSON", state_path.display()))?;
-    let files: Vec<PathBuf> = state["_data_files"]
-        .as_array()
-        .with_context(|| format!("{}: no `_data_files`", state_path.display()))?
-        .iter()
-        .filter_map(|f| f["filename"].as_str())
-        .map(|name| confined(dir, name, &state_path))
-        .collect::<crate::error::Result<_>>()?;
+    let (_, files) = hf_data_files(dir)?;
     let (mut chunks, mut schemas, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
     for file in files {
         let (c, schema, s) = ipc_stream(&file)?;
@@ -440,6 +550,34 @@ fn hf_directory(dir: &Path) -> crate::error::Result<(Chunks, Vec<usize>)> {
         schemas.push((file, schema));
     }
     Ok((Chunks::IpcStream { chunks, schemas }, sizes))
+}
+
+/// The largest `state.json` read (Hugging Face's name a few files in a few KiB).
+const STATE_JSON_BYTES: u64 = 16 << 20;
+
+/// A `save_to_disk` directory's `state.json` and the Arrow stream files it names.
+fn hf_data_files(dir: &Path) -> crate::error::Result<(PathBuf, Vec<PathBuf>)> {
+    let state_path = dir.join("state.json");
+    let mut text = String::new();
+    // A regular file, and within reason: a state.json names a few files.
+    open_regular(&state_path)
+        .with_context(|| format!("{}: no state.json (not a save_to_disk directory)", dir.display()))?
+        .take(STATE_JSON_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading {}", state_path.display()))?;
+    if text.len() as u64 > STATE_JSON_BYTES {
+        bail!("{}: over {STATE_JSON_BYTES} bytes: not a save_to_disk directory's state", state_path.display());
+    }
+    let state: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", state_path.display()))?;
+    let files = state["_data_files"]
+        .as_array()
+        .with_context(|| format!("{}: no `_data_files`", state_path.display()))?
+        .iter()
+        .filter_map(|f| f["filename"].as_str())
+        .map(|name| confined(dir, name, &state_path))
+        .collect::<crate::error::Result<_>>()?;
+    Ok((state_path, files))
 }
 
 /// A file that a `save_to_disk` directory's `state.json` names: a plain name inside the

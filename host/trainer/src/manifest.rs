@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use wirl_rollout::SourceSpec;
+use wirl_rollout::dataset::FileFingerprint;
 
 /// The largest plugin file kept (the sandbox loads none larger).
 const MAX_PLUGIN_BYTES: u64 = 256 << 20;
@@ -29,6 +30,11 @@ pub struct Manifest {
     /// Every plugin the task set names (its path as written, or `builtin:NAME`) → the sha256
     /// of the bytes in force, kept in the run directory.
     pub plugins: BTreeMap<String, String>,
+    /// Every file of the datasets the task set reads → its size and sha256 when the
+    /// generation began. Datasets are read where they are (not kept: they may be large), so
+    /// a resumed run checks them against this (empty in runs from before it was recorded).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub datasets: BTreeMap<String, FileFingerprint>,
 }
 
 impl Manifest {
@@ -46,7 +52,38 @@ impl Manifest {
             let sha256 = store.keep(&reference)?;
             plugins.insert(reference.display().to_string(), sha256);
         }
-        Ok(Manifest { generation, from_step, reason: reason.to_string(), tasks, plugins })
+        let datasets = fingerprint_datasets(&tasks)?;
+        Ok(Manifest { generation, from_step, reason: reason.to_string(), tasks, plugins, datasets })
+    }
+
+    /// Refuse to go on from this generation if a dataset file it read changed since: a
+    /// resumed run would draw other rows under the indices it trained on (and read them at
+    /// offsets that no longer hold them).
+    pub fn check_datasets(&self) -> crate::error::Result<()> {
+        for (file, then) in &self.datasets {
+            let path = Path::new(file);
+            let now = wirl_rollout::dataset::fingerprint(path).with_context(|| {
+                format!(
+                    "{file}: a dataset file of manifest generation {} cannot be read; restore it to resume the run",
+                    self.generation
+                )
+            })?;
+            let Some(now) = now.get(path) else { continue };
+            if now != then {
+                bail!(
+                    "{file}: changed since the run read it (manifest generation {}: {} bytes, sha256 {}; now {} bytes, \
+                     sha256 {}): resumed, the run would draw other rows under the indices it trained on. Restore \
+                     the file, or start a new run from the checkpoint's weights (`model.path = \
+                     RUN_DIR/checkpoints/step-N/model`)",
+                    self.generation,
+                    then.bytes,
+                    then.sha256,
+                    now.bytes,
+                    now.sha256
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The sha256 in force for the plugin named `reference`.
@@ -126,6 +163,19 @@ pub fn references(tasks: &TaskSet) -> Vec<PathBuf> {
     let mut seen = std::collections::BTreeSet::new();
     all.retain(|path| seen.insert(path.clone()));
     all
+}
+
+/// Every file of every dataset `tasks` reads (training and held-out), fingerprinted now.
+pub fn fingerprint_datasets(tasks: &TaskSet) -> crate::error::Result<BTreeMap<String, FileFingerprint>> {
+    let mut prints = BTreeMap::new();
+    for dataset in tasks.tasks.iter().filter_map(|task| task.dataset.as_ref()) {
+        for path in dataset.train.iter().chain(&dataset.eval) {
+            for (file, print) in wirl_rollout::dataset::fingerprint(path)? {
+                prints.insert(file.display().to_string(), print);
+            }
+        }
+    }
+    Ok(prints)
 }
 
 /// Each plugin of a task: its reference and where its kept bytes are.

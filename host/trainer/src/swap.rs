@@ -371,6 +371,8 @@ impl Swapper {
                 reason: options.reason.clone(),
                 tasks: set.clone(),
                 plugins: now.clone(),
+                datasets: crate::manifest::fingerprint_datasets(&set)
+                    .map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?,
             };
             manifest.pin(&mut run, &self.store).map_err(|e| refuse(wirl_engine::error_chain(&e)))?;
             Some(manifest)
