@@ -343,6 +343,18 @@ fn the_adaptive_kl_coefficient_trains_resumes_and_runs_on_ranks() {
         assert!((got - expected).abs() < 1e-9 * expected, "step {}: β {got}, the rule's {expected}", after["step"]);
     }
     assert_ne!(field(&whole[1], "kl_coef"), 0.5, "β did not move");
+    // TensorBoard has them too (as verl logs its reward KL and coefficient), and the draws.
+    let events: Vec<_> =
+        std::fs::read_dir(dir.path().join("whole/tensorboard")).unwrap().map(|e| e.unwrap().path()).collect();
+    let scalars = wirl_trainer::tensorboard::read_scalars(&events[0]).unwrap();
+    assert_eq!(scalars.len(), 1 + 4, "the version record and four steps");
+    for (step, values) in scalars.iter().skip(1) {
+        let value = |tag: &str| values.iter().find(|(t, _)| t == tag).unwrap_or_else(|| panic!("no {tag}")).1;
+        let m = &whole[*step as usize - 1];
+        assert_eq!(value("kl/coef"), field(m, "kl_coef") as f32, "step {step}");
+        assert_eq!(value("kl/reward"), field(m, "reward_kl") as f32, "step {step}");
+        assert_eq!(value("groups/draws"), 1.0, "step {step}");
+    }
 
     let mut first = args.clone();
     first.extend(["--steps", "2"]);

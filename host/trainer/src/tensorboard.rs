@@ -51,6 +51,8 @@ impl EventWriter {
             ("loss/grad_norm".into(), metrics.grad_norm),
             ("optim/learning_rate".into(), metrics.learning_rate),
             ("groups/kept".into(), metrics.groups_kept as f64),
+            // Under dynamic sampling, draws of `prompts_per_step` tasks the step made (1 else).
+            ("groups/draws".into(), metrics.draws as f64),
             ("groups/unusable".into(), metrics.groups_unusable as f64),
             ("groups/trajectories_masked".into(), metrics.trajectories_masked as f64),
             ("length/completion_tokens_mean".into(), f64::from(metrics.completion_tokens_mean)),
@@ -66,6 +68,11 @@ impl EventWriter {
             // A step in this line marks a hot swap or rollback of the task set.
             ("manifest/generation".into(), metrics.manifest_generation as f64),
         ];
+        // Under `grpo.kl_in_reward` (verl's `actor/reward_kl_penalty` and its coefficient).
+        if let (Some(kl), Some(beta)) = (metrics.reward_kl, metrics.kl_coef) {
+            scalars.push(("kl/reward".into(), kl));
+            scalars.push(("kl/coef".into(), beta));
+        }
         for (name, parts) in &metrics.parts {
             scalars.push((format!("parts/{name}"), f64::from(*parts)));
         }
