@@ -355,6 +355,12 @@ fn the_adaptive_kl_coefficient_trains_resumes_and_runs_on_ranks() {
         assert_eq!(value("kl/reward"), field(m, "reward_kl") as f32, "step {step}");
         assert_eq!(value("groups/draws"), 1.0, "step {step}");
     }
+    let plot = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("plot")
+        .arg(dir.path().join("whole"))
+        .output()
+        .unwrap();
+    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
 
     let mut first = args.clone();
     first.extend(["--steps", "2"]);

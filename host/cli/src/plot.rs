@@ -25,7 +25,13 @@ const CHARTS: &[(&str, &str, &[Series])] = &[
         "reward",
         &[("reward mean", |m| f64::from(m.reward_mean)), ("pass rate", |m| f64::from(m.pass_rate))],
     ),
-    ("kl.png", "kl to reference", &[("kl", |m| f64::from(m.kl))]),
+    (
+        "kl.png",
+        "kl to reference",
+        // Under `grpo.kl_in_reward` the loss has no KL term: the rewards' KL is the one to see
+        // (no points, and no legend entry, in other runs).
+        &[("kl", |m| f64::from(m.kl)), ("kl in reward", |m| m.reward_kl.unwrap_or(f64::NAN))],
+    ),
     ("loss.png", "loss", &[("loss", |m| f64::from(m.loss))]),
     (
         "lengths.png",
@@ -77,9 +83,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for (file, title, series) in CHARTS {
         let data: Vec<(String, Vec<(f64, f64)>)> =
             series.iter().map(|(label, key)| (label.to_string(), points(&|m| Some(key(m))))).collect();
-        // A time split with nothing in a phase (no episodes, no agents) leaves the phase out.
-        let data: Vec<_> =
-            data.into_iter().filter(|(_, p)| p.iter().any(|(_, y)| *y != 0.0) || series.len() < 5).collect();
+        // A time split with nothing in a phase (no episodes, no agents) leaves the phase out,
+        // as does any chart a line without points.
+        let data: Vec<_> = data
+            .into_iter()
+            .filter(|(_, p)| !p.is_empty() && (p.iter().any(|(_, y)| *y != 0.0) || series.len() < 5))
+            .collect();
         let out = args.run_dir.join(file);
         write_chart(&out, title, &data, &marks)?;
         println!("{}", out.display());
