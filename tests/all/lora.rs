@@ -296,6 +296,7 @@ fn a_lora_run_trains_checkpoints_resumes_and_merges() {
     };
     assert!(moved("model.layers.0.self_attn.q_proj.weight") && moved("model.layers.1.mlp.down_proj.weight"));
     assert!(!moved("model.layers.0.self_attn.k_proj.weight") && !moved("model.embed_tokens.weight"));
+    adapter_flags_run_the_merged_model(&config, &model_dir, &checkpoint.join("adapter"), &merged);
 
     // A resume whose [lora] is not the checkpoint's, or that has none, is refused by name.
     let resolved = parts.join("config.resolved.toml");
@@ -309,6 +310,74 @@ fn a_lora_run_trains_checkpoints_resumes_and_merges() {
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && said.contains(expected), "expected {expected:?}: {said}");
     }
+}
+
+/// `--adapter` on `wirl generate`, `wirl eval` and `wirl serve`: base + adapter merged as it
+/// loads computes as the merged model does (the same greedy text, on one rank and on two
+/// tensor-parallel ones, the same evaluation, the same served answer); an adapter that is
+/// not one, one of another model, or one asked to go into quantized weights is refused by
+/// name.
+fn adapter_flags_run_the_merged_model(config: &Path, base: &Path, adapter: &Path, merged: &Path) {
+    let wirl = || std::process::Command::new(env!("CARGO_BIN_EXE_wirl"));
+    let generate = |model: &Path, extra: &[&str]| {
+        let out = wirl()
+            .args(["generate", "--prompt", "1 + 1 =", "--temperature", "0", "--max-tokens", "8", "--model"])
+            .arg(model)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let adapted = ["--adapter", adapter.to_str().unwrap()];
+    let expected = generate(merged, &[]);
+    assert!(!expected.trim().is_empty());
+    assert_eq!(generate(base, &adapted), expected);
+    assert_eq!(generate(merged, &["--tp", "2"]), generate(base, &[&adapted[..], &["--tp", "2"]].concat()));
+    assert_ne!(generate(base, &[]), expected, "the adapter changed nothing the test can see");
+
+    let eval = |model: &Path, extra: &[&str], output: &Path| {
+        let out = wirl()
+            .arg("eval")
+            .arg(config)
+            .args(["--tasks", "3", "--model"])
+            .arg(model)
+            .args(extra)
+            .arg("--output")
+            .arg(output)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (summary, std::fs::read_to_string(output).unwrap())
+    };
+    let dir = merged.parent().unwrap();
+    let (plain, plain_lines) = eval(merged, &[], &dir.join("merged.jsonl"));
+    let (with, with_lines) = eval(base, &adapted, &dir.join("adapted.jsonl"));
+    assert_eq!((plain["greedy_pass_rate"].clone(), plain_lines), (with["greedy_pass_rate"].clone(), with_lines));
+    assert_eq!(with["adapter"].as_str(), adapter.to_str(), "{with}");
+
+    let answer = |server: crate::serve::Server| {
+        let body = r#"{"model": "m", "prompt": "1 + 1 =", "max_tokens": 8, "temperature": 0}"#;
+        let (status, answer) = server.post("/v1/completions", body);
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["text"].clone()
+    };
+    let served = answer(crate::serve::Server::start_model(base, &[&adapted[..], &["--name", "m"]].concat()));
+    assert_eq!(served, answer(crate::serve::Server::start_model(merged, &["--name", "m"])));
+
+    let refused = |extra: &[&str], expected: &str| {
+        let out = wirl().args(["generate", "--prompt", "x", "--model"]).arg(base).args(extra).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(expected), "{extra:?}: expected {expected:?} in {said}");
+    };
+    refused(&["--adapter", base.to_str().unwrap()], "adapter_config.json (a PEFT adapter directory has one)");
+    refused(&[&adapted[..], &["--quantized"]].concat(), "merged into dense weights");
+    let other = fixture_of("phi3");
+    refused(
+        &["--adapter", other.to_str().unwrap()],
+        "target_modules has \"qkv_proj\", which Llama (llama) does not have",
+    );
 }
 
 /// `[lora]` keys out of range are errors naming the key and the file.

@@ -10,6 +10,10 @@ pub struct Args {
     /// A GGUF file, an HF model directory, or the default model's name (the default).
     #[arg(long)]
     model: Option<String>,
+    /// A LoRA adapter directory (PEFT's format; a LoRA run's `checkpoints/step-N/adapter`)
+    /// merged into the model's weights as they load.
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<std::path::PathBuf>,
     /// Raw prompt text, tokenized as is.
     #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
     prompt: Option<String>,
@@ -90,6 +94,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let options = LoadOptions {
         quantized: args.quantized,
         device: crate::device::parse_device(&args.device)?,
+        adapter: args.adapter.clone(),
         ..Default::default()
     };
     let options = WeightsDtype::apply(args.dtype, options);

@@ -38,6 +38,11 @@ pub struct Args {
     /// the trainer's f32 ones).
     #[arg(long)]
     quantized: bool,
+    /// A LoRA adapter directory (PEFT's format; a LoRA run's `checkpoints/step-N/adapter`)
+    /// merged into the model as it loads (weights loaded later through /v1/load_weights
+    /// come as their directory holds them).
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
     /// The weights' dtype [default: f32]: bf16 keeps the linear layers' matrices in half the
     /// bytes and computes in f32 (decoding is faster on the CPU; log-probs differ from f32's
     /// by the rounding of the weights).
@@ -125,9 +130,11 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
         Some(toml::Value::Table(section)) => section,
         Some(_) => bail!("{origin}: [serve] must be a table of settings (the flags of `wirl serve`)"),
     };
-    if let Some(toml::Value::String(dir)) = serve.get("weights_dir") {
-        let resolved = base.join(dir).to_string_lossy().into_owned();
-        serve.insert("weights_dir".into(), toml::Value::String(resolved));
+    for key in ["weights_dir", "adapter"] {
+        if let Some(toml::Value::String(dir)) = serve.get(key) {
+            let resolved = base.join(dir).to_string_lossy().into_owned();
+            serve.insert(key.into(), toml::Value::String(resolved));
+        }
     }
     let only_model = table.keys().all(|k| k == "model");
     let model = table.get("model").and_then(|m| m.get("path")).and_then(|p| p.as_str()).map(str::to_string);
@@ -160,6 +167,7 @@ fn settings(args: &Args, file: &ConfigFile) -> anyhow::Result<wirl_server::Serve
     set("port", int(args.port.map(u64::from)));
     set("name", text(&args.name));
     set("quantized", args.quantized.then_some(toml::Value::Boolean(true)));
+    set("adapter", args.adapter.as_ref().map(|dir| toml::Value::String(dir.to_string_lossy().into_owned())));
     set("dtype", args.dtype.and_then(|d| d.to_possible_value()).map(|v| toml::Value::String(v.get_name().into())));
     set("device", text(&args.device));
     set("tp", int(args.tp.map(u64::from)));
@@ -227,7 +235,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // Settings that a model's config or the machine refuse are refused before it loads.
     crate::ranks::check_split(&path, tp, "--tp")?;
-    let options = wirl_engine::LoadOptions { quantized: settings.quantized, device, ..Default::default() };
+    let options = wirl_engine::LoadOptions {
+        quantized: settings.quantized,
+        device,
+        adapter: settings.adapter.clone(),
+        ..Default::default()
+    };
     let dtype = settings.dtype.as_deref().map(|name| {
         <crate::generate::WeightsDtype as clap::ValueEnum>::from_str(name, true)
             .expect("checked by ServeSettings::check")
@@ -268,7 +281,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(dir) => Some(dir.canonicalize().with_context(|| format!("--weights-dir {}", dir.display()))?),
         None => None,
     };
-    let config = settings.serve_config(name.clone(), api_key, weights_dir, options.clone());
+    // Weights loaded later (/v1/load_weights) come as their directory holds them.
+    let reload_options = wirl_engine::LoadOptions { adapter: None, ..options.clone() };
+    let config = settings.serve_config(name.clone(), api_key, weights_dir, reload_options);
     let names: Vec<String> = served.iter().map(|t| t.loaded.spec.name.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {

@@ -312,6 +312,10 @@ pub struct EvalArgs {
     /// directory (default: the config's model).
     #[arg(long)]
     model: Option<String>,
+    /// A LoRA adapter directory (PEFT's format; a LoRA run's `checkpoints/step-N/adapter`)
+    /// merged into the model as it loads: evaluates base + adapter without `wirl model merge`.
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
     /// Override `eval.tasks`.
     #[arg(long)]
     tasks: Option<usize>,
@@ -361,9 +365,12 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     }
     config.check_numbers("the command line (--tasks, --samples, --device)")?;
     let model = model::resolve(Some(&config.model.path))?;
-    let output = args.output.clone().unwrap_or_else(|| default_eval_output(&model));
+    // An adapter names the results as a checkpoint's model would (`RUN-step-N`).
+    let output = args.output.clone().unwrap_or_else(|| default_eval_output(args.adapter.as_deref().unwrap_or(&model)));
     let started = std::time::Instant::now();
-    let summary = wirl_trainer::eval::evaluate(&config.run_config()?, &model, &output, &mut EvalTerminal { started })?;
+    let adapter = args.adapter.as_deref();
+    let summary =
+        wirl_trainer::eval::evaluate(&config.run_config()?, &model, adapter, &output, &mut EvalTerminal { started })?;
     println!("{summary}");
     Ok(ExitCode::SUCCESS)
 }

@@ -31,11 +31,21 @@ pub struct LoadOptions {
     pub matrix_dtype: Option<DType>,
     /// The tensor-parallel group this process's shard belongs to ([`Solo`]: the whole model).
     pub comm: Arc<dyn Comm>,
+    /// A LoRA adapter directory (PEFT's format, as LoRA runs checkpoint it) merged into the
+    /// weights as they load: the model computes as base + adapter, at the base's speed.
+    pub adapter: Option<PathBuf>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: Device::Cpu, quantized: false, dtype: None, matrix_dtype: None, comm: Arc::new(Solo) }
+        LoadOptions {
+            device: Device::Cpu,
+            quantized: false,
+            dtype: None,
+            matrix_dtype: None,
+            comm: Arc::new(Solo),
+            adapter: None,
+        }
     }
 }
 
@@ -74,8 +84,33 @@ pub struct LoadedModel {
 
 /// Load the model at `path`: a directory in HF layout, or a `.gguf` file.
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    if let Some(adapter) = &options.adapter {
+        return load_adapted(path, adapter, options);
+    }
     let (config, tokenizer, mut source) = open(path, options)?;
     let model = Model::load_shard(&config, source.as_mut(), &options.device, options.comm.clone())?;
+    Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
+}
+
+/// The model at `path` with the LoRA adapter at `adapter` merged into its dense weights (each
+/// adapted matrix `W + scale·B·A`, computed in f32, then kept in the matrices' dtype).
+fn load_adapted(path: &Path, adapter: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    if options.quantized {
+        return Err(Error::Input(format!(
+            "the adapter {} is merged into dense weights, and quantized ones are not: load the model without \
+             --quantized (or `wirl model merge` it, and quantize the merged model)",
+            adapter.display()
+        )));
+    }
+    let (config, tokenizer, mut tensors) = load_tensors(path, options)?;
+    let lora = crate::lora::read(adapter, &config)?;
+    crate::lora::merge(&mut tensors, &lora, &config)?;
+    for (module, _, _) in lora.spec.modules(&config) {
+        let name = format!("{module}.weight");
+        let merged = tensors[&name].to_dtype(options.matrix_dtype())?;
+        tensors.insert(name, merged);
+    }
+    let model = Model::load_shard(&config, &mut TensorSource::new(&tensors), &options.device, options.comm.clone())?;
     Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
 }
 

@@ -19,6 +19,9 @@ pub struct ServeSettings {
     pub name: Option<String>,
     /// Run a GGUF model's quantized weights.
     pub quantized: bool,
+    /// A LoRA adapter directory (PEFT's format) merged into the model's weights as it loads
+    /// (weights loaded later through /v1/load_weights come as their directory holds them).
+    pub adapter: Option<PathBuf>,
     /// The weights' dtype, `f32` or `bf16` (default: as the model loads, f32).
     pub dtype: Option<String>,
     /// `cpu`, `cuda` or `cuda:N` (default: cpu).
@@ -74,6 +77,7 @@ impl Default for ServeSettings {
             port: 8000,
             name: None,
             quantized: false,
+            adapter: None,
             dtype: None,
             device: None,
             tp: 1,

@@ -78,11 +78,12 @@ fn asks_of(config: &RunConfig, greedy: &GroupAsk) -> Vec<GroupAsk> {
     asks
 }
 
-/// Evaluate the model at `model` (a resolved path; `config.model` names it in the summary);
-/// the summary as JSON.
+/// Evaluate the model at `model` (a resolved path; `config.model` names it in the summary),
+/// with the LoRA adapter at `adapter` merged in if one is given; the summary as JSON.
 pub fn evaluate(
     config: &RunConfig,
     model: &Path,
+    adapter: Option<&Path>,
     output: &Path,
     observer: &mut dyn Observer,
 ) -> crate::error::Result<serde_json::Value> {
@@ -93,7 +94,11 @@ pub fn evaluate(
     }
     observer.event(Event::Loading { path: model });
     // On `model.device`, as training samples (it read the CPU only, whatever the config said).
-    let options = LoadOptions { device: config.device.open()?, ..LoadOptions::default() };
+    let options = LoadOptions {
+        device: config.device.open()?,
+        adapter: adapter.map(Path::to_path_buf),
+        ..LoadOptions::default()
+    };
     let loaded = wirl_engine::load(model, &options)?;
     let context = loaded.config.context();
     let tokenizer = Arc::new(loaded.tokenizer);
@@ -152,7 +157,11 @@ pub fn evaluate(
         }
         lines.flush()?;
     }
-    Ok(summary(config, output, &tallies, &left_out, started))
+    let mut summary = summary(config, output, &tallies, &left_out, started);
+    if let Some(adapter) = adapter {
+        summary["adapter"] = adapter.display().to_string().into();
+    }
+    Ok(summary)
 }
 
 /// Every task's tally, with the held-out rollouts of its agent tasks (which make their own)
