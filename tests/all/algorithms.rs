@@ -179,7 +179,9 @@ fn reinforce_plus_plus_whitens_as_the_peer_does() {
 /// (the same rollouts, losses within 1e-5: REINFORCE++ whitens over every rank's tokens,
 /// dynamic sampling draws on every rank alike); a LoRA adapter trains under it; a weighted
 /// multi-task run with a multi-turn task (its token ledger) trains under it. GSPO and CISPO
-/// with the KL term on (k2, so the estimator reaches the ranks and the resume too).
+/// with the KL term on (k2, so the estimator reaches the ranks and the resume too), and every
+/// advantage estimator (REINFORCE++ whitening over ranks, k1 beside its baseline form, RLOO
+/// with truncated completions masked, pass@k).
 #[test]
 fn each_objective_resumes_runs_on_two_ranks_and_trains_an_adapter() {
     use crate::grpo::{deterministic, metrics, resume, train_with, write_config};
@@ -204,6 +206,9 @@ fn each_objective_resumes_runs_on_two_ranks_and_trains_an_adapter() {
         ("cispo", &["grpo.loss=cispo", "grpo.clip_high=4", "grpo.kl_estimator=k2"]),
         ("sapo", &["grpo.loss=sapo", "grpo.sapo_temperature_pos=0.5", "grpo.inner_epochs=2"]),
         ("reinforce++", &["grpo.advantage=reinforce++"]),
+        ("reinforce++-baseline", &["grpo.advantage=reinforce++-baseline", "grpo.kl_estimator=k1"]),
+        ("rloo", &["grpo.advantage=rloo", "grpo.mask_truncated=true"]),
+        ("pass@k", &["grpo.advantage=pass@k"]),
         ("dapo", &["grpo.preset=dapo"]),
     ] {
         let mut args: Vec<&str> = sets.iter().flat_map(|set| ["--set", set]).collect();
