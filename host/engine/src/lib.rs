@@ -17,6 +17,7 @@ mod executor;
 pub mod export;
 pub mod family;
 mod files;
+pub mod finite;
 pub mod generate;
 pub mod gguf_check;
 pub mod llama;

@@ -462,7 +462,7 @@ impl SafetensorsSource {
             message: format!("weight `{name}`: {}", crate::without_backtrace(&e)),
         })?;
         // Weights with NaN or infinity (a diverged run's) would sample garbage silently.
-        if !all_finite(&tensor)? {
+        if !crate::finite::all_finite(&tensor)? {
             return Err(Error::Format {
                 file: self.dir.display().to_string(),
                 message: format!("weight `{name}` holds NaN or infinite values; this model is unusable"),
@@ -470,16 +470,6 @@ impl SafetensorsSource {
         }
         Ok(tensor.to_dtype(dtype)?)
     }
-}
-
-/// Whether every value of a floating-point tensor is finite (integer tensors always are).
-pub fn all_finite(tensor: &Tensor) -> Result<bool> {
-    if !tensor.dtype().is_float() {
-        return Ok(true);
-    }
-    // x · 0 is 0 for every finite x and NaN for NaN and ±∞, so the sum is 0 or NaN.
-    let probe = (tensor.to_dtype(DType::F32)? * 0.0)?.sum_all()?.to_scalar::<f32>()?;
-    Ok(probe == 0.0)
 }
 
 /// A GGUF file's HF config, its tokenizer, and its tensors under HF names.

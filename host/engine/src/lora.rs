@@ -189,7 +189,7 @@ impl Adapter {
                         tensor.dims()
                     )));
                 }
-                if !crate::load::all_finite(tensor)? {
+                if !crate::finite::all_finite(tensor)? {
                     return Err(bad(format!("`{PEFT_PREFIX}{name}` holds NaN or infinite values")));
                 }
             }
@@ -349,7 +349,7 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
             .replace(".lora_B.default.weight", ".lora_B.weight");
         // Non-finite adapter weights would sample garbage, train on it, or merge into a
         // model of NaN: refused as the base's are.
-        if !crate::load::all_finite(&tensor)? {
+        if !crate::finite::all_finite(&tensor)? {
             return Err(Error::Format {
                 file: weights_origin,
                 message: format!("tensor `{name}` holds NaN or infinite values; this adapter is unusable"),
@@ -409,7 +409,7 @@ pub fn merge(base: &mut HashMap<String, Tensor>, adapter: &Adapter, config: &Con
         let merged = (weight.to_dtype(DType::F32)? + delta.to_device(weight.device())?)?;
         // Finite adapters can still overflow f32 in `B·A`: a merged model of infinities is
         // refused, never written.
-        if !crate::load::all_finite(&merged)? {
+        if !crate::finite::all_finite(&merged)? {
             return Err(Error::Input(format!(
                 "merging the adapter into `{name}` gives NaN or infinite weights (its product B·A · scale \
                  overflows f32): nothing is written"

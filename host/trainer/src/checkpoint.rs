@@ -138,7 +138,7 @@ pub fn write(
 ) -> crate::error::Result<PathBuf> {
     // A checkpoint is a promise of usable weights: never write NaN or infinity.
     for (name, var) in policy.vars() {
-        if !wirl_engine::load::all_finite(var.as_tensor())? {
+        if !wirl_engine::finite::all_finite(var.as_tensor())? {
             bail!("not writing the checkpoint of step {}: weight `{name}` holds NaN or infinite values", state.step);
         }
     }
