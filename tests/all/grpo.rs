@@ -577,3 +577,40 @@ fn presets_fill_what_a_config_leaves_and_unknown_ones_are_refused() {
         "{stderr}"
     );
 }
+
+/// A resume that would train nothing says so (users of other trainers report resumes that
+/// silently did nothing): a finished run, resumed, loads nothing and leaves its records as
+/// they were, saying how to train further; a resume to fewer steps than its newest
+/// checkpoint holds is refused, untouched (its summary would claim steps the weights do not
+/// have); more steps train on; a run stopped before its summary finishes it.
+#[test]
+fn a_resume_that_would_train_nothing_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let run = dir.path().join("run");
+    assert!(train(&config, &run).status.success());
+    let records = |run: &Path| {
+        ["metrics.jsonl", "rollouts.jsonl", "summary.json"].map(|name| std::fs::read(run.join(name)).unwrap())
+    };
+    let before = records(&run);
+    let plain =
+        std::process::Command::new(env!("CARGO_BIN_EXE_wirl")).args(["train", "--resume"]).arg(&run).output().unwrap();
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert!(plain.status.success() && said.contains("finished: all 2 steps trained"), "{said}");
+    assert!(said.contains("--steps N, with N more than 2") && !said.contains("loading"), "{said}");
+    assert!(records(&run) == before, "a finished run's records changed");
+    let fewer = resume(&run, 1);
+    let said = String::from_utf8_lossy(&fewer.stderr);
+    assert!(!fewer.status.success() && said.contains("1 steps asked") && said.contains("has done 2"), "{said}");
+    assert!(records(&run) == before, "a refused resume changed the records");
+    let more = resume(&run, 3);
+    assert!(more.status.success(), "{}", String::from_utf8_lossy(&more.stderr));
+    assert_eq!(metrics(&run).len(), 3);
+    // Stopped after its last checkpoint but before its summary: the resume summarizes it.
+    std::fs::remove_file(run.join("summary.json")).unwrap();
+    let finish = resume(&run, 3);
+    assert!(finish.status.success(), "{}", String::from_utf8_lossy(&finish.stderr));
+    assert_eq!(metrics(&run).len(), 3);
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 3, "{summary}");
+}

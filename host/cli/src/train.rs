@@ -59,6 +59,18 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    // A resume that would train nothing says so, before anything loads or is cut back.
+    if let Some(run_dir) = &args.resume
+        && let Some(done) = run_dir::finished(run_dir, wanted_config(&args)?.grpo.steps)?
+    {
+        eprintln!(
+            "{}: finished: all {done} steps trained and the run summarized (summary.json); nothing to train. To \
+             train further: wirl train --resume {} --steps N, with N more than {done}",
+            run_dir.display(),
+            run_dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     if launched_by_mpirun() {
         #[cfg(feature = "mpi")]
         return run_mpi(args);

@@ -50,6 +50,32 @@ pub fn config(run_dir: &Path) -> crate::error::Result<TrainConfig> {
     TrainConfig::parse_resolved(&text, &path.display().to_string())
 }
 
+/// Whether resuming the run in `run_dir` to `steps` steps in all leaves anything to do:
+/// `Some(done)` when the run has trained all its `done` steps and written their summary (a
+/// resume would train nothing), `None` when steps (or the final evaluation) remain. A resume
+/// to fewer steps than its newest checkpoint holds is refused: steps done are not undone,
+/// and its summary would claim a step count the weights do not have. Reads only.
+pub fn finished(run_dir: &Path, steps: usize) -> crate::error::Result<Option<usize>> {
+    let Some(checkpoint) = checkpoint::latest(run_dir)? else {
+        return Ok(None);
+    };
+    let done = checkpoint.state.step;
+    if steps < done {
+        bail!(
+            "{}: {steps} steps asked (--steps, else the run's grpo.steps), but the run has done {done} (its newest \
+             checkpoint, {}): --steps counts the run's steps in all; give more than {done} to train further, or \
+             start a new run from the checkpoint's weights",
+            run_dir.display(),
+            checkpoint.dir.display()
+        );
+    }
+    let summary = std::fs::read_to_string(run_dir.join("summary.json")).ok();
+    let summarized = summary
+        .and_then(|text| serde_json::from_str::<crate::trainer::Summary>(&text).ok())
+        .is_some_and(|summary| summary.steps == done);
+    Ok((steps == done && summarized).then_some(done))
+}
+
 /// The newest complete checkpoint of the run in `run_dir`, its records cut back to it (the
 /// steps after it are run again).
 pub fn prepare_resume(run_dir: &Path) -> crate::error::Result<Checkpoint> {
