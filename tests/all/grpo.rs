@@ -614,3 +614,42 @@ fn a_resume_that_would_train_nothing_says_so() {
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], 3, "{summary}");
 }
+
+/// `sampler_logp_diff_mean` / `_max`: the trainer's log-probs of the sampled tokens against
+/// the sampler's, on the weights that sampled them. Sharing the trainer's f32 weights the
+/// two code paths agree to rounding (~1e-7 here); a bf16 copy of the weights
+/// (`model.inference_dtype`) shows its precision loss, thousands of times larger — what a
+/// sampler that does not run the policy looks like. A lagged step has none to compare (its
+/// sampler ran older weights); two ranks report the step's. TensorBoard has them too.
+#[test]
+fn the_samplers_log_probs_are_checked_against_the_trainers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let gap = |m: &serde_json::Value| {
+        let field = |key: &str| m[key].as_f64().unwrap_or_else(|| panic!("no {key}: {m}"));
+        (field("sampler_logp_diff_mean"), field("sampler_logp_diff_max"))
+    };
+    let shared = trained_with_sets(&config, &dir.path().join("f32"), &[], &[]);
+    for m in &shared {
+        let (mean, max) = gap(m);
+        assert!(mean < 1e-5 && max < 1e-4 && mean <= max, "step {}: mean {mean}, max {max}", m["step"]);
+    }
+    let copy = trained_with_sets(&config, &dir.path().join("bf16"), &["model.inference_dtype=bf16"], &[]);
+    for (a, b) in shared.iter().zip(&copy) {
+        let ((f32_mean, _), (bf16_mean, bf16_max)) = (gap(a), gap(b));
+        assert!(bf16_mean > 1e-4 && bf16_mean > 100.0 * f32_mean && bf16_max >= bf16_mean, "{f32_mean} vs {bf16_mean}");
+    }
+    let lagged = trained_with_sets(&config, &dir.path().join("lag"), &["grpo.generation_lag=1"], &[]);
+    assert!(lagged[0]["sampler_logp_diff_mean"].is_number(), "{}", lagged[0]);
+    assert!(lagged[1]["sampler_logp_diff_mean"].is_null() && lagged[1]["sampler_lag"] == 1, "{}", lagged[1]);
+    let ranks = trained_with_sets(&config, &dir.path().join("ranks"), &[], &["--dp", "2"]);
+    for (one, two) in shared.iter().zip(&ranks) {
+        let ((a, _), (b, max)) = (gap(one), gap(two));
+        assert!(b < 1e-5 && max < 1e-4 && (a - b).abs() < 1e-7, "one rank {a}, two {b}");
+    }
+    let events: Vec<_> =
+        std::fs::read_dir(dir.path().join("bf16/tensorboard")).unwrap().map(|e| e.unwrap().path()).collect();
+    let scalars = wirl_trainer::tensorboard::read_scalars(&events[0]).unwrap();
+    let tags: Vec<&str> = scalars[1].1.iter().map(|(t, _)| t.as_str()).collect();
+    assert!(tags.contains(&"sampler/logp_diff_mean") && tags.contains(&"sampler/logp_diff_max"), "{tags:?}");
+}

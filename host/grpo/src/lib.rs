@@ -23,7 +23,7 @@ pub use loss::{
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{MemoryLimits, Net, Policy, TokenStats};
 pub use positions::Part;
-pub use update::{GroupBatch, Learner, UpdateSettings, UpdateStats, UpdateTimes};
+pub use update::{GroupBatch, Learner, SamplerGap, UpdateSettings, UpdateStats, UpdateTimes};
 
 /// What an update can fail with, its cause kept as the source.
 #[derive(Debug, thiserror::Error)]

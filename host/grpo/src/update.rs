@@ -27,10 +27,12 @@ pub struct GroupBatch {
     /// Per completion, per token: trained on (the model's) or not (a multi-turn ledger's
     /// environment tokens, context only). Empty: every token is trained on.
     pub trainable: Vec<Vec<bool>>,
-    /// Per completion, the sampler's log-probability of each token (temperature 1), when
-    /// the weights that sampled them are the ones this update starts from: then they are the
-    /// old log-probs of μ > 1 epochs (equal to a forward pass's within 1e-4, a test holds),
-    /// and that pass is not run. Empty: unknown, the pass runs.
+    /// Per completion, the sampler's log-probability of each token (temperature 1). When the
+    /// weights that sampled them are the ones this update starts from, and the sampler
+    /// shares them (no [`Learner::mirror`]), they are the old log-probs of μ > 1 epochs
+    /// (equal to a forward pass's within 1e-4, a test holds), and that pass is not run; on
+    /// the same weights the update measures how far its own log-probs are from them
+    /// ([`UpdateStats::sampler_gap`]). Empty: unknown.
     pub sampler_logprobs: Vec<Vec<f32>>,
     /// Updates made between the weights that sampled the group and the ones this update
     /// starts from (a generation lag). Above 0 the sampler's log-probs are the behaviour
@@ -108,7 +110,7 @@ impl GroupBatch {
 
     /// The sampler's log-probs as a `[G, width]` tensor (0 past each completion's end), if
     /// known for every completion.
-    fn sampled_logprobs(&self, policy: &Policy) -> candle_core::Result<Option<Tensor>> {
+    fn sampled_logprobs(&self, device: &candle_core::Device) -> candle_core::Result<Option<Tensor>> {
         let known = self.sampler_logprobs.len() == self.completions.len()
             && self.sampler_logprobs.iter().zip(&self.completions).all(|(l, c)| l.len() == c.len());
         if !known {
@@ -120,8 +122,7 @@ impl GroupBatch {
             values.extend(logprobs);
             values.extend(std::iter::repeat_n(0f32, width - logprobs.len()));
         }
-        let device = policy.vars().first().map_or(candle_core::Device::Cpu, |(_, v)| v.device().clone());
-        Ok(Some(Tensor::from_vec(values, (self.completions.len(), width), &device)?))
+        Ok(Some(Tensor::from_vec(values, (self.completions.len(), width), device)?))
     }
 
     /// The group as the policy trains it: the head only where a token carries loss.
@@ -187,7 +188,21 @@ pub struct UpdateStats {
     pub tis_truncated: f32,
     /// Times the engine's weights were held for writing (each bumps its weights version).
     pub weight_writes: u64,
+    /// How far the trainer's log-probs of the sampled tokens are from the sampler's, on the
+    /// weights that sampled them (before the first optimizer step, groups without a lag):
+    /// the same weights in two code paths — kernels, or a converted copy (bf16 on a GPU) —
+    /// so a large gap is a sampler that does not run the policy (weights not synced, a
+    /// precision loss). `None` when no such group had the sampler's log-probs.
+    pub sampler_gap: Option<SamplerGap>,
     pub time: UpdateTimes,
+}
+
+/// |log π_trainer − log π_sampler| over the trained tokens of the sampled completions: the
+/// mean and the largest (TRL reports the same under vLLM, `sampling_logp_difference`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SamplerGap {
+    pub mean: f32,
+    pub max: f32,
 }
 
 /// Seconds spent in each part of an update.
@@ -251,6 +266,30 @@ impl Learner {
             .collect())
     }
 
+    /// The step's figures over every rank: sums summed, the sampler gap's largest the
+    /// largest. (Skipped updates need no sum: every rank took the same step, so skipped the
+    /// same.)
+    fn sum_over_ranks(&self, sums: &mut Sums, stats: &mut UpdateStats) -> crate::Result<()> {
+        let figures = [sums.loss, sums.kl, sums.entropy, sums.clip, sums.truncated, sums.lagged_tokens];
+        let figures =
+            self.summed([&figures[..], &[sums.gap, sums.gap_tokens, stats.groups_recomputed as f32]].concat())?;
+        (sums.loss, sums.kl, sums.entropy, sums.clip) = (figures[0], figures[1], figures[2], figures[3]);
+        (sums.truncated, sums.lagged_tokens) = (figures[4], figures[5]);
+        (sums.gap, sums.gap_tokens) = (figures[6], figures[7]);
+        stats.groups_recomputed = figures[8] as usize;
+        sums.gap_max = self.largest(sums.gap_max)?;
+        Ok(())
+    }
+
+    /// The largest of every rank's `value`.
+    fn largest(&self, value: f32) -> crate::Result<f32> {
+        let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &value.to_le_bytes())?;
+        Ok(all
+            .iter()
+            .filter_map(|bytes| Some(f32::from_le_bytes(bytes.as_slice().try_into().ok()?)))
+            .fold(value, f32::max))
+    }
+
     /// Sums across the data-parallel group of `values` (themselves when alone).
     fn summed(&self, mut values: Vec<f32>) -> crate::Result<Vec<f32>> {
         self.ranks.all_reduce_sum_in_place(&mut values)?;
@@ -303,7 +342,7 @@ impl Learner {
         // The behaviour policy's log-probs of groups sampled by older weights.
         let behaviour: Vec<Option<Tensor>> = groups
             .iter()
-            .map(|g| if g.sampler_lag > 0 { g.sampled_logprobs(&self.policy) } else { Ok(None) })
+            .map(|g| if g.sampler_lag > 0 { g.sampled_logprobs(self.policy.net().device()) } else { Ok(None) })
             .collect::<candle_core::Result<_>>()?;
         let inputs = LossInputs {
             groups,
@@ -358,13 +397,7 @@ impl Learner {
             stats.time.optimizer += timer.elapsed().as_secs_f64();
         }
         if data_parallel {
-            let figures = vec![sums.loss, sums.kl, sums.entropy, sums.clip, sums.truncated, sums.lagged_tokens];
-            let figures = self.summed(figures)?;
-            let recomputed = self.summed(vec![stats.groups_recomputed as f32])?;
-            (sums.loss, sums.kl, sums.entropy, sums.clip) = (figures[0], figures[1], figures[2], figures[3]);
-            (sums.truncated, sums.lagged_tokens) = (figures[4], figures[5]);
-            stats.groups_recomputed = recomputed[0] as usize;
-            // (Skipped updates need no sum: every rank took the same step, so skipped the same.)
+            self.sum_over_ranks(&mut sums, &mut stats)?;
         }
         let epochs = settings.inner_epochs as f32;
         stats.loss = sums.loss / epochs;
@@ -372,6 +405,8 @@ impl Learner {
         stats.entropy = sums.entropy / epochs;
         stats.clip_fraction = sums.clip / epochs;
         stats.tis_truncated = if sums.lagged_tokens > 0.0 { sums.truncated / sums.lagged_tokens } else { 0.0 };
+        stats.sampler_gap =
+            (sums.gap_tokens > 0.0).then(|| SamplerGap { mean: sums.gap / sums.gap_tokens, max: sums.gap_max });
         Ok(Some(stats))
     }
 
@@ -415,9 +450,11 @@ impl Learner {
             if stop() {
                 return Ok(None);
             }
+            // A converted copy's log-probs (a mirror) are rounded: not the policy's.
             if settings.inner_epochs > 1
                 && group.sampler_lag == 0
-                && let Some(sampled) = group.sampled_logprobs(&self.policy)?
+                && self.mirror.is_none()
+                && let Some(sampled) = group.sampled_logprobs(self.policy.net().device())?
             {
                 old.push(Some(sampled));
             } else if settings.inner_epochs > 1 {
@@ -501,10 +538,15 @@ impl Learner {
         if grads.is_empty() {
             return Err(crate::Error::Internal("the loss has no gradient with respect to the policy's weights".into()));
         }
-        for (parts, cut) in results {
+        for (parts, (cut, gap)) in results {
             if let (Some((cut, tokens)), 0) = (cut, epoch) {
                 sums.truncated += cut;
                 sums.lagged_tokens += tokens;
+            }
+            if let (Some(gap), 0) = (gap, epoch) {
+                sums.gap += gap.sum;
+                sums.gap_max = sums.gap_max.max(gap.max);
+                sums.gap_tokens += gap.tokens;
             }
             sums.loss += parts.loss.to_scalar::<f32>()?;
             sums.kl += parts.kl;
@@ -614,6 +656,10 @@ struct Sums {
     clip: f32,
     truncated: f32,
     lagged_tokens: f32,
+    /// The sampler gap's sum over tokens, its largest, and its tokens.
+    gap: f32,
+    gap_max: f32,
+    gap_tokens: f32,
 }
 
 /// What the loss of a micro-batch needs beyond its token stats, by micro-batch.
@@ -631,13 +677,14 @@ struct LossInputs<'a> {
 
 impl LossInputs<'_> {
     /// Micro-batch k's loss (the tensor to differentiate) and its parts, with, for a group
-    /// sampled by older weights, (tokens truncated, tokens) of its importance weights.
+    /// sampled by older weights, (tokens truncated, tokens) of its importance weights, and
+    /// for one sampled by these weights with the sampler's log-probs known, its gap to them.
     #[allow(clippy::type_complexity)]
     fn loss(
         &self,
         k: usize,
         token_stats: &TokenStats,
-    ) -> candle_core::Result<(Tensor, (LossParts, Option<(f32, f32)>))> {
+    ) -> candle_core::Result<(Tensor, (LossParts, (Option<(f32, f32)>, Option<GapSums>)))> {
         let (group, settings) = (&self.groups[k], self.settings);
         let lengths: Vec<usize> = group.completions.iter().map(Vec::len).collect();
         let width = token_stats.logp.dim(1)?;
@@ -650,6 +697,13 @@ impl LossInputs<'_> {
         };
         let device = token_stats.logp.device();
         let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
+        let gap = match group.sampler_lag {
+            0 => group
+                .sampled_logprobs(device)?
+                .map(|sampled| gap_sums(&token_stats.logp, &sampled, &weights))
+                .transpose()?,
+            _ => None,
+        };
         let advantages = Tensor::from_vec(group.advantages.clone(), lengths.len(), device)?;
         let old_logp = match &self.old[k] {
             Some(old) => old.clone(),
@@ -679,8 +733,29 @@ impl LossInputs<'_> {
             &weights,
             &settings.loss,
         )?;
-        Ok((parts.loss.clone(), (parts, cut)))
+        Ok((parts.loss.clone(), (parts, (cut, gap))))
     }
+}
+
+/// One micro-batch's sampler gap: |Δ log-prob| summed over its trained tokens, the largest,
+/// and the tokens.
+#[derive(Clone, Copy, Debug)]
+struct GapSums {
+    sum: f32,
+    max: f32,
+    tokens: f32,
+}
+
+/// The gap between the trainer's log-probs `logp` and the sampler's `sampled` over the tokens
+/// whose loss weight is above 0 (padding and a ledger's environment tokens are not sampled).
+fn gap_sums(logp: &Tensor, sampled: &Tensor, weights: &Tensor) -> candle_core::Result<GapSums> {
+    let active = weights.gt(0.0)?.to_dtype(candle_core::DType::F32)?;
+    let gap = ((logp.detach().to_dtype(candle_core::DType::F32)? - sampled)?.abs()? * &active)?;
+    Ok(GapSums {
+        sum: gap.sum_all()?.to_scalar::<f32>()?,
+        max: gap.max_all()?.to_scalar::<f32>()?,
+        tokens: active.sum_all()?.to_scalar::<f32>()?,
+    })
 }
 
 #[cfg(test)]

@@ -56,6 +56,15 @@ pub struct StepMetrics {
     pub sampler_lag: u64,
     /// Of the lagged tokens, the share whose importance weight was cut to `grpo.tis_cap`.
     pub tis_truncated: f32,
+    /// |log π_trainer − log π_sampler| of the sampled tokens on the weights that sampled them
+    /// (groups without a lag), the mean and the largest: the same policy in the sampler's
+    /// and the trainer's code paths, so anything beyond rounding (~1e-4 in f32) is a sampler
+    /// that does not run the policy — weights not synced, or a converted copy's precision
+    /// (`model.inference_dtype`). Absent when no group had the sampler's log-probs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler_logp_diff_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler_logp_diff_max: Option<f64>,
     /// This process's peak resident memory so far (Linux), in MiB.
     pub peak_rss_mib: Option<u64>,
     /// This step's peak resident memory in each phase (Linux), in MiB.

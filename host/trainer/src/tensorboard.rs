@@ -68,6 +68,10 @@ impl EventWriter {
             // A step in this line marks a hot swap or rollback of the task set.
             ("manifest/generation".into(), metrics.manifest_generation as f64),
         ];
+        if let (Some(mean), Some(max)) = (metrics.sampler_logp_diff_mean, metrics.sampler_logp_diff_max) {
+            scalars.push(("sampler/logp_diff_mean".into(), mean));
+            scalars.push(("sampler/logp_diff_max".into(), max));
+        }
         // Under `grpo.kl_in_reward` (verl's `actor/reward_kl_penalty` and its coefficient).
         if let (Some(kl), Some(beta)) = (metrics.reward_kl, metrics.kl_coef) {
             scalars.push(("kl/reward".into(), kl));

@@ -721,15 +721,11 @@ impl Trainer {
                     } else {
                         Vec::new()
                     },
-                    // The sampler's log-probs: the old log-probs of μ > 1 when it sampled with
-                    // the weights this update starts from, the behaviour policy's with a lag.
-                    // Not the former from a converted copy of the weights (bf16 on a GPU):
-                    // rounded, they are no longer the policy's, and the old pass runs.
-                    sampler_logprobs: if sampler_lag > 0 || self.learner.mirror.is_none() {
-                        usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect()
-                    } else {
-                        Vec::new()
-                    },
+                    // The sampler's log-probs: the behaviour policy's with a lag; without one,
+                    // the old log-probs of μ > 1 when the sampler shares the weights (not from
+                    // a converted copy, bf16 on a GPU: the learner then runs the old pass), and
+                    // either way what the trainer's own log-probs are compared with.
+                    sampler_logprobs: usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect(),
                     sampler_lag,
                 })
             })
@@ -1023,6 +1019,8 @@ impl Trainer {
             groups_recomputed: update.groups_recomputed,
             sampler_lag: advantaged.sampler_lag,
             tis_truncated: update.tis_truncated,
+            sampler_logp_diff_mean: update.sampler_gap.map(|gap| f64::from(gap.mean)),
+            sampler_logp_diff_max: update.sampler_gap.map(|gap| f64::from(gap.max)),
             peak_rss_mib: self.peak_rss.or_else(rss_high_water_mib),
             peak_rss_mib_by_phase: measured.peaks,
             tasks_skipped: skipped
