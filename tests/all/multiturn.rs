@@ -5,7 +5,7 @@
 use crate::engine::write_tiny_model;
 use std::path::Path;
 use std::sync::Arc;
-use wirl_engine::{LoadOptions, Tokenizer};
+use wirl_engine::{ChatMessage, LoadOptions, Tokenizer};
 use wirl_rollout::{EpisodeGroup, FailurePolicy, SamplingSpec, TaskSource, Trajectory, run_episodes};
 use wirl_sandbox::{PluginSpec, SandboxSettings};
 use wirl_test_artifacts::ARITHMETIC;
@@ -142,6 +142,47 @@ fn tokenizer_with_template(template: &str) -> Tokenizer {
     let json = std::fs::read_to_string(dir.path().join("tokenizer.json")).unwrap();
     let config = serde_json::json!({ "chat_template": template, "eos_token": "</s>" });
     Tokenizer::from_json(json, Some(&config), "test").unwrap()
+}
+
+/// Chat templates are written for Jinja under Python: a template in Qwen3's style (its
+/// reversed scan for the last user query with `startswith`/`endswith`, its reasoning split
+/// out of replies with `split`/`lstrip`/`rstrip`/`strip`, `tests/fixtures/templates/`) renders
+/// as Python's Jinja renders it — an earlier reply's reasoning left out, the last one's kept.
+/// As a multi-turn ledger's template it takes replies without reasoning and refuses, saying
+/// why, replies that think.
+#[test]
+fn templates_that_call_pythons_string_methods_render() {
+    let template = include_str!("../fixtures/templates/qwen3-style.jinja");
+    let tokenizer = tokenizer_with_template(template);
+    let message = |role: &str, content: &str| ChatMessage { role: role.into(), content: content.into() };
+    let first = [message("system", "Be brief."), message("user", "2 + 2?")];
+    assert_eq!(
+        tokenizer.render_chat(&first, true).unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let reply = "<think>\n2 and 2 make 4\n</think>\n\nIt is 4.";
+    let later = [message("user", "2 + 2?"), message("assistant", reply), message("user", "And 3 + 3?")];
+    assert_eq!(
+        tokenizer.render_chat(&later, false).unwrap(),
+        "<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\nIt is 4.<|im_end|>\n<|im_start|>user\nAnd 3 + \
+         3?<|im_end|>\n"
+    );
+    let last = [message("user", "2 + 2?"), message("assistant", reply)];
+    assert_eq!(
+        tokenizer.render_chat(&last, false).unwrap(),
+        "<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n<think>\n2 and 2 make 4\n</think>\n\nIt is \
+         4.<|im_end|>\n"
+    );
+    wirl_rollout::check_template(&tokenizer).unwrap();
+    let user = |text: &str| wirl_sandbox::Message { role: "user".into(), content: text.into() };
+    let error = wirl_rollout::episode::appended_text(&tokenizer, &[user("2 + 2?")], reply, None, &[user("And 3 + 3?")])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("leaves out the reply's reasoning") && error.contains("/no_think"), "{error}");
+    let appended =
+        wirl_rollout::episode::appended_text(&tokenizer, &[user("2 + 2?")], "It is 4.", None, &[user("And 3 + 3?")])
+            .unwrap();
+    assert_eq!(appended, "<|im_end|>\n<|im_start|>user\nAnd 3 + 3?<|im_end|>\n<|im_start|>assistant\n");
 }
 
 /// The drift check: a template that drops earlier turns, or one that rewrites the model's

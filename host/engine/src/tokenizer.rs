@@ -389,6 +389,9 @@ fn render_template(
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(false);
     env.set_fuel(Some(limits.fuel));
+    // Templates are written for Jinja under Python: `content.split('</think>')`,
+    // `content.startswith('<tool_response>')` (Qwen3's) are Python's string methods.
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |message: String| -> std::result::Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
     });

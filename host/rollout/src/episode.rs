@@ -106,10 +106,20 @@ pub fn appended_text(
     let reply = tokenizer.escape(reply);
     let (added, reply) = (added.trim_start(), reply.trim_start());
     let Some(mut rest) = added.strip_prefix(reply) else {
+        // Qwen3's template keeps a reply's reasoning only while it is the last turn.
+        let reasoning = reply.contains("</think>") && !added.contains("</think>");
         return Err(TemplateDrift(format!(
-            "it renders the model's reply {:?} as {:?}",
+            "it renders the model's reply {:?} as {:?}{}",
             printable(&excerpt(reply, 0)),
-            printable(&excerpt(added, 0))
+            printable(&excerpt(added, 0)),
+            if reasoning {
+                "; it leaves out the reply's reasoning (<think>…</think>) once the conversation goes on, as \
+                 Qwen3's template does, so episodes whose replies think cannot be trained turn by turn with it: \
+                 turn thinking off for the task (Qwen3: /no_think in its system message), or use a template that \
+                 keeps earlier reasoning"
+            } else {
+                ""
+            }
         )));
     };
     // An end-of-turn token the model sampled is in the ledger already.
