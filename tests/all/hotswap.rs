@@ -387,6 +387,7 @@ fn a_run_killed_after_a_swap_resumes_with_the_swapped_bytes() {
         .output()
         .unwrap();
     assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert!(!String::from_utf8_lossy(&resumed.stderr).contains("never switched in"), "it was switched in");
     let (swapped, rebuilt) = (sha256_of(EXACT_MATCH), sha256_of(HOSTILE));
     for step in k as u64 + 1..=newest as u64 + 2 {
         let shas = shas_at(&live.run_dir, step);
@@ -395,6 +396,51 @@ fn a_run_killed_after_a_swap_resumes_with_the_swapped_bytes() {
     assert_eq!(metrics(&live.run_dir).len(), newest + 2);
     let last = live.run_dir.join(format!("checkpoints/step-{:06}", newest + 2));
     assert!(last.join("adapter/adapter_config.json").is_file() && !last.join("model").exists());
+}
+
+/// A swap staged (the run paused) and the run killed before its next step boundary: the
+/// swap was answered "staged" but never switched in. The resume says so — generation 1 not
+/// in force, apply it again — and records it as discarded; it goes on with the old plugin.
+#[test]
+fn a_swap_staged_when_the_run_is_killed_is_said_lost_on_resume() {
+    let mut live = Live::start();
+    let k = live.hold_after(1);
+    std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
+    let (ok, said) = live.apply("swap.toml", &tasks_toml((3, 1), ""), &[]);
+    assert!(ok && said.contains("staged as generation 1"), "{said}");
+    live.child.kill().unwrap(); // SIGKILL, still paused: the swap never switched in
+    live.child.wait().unwrap();
+    let events = lines(&live.run_dir.join("events.jsonl"));
+    assert!(events.iter().any(|e| e["kind"] == "staged" && e["generation"] == 1), "{events:?}");
+
+    let resumed = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--resume"])
+        .arg(&live.run_dir)
+        .args(["--steps", &(k + 1).to_string()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{said}");
+    assert!(said.contains("generation 1 was staged before the run stopped, but never switched in"), "{said}");
+    let events = lines(&live.run_dir.join("events.jsonl"));
+    let discarded = events.iter().rfind(|e| e["kind"] == "discarded").expect("a discarded event");
+    assert_eq!(discarded["generation"], 1);
+    assert!(discarded["reason"].as_str().unwrap().contains("apply it again"), "{discarded}");
+    let old = sha256_of(MATH_ANSWER);
+    let shas = shas_at(&live.run_dir, k as u64 + 1);
+    assert!(
+        !shas.is_empty() && shas.iter().all(|sha| *sha != sha256_of(EXACT_MATCH)) && shas.contains(&old),
+        "{shas:?}"
+    );
+    // Resumed again, nothing more is said: the lost generation was answered once.
+    let again = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", "--resume"])
+        .arg(&live.run_dir)
+        .args(["--steps", &(k + 2).to_string()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success() && !said.contains("never switched in"), "{said}");
 }
 
 /// `wirl train --watch`: a rebuilt plugin file is checked and switched in by itself.

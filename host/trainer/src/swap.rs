@@ -95,7 +95,7 @@ pub struct SwapEvent {
     pub time: f64,
     /// Steps done when it happened.
     pub step: usize,
-    /// `applied`, `refused`, `rolled-back`, `paused`, `resumed`, `stop`.
+    /// `staged`, `applied`, `refused`, `discarded`, `rolled-back`, `paused`, `resumed`, `stop`.
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
@@ -404,7 +404,12 @@ impl Swapper {
                 state.imports.insert(plugin.sha256().to_string(), plugin.imports().to_vec());
             }
             let report = Some(report.clone());
+            let mut event = SwapEvent::new(state.status.step, "staged");
+            (event.generation, event.changes) = (Some(manifest.generation), changes.clone());
             state.staged = Some(Staged { manifest, run, tasks, allocation, changes, changed_tasks, report });
+            drop(state);
+            // Recorded, so that a run killed before the switch can say on resume what it lost.
+            self.record(&event);
         }
         Ok(report)
     }
@@ -545,9 +550,38 @@ impl Swapper {
         let staged = self.state().staged.take();
         if let Some(staged) = staged {
             let mut event = SwapEvent::new(step, "discarded");
+            event.generation = Some(staged.manifest.generation);
             event.reason = Some(format!("generation {} was staged, but {why}", staged.manifest.generation));
             self.record(&event);
         }
+    }
+
+    /// On resume: a generation the run staged but neither switched in nor discarded (it was
+    /// killed before its next step boundary) is not in force; recorded as discarded, and
+    /// said, so that a "staged" answer is never silently lost. Its generation number, if any.
+    pub fn discard_lost(&self, step: usize) -> crate::error::Result<Option<u64>> {
+        let events = read_events(&self.run_dir)?;
+        let answered = |generation: u64, after: usize| {
+            events[after..]
+                .iter()
+                .any(|e| e.generation == Some(generation) && (e.kind == "applied" || e.kind == "discarded"))
+        };
+        let lost = events
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, e)| e.kind == "staged")
+            .and_then(|(i, e)| e.generation.filter(|&g| !answered(g, i + 1)));
+        if let Some(generation) = lost {
+            let mut event = SwapEvent::new(step, "discarded");
+            event.generation = Some(generation);
+            event.reason = Some(format!(
+                "generation {generation} was staged, but the run ended (killed) before its next step boundary: it is \
+                 not in force; apply it again"
+            ));
+            self.record(&event);
+        }
+        Ok(lost)
     }
 
     /// Ask new environments for tasks and let new rewards re-score the recent rollouts.

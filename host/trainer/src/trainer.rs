@@ -207,6 +207,15 @@ impl Trainer {
         if !follower {
             control.attach(swapper.clone());
         }
+        if let (Some(checkpoint), false) = (resume, follower)
+            && let Some(generation) = swapper.discard_lost(checkpoint.state.step)?
+        {
+            tracing::warn!(
+                "{}: task set generation {generation} was staged before the run stopped, but never switched in (the \
+                 run was killed first): it is not in force; apply it again (events.jsonl records it as discarded)",
+                run_dir.display()
+            );
+        }
         let vars = policy.vars().iter().map(|(_, v)| v.clone()).collect();
         let mut optimizer = Optimizer::new(vars, config.grpo.weight_decay)?;
         if let Some(checkpoint) = resume {
