@@ -413,12 +413,7 @@ fn a_swap_staged_when_the_run_is_killed_is_said_lost_on_resume() {
     let events = lines(&live.run_dir.join("events.jsonl"));
     assert!(events.iter().any(|e| e["kind"] == "staged" && e["generation"] == 1), "{events:?}");
 
-    let resumed = Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["train", "--resume"])
-        .arg(&live.run_dir)
-        .args(["--steps", &(k + 1).to_string()])
-        .output()
-        .unwrap();
+    let resumed = crate::grpo::resume(&live.run_dir, k + 1);
     let said = String::from_utf8_lossy(&resumed.stderr);
     assert!(resumed.status.success(), "{said}");
     assert!(said.contains("generation 1 was staged before the run stopped, but never switched in"), "{said}");
@@ -433,12 +428,7 @@ fn a_swap_staged_when_the_run_is_killed_is_said_lost_on_resume() {
         "{shas:?}"
     );
     // Resumed again, nothing more is said: the lost generation was answered once.
-    let again = Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["train", "--resume"])
-        .arg(&live.run_dir)
-        .args(["--steps", &(k + 2).to_string()])
-        .output()
-        .unwrap();
+    let again = crate::grpo::resume(&live.run_dir, k + 2);
     let said = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success() && !said.contains("never switched in"), "{said}");
 }
