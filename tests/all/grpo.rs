@@ -615,6 +615,46 @@ fn a_resume_that_would_train_nothing_says_so() {
     assert_eq!(summary["steps"], 3, "{summary}");
 }
 
+/// `model.chat_template_kwargs`: the variables reach every prompt the run renders (a
+/// template that writes a three-word greeting first: three more prompt positions per
+/// sampled prompt, every step); a name the template gets from wirl is refused by key.
+#[test]
+fn chat_template_variables_reach_the_training_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let template = "{% if greeting is defined %}{{ greeting }} {% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    let tokenizer_config = serde_json::json!({"chat_template": template, "eos_token": "</s>"});
+    std::fs::write(dir.path().join("model/tokenizer_config.json"), tokenizer_config.to_string()).unwrap();
+    let positions = |m: &serde_json::Value| m["prompt_positions_computed"].as_u64().unwrap();
+    let plain = trained_with_sets(&config, &dir.path().join("plain"), &[], &[]);
+    let greeted = trained_with_sets(
+        &config,
+        &dir.path().join("greeted"),
+        &["model.chat_template_kwargs={greeting = \"a b c\"}"],
+        &[],
+    );
+    for (a, b) in plain.iter().zip(&greeted) {
+        assert!(
+            positions(b) > positions(a) && (positions(b) - positions(a)) % 3 == 0,
+            "{} vs {}",
+            positions(a),
+            positions(b)
+        );
+    }
+    let resolved = std::fs::read_to_string(dir.path().join("greeted/config.resolved.toml")).unwrap();
+    assert!(
+        resolved.contains("[model.chat_template_kwargs]") && resolved.contains("greeting = \"a b c\""),
+        "{resolved}"
+    );
+    let out =
+        train_with(&config, &dir.path().join("bad"), &["--set", "model.chat_template_kwargs={bos_token = \"x\"}"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("`model.chat_template_kwargs`: `bos_token` is the template's own"),
+        "{said}"
+    );
+}
+
 /// `sampler_logp_diff_mean` / `_max`: the trainer's log-probs of the sampled tokens against
 /// the sampler's, on the weights that sampled them. Sharing the trainer's f32 weights the
 /// two code paths agree to rounding (~1e-7 here); a bf16 copy of the weights

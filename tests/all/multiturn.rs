@@ -183,6 +183,19 @@ fn templates_that_call_pythons_string_methods_render() {
         wirl_rollout::episode::appended_text(&tokenizer, &[user("2 + 2?")], "It is 4.", None, &[user("And 3 + 3?")])
             .unwrap();
     assert_eq!(appended, "<|im_end|>\n<|im_start|>user\nAnd 3 + 3?<|im_end|>\n<|im_start|>assistant\n");
+
+    // Template variables (TRL's and vLLM's chat_template_kwargs): Qwen3's enable_thinking.
+    let mut tokenizer = tokenizer;
+    let vars = |value: bool| wirl_engine::TemplateVars::from([("enable_thinking".to_string(), value.into())]);
+    tokenizer.set_template_vars(vars(false)).unwrap();
+    let prompt = tokenizer.render_chat(&first, true).unwrap();
+    assert!(prompt.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{prompt:?}");
+    let over = tokenizer.render_chat_with(&first, true, &vars(true)).unwrap();
+    assert!(over.ends_with("<|im_start|>assistant\n"), "a caller's variables go over the tokenizer's: {over:?}");
+    let reserved = wirl_engine::TemplateVars::from([("messages".to_string(), serde_json::json!([]))]);
+    let error = tokenizer.set_template_vars(reserved.clone()).unwrap_err().to_string();
+    assert!(error.contains("`messages` is the template's own variable"), "{error}");
+    assert!(tokenizer.render_chat_with(&first, true, &reserved).is_err());
 }
 
 /// The drift check: a template that drops earlier turns, or one that rewrites the model's

@@ -460,6 +460,45 @@ fn weights_loading_is_off_unless_a_directory_is_given() {
     assert!(answer["error"]["message"].as_str().unwrap().contains("--weights-dir"), "{answer}");
 }
 
+/// `chat_template_kwargs` (vLLM's field): a request's variables reach the chat template (here
+/// a greeting of three words the template writes first: three more prompt tokens); a name
+/// the template gets from the server, or a value that is not an object, is refused naming
+/// the field.
+#[test]
+fn a_requests_chat_template_variables_reach_the_template() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), false);
+    let template = "{% if greeting is defined %}{{ greeting }} {% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    let config = serde_json::json!({"chat_template": template, "eos_token": "</s>"});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let server = Server::start_model(dir.path(), &["--name", "tiny"]);
+    let ask = |vars: serde_json::Value| {
+        let mut body =
+            serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+        if !vars.is_null() {
+            body["chat_template_kwargs"] = vars;
+        }
+        server.post("/v1/chat/completions", &body.to_string())
+    };
+    let prompt_tokens = |(status, answer): (u16, serde_json::Value)| {
+        assert_eq!(status, 200, "{answer}");
+        answer["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let plain = prompt_tokens(ask(serde_json::Value::Null));
+    assert_eq!(prompt_tokens(ask(serde_json::json!({"greeting": "a b c"}))), plain + 3);
+    for (vars, said) in [
+        (serde_json::json!({"messages": []}), "`messages` is the template's own variable"),
+        (serde_json::json!("enable_thinking"), "must be an object"),
+    ] {
+        let (status, answer) = ask(vars);
+        let message = answer["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(
+            status == 400 && message.contains(said) && answer["error"]["param"] == "chat_template_kwargs",
+            "{answer}"
+        );
+    }
+}
+
 /// `wirl serve`'s prefix cache: a request that repeats an earlier one's start computes only
 /// the rest, its answer unchanged, and /metrics counts the positions taken from the cache;
 /// a flood of distinct prompts never holds more blocks than `--prefix-cache-mib` allows

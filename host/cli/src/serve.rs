@@ -258,7 +258,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None | Some(crate::model::DEFAULT_MODEL) => crate::model::DEFAULT_MODEL.to_string(),
         Some(_) => path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned()),
     });
-    let tokenizer = Arc::new(loaded.tokenizer);
+    let mut tokenizer = loaded.tokenizer;
+    // A config's `model.chat_template_kwargs` are every request's (a request's own go over them).
+    if let Some(run) = &run {
+        tokenizer.set_template_vars(run.chat_template_kwargs.clone())?;
+    }
+    let tokenizer = Arc::new(tokenizer);
     let served = match &run {
         Some(run) => served_tasks(run, &tokenizer)?,
         None => Vec::new(),

@@ -55,7 +55,7 @@ pub use load::{LoadOptions, LoadedModel, WeightMirror, load};
 pub use output::TextPiece;
 pub use request::{Completion, FinishReason, GenerateRequest, RequestId};
 pub use sampling::Sampling;
-pub use tokenizer::{ChatMessage, TextStream, Tokenizer};
+pub use tokenizer::{ChatMessage, TemplateVars, TextStream, Tokenizer, check_template_vars};
 
 /// Pin candle's thread count for the life of the process. Unset, candle works it out again on
 /// every matmul by reading `/proc/cpuinfo` (measured: ~8% of a decode step on 2 cores).

@@ -33,6 +33,28 @@ pub struct Tokenizer {
     /// Why the chat template is refused from now on, once a render of it passed a limit
     /// (its thread may still be running or stopped; it is not run again).
     template_refused: Arc<Mutex<Option<String>>>,
+    /// Variables every render of the chat template sees beside the messages, as
+    /// transformers' `apply_chat_template(..., **kwargs)` passes them (TRL's and vLLM's
+    /// `chat_template_kwargs`): `enable_thinking = false` turns Qwen3's reasoning off.
+    template_vars: TemplateVars,
+}
+
+/// Chat template variables by name (JSON values: strings, numbers, booleans, lists, tables).
+pub type TemplateVars = std::collections::BTreeMap<String, serde_json::Value>;
+
+/// What a template's own variables are called: not for a caller to set.
+const RESERVED_TEMPLATE_VARS: [&str; 5] =
+    ["messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"];
+
+/// `vars` as chat template variables: refused (naming it) a name the render itself sets.
+pub fn check_template_vars(vars: &TemplateVars) -> std::result::Result<(), String> {
+    match vars.keys().find(|name| RESERVED_TEMPLATE_VARS.contains(&name.as_str())) {
+        Some(name) => Err(format!(
+            "`{name}` is the template's own variable (it gets the conversation, the generation prompt and the special \
+             tokens from wirl); choose other names"
+        )),
+        None => Ok(()),
+    }
 }
 
 impl Tokenizer {
@@ -81,7 +103,19 @@ impl Tokenizer {
             json,
             origin: origin.to_string(),
             template_refused: Arc::new(Mutex::new(None)),
+            template_vars: TemplateVars::new(),
         })
+    }
+
+    /// Set the variables every render of the chat template sees ([`check_template_vars`]).
+    pub fn set_template_vars(&mut self, vars: TemplateVars) -> Result<()> {
+        check_template_vars(&vars).map_err(Error::Tokenizer)?;
+        self.template_vars = vars;
+        Ok(())
+    }
+
+    pub fn template_vars(&self) -> &TemplateVars {
+        &self.template_vars
     }
 
     /// Build a GPT-2-style byte-level BPE tokenizer from GGUF metadata
@@ -276,16 +310,31 @@ impl Tokenizer {
     /// [`TemplateLimits`] (instructions, output, memory, time). A render that passes one is
     /// an error naming the model and the limit, and the template is refused from then on.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        self.render_chat_within(messages, add_generation_prompt, &TemplateLimits::for_messages(messages))
+        self.render_chat_with(messages, add_generation_prompt, &TemplateVars::new())
     }
 
-    /// [`render_chat`](Self::render_chat) under the given limits.
+    /// [`render_chat`](Self::render_chat) with `vars` over the tokenizer's own template
+    /// variables (a request's `chat_template_kwargs`; [`check_template_vars`]).
+    pub fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<String> {
+        self.render_chat_within(messages, add_generation_prompt, vars, &TemplateLimits::for_messages(messages))
+    }
+
+    /// [`render_chat_with`](Self::render_chat_with) under the given limits.
     pub fn render_chat_within(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        vars: &TemplateVars,
         limits: &TemplateLimits,
     ) -> Result<String> {
+        check_template_vars(vars).map_err(Error::Tokenizer)?;
+        let mut all_vars = self.template_vars.clone();
+        all_vars.extend(vars.iter().map(|(name, value)| (name.clone(), value.clone())));
         let template = self
             .chat_template
             .clone()
@@ -304,7 +353,9 @@ impl Tokenizer {
             .stack_size(16 << 20)
             .spawn(move || {
                 let _budget = thread_budget.enter();
-                let rendered = render_template(&template, escaped, add_generation_prompt, bos, eos, &thread_limits);
+                let call =
+                    Render { messages: escaped, add_generation_prompt, bos_token: bos, eos_token: eos, vars: all_vars };
+                let rendered = render_template(&template, call, &thread_limits);
                 let _ = send.send(rendered);
             })
             .map_err(|e| Error::Tokenizer(format!("cannot start the chat template's thread: {e}")))?;
@@ -376,16 +427,23 @@ enum TemplateFailure {
     Limit(String),
 }
 
-/// The render itself, on the template's own thread: minijinja with fuel, its output
-/// written through a writer that stops at the limit.
-fn render_template(
-    template: &str,
+/// What one render of a chat template is given.
+struct Render {
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
     bos_token: String,
     eos_token: String,
+    vars: TemplateVars,
+}
+
+/// The render itself, on the template's own thread: minijinja with fuel, its output
+/// written through a writer that stops at the limit.
+fn render_template(
+    template: &str,
+    call: Render,
     limits: &TemplateLimits,
 ) -> std::result::Result<String, TemplateFailure> {
+    let Render { messages, add_generation_prompt, bos_token, eos_token, vars } = call;
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(false);
     env.set_fuel(Some(limits.fuel));
@@ -401,6 +459,7 @@ fn render_template(
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token,
         eos_token => eos_token,
+        ..minijinja::Value::from_serialize(&vars)
     };
     let mut out = BoundedWriter { bytes: Vec::new(), limit: limits.output_bytes, full: false };
     let rendered = env.get_template("chat").and_then(|t| t.render_captured_to(context, &mut out).map(drop));

@@ -467,7 +467,7 @@ enum Kind {
 }
 
 async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let request::ChatRequest { common, messages, spliced_ids: spliced } =
+    let request::ChatRequest { common, messages, spliced_ids: spliced, template_vars } =
         request::ChatRequest::read(&body, &state.config.limits, state.tokenizer.vocab_size())?;
     let messages: Vec<ChatMessage> =
         messages.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
@@ -478,7 +478,7 @@ async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Respons
     let prompt = tokio::task::spawn_blocking(move || match spliced {
         Some(ids) => spliced_prompt(&rendering, &messages, &ids),
         None => {
-            let text = rendering.tokenizer.render_chat(&messages, true).map_err(|e| {
+            let text = rendering.tokenizer.render_chat_with(&messages, true, &template_vars).map_err(|e| {
                 ApiError::with_status(StatusCode::UNPROCESSABLE_ENTITY, format!("the messages cannot be rendered: {e}"))
             })?;
             encode(&rendering, &text)

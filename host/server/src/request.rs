@@ -43,6 +43,8 @@ pub struct ChatRequest {
     pub common: Common,
     pub messages: Vec<Message>,
     pub spliced_ids: Option<Vec<Option<Vec<u32>>>>,
+    /// Variables for the chat template (vLLM's `chat_template_kwargs`: `enable_thinking`).
+    pub template_vars: wirl_engine::TemplateVars,
 }
 
 impl ChatRequest {
@@ -52,7 +54,16 @@ impl ChatRequest {
         let (logprobs, top) = chat_logprobs(&body)?;
         let mut common = common(&body, limits, logprobs)?;
         common.sampling.top_logprobs = top;
-        Ok(ChatRequest { common, messages: messages(&body)?, spliced_ids: spliced_ids(&body, vocab)? })
+        let (messages, spliced_ids, template_vars) =
+            (messages(&body)?, spliced_ids(&body, vocab)?, template_vars(&body)?);
+        if spliced_ids.is_some() && !template_vars.is_empty() {
+            return Err(ApiError::bad(
+                Some("chat_template_kwargs"),
+                "is not supported with prevent_retokenization (the spliced turns are checked against the template as \
+                 the model's own)",
+            ));
+        }
+        Ok(ChatRequest { common, messages, spliced_ids, template_vars })
     }
 }
 
@@ -331,6 +342,18 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
 /// With `prevent_retokenization: true` (Megatron's and NeMo's flag), each assistant
 /// message's own token ids (`generation_token_ids`, as its reply carried them), to be used as
 /// they are instead of tokenizing its text again; `None` for the other messages.
+/// `chat_template_kwargs`: an object of variables for the chat template, none of them one the
+/// template gets from the server (`messages`, `add_generation_prompt`, the special tokens).
+pub fn template_vars(body: &Map<String, Value>) -> Result<wirl_engine::TemplateVars, ApiError> {
+    let vars: wirl_engine::TemplateVars = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => return Ok(Default::default()),
+        Some(Value::Object(vars)) => vars.iter().map(|(name, value)| (name.clone(), value.clone())).collect(),
+        Some(_) => return Err(ApiError::bad(Some("chat_template_kwargs"), "must be an object of template variables")),
+    };
+    wirl_engine::check_template_vars(&vars).map_err(|reason| ApiError::bad(Some("chat_template_kwargs"), &reason))?;
+    Ok(vars)
+}
+
 pub fn spliced_ids(body: &Map<String, Value>, vocab: usize) -> Result<Option<Vec<Option<Vec<u32>>>>, ApiError> {
     if !Fields::of(body).boolean("prevent_retokenization")?.unwrap_or(false) {
         return Ok(None);

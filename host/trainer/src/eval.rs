@@ -101,7 +101,9 @@ pub fn evaluate(
     };
     let loaded = wirl_engine::load(model, &options)?;
     let context = loaded.config.context();
-    let tokenizer = Arc::new(loaded.tokenizer);
+    let mut tokenizer = loaded.tokenizer;
+    tokenizer.set_template_vars(config.chat_template_kwargs.clone())?;
+    let tokenizer = Arc::new(tokenizer);
     // Every group goes through the batching actor, first turns and episodes alike.
     let (engine, _thread) =
         wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), config.engine_options())?;

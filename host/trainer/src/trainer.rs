@@ -185,6 +185,8 @@ impl Trainer {
         let inference = Arc::new(wirl_engine::Model::load(&model_config, &mut source, &device)?);
         let trained: std::collections::HashSet<&str> = policy.vars().iter().map(|(name, _)| name.as_str()).collect();
         let mirror = source.mirror(|name| trained.contains(name));
+        let mut tokenizer = tokenizer;
+        tokenizer.set_template_vars(config.chat_template_kwargs.clone())?;
         let tokenizer = Arc::new(tokenizer);
         let (engine, _thread) = EngineHandle::spawn_with(inference, tokenizer.clone(), config.engine_options())?;
 

@@ -132,6 +132,7 @@ impl TrainConfig {
                 train_dtype: None,
                 device_sampling: None,
                 tf32: None,
+                chat_template_kwargs: Default::default(),
             },
             tasks: Vec::new(),
             environment: None,

@@ -160,6 +160,7 @@ impl TrainConfig {
                 .unwrap_or(candle_core::DType::F32),
             device_sampling: self.model.device_sampling.unwrap_or(false),
             tf32: self.model.tf32.unwrap_or(false),
+            chat_template_kwargs: self.model.chat_template_kwargs.clone(),
             tasks,
             sampling: SamplingSpec {
                 max_tokens: s.max_tokens,

@@ -342,6 +342,12 @@ pub struct ModelSection {
     /// PyTorch's `allow_tf32`). Absent: off; no effect on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tf32: Option<bool>,
+    /// Variables the chat template sees beside the conversation in every render — training
+    /// prompts, episodes, the held-out pass — as TRL's `chat_template_kwargs` and
+    /// transformers' `apply_chat_template(**kwargs)`: `{ enable_thinking = false }` turns
+    /// Qwen3's reasoning off. Absent: none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub chat_template_kwargs: wirl_engine::TemplateVars,
 }
 
 /// `model.inference_dtype`, parsed.
@@ -714,6 +720,8 @@ pub struct RunConfig {
     pub device_sampling: bool,
     /// `model.tf32`: a GPU's f32 products on TF32 tensor cores.
     pub tf32: bool,
+    /// `model.chat_template_kwargs`: what every render of the chat template sees.
+    pub chat_template_kwargs: wirl_engine::TemplateVars,
     /// At least one; the trained ones' weights allocate at least one group each.
     pub tasks: Vec<TaskSpec>,
     /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the

@@ -52,6 +52,9 @@ impl TrainConfig {
     /// Every number of the config finite and in range, the error naming the key. Run on
     /// load and again after command-line overrides.
     pub fn check_numbers(&self, origin: &str) -> crate::error::Result<()> {
+        if let Err(reason) = wirl_engine::check_template_vars(&self.model.chat_template_kwargs) {
+            bail!("{origin}: `model.chat_template_kwargs`: {reason}");
+        }
         if let Some(device) = &self.model.device
             && super::DeviceSpec::parse(device).is_none()
         {
