@@ -497,6 +497,27 @@ fn a_requests_chat_template_variables_reach_the_template() {
             "{answer}"
         );
     }
+    // `wirl generate --chat … --template-var NAME=VALUE` likewise; a reserved name refused.
+    let generate = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["generate", "--chat", "hi", "--max-tokens", "1", "--model"])
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let prompt_of = |out: std::process::Output| {
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{said}");
+        said.split(" prompt tokens")
+            .next()
+            .and_then(|head| head.rsplit(['\n', ' ']).next()?.parse::<u64>().ok())
+            .unwrap()
+    };
+    assert_eq!(prompt_of(generate(&["--template-var", "greeting=a b c"])), prompt_of(generate(&[])) + 3);
+    let refused = generate(&["--template-var", "eos_token=x"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("`eos_token` is the template's own variable"), "{said}");
 }
 
 /// `wirl serve`'s prefix cache: a request that repeats an earlier one's start computes only

@@ -23,6 +23,10 @@ pub struct Args {
     /// A system message for --chat.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// A variable for the chat template, NAME=VALUE (VALUE as JSON, else a string; repeatable):
+    /// `--template-var enable_thinking=false` turns Qwen3's reasoning off.
+    #[arg(long, requires = "chat", value_name = "NAME=VALUE", value_parser = template_var)]
+    template_var: Vec<(String, serde_json::Value)>,
     /// Number of samples of the prompt (they share one prefill).
     #[arg(short = 'n', default_value_t = 1)]
     samples: usize,
@@ -67,6 +71,15 @@ pub struct Args {
     /// (issue 45): off by default.
     #[arg(long)]
     device_sampling: bool,
+}
+
+/// `--template-var NAME=VALUE`: VALUE read as JSON (`false`, `3`, `["a"]`), else as a string.
+fn template_var(text: &str) -> Result<(String, serde_json::Value), String> {
+    let (name, value) = text.split_once('=').ok_or("expected NAME=VALUE, for example enable_thinking=false")?;
+    let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+    let vars = wirl_engine::TemplateVars::from([(name.to_string(), value.clone())]);
+    wirl_engine::check_template_vars(&vars)?;
+    Ok((name.to_string(), value))
 }
 
 /// `--dtype` of the commands that load a model for inference.
@@ -152,7 +165,8 @@ fn generate(args: &Args, loaded: &wirl_engine::LoadedModel, speaks: bool) -> any
                 messages.push(ChatMessage { role: "system".into(), content: system.clone() });
             }
             messages.push(ChatMessage { role: "user".into(), content: chat.clone() });
-            loaded.tokenizer.render_chat(&messages, true)?
+            let vars: wirl_engine::TemplateVars = args.template_var.iter().cloned().collect();
+            loaded.tokenizer.render_chat_with(&messages, true, &vars)?
         }
         (None, None) => unreachable!("clap requires --prompt or --chat"),
     };
