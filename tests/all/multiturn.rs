@@ -196,6 +196,16 @@ fn templates_that_call_pythons_string_methods_render() {
     let error = tokenizer.set_template_vars(reserved.clone()).unwrap_err().to_string();
     assert!(error.contains("`messages` is the template's own variable"), "{error}");
     assert!(tokenizer.render_chat_with(&first, true, &reserved).is_err());
+
+    // transformers' `{% generation %}` tags (TRL's assistant_only_loss) render their body.
+    let plain = "{% for m in messages %}{{ m.role }}:\n{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    let tagged = "{% for m in messages %}{{ m.role }}:\n{% if m.role == 'assistant' %}{%- generation -%}\n{{ m.content }}\n{%- endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    let conversation = [message("user", "2 + 2?"), message("assistant", "It is 4."), message("user", "And 3 + 3?")];
+    let (plain, tagged) = (tokenizer_with_template(plain), tokenizer_with_template(tagged));
+    let expected = "user:\n2 + 2?\nassistant:\nIt is 4.\nuser:\nAnd 3 + 3?\nassistant:";
+    assert_eq!(plain.render_chat(&conversation, true).unwrap(), expected);
+    // Its whitespace control kept: the newlines inside the tags are trimmed as Jinja trims them.
+    assert_eq!(tagged.render_chat(&conversation, true).unwrap(), expected);
 }
 
 /// The drift check: a template that drops earlier turns, or one that rewrites the model's

@@ -453,7 +453,8 @@ fn render_template(
     env.add_function("raise_exception", |message: String| -> std::result::Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
     });
-    env.add_template("chat", template).map_err(|e| TemplateFailure::Error(format!("chat template: {e}")))?;
+    let template = generation_tags_as_blocks(template);
+    env.add_template("chat", &template).map_err(|e| TemplateFailure::Error(format!("chat template: {e}")))?;
     let context = minijinja::context! {
         messages => messages,
         add_generation_prompt => add_generation_prompt,
@@ -473,6 +474,41 @@ fn render_template(
         }
         Err(e) => Err(TemplateFailure::Error(e.to_string())),
     }
+}
+
+/// `template` with transformers' `{% generation %}` … `{% endgeneration %}` (the tags TRL's
+/// `assistant_only_loss` needs around the assistant's text; transformers renders their body
+/// as it is) as `{% if true %}` … `{% endif %}`, whitespace control kept: minijinja knows no
+/// such tag, and a model trained with TRL may carry it in its template.
+fn generation_tags_as_blocks(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find("{%") {
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let Some(close) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..close];
+        let (trim_left, inner) = inner.strip_prefix('-').map_or((false, inner), |i| (true, i));
+        let (trim_right, inner) = inner.strip_suffix('-').map_or((false, inner), |i| (true, i));
+        let replaced = match inner.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replaced {
+            Some(statement) => {
+                out.push_str(if trim_left { "{%- " } else { "{% " });
+                out.push_str(statement);
+                out.push_str(if trim_right { " -%}" } else { " %}" });
+            }
+            None => out.push_str(&tag[..close + 2]),
+        }
+        rest = &tag[close + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Collects rendered text up to `limit` bytes; past it, every write fails.
