@@ -427,7 +427,10 @@ fn a_swap_staged_when_the_run_is_killed_is_said_lost_on_resume() {
         !shas.is_empty() && shas.iter().all(|sha| *sha != sha256_of(EXACT_MATCH)) && shas.contains(&old),
         "{shas:?}"
     );
-    // Resumed again, nothing more is said: the lost generation was answered once.
+    // Resumed again, nothing more is said: the lost generation was answered once. (A line
+    // a kill cut short in events.jsonl does not stop a resume.)
+    let mut events = std::fs::OpenOptions::new().append(true).open(live.run_dir.join("events.jsonl")).unwrap();
+    std::io::Write::write_all(&mut events, br#"{"time": 17, "st"#).unwrap();
     let again = crate::grpo::resume(&live.run_dir, k + 2);
     let said = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success() && !said.contains("never switched in"), "{said}");

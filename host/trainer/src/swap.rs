@@ -560,7 +560,14 @@ impl Swapper {
     /// killed before its next step boundary) is not in force; recorded as discarded, and
     /// said, so that a "staged" answer is never silently lost. Its generation number, if any.
     pub fn discard_lost(&self, step: usize) -> crate::error::Result<Option<u64>> {
-        let events = read_events(&self.run_dir)?;
+        // A kill can cut the file's last line: that must not stop the resume.
+        let events = match read_events(&self.run_dir) {
+            Ok(events) => events,
+            Err(error) => {
+                tracing::warn!("{error}: a task set staged before the stop cannot be looked for there");
+                return Ok(None);
+            }
+        };
         let answered = |generation: u64, after: usize| {
             events[after..]
                 .iter()
