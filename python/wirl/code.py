@@ -52,7 +52,7 @@ class RunResult:
         return self.verdict == "exited" and self.exit_code == 0
 
     def __repr__(self):
-        how = f"exited({self.exit_code})" if self.verdict == "exited" else self.verdict
+        how = {"exited": f"exited({self.exit_code})", "crashed": f"crashed({self.crash!r})"}.get(self.verdict, self.verdict)
         return f"RunResult({how}, stdout={self.stdout[:60]!r}, stderr={self.stderr[-60:]!r}, {self.duration_ms} ms)"
 
 
