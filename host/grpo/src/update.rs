@@ -505,7 +505,7 @@ impl Learner {
         // begins (when recomputing, that is the graph-free pass and the head).
         let mut loss_of = |k: usize, token_stats: &TokenStats| {
             forward_time.get_or_insert_with(|| timer.elapsed());
-            inputs.loss(k, token_stats)
+            inputs.loss(k, token_stats, epoch == 0)
         };
         let span = micro.span;
         let batches = &groups[span.clone()];
@@ -543,7 +543,7 @@ impl Learner {
                 sums.truncated += cut;
                 sums.lagged_tokens += tokens;
             }
-            if let (Some(gap), 0) = (gap, epoch) {
+            if let Some(gap) = gap {
                 sums.gap += gap.sum;
                 sums.gap_max = sums.gap_max.max(gap.max);
                 sums.gap_tokens += gap.tokens;
@@ -678,12 +678,14 @@ struct LossInputs<'a> {
 impl LossInputs<'_> {
     /// Micro-batch k's loss (the tensor to differentiate) and its parts, with, for a group
     /// sampled by older weights, (tokens truncated, tokens) of its importance weights, and
-    /// for one sampled by these weights with the sampler's log-probs known, its gap to them.
+    /// (`first_epoch`: before any update) for one sampled by these weights with the sampler's
+    /// log-probs known, its gap to them.
     #[allow(clippy::type_complexity)]
     fn loss(
         &self,
         k: usize,
         token_stats: &TokenStats,
+        first_epoch: bool,
     ) -> candle_core::Result<(Tensor, (LossParts, (Option<(f32, f32)>, Option<GapSums>)))> {
         let (group, settings) = (&self.groups[k], self.settings);
         let lengths: Vec<usize> = group.completions.iter().map(Vec::len).collect();
@@ -697,8 +699,8 @@ impl LossInputs<'_> {
         };
         let device = token_stats.logp.device();
         let weights = Tensor::from_vec(weights, (lengths.len(), width), device)?;
-        let gap = match group.sampler_lag {
-            0 => group
+        let gap = match (group.sampler_lag, first_epoch) {
+            (0, true) => group
                 .sampled_logprobs(device)?
                 .map(|sampled| gap_sums(&token_stats.logp, &sampled, &weights))
                 .transpose()?,
@@ -748,14 +750,12 @@ struct GapSums {
 
 /// The gap between the trainer's log-probs `logp` and the sampler's `sampled` over the tokens
 /// whose loss weight is above 0 (padding and a ledger's environment tokens are not sampled).
+/// The three figures come back to the host together (one device sync, not three).
 fn gap_sums(logp: &Tensor, sampled: &Tensor, weights: &Tensor) -> candle_core::Result<GapSums> {
     let active = weights.gt(0.0)?.to_dtype(candle_core::DType::F32)?;
     let gap = ((logp.detach().to_dtype(candle_core::DType::F32)? - sampled)?.abs()? * &active)?;
-    Ok(GapSums {
-        sum: gap.sum_all()?.to_scalar::<f32>()?,
-        max: gap.max_all()?.to_scalar::<f32>()?,
-        tokens: active.sum_all()?.to_scalar::<f32>()?,
-    })
+    let figures = Tensor::stack(&[gap.sum_all()?, gap.max_all()?, active.sum_all()?], 0)?.to_vec1::<f32>()?;
+    Ok(GapSums { sum: figures[0], max: figures[1], tokens: figures[2] })
 }
 
 #[cfg(test)]
