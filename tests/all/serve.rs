@@ -472,7 +472,7 @@ fn a_requests_chat_template_variables_reach_the_template() {
     let config = serde_json::json!({"chat_template": template, "eos_token": "</s>"});
     std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
     let server = Server::start_model(dir.path(), &["--name", "tiny"]);
-    let ask = |vars: serde_json::Value| {
+    let ask_of = |server: &Server, vars: serde_json::Value| {
         let mut body =
             serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
         if !vars.is_null() {
@@ -480,12 +480,46 @@ fn a_requests_chat_template_variables_reach_the_template() {
         }
         server.post("/v1/chat/completions", &body.to_string())
     };
+    let ask = |vars: serde_json::Value| ask_of(&server, vars);
     let prompt_tokens = |(status, answer): (u16, serde_json::Value)| {
         assert_eq!(status, 200, "{answer}");
         answer["usage"]["prompt_tokens"].as_u64().unwrap()
     };
     let plain = prompt_tokens(ask(serde_json::Value::Null));
     assert_eq!(prompt_tokens(ask(serde_json::json!({"greeting": "a b c"}))), plain + 3);
+    // A config's `model.chat_template_kwargs` are every request's, in a file of `[model]` alone
+    // too; there its training keys are refused rather than ignored, naming the key.
+    let config = dir.path().join("serve.toml");
+    let model_only = format!("[model]\npath = {:?}\nchat_template_kwargs = {{ greeting = \"a b c\" }}\n", dir.path());
+    std::fs::write(&config, &model_only).unwrap();
+    let configured = Server::start_model(dir.path(), &["--name", "tiny", "--config", config.to_str().unwrap()]);
+    assert_eq!(prompt_tokens(ask_of(&configured, serde_json::Value::Null)), plain + 3);
+    drop(configured);
+    let with = |extra: &str| model_only.replace("[model]\n", &format!("[model]\n{extra}\n"));
+    // `[model] device` is where the server runs unless [serve] or --device says otherwise (a
+    // later refusal, --tp 2 with --weights-dir, keeps a server that ignored it from starting).
+    let later_refusal: &[&str] = &["--tp", "2", "--weights-dir", "."];
+    let mut cases = vec![
+        (with("tf32 = true"), "[model] tf32: a training key", &[][..]),
+        (with("inference_dtype = \"bf16\""), "set `[serve] dtype`", &[]),
+        (with("colour = 1"), "unknown field `colour`", &[]),
+        (with("device = \"gpu\""), "[model] device = \"gpu\": expected cpu, cuda or cuda:N", &[]),
+        (model_only.replace("greeting", "eos_token"), "`eos_token` is the template's own variable", &[]),
+    ];
+    if !cfg!(feature = "cuda") {
+        cases.push((with("device = \"cuda\""), "built without CUDA", later_refusal));
+    }
+    for (text, said, extra) in cases {
+        std::fs::write(&config, &text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["serve", "--port", "0", "--config"])
+            .arg(&config)
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(said), "{text}: {stderr}");
+    }
     for (vars, said) in [
         (serde_json::json!({"messages": []}), "`messages` is the template's own variable"),
         (serde_json::json!("enable_thinking"), "must be an object"),

@@ -106,19 +106,21 @@ pub struct Args {
 }
 
 /// What `--config` gives: its `[serve]` table (paths in it resolved against the config's
-/// directory), the tasks' config (if it has tasks), a model.
+/// directory; `[model] device` where it sets no device), the tasks' config (if it has tasks),
+/// its `[model]` (a training config's, or the file's only section).
 #[derive(Default)]
 struct ConfigFile {
     serve: toml::Table,
     origin: String,
     tasks: Option<wirl_trainer::TrainConfig>,
-    model: Option<String>,
+    model: Option<wirl_trainer::config::ModelSection>,
 }
 
 /// Read `--config`: a `[serve]` table, and a training config, a task set, or only `[model]`.
 fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
     if path.as_os_str() == "default" {
-        return Ok(ConfigFile { tasks: Some(wirl_trainer::TrainConfig::embedded_default()?), ..Default::default() });
+        let config = wirl_trainer::TrainConfig::embedded_default()?;
+        return Ok(ConfigFile { model: Some(config.model.clone()), tasks: Some(config), ..Default::default() });
     }
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {origin}"))?;
@@ -137,17 +139,55 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
         }
     }
     let only_model = table.keys().all(|k| k == "model");
-    let model = table.get("model").and_then(|m| m.get("path")).and_then(|p| p.as_str()).map(str::to_string);
     let rest = toml::to_string(&table)?;
-    let tasks = if table.is_empty() || only_model {
-        None
-    } else if table.contains_key("model") {
-        Some(wirl_trainer::TrainConfig::parse(&rest, &origin, base)?)
-    } else {
-        let set = wirl_trainer::TrainConfig::parse_task_set(&rest, &origin, base)?;
-        Some(wirl_trainer::TrainConfig::embedded_default()?.with_task_set(set, &origin, base)?)
+    let (tasks, model) = match table.remove("model") {
+        Some(section) if only_model => (None, Some(model_only(section, &origin)?)),
+        Some(_) => {
+            let config = wirl_trainer::TrainConfig::parse(&rest, &origin, base)?;
+            let model = config.model.clone();
+            (Some(config), Some(model))
+        }
+        None if table.is_empty() => (None, None),
+        None => {
+            let set = wirl_trainer::TrainConfig::parse_task_set(&rest, &origin, base)?;
+            (Some(wirl_trainer::TrainConfig::embedded_default()?.with_task_set(set, &origin, base)?), None)
+        }
     };
+    // The model runs where its `[model]` says unless `[serve]` (or --device) says otherwise.
+    if let Some(device) = model.as_ref().and_then(|m| m.device.clone()) {
+        serve.entry("device").or_insert(toml::Value::String(device));
+    }
     Ok(ConfigFile { serve, origin, tasks, model })
+}
+
+/// A file whose only section is `[model]` trains nothing: `wirl serve` reads its path, device
+/// and chat template variables, and refuses its training keys rather than ignore them, naming
+/// what sets the same for the server.
+fn model_only(section: toml::Value, origin: &str) -> anyhow::Result<wirl_trainer::config::ModelSection> {
+    let model: wirl_trainer::config::ModelSection =
+        section.try_into().map_err(|e: toml::de::Error| anyhow::anyhow!("{origin}: [model]: {}", e.message()))?;
+    let training_keys = [
+        (
+            "prefix_cache_mib",
+            model.prefix_cache_mib.is_some(),
+            "set `[serve] prefix_cache_mib` (or --prefix-cache-mib)",
+        ),
+        ("inference_dtype", model.inference_dtype.is_some(), "set `[serve] dtype` (or --dtype)"),
+        ("train_dtype", model.train_dtype.is_some(), "remove it"),
+        ("device_sampling", model.device_sampling.is_some(), "remove it"),
+        ("tf32", model.tf32.is_some(), "remove it"),
+    ];
+    if let Some(device) = &model.device
+        && wirl_trainer::config::DeviceSpec::parse(device).is_none()
+    {
+        bail!("{origin}: [model] device = {device:?}: expected cpu, cuda or cuda:N");
+    }
+    if let Some((key, _, instead)) = training_keys.iter().find(|(_, set, _)| *set) {
+        bail!("{origin}: [model] {key}: a training key, which `wirl serve` does not read; {instead}");
+    }
+    wirl_engine::check_template_vars(&model.chat_template_kwargs)
+        .map_err(|reason| anyhow::anyhow!("{origin}: `model.chat_template_kwargs`: {reason}"))?;
+    Ok(model)
 }
 
 /// The settings: the config's `[serve]` table, each flag given on the command line over it,
@@ -225,7 +265,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let api_key = api_key(&host, args.api_key.as_deref().or(key_from_file.as_deref()), "--host")?;
     let weights_dir = settings.weights_dir.clone();
     let run = file.tasks.as_ref().map(wirl_trainer::TrainConfig::run_config).transpose()?;
-    let model = args.model.clone().or_else(|| run.as_ref().map(|r| r.model.clone())).or(file.model.clone());
+    let model = args
+        .model
+        .clone()
+        .or_else(|| run.as_ref().map(|r| r.model.clone()))
+        .or_else(|| file.model.as_ref().map(|m| m.path.clone()));
     let path = crate::model::resolve(model.as_deref())?;
     let device_name = settings.device.clone().unwrap_or_else(|| "cpu".into());
     let device = crate::device::parse_device(&device_name)?;
@@ -260,8 +304,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     let mut tokenizer = loaded.tokenizer;
     // A config's `model.chat_template_kwargs` are every request's (a request's own go over them).
-    if let Some(run) = &run {
-        tokenizer.set_template_vars(run.chat_template_kwargs.clone())?;
+    if let Some(model) = &file.model {
+        tokenizer.set_template_vars(model.chat_template_kwargs.clone())?;
     }
     let tokenizer = Arc::new(tokenizer);
     let served = match &run {
