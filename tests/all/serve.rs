@@ -505,6 +505,11 @@ fn a_requests_chat_template_variables_reach_the_template() {
         (with("colour = 1"), "unknown field `colour`", &[]),
         (with("device = \"gpu\""), "[model] device = \"gpu\": expected cpu, cuda or cuda:N", &[]),
         (model_only.replace("greeting", "eos_token"), "`eos_token` is the template's own variable", &[]),
+        (
+            "[model]\npath = \"no-such-model\"\n".to_string(),
+            "serve.toml: `model.path` = no-such-model: no such file",
+            &[],
+        ),
     ];
     if !cfg!(feature = "cuda") {
         cases.push((with("device = \"cuda\""), "built without CUDA", later_refusal));

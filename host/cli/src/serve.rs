@@ -265,12 +265,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let api_key = api_key(&host, args.api_key.as_deref().or(key_from_file.as_deref()), "--host")?;
     let weights_dir = settings.weights_dir.clone();
     let run = file.tasks.as_ref().map(wirl_trainer::TrainConfig::run_config).transpose()?;
-    let model = args
-        .model
-        .clone()
-        .or_else(|| run.as_ref().map(|r| r.model.clone()))
-        .or_else(|| file.model.as_ref().map(|m| m.path.clone()));
-    let path = crate::model::resolve(model.as_deref())?;
+    let configured = run.as_ref().map(|r| r.model.clone()).or_else(|| file.model.as_ref().map(|m| m.path.clone()));
+    let path = match &args.model {
+        Some(model) => crate::model::resolve(Some(model))?,
+        None => crate::model::resolve_named(configured.as_deref(), &format!("{}: `model.path` = ", file.origin))?,
+    };
+    let model = args.model.clone().or(configured);
     let device_name = settings.device.clone().unwrap_or_else(|| "cpu".into());
     let device = crate::device::parse_device(&device_name)?;
     let tp = usize::from(settings.tp);
