@@ -436,11 +436,22 @@ fn a_swap_staged_when_the_run_is_killed_is_said_lost_on_resume() {
     assert!(again.status.success() && !said.contains("never switched in"), "{said}");
 }
 
-/// `wirl train --watch`: a rebuilt plugin file is checked and switched in by itself.
+/// `wirl train --watch`: a rebuilt plugin file is checked and switched in by itself; a FIFO
+/// put in its place first is refused by name and does not stop the watcher.
 #[test]
 fn watch_mode_swaps_in_a_rebuilt_plugin() {
     let live = Live::start_with(&["--watch"]);
     let k = live.hold_after(1);
+    std::fs::remove_file(live.path("reward.wasm")).unwrap();
+    let c_path = std::ffi::CString::new(live.path("reward.wasm").to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a path in the test's own temporary directory.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    live.wait_for("the watcher's refusal of a FIFO", || {
+        lines(&live.run_dir.join("events.jsonl"))
+            .iter()
+            .any(|e| e["kind"] == "refused" && e["reason"].as_str().is_some_and(|r| r.contains("not a regular file")))
+    });
+    std::fs::remove_file(live.path("reward.wasm")).unwrap();
     std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
     live.wait_for("the watcher's swap", || {
         lines(&live.run_dir.join("events.jsonl")).iter().any(|e| e["kind"] == "applied" && e["reason"] == "watch")

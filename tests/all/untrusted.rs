@@ -497,3 +497,65 @@ fn rank_and_cache_settings_are_refused_before_the_model_loads() {
     let out = wirl(&["train", "--model", big.path().to_str().unwrap(), "--dp", "2", "--steps", "1"]);
     assert!(stderr(&out).contains("--dp 2") && stderr(&out).contains("available"), "{}", stderr(&out));
 }
+
+/// `wirl args`, killed (and the test failed) if it has not ended within `limit`: a config
+/// read that blocks must fail the test, not hang the suite.
+fn wirl_within(args: &[&str], limit: Duration) -> std::process::Output {
+    let piped = std::process::Stdio::piped;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(args)
+        .stdout(piped())
+        .stderr(piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("wirl {args:?} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A training config, a task set or a `wirl serve` config that is a FIFO, a link to
+/// `/dev/zero`, a directory, megabytes long or not UTF-8: refused at once naming the file
+/// and what it is, never a start that blocks or reads without end.
+#[test]
+fn configs_a_user_names_are_bounded_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a path in a fresh temporary directory.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let zero = dir.path().join("zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let folder = dir.path().join("folder.toml");
+    std::fs::create_dir(&folder).unwrap();
+    let huge = dir.path().join("huge.toml");
+    std::fs::write(&huge, format!("# {}\n", "x".repeat(5 << 20))).unwrap();
+    let binary = dir.path().join("binary.toml");
+    std::fs::write(&binary, b"[model]\npath = \"\xff\xfe\"\n").unwrap();
+    let over = format!("over {} bytes", wirl_trainer::config::MAX_CONFIG_BYTES);
+    let cases = [
+        (&fifo, "not a regular file"),
+        (&zero, "not a regular file"),
+        (&folder, "a directory"),
+        (&huge, over.as_str()),
+        (&binary, "not UTF-8"),
+    ];
+    let run = dir.path().join("run").display().to_string();
+    for (path, expected) in cases {
+        let file = path.display().to_string();
+        for args in [vec!["train", file.as_str(), "--run-dir", run.as_str()], vec!["serve", "--config", file.as_str()]]
+        {
+            let out = wirl_within(&args, Duration::from_secs(60));
+            let error = stderr(&out);
+            assert!(!out.status.success() && error.contains(&file) && error.contains(expected), "{args:?}: {error}");
+        }
+        let error = wirl_engine::error_chain(&wirl_trainer::TrainConfig::read_task_set(path).unwrap_err());
+        assert!(error.contains(&file) && error.contains(expected), "task set {file}: {error}");
+    }
+    assert!(!Path::new(&run).exists(), "a refused config left a run directory");
+}

@@ -123,7 +123,7 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
         return Ok(ConfigFile { model: Some(config.model.clone()), tasks: Some(config), ..Default::default() });
     }
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {origin}"))?;
+    let text = wirl_trainer::config::read_config_text(path)?;
     let mut table: toml::Table =
         text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{origin}: {}", e.to_string().trim_end()))?;
     let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

@@ -186,7 +186,7 @@ fn start(args: &Args, control: &Control, ranks: Arc<dyn Comm>, observer: &mut dy
         }
         None => {
             let (mut config, text) = match &args.config {
-                Some(path) => (TrainConfig::load(path)?, std::fs::read_to_string(path)?),
+                Some(path) => TrainConfig::load_with_text(path)?,
                 None => (TrainConfig::embedded_default()?, DEFAULT_TOML.into()),
             };
             apply_overrides(&mut config, args)?;
@@ -475,8 +475,13 @@ fn watch_plugins(control: Control) {
                 let settled = std::fs::metadata(path)
                     .and_then(|m| m.modified())
                     .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs_f64() >= 1.0));
-                let Ok(bytes) = std::fs::read(path) else { continue };
-                let now = sha256_hex(&bytes);
+                // Read as the apply reads it: a FIFO or a device put in a plugin's place is
+                // not read (it would block this thread or never end); it counts as a change,
+                // so the apply it makes is refused naming the file.
+                let now = match wirl_trainer::manifest::PluginStore::read(path) {
+                    Ok(bytes) => sha256_hex(&bytes),
+                    Err(error) => format!("unreadable: {error}"),
+                };
                 if settled && &now != sha256 && tried.get(reference) != Some(&now) {
                     tried.insert(reference.clone(), now);
                     changed.push(reference.clone());

@@ -97,7 +97,7 @@ impl TrainConfig {
 
     /// Read a task set file (`[[tasks]]`, shared `[[rewards]]`; paths relative to it).
     pub fn read_task_set(path: &Path) -> crate::error::Result<TaskSet> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let text = read_config_text(path)?;
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         Self::parse_task_set(&text, &path.display().to_string(), parent)
     }
@@ -176,8 +176,40 @@ impl TrainConfig {
 
     /// Load from a TOML file.
     pub fn load(path: &Path) -> crate::error::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        Self::parse(&text, &path.display().to_string(), base)
+        Ok(Self::load_with_text(path)?.0)
     }
+
+    /// Load from a TOML file, with the text it was read from (read once: what the run
+    /// directory keeps is what was checked).
+    pub fn load_with_text(path: &Path) -> crate::error::Result<(Self, String)> {
+        let text = read_config_text(path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Ok((Self::parse(&text, &path.display().to_string(), base)?, text))
+    }
+}
+
+/// The most bytes read from a config or a task set a user names: real ones are kilobytes.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// The text of a config or task set file: a regular file (a link is followed, then checked)
+/// of at most [`MAX_CONFIG_BYTES`], as UTF-8. A FIFO would block the start for ever and
+/// `/dev/zero` would never end; the error names the file and what it is instead.
+pub fn read_config_text(path: &Path) -> crate::error::Result<String> {
+    use std::io::Read;
+    let cannot_read = || format!("cannot read {}", path.display());
+    let metadata = std::fs::metadata(path).with_context(cannot_read)?;
+    if !metadata.is_file() {
+        let what = if metadata.is_dir() { "a directory" } else { "not a regular file (a FIFO, device or socket)" };
+        crate::error::bail!("{}: {what}; a config is a TOML file", path.display());
+    }
+    let file = std::fs::File::open(path).with_context(cannot_read)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes).with_context(cannot_read)?;
+    crate::error::ensure!(
+        bytes.len() as u64 <= MAX_CONFIG_BYTES,
+        "{}: over {MAX_CONFIG_BYTES} bytes; a config is a TOML file of kilobytes",
+        path.display()
+    );
+    String::from_utf8(bytes)
+        .map_err(|e| crate::error::invalid!("{}: not UTF-8 text ({e}); a config is a TOML file", path.display()))
 }

@@ -9,6 +9,7 @@
 //! [`RunConfig`]; `set` is the `--set KEY=VALUE` editor.
 
 mod files;
+pub use files::{MAX_CONFIG_BYTES, read_config_text};
 mod lower;
 pub mod preset;
 mod set;

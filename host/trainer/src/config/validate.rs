@@ -397,6 +397,11 @@ impl Files<'_> {
             Err(message) => bail!("{origin}: `{key}`: {message}"),
             Ok(Some(_)) => Ok(()),
             Ok(None) if path.is_file() || !self.plugins_on_disk => Ok(()),
+            Ok(None) if path.exists() => bail!(
+                "{origin}: `{key}`: plugin file {} is not a regular file (a directory, FIFO, device or socket); \
+                 a plugin is a .wasm component file",
+                path.display()
+            ),
             Ok(None) => bail!(
                 "{origin}: `{key}`: plugin file {} does not exist (build the plugins with scripts/build-plugins, \
                  name a built-in such as builtin:math-answer, or fix the path; relative paths are from \
