@@ -6,7 +6,7 @@ use crate::{Loaded, default_threads, parallel, plugin_error, spec_of};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
-use wirl_sandbox::{CodeRunnerPlugin, Limits, Outcome, Program, RunLimits, Termination};
+use wirl_sandbox::{CodeRunnerPlugin, Limits, Outcome, Program, RunLimits, RunnerFailure, Termination};
 
 /// One program as Python sends it: (language, source, stdin, args).
 type ProgramArgs = (String, String, String, Vec<String>);
@@ -106,7 +106,7 @@ impl NativeCodeRunner {
             self.threads,
             || Ok(()),
             |()| {},
-            |(), program| shown(runner.run(program, &limits)),
+            |(), program| shown(runner.try_run(program, &limits)),
         )
     }
 }
@@ -116,7 +116,7 @@ impl NativeCodeRunner {
     fn current(&self) -> PyResult<Arc<CodeRunnerPlugin>> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if !state.0.is_ours() {
-            *state = load(&self.spec, self.workers)?;
+            crate::inherited(std::mem::replace(&mut *state, load(&self.spec, self.workers)?));
         }
         Ok(state.1.clone())
     }
@@ -131,7 +131,13 @@ fn load(spec: &wirl_sandbox::PluginSpec, workers: usize) -> PyResult<(Loaded, Ar
     Ok((loaded, Arc::new(runner)))
 }
 
-fn shown(outcome: Outcome) -> Ran {
+/// A run as Python sees it; the runner's own failure (a lost worker, no instance) is the
+/// verdict `infrastructure` with what happened, never one of the program's endings.
+fn shown(run: Result<Outcome, RunnerFailure>) -> Ran {
+    let outcome = match run {
+        Ok(outcome) => outcome,
+        Err(RunnerFailure(why)) => return ("infrastructure", None, Some(why), String::new(), String::new(), false, 0),
+    };
     let (termination, status, crash) = match outcome.termination {
         Termination::Exited(status) => ("exited", Some(status), None),
         Termination::TimedOut => ("timed_out", None, None),

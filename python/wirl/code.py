@@ -4,7 +4,7 @@ import math
 import os
 import threading
 
-from . import _native
+from . import _checks, _native
 
 __all__ = ["CodeRunner", "RunResult", "humaneval_grader", "plugin_path", "run_python"]
 
@@ -31,9 +31,11 @@ def plugin_path(name):
 
 class RunResult:
     """How a program ended: ``verdict`` (``exited``, ``timed_out``, ``out_of_memory``,
-    ``out_of_fuel``, ``output_limit``, ``crashed``), ``exit_code`` (when it exited),
-    ``stdout``, ``stderr`` (at most the output limit each; ``truncated`` when cut),
-    ``duration_ms``; ``crash`` says how the interpreter crashed."""
+    ``out_of_fuel``, ``output_limit``, ``crashed``; or ``infrastructure`` when the runner could
+    not run it at all — a worker process killed from outside, no instance to be had — which
+    says nothing of the program), ``exit_code`` (when it exited), ``stdout``, ``stderr`` (at
+    most the output limit each; ``truncated`` when cut), ``duration_ms``; ``crash`` says how
+    the interpreter crashed, or what became of the runner."""
 
     __slots__ = ("verdict", "exit_code", "crash", "stdout", "stderr", "truncated", "duration_ms")
 
@@ -52,7 +54,11 @@ class RunResult:
         return self.verdict == "exited" and self.exit_code == 0
 
     def __repr__(self):
-        how = {"exited": f"exited({self.exit_code})", "crashed": f"crashed({self.crash!r})"}.get(self.verdict, self.verdict)
+        how = {
+            "exited": f"exited({self.exit_code})",
+            "crashed": f"crashed({self.crash!r})",
+            "infrastructure": f"infrastructure({self.crash!r})",
+        }.get(self.verdict, self.verdict)
         return f"RunResult({how}, stdout={self.stdout[:60]!r}, stderr={self.stderr[-60:]!r}, {self.duration_ms} ms)"
 
 
@@ -79,7 +85,10 @@ class CodeRunner:
     threads without the GIL."""
 
     def __init__(self, runner=None, *, timeout_s=MAX_TIMEOUT_S, memory_mib=MAX_MEMORY_MIB, max_output_bytes=1 << 20, workers=0, threads=None):
-        runner = plugin_path("code_runner") if runner is None else os.path.abspath(os.fspath(runner))
+        runner = plugin_path("code_runner") if runner is None else _checks.reference(runner, "runner")
+        _checks.whole(max_output_bytes, "max_output_bytes", 1, 2**32 - 1, optional=False)
+        _checks.whole(workers, "workers", 0, _checks.MAX_WORKERS, optional=False)
+        _checks.whole(threads, "threads", 1, _checks.MAX_THREADS)
         self.runner = runner
         self._args = (runner, timeout_s, memory_mib, max_output_bytes, workers, threads)
         self._native = _native.NativeCodeRunner(
@@ -90,6 +99,7 @@ class CodeRunner:
             workers=workers,
             threads=threads,
         )
+        self.sha256 = self._native.sha256
 
     @property
     def workers(self):
@@ -104,25 +114,29 @@ class CodeRunner:
 
     def run_many(self, codes, stdin=None, *, args=(), timeout_s=10.0, memory_mib=512):
         """Run programs concurrently, each in its own instance; results in order."""
-        codes = list(codes)
+        codes = _checks.batch(codes, "codes")
         for index, code in enumerate(codes):
             if not isinstance(code, str):
                 raise TypeError(f"program {index}: code must be a str, not {type(code).__name__}")
         if stdin is not None and not isinstance(stdin, str):
             raise TypeError(f"stdin must be a str, not {type(stdin).__name__}")
-        argv = [str(a) for a in args]
+        argv = [str(a) for a in _checks.batch(args, "args")]
         programs = [("python", code, stdin or "", argv) for code in codes]
         ran = self._native.run(programs, wall_ms=_timeout_ms(timeout_s), memory_bytes=_memory_bytes(memory_mib))
         return [RunResult(*r) for r in ran]
 
     def __reduce__(self):
-        return (_runner_again, self._args)
+        return (_runner_again, (*self._args, self.sha256))
 
 
-def _runner_again(runner, timeout_s, memory_mib, max_output_bytes, workers, threads):
-    return CodeRunner(
+def _runner_again(runner, timeout_s, memory_mib, max_output_bytes, workers, threads, sha256):
+    from .reward import unchanged
+
+    again = CodeRunner(
         runner, timeout_s=timeout_s, memory_mib=memory_mib, max_output_bytes=max_output_bytes, workers=workers, threads=threads
     )
+    unchanged(runner, "code runner", sha256, again.sha256)
+    return again
 
 
 _default = None

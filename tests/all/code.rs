@@ -145,6 +145,22 @@ fn printing_without_end_stops_at_the_output_limit() {
 }
 
 #[test]
+fn one_large_print_arrives_whole_or_ends_as_an_output_limit() {
+    // One write of 200 KB: a write permit of 64 KiB once cut it to 65,536 bytes, silently.
+    let big =
+        runner().run(&Program::python("import sys\nsys.stdout.write('y' * 200_000)"), &limits(5_000, 128, 1 << 20));
+    assert_eq!((&big.termination, big.stdout.len(), big.truncated), (&Termination::Exited(0), 200_000, false));
+    let err =
+        runner().run(&Program::python("import sys\nsys.stderr.write('e' * 150_000)"), &limits(5_000, 128, 1 << 20));
+    assert_eq!((&err.termination, err.stderr.len(), err.truncated), (&Termination::Exited(0), 150_000, false));
+    // Past the limit in one write: the limit is named and the output says it was cut.
+    let over =
+        runner().run(&Program::python("import sys\nsys.stdout.write('z' * 300_000)"), &limits(5_000, 128, 100_000));
+    assert_eq!((&over.termination, over.truncated), (&Termination::OutputLimit, true), "{over:?}");
+    assert_eq!(over.stdout.len(), 100_000);
+}
+
+#[test]
 fn no_files_processes_network_or_native_code() {
     for source in [
         "print(open('/etc/passwd').read())",
@@ -269,6 +285,51 @@ fn canonical_solutions_pass_and_wrong_ones_fail_with_a_reason() {
         assert!(memory.starts_with("memory"), "{memory}");
         assert!(grade(2, "    while True: print('x' * 10000)\n").1.starts_with("output limit"));
     }
+}
+
+/// A task of our own, in HumanEval's shape.
+fn task_of(prompt: &str, test: &str, entry_point: &str) -> Task {
+    let metadata = serde_json::json!({ "prompt": prompt, "test": test, "entry_point": entry_point });
+    Task { id: "own/0".into(), messages: Vec::new(), answer: None, metadata: Some(metadata.to_string()) }
+}
+
+#[test]
+fn large_results_and_many_asserts_are_judged_not_unreadable() {
+    // A correct function returning 20,000 numbers: its results line is ~110 KB.
+    let task = task_of(
+        "def squares(n):\n    \"\"\"The squares of 0 to n - 1.\"\"\"\n",
+        "def check(candidate):\n    assert candidate(20000) == [i * i for i in range(20000)]\n",
+        "squares",
+    );
+    for runner in RUNNERS {
+        let right = grader_on(runner).score(&task, "    return [i * i for i in range(n)]\n").unwrap();
+        assert_eq!((right.reward, right.note.as_deref()), (1.0, Some("passed")), "on {runner}");
+        let wrong = grader_on(runner).score(&task, "    return [i for i in range(n)]\n").unwrap();
+        assert_eq!(wrong.reward, 0.0, "on {runner}");
+    }
+    // 600 asserts: the judge's list of calls is far over 64 KiB.
+    let asserts: String = (0..600).map(|i| format!("    assert candidate({i}, 'pad' * 40) == {}\n", i + 1)).collect();
+    let many =
+        task_of("def inc(x, pad):\n    \"\"\"x + 1.\"\"\"\n", &format!("def check(candidate):\n{asserts}"), "inc");
+    let right = grader().score(&many, "    return x + 1\n").unwrap();
+    assert_eq!((right.reward, right.note.as_deref()), (1.0, Some("passed")));
+    assert_eq!(grader().score(&many, "    return x\n").unwrap().reward, 0.0);
+}
+
+#[test]
+fn mbpp_bare_asserts_are_judged_and_a_test_that_asserts_nothing_is_refused() {
+    let task = task_of("", "assert add(1, 2) == 3\nassert add(-4, 4) == 0\n", "add");
+    for runner in RUNNERS {
+        let right = grader_on(runner).score(&task, "def add(a, b):\n    return a + b\n").unwrap();
+        assert_eq!((right.reward, right.note.as_deref()), (1.0, Some("passed")), "on {runner}");
+        let wrong = grader_on(runner).score(&task, "def add(a, b):\n    return a - b\n").unwrap();
+        assert_eq!(wrong.reward, 0.0, "on {runner}");
+        assert!(wrong.note.as_deref().unwrap_or("").starts_with("assertion"), "{wrong:?}");
+    }
+    // A test that could never fail passes nothing: the task is refused by name, not scored.
+    let vacuous = task_of("", "x = add\n", "add");
+    let refused = grader().score(&vacuous, "def add(a, b):\n    return a + b\n").unwrap_err();
+    assert!(refused.message.contains("asserts nothing"), "{refused:?}");
 }
 
 #[test]
@@ -629,6 +690,44 @@ mod workers {
         let scores: Vec<f32> = grader.score_group(task, &completions).into_iter().map(|s| s.unwrap().reward).collect();
         assert_eq!(scores, [1.0, 0.0, 0.0]);
         assert_eq!(grader.plugin().code_runner().unwrap().workers(), 2);
+    }
+
+    /// A worker killed under a grader (the OOM killer, say) fails the grader's call as the
+    /// host's failure (`infrastructure`): it scored a correct solution 0, "verdict ok".
+    #[test]
+    fn a_graders_lost_worker_fails_the_call_it_does_not_score_0() {
+        wirl_sandbox::register_worker_command(env!("CARGO_BIN_EXE_wirl"), &["code-worker"]);
+        let spec = PluginSpec {
+            limits: Limits { deadline_ms: 120_000, ..Limits::default() },
+            code_runner: Some(Box::new(PluginSpec {
+                limits: Limits::code_runner(),
+                workers: 1,
+                ..PluginSpec::new(PYTHON_HUMANEVAL_RUNNER)
+            })),
+            ..PluginSpec::new(HUMANEVAL_GRADER)
+        };
+        let mut grader = RewardPlugin::new(sandbox().load(spec).unwrap()).unwrap();
+        let runner = grader.plugin().code_runner().unwrap().clone();
+        let task = task_of(
+            "def slow(x):\n    \"\"\"Slowly, x.\"\"\"\n",
+            "def check(candidate):\n    assert candidate(1) == 1\n",
+            "slow",
+        );
+        let completion =
+            "    import time\n    s = time.time()\n    while time.time() - s < 20:\n        pass\n    return x\n";
+        let verdict = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // The judge's first run is quick; then the candidate's 20 s run holds the worker.
+                std::thread::sleep(Duration::from_secs(3));
+                for pid in runner.worker_pids() {
+                    signal(pid, "-KILL");
+                }
+            });
+            grader.score(&task, completion)
+        });
+        let failure = verdict.unwrap_err();
+        assert_eq!(failure.kind, wirl_sandbox::FailureKind::Infrastructure, "{failure:?}");
+        assert!(failure.message.contains("code worker"), "{failure:?}");
     }
 
     #[test]

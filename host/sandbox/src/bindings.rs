@@ -29,8 +29,9 @@ pub(crate) mod grader_world {
         world: "grader-plugin",
         path: "../../wit",
         exports: { default: async },
-        // A program's run is awaited, so that the grader's own deadline can cut it.
-        imports: { "wirl:rl/code-runner.run": async },
+        // A program's run is awaited, so that the grader's own deadline can cut it; a run
+        // the host could not make traps the grader's call (`RunnerFailure`).
+        imports: { "wirl:rl/code-runner.run": async | trappable },
         additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
         with: {
             "wirl:rl/types": super::reward_world::wirl::rl::types,

@@ -13,7 +13,7 @@ use crate::limits::Limits;
 use bytes::Bytes;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
@@ -54,6 +54,9 @@ pub enum FailureKind {
     NonFinite,
     /// The host was asked to stop (Ctrl-C) while the call ran.
     Interrupted,
+    /// The host could not do what the plugin asked of it (a grader's code runner lost its
+    /// worker, or had no instance to give): not the plugin's failure, nor the completion's.
+    Infrastructure,
 }
 
 impl FailureKind {
@@ -70,6 +73,7 @@ impl FailureKind {
             FailureKind::Instantiate => "instantiate",
             FailureKind::NonFinite => "non_finite",
             FailureKind::Interrupted => "interrupted",
+            FailureKind::Infrastructure => "infrastructure",
         }
     }
 }
@@ -112,6 +116,8 @@ pub(crate) struct HostState {
     /// Where an agent's `inference` import generates; none for other worlds.
     pub(crate) inference: Option<Arc<dyn crate::inference::InferenceHost>>,
     pub(crate) interrupt: Interrupter,
+    /// The pool's slot this store holds, given back with it.
+    pub(crate) slot: Option<crate::slots::Slot>,
 }
 
 /// Time a call spends waiting for the host on the guest's behalf (an agent's generation),
@@ -171,6 +177,7 @@ impl HostState {
             stdout,
             stderr,
             runner,
+            slot: None,
         }
     }
 }
@@ -252,6 +259,12 @@ impl BoundedOutput {
     fn limit(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).limit
     }
+
+    /// Bytes that may still be printed.
+    fn room(&self) -> usize {
+        let printed = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        printed.limit.saturating_sub(printed.bytes.len())
+    }
 }
 
 #[wasmtime_wasi::async_trait]
@@ -273,9 +286,12 @@ impl OutputStream for BoundedOutput {
     }
 
     fn check_write(&mut self) -> Result<usize, StreamError> {
-        // Always permit a write: the limit is enforced in `write`, which traps. A zero
-        // permit would make the guest wait for readiness until its deadline instead.
-        Ok(64 << 10)
+        // Permit one byte past what is left: a write that fits goes whole, one that does not
+        // traps in `write` (`print_limit`). A guest writes at most the permit and some never
+        // retry the rest (CPython's unbuffered stdout drops it), so a fixed permit of 64 KiB
+        // cut one large print silently and the program "exited(0)" with half its output. A
+        // zero permit would make the guest wait for readiness until its deadline instead.
+        Ok(self.room().saturating_add(1))
     }
 }
 
@@ -403,21 +419,36 @@ impl Interrupter {
     }
 }
 
-/// The runtime that plugin calls (and the WASI imports they wait in) run on. Its one
-/// worker drives timers and I/O; a call itself runs on the calling thread (`block_on`).
-static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("wirl-sandbox-io")
-        .enable_all()
-        .build()
-        .expect("starting the sandbox's tokio runtime")
-});
+/// The runtime that plugin calls (and the WASI imports they wait in) run on, with the process
+/// that started it. Its one worker drives timers and I/O; a call itself runs on the calling
+/// thread (`block_on`). A forked child (Python's `multiprocessing`) does not inherit the
+/// worker thread, so a runtime is per process: the child starts its own, and leaves the
+/// parent's alone (dropping it would wait for a thread the child does not have).
+static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    match *slot {
+        Some((owner, runtime)) if owner == pid => runtime,
+        _ => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("wirl-sandbox-io")
+                .enable_all()
+                .build()
+                .expect("starting the sandbox's tokio runtime");
+            let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(runtime));
+            *slot = Some((pid, runtime));
+            runtime
+        }
+    }
+}
 
 /// Run a plugin call to completion from synchronous code. Not to be called from inside an
 /// async runtime (use `spawn_blocking` there).
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
-    RUNTIME.block_on(future)
+    runtime().block_on(future)
 }
 
 /// Run `call` on `store` until it returns, its deadline passes or the sandbox is
@@ -456,8 +487,11 @@ pub(crate) fn classify(store: &Store<HostState>, error: &wasmtime::Error, limits
     let state = store.data();
     let trap = error.downcast_ref::<Trap>().copied();
     let cut = error.downcast_ref::<Cut>().copied();
+    let runner = error.downcast_ref::<crate::code_runner::RunnerFailure>();
     let (kind, message) = if cut == Some(Cut::Interrupted) {
         (FailureKind::Interrupted, "the host was interrupted during the call".to_string())
+    } else if let Some(failure) = runner {
+        (FailureKind::Infrastructure, failure.to_string())
     } else if trap == Some(Trap::Interrupt) || cut == Some(Cut::Deadline) {
         (FailureKind::Deadline, format!("ran past its deadline of {} ms", limits.deadline_ms))
     } else if trap == Some(Trap::OutOfFuel) {

@@ -18,6 +18,15 @@ use crate::{Error, Outcome, Program, Result, RunLimits, Termination, World};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// Why a runner could not run a program at all: the host's failure, not the program's (a
+/// worker process that died or stopped answering, no instance to be had, an interpreter
+/// that could not be instantiated). A grader's call fails with it (verdict
+/// `infrastructure`) instead of judging the program by it: a killed worker once scored a
+/// correct solution 0.
+#[derive(Clone, Debug, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[error("the code runner could not run the program: {0}")]
+pub struct RunnerFailure(pub String);
+
 /// A code-runner plugin ready to run programs. Shareable between threads: every program
 /// gets its own store and instance.
 pub struct CodeRunnerPlugin {
@@ -47,7 +56,7 @@ impl CodeRunnerPlugin {
     /// they scale with cores as subprocesses do. The children start now, so that a runner
     /// they cannot load is an error here, not a crashed program later.
     pub fn in_workers(mut self, sandbox: &crate::Sandbox, workers: usize) -> Result<Self> {
-        let pool = WorkerPool::start(&self.plugin, sandbox.settings(), workers)
+        let pool = WorkerPool::start(&self.plugin, sandbox.settings(), sandbox.interrupter(), workers)
             .map_err(|message| Error::Config { name: self.plugin.name().to_string(), message })?;
         self.workers = Some(Arc::new(pool));
         Ok(self)
@@ -92,33 +101,52 @@ impl CodeRunnerPlugin {
         }
     }
 
-    /// Run `program` in a fresh instance, to its end or its first exhausted limit. Never
-    /// fails: whatever happened is in the outcome's `termination`.
-    pub fn run(&self, program: &Program, requested: &RunLimits) -> Outcome {
+    /// Run `program` in a fresh instance, to its end or its first exhausted limit: whatever
+    /// the program did is in the outcome's `termination`; an error is the host's failure to
+    /// run it at all ([`RunnerFailure`]).
+    pub fn try_run(&self, program: &Program, requested: &RunLimits) -> std::result::Result<Outcome, RunnerFailure> {
         call::block_on(self.run_async(program, requested))
     }
 
-    /// [`CodeRunnerPlugin::run`], awaited: how a grader's `code-runner` import runs a
+    /// [`CodeRunnerPlugin::try_run`] with the host's failure as a `crashed` outcome that says
+    /// so: for callers that show outcomes and judge nothing by them.
+    pub fn run(&self, program: &Program, requested: &RunLimits) -> Outcome {
+        self.try_run(program, requested).unwrap_or_else(|failure| crashed(failure.to_string(), Instant::now()))
+    }
+
+    /// [`CodeRunnerPlugin::try_run`], awaited: how a grader's `code-runner` import runs a
     /// program inside the grader's own (bounded) call.
-    pub(crate) async fn run_async(&self, program: &Program, requested: &RunLimits) -> Outcome {
+    pub(crate) async fn run_async(
+        &self,
+        program: &Program,
+        requested: &RunLimits,
+    ) -> std::result::Result<Outcome, RunnerFailure> {
         match &self.workers {
             Some(pool) => pool.run(program, requested, &self.effective_limits(requested)).await,
             None => self.run_in_process(program, requested).await,
         }
     }
 
-    /// [`CodeRunnerPlugin::run`] in this process, whatever the runner's workers: what a
+    /// [`CodeRunnerPlugin::try_run`] in this process, whatever the runner's workers: what a
     /// worker process does with each program it is sent.
-    pub(crate) fn run_here(&self, program: &Program, requested: &RunLimits) -> Outcome {
+    pub(crate) fn run_here(
+        &self,
+        program: &Program,
+        requested: &RunLimits,
+    ) -> std::result::Result<Outcome, RunnerFailure> {
         call::block_on(self.run_in_process(program, requested))
     }
 
-    async fn run_in_process(&self, program: &Program, requested: &RunLimits) -> Outcome {
+    async fn run_in_process(
+        &self,
+        program: &Program,
+        requested: &RunLimits,
+    ) -> std::result::Result<Outcome, RunnerFailure> {
         let limits = self.effective_limits(requested);
         let started = Instant::now();
         let mut store = match self.plugin.new_store_with(&limits) {
             Ok(store) => store,
-            Err(failure) => return crashed(failure.message, started),
+            Err(failure) => return Err(RunnerFailure(failure.message)),
         };
         let pre = &self.pre;
         let bindings: Bindings = match call::bounded(&mut store, async |store| pre.instantiate_async(store).await).await
@@ -127,9 +155,9 @@ impl CodeRunnerPlugin {
             Err(error) => {
                 let failure = call::classify(&store, &error, &limits);
                 if failure.kind == FailureKind::Deadline {
-                    return timed_out(&mut store, started);
+                    return Ok(timed_out(&mut store, started));
                 }
-                return crashed(format!("while instantiating the interpreter: {failure}"), started);
+                return Err(RunnerFailure(format!("the interpreter could not be instantiated: {failure}")));
             }
         };
         let instantiated = Instant::now();
@@ -173,7 +201,7 @@ impl CodeRunnerPlugin {
         let cut = stdout_cut || stderr_cut || guest_cut || stdout.len() > limit || stderr.len() > limit;
         truncate_at_char(&mut stdout, limit);
         truncate_at_char(&mut stderr, limit);
-        Outcome { termination, stdout, stderr, truncated: cut, duration_ms: elapsed_ms(started) }
+        Ok(Outcome { termination, stdout, stderr, truncated: cut, duration_ms: elapsed_ms(started) })
     }
 }
 
@@ -291,14 +319,16 @@ impl RunLimits {
 
 /// A grader's `code-runner` import: each program goes to the grader's own runner plugin, in
 /// a store of its own, so nothing the program does reaches the grader's memory.
+/// A run the host could not make traps the grader's call ([`RunnerFailure`], verdict
+/// `infrastructure`): the grader would otherwise judge the program by the host's failure.
 impl import::Host for HostState {
-    async fn run(&mut self, program: Program, limits: RunLimits) -> Outcome {
+    async fn run(&mut self, program: Program, limits: RunLimits) -> wasmtime::Result<Outcome> {
         match self.runner.clone() {
-            Some(runner) => runner.run_async(&program, &limits).await,
-            None => crashed(
+            Some(runner) => Ok(runner.run_async(&program, &limits).await?),
+            None => Err(RunnerFailure(
                 "this grader was loaded without a code runner; give it one (`code_runner` in its config)".into(),
-                Instant::now(),
-            ),
+            )
+            .into()),
         }
     }
 }

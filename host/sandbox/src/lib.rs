@@ -26,6 +26,7 @@ mod limits;
 mod plugin;
 mod reward;
 mod sandbox;
+mod slots;
 mod workers;
 mod world;
 
@@ -35,10 +36,10 @@ pub use bindings::{
     RunLimits, Sampling, Score, StepResult, Task, Termination,
 };
 pub use call::{CallStats, Failure, FailureKind, Interrupter};
-pub use code_runner::CodeRunnerPlugin;
+pub use code_runner::{CodeRunnerPlugin, RunnerFailure};
 pub use environment::{EnvironmentPlugin, Episode};
 pub use inference::InferenceHost;
-pub use limits::{Grants, Limits, SandboxSettings};
+pub use limits::{Grants, Limits, MAX_DEADLINE_MS, SandboxSettings};
 pub use plugin::{Plugin, PluginSpec};
 pub use reward::RewardPlugin;
 pub use sandbox::Sandbox;

@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The longest per-call deadline a plugin may be given, in milliseconds: an hour is far past
+/// any reward, grader or episode step, and keeps a typo (or 2^64 - 1) from meaning "never".
+pub const MAX_DEADLINE_MS: u64 = 3_600_000;
+
 /// Per-call limits of one plugin. Set per plugin in the wirl config; these are the defaults.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

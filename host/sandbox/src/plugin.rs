@@ -72,6 +72,8 @@ pub struct Plugin {
     pub(crate) runner: Option<Arc<crate::CodeRunnerPlugin>>,
     /// The sandbox's interrupt, which ends this plugin's calls.
     pub(crate) interrupt: Interrupter,
+    /// The sandbox's instance slots: each store holds one.
+    pub(crate) slots: Arc<crate::slots::Slots>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -131,6 +133,14 @@ impl Plugin {
 
     /// A fresh store as [`Plugin::new_store`], under `limits` instead of the plugin's own.
     pub(crate) fn new_store_with(&self, limits: &Limits) -> Result<Store<HostState>, Failure> {
+        // Waited for as part of the call: a full pool slows calls down, it does not fail them.
+        let slot = self.slots.take(limits.deadline(), &self.interrupt).map_err(|no| match no {
+            crate::slots::NoSlot::Interrupted => Failure {
+                kind: FailureKind::Interrupted,
+                message: "the host was interrupted while the call waited for an instance slot".into(),
+            },
+            crate::slots::NoSlot::Busy(message) => Failure { kind: FailureKind::Instantiate, message },
+        })?;
         let stdout = BoundedOutput::new(limits.max_print_bytes);
         let stderr = BoundedOutput::new(limits.max_print_bytes);
         let mut wasi = WasiCtxBuilder::new();
@@ -153,6 +163,7 @@ impl Plugin {
             self.interrupt.clone(),
         );
         let mut store = Store::new(&self.engine, state);
+        store.data_mut().slot = Some(slot);
         store.limiter(|state| &mut state.limiter);
         call::install_deadline_check(&mut store, self.epoch_tick_ms);
         call::arm(&mut store, limits, self.epoch_tick_ms, self.fuel_enabled);

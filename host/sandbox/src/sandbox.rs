@@ -24,6 +24,8 @@ pub struct Sandbox {
     linker: Linker<HostState>,
     settings: SandboxSettings,
     interrupt: Interrupter,
+    /// The pool's instance slots, taken by every store (a queue when all are in use).
+    slots: Arc<crate::slots::Slots>,
 }
 
 impl Sandbox {
@@ -58,7 +60,8 @@ impl Sandbox {
             .map_err(|e| Error::Engine(e.into()))?;
 
         start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
-        Ok(Sandbox { engine, linker, settings, interrupt: Interrupter::default() })
+        let slots = crate::slots::Slots::new(settings.max_instances);
+        Ok(Sandbox { engine, linker, settings, interrupt: Interrupter::default(), slots })
     }
 
     pub fn settings(&self) -> &SandboxSettings {
@@ -145,6 +148,7 @@ impl Sandbox {
             fuel_enabled: self.settings.fuel,
             runner,
             interrupt: self.interrupt.clone(),
+            slots: self.slots.clone(),
         }))
     }
 }

@@ -12,16 +12,18 @@
 //! its configured limits, the sandbox settings and the component's sha256) answered by
 //! `ready` or `refused`, then one request (program and requested limits) per line, each
 //! answered by one outcome. The parent bounds every answer by the program's deadline plus a
-//! margin; a child that overruns it, dies or answers nonsense is killed, the program's
-//! outcome is `crashed` with what happened, and the next program gets a fresh child. A
+//! margin; a child that overruns it, dies or answers nonsense is killed, the run fails with
+//! a [`RunnerFailure`] saying what happened (the host's failure: a grader's call fails with
+//! it rather than judging the program by it), and the next program gets a fresh child. A
 //! dropped wait (the grader's own deadline) kills its child too, so no late answer can reach
 //! the next program.
 //!
 //! The host binary must answer the command registered with [`register_worker_command`] by
 //! calling [`serve_code_worker`] (wirl's is the hidden `wirl code-worker`).
 
+use crate::code_runner::RunnerFailure;
 use crate::limits::{Limits, SandboxSettings};
-use crate::{CodeRunnerPlugin, Error, Outcome, Program, RunLimits, Sandbox, Termination};
+use crate::{CodeRunnerPlugin, Error, Outcome, Program, RunLimits, Sandbox};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -40,6 +42,9 @@ pub const MAX_WORKERS: usize = 64;
 const START_TIMEOUT: Duration = Duration::from_secs(300);
 
 static WORKER_COMMAND: OnceLock<Vec<OsString>> = OnceLock::new();
+
+/// How often a wait for a child looks at the interrupter.
+const INTERRUPT_POLL: Duration = Duration::from_millis(20);
 
 /// Say how this process starts a code worker: `program` and the arguments that make it call
 /// [`serve_code_worker`] on its stdin and stdout. Called once, by the host binary's `main`;
@@ -92,11 +97,12 @@ pub fn serve_code_worker(input: impl BufRead, mut output: impl Write) -> crate::
     send(&mut output, &Greeting::Ready { sha256: runner.plugin().sha256().to_string() })?;
     for line in lines {
         let line = line.map_err(|source| Error::WorkerPipe { what: "reading a request", source })?;
-        let outcome = match serde_json::from_str::<Request>(&line) {
+        // The answer is the run or the runner's failure, which the parent passes on as such.
+        let answer: Result<Outcome, RunnerFailure> = match serde_json::from_str::<Request>(&line) {
             Ok(request) => runner.run_here(&request.program, &request.limits),
-            Err(e) => crashed(format!("the code worker got a malformed request: {e}")),
+            Err(e) => Err(RunnerFailure(format!("the code worker got a malformed request: {e}"))),
         };
-        send(&mut output, &outcome)?;
+        send(&mut output, &answer)?;
     }
     Ok(())
 }
@@ -141,6 +147,8 @@ pub(crate) struct WorkerPool {
     reply_limit: u64,
     /// The process ids of the children alive now, idle or busy.
     live: Live,
+    /// The sandbox's: set (Ctrl-C), it ends every wait for a child at once, and the child.
+    interrupter: crate::Interrupter,
     /// Where the runner's bytes were written when it was not loaded from a file; removed
     /// with the pool.
     _component: Option<tempfile::TempPath>,
@@ -149,7 +157,12 @@ pub(crate) struct WorkerPool {
 impl WorkerPool {
     /// Start `workers` children for the runner loaded as `runner`; an error says why the
     /// first one that failed could not start.
-    pub(crate) fn start(runner: &crate::Plugin, settings: &SandboxSettings, workers: usize) -> Result<Self, String> {
+    pub(crate) fn start(
+        runner: &crate::Plugin,
+        settings: &SandboxSettings,
+        interrupter: crate::Interrupter,
+        workers: usize,
+    ) -> Result<Self, String> {
         let command = WORKER_COMMAND.get().cloned().ok_or_else(|| {
             "this program cannot start code workers (it registered no worker command); set `workers = 0` \
              to run programs in process"
@@ -192,6 +205,7 @@ impl WorkerPool {
             workers,
             reply_limit,
             live,
+            interrupter,
             _component: component,
         })
     }
@@ -204,43 +218,51 @@ impl WorkerPool {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Run `program` in a child; `limits` are the effective ones (what bounds the wait).
-    /// Never fails: whatever happened is in the outcome.
-    pub(crate) async fn run(self: &Arc<Self>, program: &Program, requested: &RunLimits, limits: &Limits) -> Outcome {
+    /// Run `program` in a child; `limits` are the effective ones (what bounds the wait). An
+    /// error is the pool's failure (a child that died, overran or answered nonsense), never
+    /// something the program did.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        program: &Program,
+        requested: &RunLimits,
+        limits: &Limits,
+    ) -> Result<Outcome, RunnerFailure> {
         let started = Instant::now();
         let Ok(_slot) = self.slots.acquire().await else {
-            return crashed("the code workers were shut down".into());
+            return Err(RunnerFailure("the code workers were shut down".into()));
         };
-        let request = match serde_json::to_string(&Request { program: program.clone(), limits: *requested }) {
-            Ok(request) => request,
-            Err(e) => return crashed(format!("the program could not be sent to a code worker: {e}")),
-        };
+        let request = serde_json::to_string(&Request { program: program.clone(), limits: *requested })
+            .map_err(|e| RunnerFailure(format!("the program could not be sent to a code worker: {e}")))?;
         // Time to start an instance and pass the answer back, beyond the program's own.
         let bound = limits.deadline() + Duration::from_secs(2) + limits.deadline() / 4;
         let pool = self.clone();
         let waited = tokio::task::spawn_blocking(move || {
             let waiting = pool.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            // A child that died while idle (killed from outside, the OOM killer) is replaced
+            // before it is handed a program.
+            let waiting = waiting.and_then(|mut worker| worker.alive().then_some(worker));
             let mut worker = match waiting {
                 Some(worker) => worker,
                 None => Worker::start(&pool.command, &pool.hello, pool.reply_limit, &pool.live)?,
             };
-            let reply = worker.ask(request, bound)?;
+            let reply = worker.ask_unless(request, bound, &pool.interrupter)?;
             Ok::<_, String>((worker, reply))
         })
         .await;
         let (worker, reply) = match waited {
             Ok(Ok(answered)) => answered,
-            Ok(Err(lost)) => return crashed(lost),
-            Err(e) => return crashed(format!("waiting for a code worker: {e}")),
+            Ok(Err(lost)) => return Err(RunnerFailure(lost)),
+            Err(e) => return Err(RunnerFailure(format!("waiting for a code worker: {e}"))),
         };
-        match serde_json::from_str::<Outcome>(&reply) {
-            Ok(mut outcome) => {
+        match serde_json::from_str::<Result<Outcome, RunnerFailure>>(&reply) {
+            Ok(answer) => {
                 self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(worker);
+                let mut outcome = answer?;
                 outcome.duration_ms = u32::try_from(started.elapsed().as_millis()).unwrap_or(u32::MAX);
-                outcome
+                Ok(outcome)
             }
             // The child is dropped (killed): it no longer speaks the protocol.
-            Err(e) => crashed(format!("code worker (pid {}) answered nonsense: {e}", worker.pid)),
+            Err(e) => Err(RunnerFailure(format!("code worker (pid {}) answered nonsense: {e}", worker.pid))),
         }
     }
 }
@@ -293,8 +315,32 @@ impl Worker {
     /// Send one line and wait up to `timeout` for one answer. An error says what became of
     /// the child; the caller drops (kills) it.
     fn ask(&mut self, line: String, timeout: Duration) -> Result<String, String> {
+        self.ask_unless(line, timeout, &crate::Interrupter::default())
+    }
+
+    /// [`Worker::ask`], given up as soon as `interrupter` is set (looked at every
+    /// [`INTERRUPT_POLL`]): Ctrl-C does not wait for a program's whole timeout.
+    fn ask_unless(
+        &mut self,
+        line: String,
+        timeout: Duration,
+        interrupter: &crate::Interrupter,
+    ) -> Result<String, String> {
         let sent = self.requests.as_ref().is_some_and(|requests| requests.send(line).is_ok());
-        let reply = if sent { self.replies.recv_timeout(timeout) } else { Err(mpsc::RecvTimeoutError::Disconnected) };
+        let until = Instant::now() + timeout;
+        let reply = loop {
+            if !sent {
+                break Err(mpsc::RecvTimeoutError::Disconnected);
+            }
+            if interrupter.is_interrupted() {
+                return Err(format!("interrupted; code worker (pid {}) was stopped", self.pid));
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            match self.replies.recv_timeout(left.min(INTERRUPT_POLL)) {
+                Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => continue,
+                other => break other,
+            }
+        };
         match reply {
             Ok(Ok(reply)) => Ok(reply),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
@@ -311,6 +357,11 @@ impl Worker {
                 Err(format!("code worker (pid {}) is gone ({status}); it will be replaced", self.pid))
             }
         }
+    }
+
+    /// Whether the child still runs (an idle one may have been killed from outside).
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Kill the child (if it still runs) and say how it ended.
@@ -363,14 +414,4 @@ fn read_replies(stdout: impl Read, limit: u64, replies: mpsc::Sender<Result<Stri
         }
     };
     let _ = replies.send(Err(why));
-}
-
-fn crashed(message: String) -> Outcome {
-    Outcome {
-        termination: Termination::Crashed(message),
-        stdout: String::new(),
-        stderr: String::new(),
-        truncated: false,
-        duration_ms: 0,
-    }
 }

@@ -80,6 +80,12 @@ class _GuardAsserts(ast.NodeTransformer):
         return ast.copy_location(guard, node)
 
 
+def _judges_anything(tree):
+    """Whether a test can fail: it defines check() or has an assert somewhere."""
+    defines_check = any(isinstance(node, ast.FunctionDef) and node.name == "check" for node in tree.body)
+    return defines_check or any(isinstance(node, ast.Assert) for node in ast.walk(tree))
+
+
 def main():
     # Tests that draw random inputs draw the same ones in every round (seeded here, not at
     # import: a runner with this module compiled in reseeds `random` in every instance).
@@ -120,19 +126,31 @@ def main():
             compiled = None
     fresh = compiled is None
     if fresh:
-        tree = ast.fix_missing_locations(_GuardAsserts().visit(ast.parse(request["test"], "<test>")))
+        tree = ast.parse(request["test"], "<test>")
+        if not _judges_anything(tree):
+            raise SystemExit(
+                "the task's test defines no check(candidate) and asserts nothing: it would pass every completion"
+            )
+        tree = ast.fix_missing_locations(_GuardAsserts().visit(tree))
         compiled = (compile(request["prompt"], "<prompt>", "exec"), compile(tree, "<test>", "exec"))
     # The task's prompt: the helpers the tests may call, and a docstring-only stand-in for
     # the function under test (never called: the tests get the proxy).
     exec(compiled[0], namespace)
     # Some tests call the function by its own name rather than as `candidate`.
     namespace[request["entry_point"]] = candidate
-    exec(compiled[1], namespace)
+    # HumanEval's tests define check(candidate), and an error while defining it is the
+    # task's (the grader fails the call); MBPP's are bare asserts, judged as they run.
+    bare = "check" not in compiled[1].co_names
+    if not bare:
+        exec(compiled[1], namespace)
     test_lines = request["test"].splitlines()
 
     failure = None
     try:
-        namespace["check"](candidate)
+        if bare:
+            exec(compiled[1], namespace)
+        else:
+            namespace["check"](candidate)
     except _WirlPending:
         pass
     except AssertionError:
