@@ -89,7 +89,7 @@ impl NativeEnvironment {
     fn with<R>(&self, f: impl FnOnce(&Loaded, &mut EnvironmentPlugin) -> PyResult<R>) -> PyResult<R> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if !state.0.is_ours() {
-            *state = load(&self.spec)?;
+            crate::inherited(std::mem::replace(&mut *state, load(&self.spec)?));
         }
         let (loaded, environment) = &mut *state;
         f(loaded, environment)

@@ -42,6 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<environment::NativeEnvironment>()?;
     m.add_class::<environment::NativeEpisode>()?;
     m.add_function(wrap_pyfunction!(builtins, m)?)?;
+    m.add_function(wrap_pyfunction!(interrupt_all, m)?)?;
     m.add_function(wrap_pyfunction!(runner::serve_code_worker, m)?)?;
     m.add_function(wrap_pyfunction!(runner::set_worker_command, m)?)?;
     Ok(())
@@ -66,12 +67,17 @@ pub(crate) fn spec_of(reference: &str) -> PyResult<PluginSpec> {
 /// The sandbox of this process for these settings: one per (process, fuel on or off), so that
 /// every handle of a process shares one engine, one epoch ticker and one pool of instance
 /// slots (each sandbox reserves address space for its slots).
+/// This process's sandboxes (and those a fork inherited): (process, fuel, sandbox).
+static SANDBOXES: Mutex<Vec<(u32, bool, Sandbox)>> = Mutex::new(Vec::new());
+
 pub(crate) fn sandbox(fuel: bool) -> PyResult<Sandbox> {
-    static SANDBOXES: Mutex<Vec<(u32, bool, Sandbox)>> = Mutex::new(Vec::new());
     let pid = std::process::id();
     let mut sandboxes = SANDBOXES.lock().unwrap_or_else(|e| e.into_inner());
     // A forked child inherits its parent's entries, whose tickers did not follow it.
-    sandboxes.retain(|(owner, _, _)| *owner == pid);
+    let (ours, theirs): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut *sandboxes).into_iter().partition(|(owner, _, _)| *owner == pid);
+    theirs.into_iter().for_each(inherited);
+    *sandboxes = ours;
     if let Some((_, _, sandbox)) = sandboxes.iter().find(|(_, with_fuel, _)| *with_fuel == fuel) {
         return Ok(sandbox.clone());
     }
@@ -99,6 +105,25 @@ impl Loaded {
     /// Whether this was loaded by the calling process (not inherited through a fork).
     pub fn is_ours(&self) -> bool {
         self.pid == std::process::id()
+    }
+}
+
+/// What a forked child inherited of its parent's handles: never dropped. Dropping a code
+/// runner's worker pool kills its worker processes, which are the parent's (a fork once killed
+/// the parent's worker); the rest holds threads the child does not have.
+pub(crate) fn inherited<T>(state: T) {
+    std::mem::forget(state);
+}
+
+/// Interrupt every call in flight of this process's sandboxes (and their code workers), for
+/// good: the interpreter is exiting and must not wait for programs nobody will read.
+#[pyfunction]
+pub fn interrupt_all() {
+    let pid = std::process::id();
+    for (owner, _, sandbox) in SANDBOXES.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        if *owner == pid {
+            sandbox.interrupter().interrupt();
+        }
     }
 }
 

@@ -44,8 +44,11 @@ pub(crate) fn limits_from(
     fuel: Option<u64>,
 ) -> PyResult<Limits> {
     if let Some(ms) = deadline_ms {
-        if ms == 0 {
-            return Err(PyValueError::new_err("deadline_ms must be at least 1"));
+        if !(1..=wirl_sandbox::MAX_DEADLINE_MS).contains(&ms) {
+            return Err(PyValueError::new_err(format!(
+                "deadline_ms must be between 1 and {}, not {ms}",
+                wirl_sandbox::MAX_DEADLINE_MS
+            )));
         }
         limits.deadline_ms = ms;
     }
@@ -150,6 +153,12 @@ impl NativeReward {
         Ok(self.current()?.0.sha256().to_string())
     }
 
+    /// The sha256 of the grader's code runner, when it has one.
+    #[getter]
+    fn code_runner_sha256(&self) -> PyResult<Option<String>> {
+        Ok(self.current()?.0.code_runner().map(|runner| runner.plugin().sha256().to_string()))
+    }
+
     /// `reward-plugin` or `grader-plugin`.
     #[getter]
     fn world(&self) -> PyResult<&'static str> {
@@ -176,7 +185,10 @@ impl NativeReward {
     fn current(&self) -> PyResult<(Arc<Plugin>, Interrupter)> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if !state.loaded.is_ours() {
-            *state = State { loaded: Loaded::load(&self.spec)?, idle: Vec::new() };
+            crate::inherited(std::mem::replace(
+                &mut *state,
+                State { loaded: Loaded::load(&self.spec)?, idle: Vec::new() },
+            ));
         }
         Ok((state.loaded.plugin.clone(), state.loaded.sandbox.interrupter()))
     }

@@ -27,3 +27,24 @@ def run_script(source, timeout=120, **kwargs):
     return subprocess.run(
         [sys.executable, "-c", source], capture_output=True, text=True, timeout=timeout, **kwargs
     )
+
+
+def interrupted(source, after=1.0, timeout=120):
+    """Run a Python program in a child, send it SIGINT `after` seconds after it prints
+    "ready", and wait for it: (returncode, stdout, stderr). The child is killed if the wait
+    fails, so a failed test leaves nothing spinning (one once held two cores for minutes and
+    failed a later timed test)."""
+    import signal
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(after)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=timeout)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return child.returncode, out, err

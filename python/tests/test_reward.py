@@ -6,13 +6,12 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import wirl
-from conftest import ROOT, run_script, rust_plugin
+from conftest import ROOT, interrupted, run_script, rust_plugin
 
 MATH = os.path.join(ROOT, "examples", "score", "math.jsonl")
 
@@ -190,11 +189,8 @@ def test_verl_and_openrlhf_adapters(hostile):
 def test_keyboard_interrupt_mid_batch(hostile):
     # A batch of endless calls, Ctrl-C after a second: KeyboardInterrupt within moments (the
     # calls in flight interrupted), and the next call works.
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"""
+    returncode, out, err = interrupted(
+        f"""
 import time, wirl
 reward = wirl.Reward({hostile!r}, deadline_ms=60000, threads=2)
 print("ready", flush=True)
@@ -204,19 +200,11 @@ try:
 except KeyboardInterrupt:
     print("interrupted after", round(time.monotonic() - started, 1), flush=True)
 print("next", reward(completions=["fine"]), flush=True)
-""",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+"""
     )
-    assert child.stdout.readline().strip() == "ready"
-    time.sleep(1.0)
-    child.send_signal(2)
-    out, err = child.communicate(timeout=30)
-    assert child.returncode == 0, err
-    interrupted = [line for line in out.splitlines() if line.startswith("interrupted after")]
-    assert interrupted and float(interrupted[0].split()[-1]) < 5, out
+    assert returncode == 0, err
+    said = [line for line in out.splitlines() if line.startswith("interrupted after")]
+    assert said and float(said[0].split()[-1]) < 5, out
     assert "next [4.0]" in out
 
 

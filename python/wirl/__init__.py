@@ -58,3 +58,16 @@ def _register_worker_command():
 
 
 _register_worker_command()
+
+
+def _interrupt_at_exit():
+    # Before the interpreter joins its threads at exit: a thread in a batch of programs or
+    # reward calls would otherwise hold the exit until its calls end (up to their timeout).
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_native.interrupt_all)
+
+
+_interrupt_at_exit()

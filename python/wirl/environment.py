@@ -1,9 +1,8 @@
 """Environment plugins: their tasks, and multi-turn episodes."""
 
 import json
-import os
 
-from . import _native
+from . import _checks, _native
 from ._native import PluginError
 
 __all__ = ["Environment", "Episode", "StepResult"]
@@ -62,11 +61,13 @@ class Environment:
     ``deadline_ms``, ``memory_mib``, ``fuel`` bound each call."""
 
     def __init__(self, plugin, config=None, *, deadline_ms=None, memory_mib=None, fuel=None, seed=0):
-        plugin = os.fspath(plugin)
-        if not plugin.startswith("builtin:"):
-            plugin = os.path.abspath(plugin)
+        plugin = _checks.reference(plugin, "plugin")
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"config must be a dict, not {type(config).__name__}")
+        _checks.whole(deadline_ms, "deadline_ms", 1, _checks.MAX_DEADLINE_MS)
+        _checks.whole(memory_mib, "memory_mib", 1, _checks.MAX_MEMORY_MIB)
+        _checks.whole(fuel, "fuel", 1, 2**63 - 1)
+        _checks.whole(seed, "seed", 0, 2**64 - 1, optional=False)
         self._args = (plugin, config, deadline_ms, memory_mib, fuel, seed)
         self.seed = seed
         self._native = _native.NativeEnvironment(
@@ -81,12 +82,16 @@ class Environment:
     def task(self, index, seed=None):
         """The task at ``index`` (for ``seed``, default the environment's): a dict with
         ``id``, ``messages``, ``answer``, ``metadata``."""
+        _checks.whole(index, "index", 0, 2**64 - 1, optional=False)
+        _checks.whole(seed, "seed", 0, 2**64 - 1)
         task, verdict, message = self._native.task_at(self.seed if seed is None else seed, index)
         if task is None:
             raise PluginError(f"task {index}: {verdict}: {message}")
         return json.loads(task)
 
     def tasks(self, count, seed=None, start=0):
+        _checks.whole(count, "count", 0, 2**64 - 1, optional=False)
+        _checks.whole(start, "start", 0, 2**64 - 1, optional=False)
         return [self.task(index, seed) for index in range(start, start + count)]
 
     def dataset(self, count, seed=None, start=0):
@@ -106,8 +111,12 @@ class Environment:
 
     def __reduce__(self):
         plugin, config, deadline_ms, memory_mib, fuel, seed = self._args
-        return (_environment_again, (plugin, config, deadline_ms, memory_mib, fuel, seed))
+        return (_environment_again, (plugin, config, deadline_ms, memory_mib, fuel, seed, self.sha256))
 
 
-def _environment_again(plugin, config, deadline_ms, memory_mib, fuel, seed):
-    return Environment(plugin, config, deadline_ms=deadline_ms, memory_mib=memory_mib, fuel=fuel, seed=seed)
+def _environment_again(plugin, config, deadline_ms, memory_mib, fuel, seed, sha256):
+    from .reward import unchanged
+
+    again = Environment(plugin, config, deadline_ms=deadline_ms, memory_mib=memory_mib, fuel=fuel, seed=seed)
+    unchanged(plugin, "environment", sha256, again.sha256)
+    return again

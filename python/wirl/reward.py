@@ -4,9 +4,8 @@ import asyncio
 import functools
 import json
 import math
-import os
 
-from . import _native
+from . import _checks, _native
 from ._native import PluginError
 
 __all__ = ["AsyncReward", "Reward", "Score"]
@@ -69,13 +68,26 @@ def _content(content):
     return str(content)
 
 
-def _completion_text(completion):
-    """A completion as text: a string, or the assistant messages of a conversational one."""
+def _completion_text(completion, index=0):
+    """A completion as text: a string, or what the assistant said in a conversational one
+    (its messages joined by newlines; tool results and user turns in it are not the model's
+    answer and are not scored)."""
     if isinstance(completion, str):
         return completion
+    if isinstance(completion, dict):
+        completion = [completion]
     if isinstance(completion, (list, tuple)):
-        return "".join(_content(m.get("content")) for m in completion if isinstance(m, dict))
-    raise ValueError(f"a completion is a string or a list of messages, not {type(completion).__name__}")
+        said = []
+        for message in completion:
+            if not isinstance(message, dict) or "role" not in message:
+                raise _checks.WrongType(
+                    f"completion {index}: a conversational completion is a list of {{role, content}} dicts, "
+                    f"not {message!r:.80}"
+                )
+            if message["role"] == "assistant":
+                said.append(_content(message.get("content")))
+        return "\n".join(said)
+    raise _checks.WrongType(f"completion {index}: a str or a list of messages, not {type(completion).__name__}")
 
 
 def _metadata(row, prompt):
@@ -93,13 +105,13 @@ def _metadata(row, prompt):
 
 
 def _text_or_none(value):
-    return None if value is None else str(value)
-
-
-def _check_weight(weight):
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-        raise ValueError(f"weight must be a finite number, not {weight!r}")
-    return float(weight)
+    """A reference answer as text; a dataset's empty cell (None, NaN, pandas' NA) is no
+    answer, not the text "nan"."""
+    if _checks.is_missing(value):
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
 
 
 class Reward:
@@ -138,33 +150,31 @@ class Reward:
         name=None,
         failed_score=0.0,
     ):
-        plugin = os.fspath(plugin)
-        if not plugin.startswith("builtin:"):
-            plugin = os.path.abspath(plugin)
+        plugin = _checks.reference(plugin, "plugin")
         if code_runner is not None:
-            code_runner = os.fspath(code_runner)
-            if not code_runner.startswith("builtin:"):
-                code_runner = os.path.abspath(code_runner)
+            code_runner = _checks.reference(code_runner, "code_runner")
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"config must be a dict, not {type(config).__name__}")
         self._args = {
             "plugin": plugin,
             "config": config,
-            "deadline_ms": deadline_ms,
-            "memory_mib": memory_mib,
-            "fuel": fuel,
-            "reuse_instance": reuse_instance,
+            "deadline_ms": _checks.whole(deadline_ms, "deadline_ms", 1, _checks.MAX_DEADLINE_MS),
+            "memory_mib": _checks.whole(memory_mib, "memory_mib", 1, _checks.MAX_MEMORY_MIB),
+            "fuel": _checks.whole(fuel, "fuel", 1, 2**63 - 1),
+            "reuse_instance": _checks.flag(reuse_instance, "reuse_instance"),
             "code_runner": code_runner,
-            "code_workers": code_workers,
-            "code_deadline_ms": code_deadline_ms,
-            "code_memory_mib": code_memory_mib,
-            "threads": threads,
+            "code_workers": _checks.whole(code_workers, "code_workers", 0, _checks.MAX_WORKERS, optional=False),
+            "code_deadline_ms": _checks.whole(code_deadline_ms, "code_deadline_ms", 1, _checks.MAX_DEADLINE_MS),
+            "code_memory_mib": _checks.whole(code_memory_mib, "code_memory_mib", 1, _checks.MAX_MEMORY_MIB),
+            "threads": _checks.whole(threads, "threads", 1, _checks.MAX_THREADS),
         }
-        self.weight = _check_weight(weight)
-        self.failed_score = _check_weight(failed_score)
-        self.answer_column = answer_column
+        self.weight = _checks.finite(weight, "weight")
+        self.failed_score = _checks.finite(failed_score, "failed_score")
+        self.answer_column = _checks.text_or_none(answer_column, "answer_column")
+        _checks.text_or_none(name, "name")
         self._native = _load(self._args)
         self.sha256 = self._native.sha256
+        self.code_runner_sha256 = self._native.code_runner_sha256
         self.world = self._native.world
         # TRL names the reward's column in its logs after this.
         self.__name__ = name or self._native.name
@@ -178,8 +188,8 @@ class Reward:
     def score(self, tasks, completions):
         """Score ``completions[i]`` for ``tasks[i]`` (wirl's task records: ``id``,
         ``messages``, ``answer``, ``metadata``; dicts or JSON text). One :class:`Score` each."""
-        tasks = list(tasks)
-        completions = list(completions)
+        tasks = _checks.batch(tasks, "tasks")
+        completions = _checks.batch(completions, "completions")
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
         items = []
@@ -194,7 +204,7 @@ class Reward:
                 "answer": _text_or_none(task.get("answer")),
                 "metadata": task.get("metadata") if isinstance(task.get("metadata"), (str, type(None))) else json.dumps(task["metadata"]),
             }
-            items.append({"task": task, "completion": _completion_text(completion)})
+            items.append({"task": task, "completion": _completion_text(completion, index)})
         scores = [Score(*s) for s in self._native.score(json.dumps(items))]
         self.last_scores = scores
         return scores
@@ -204,14 +214,18 @@ class Reward:
         call failed (the verdicts are in ``last_scores``)."""
         if completions is None:
             raise ValueError("completions= is required (TRL passes prompts=, completions= and the dataset's columns)")
+        completions = _checks.batch(completions, "completions")
         count = len(completions)
-        if prompts is not None and len(prompts) != count:
-            raise ValueError(f"{len(prompts)} prompts for {count} completions")
+        if prompts is not None:
+            prompts = _checks.batch(prompts, "prompts")
+            if len(prompts) != count:
+                raise ValueError(f"{len(prompts)} prompts for {count} completions")
         data = {key: value for key, value in columns.items() if key not in _TRL_EXTRAS}
         for key, value in data.items():
-            if not isinstance(value, (list, tuple)) or len(value) != count:
+            if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or len(value) != count:
                 shown = f"{len(value)} values" if isinstance(value, (list, tuple)) else type(value).__name__
                 raise ValueError(f"column {key!r}: expected a list of {count} values (one per completion), got {shown}")
+            data[key] = list(value)
         tasks = []
         for index in range(count):
             row = {key: value[index] for key, value in data.items()}
@@ -226,7 +240,19 @@ class Reward:
                 }
             )
         scores = self.score(tasks, completions)
-        return [None if s.reward is None else s.reward * self.weight for s in scores]
+        return [self._weighted(s) for s in scores]
+
+    def _weighted(self, score):
+        """The score's reward times ``weight``; None where the call failed or the product is
+        not finite (``weight=1e308`` times a reward of 2), the score then saying so."""
+        if score.reward is None:
+            return None
+        value = score.reward * self.weight
+        if not math.isfinite(value):
+            score.message = f"the reward {score.reward!r} times weight {self.weight!r} is not finite"
+            score.reward, score.verdict = None, "non_finite"
+            return None
+        return value
 
     def compute_score(self, data_source, solution_str, ground_truth, extra_info=None, **_):
         """verl's ``compute_score``: ``{"score": float, "failed": 0.0 | 1.0}``. verl cannot
@@ -240,22 +266,35 @@ class Reward:
             "answer": _text_or_none(ground_truth),
             "metadata": json.dumps(extra, default=str),
         }
+        if not isinstance(solution_str, str):
+            raise _checks.WrongType(f"solution_str must be a str, not {type(solution_str).__name__}")
         (score,) = self.score([task], [solution_str])
-        if score.reward is None:
+        value = self._weighted(score)
+        if value is None:
             return {"score": self.failed_score, "failed": 1.0}
-        return {"score": score.reward * self.weight, "failed": 0.0}
+        return {"score": value, "failed": 0.0}
 
     def openrlhf(self, queries, prompts, labels):
         """OpenRLHF's ``reward_func(queries, prompts, labels)``: ``{"rewards", "scores",
         "extra_logs"}`` (tensors when torch is there). A query is prompt + response; a failed
         call scores ``failed_score``, counted in ``extra_logs["wirl_failed"]``."""
+        queries = _checks.batch(queries, "queries")
+        prompts = _checks.batch(prompts, "prompts")
+        labels = _checks.batch(labels, "labels")
+        if not len(queries) == len(prompts) == len(labels):
+            raise ValueError(
+                f"{len(queries)} queries, {len(prompts)} prompts and {len(labels)} labels: OpenRLHF passes one of each per sample"
+            )
         tasks, responses = [], []
         for index, (query, prompt, label) in enumerate(zip(queries, prompts, labels)):
+            if not isinstance(query, str) or not isinstance(prompt, str):
+                raise _checks.WrongType(f"sample {index}: query and prompt must be str, not {type(query).__name__} and {type(prompt).__name__}")
             response = query[len(prompt) :] if query.startswith(prompt) else query
             tasks.append({"id": str(index), "messages": _messages(prompt), "answer": _text_or_none(label), "metadata": None})
             responses.append(response)
         scores = self.score(tasks, responses)
-        rewards = [self.failed_score if s.reward is None else s.reward * self.weight for s in scores]
+        weighted = [self._weighted(s) for s in scores]
+        rewards = [self.failed_score if value is None else value for value in weighted]
         failed = [0.0 if s.ok else 1.0 for s in scores]
         try:
             import torch
@@ -268,7 +307,15 @@ class Reward:
     # -- pickling: the plugin's reference, config and limits; loaded again on the other side --
 
     def __reduce__(self):
-        state = (self._args, self.weight, self.failed_score, self.answer_column, self.__name__, self.sha256)
+        state = (
+            self._args,
+            self.weight,
+            self.failed_score,
+            self.answer_column,
+            self.__name__,
+            self.sha256,
+            self.code_runner_sha256,
+        )
         return (_restore, (type(self), state))
 
 
@@ -290,7 +337,7 @@ def _load(args):
 
 
 def _restore(cls, state):
-    args, weight, failed_score, answer_column, name, sha256 = state
+    args, weight, failed_score, answer_column, name, sha256, runner_sha256 = state
     reward = cls(
         args["plugin"],
         args["config"],
@@ -300,12 +347,19 @@ def _restore(cls, state):
         name=name,
         **{k: v for k, v in args.items() if k not in ("plugin", "config")},
     )
-    if reward.sha256 != sha256:
-        raise PluginError(
-            f"{args['plugin']} changed since this reward was pickled (sha256 {reward.sha256[:12]}… now, "
-            f"{sha256[:12]}… then): a reward is the plugin it was made with"
-        )
+    unchanged(args["plugin"], "reward", sha256, reward.sha256)
+    unchanged(args["code_runner"], "reward's code runner", runner_sha256, reward.code_runner_sha256)
     return reward
+
+
+def unchanged(reference, what, then, now):
+    """Refuse an object unpickled with other bytes than it was made with: the other side of
+    a pickle must score with the same plugin, not whatever is at that path now."""
+    if then != now:
+        raise PluginError(
+            f"{reference} changed since this {what} was pickled (sha256 {str(now)[:12]}… now, {str(then)[:12]}… then): "
+            f"an object is the plugin it was made with; make it anew from the new file"
+        )
 
 
 class AsyncReward(Reward):
