@@ -253,3 +253,252 @@ fn wirl_serve_serves_an_openenv_task() {
     let (_, right) = step(target);
     assert_eq!((right["done"].clone(), right["reward"].clone()), (json!(true), json!(1.0)), "{right}");
 }
+
+/// How a hostile OpenEnv server misbehaves once a session is open (each answers resets; it
+/// misbehaves in its answer to a step).
+#[derive(Clone, Copy, PartialEq)]
+enum Hostility {
+    /// Answers resets, then answers each step only with WebSocket pings, for ever.
+    Pings,
+    /// Answers resets, then sends each step's answer one byte every 300 ms.
+    Dribbles,
+    /// Answers resets, then answers a step with a 20 MB message.
+    Huge,
+}
+
+/// A server that speaks OpenEnv's HTTP checks and WebSocket handshake, then misbehaves as
+/// `hostility` says. Its URL, and the times steps arrived (one per step message).
+fn hostile_server(hostility: Hostility) -> (String, std::sync::Arc<Mutex<Vec<Instant>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    use tungstenite::Message;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let steps = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let seen = steps.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let steps = seen.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let end = line == "\r\n";
+                    head.push(line);
+                    if end {
+                        break;
+                    }
+                }
+                let mut stream = stream;
+                let answer = |stream: &mut std::net::TcpStream, body: &str| {
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: \
+                         close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(reply.as_bytes());
+                };
+                if head[0].starts_with("GET /health") {
+                    return answer(&mut stream, "{\"status\": \"healthy\"}");
+                }
+                if head[0].starts_with("GET /schema") {
+                    return answer(
+                        &mut stream,
+                        r#"{"action": {"properties": {"message": {}}}, "observation": {"properties": {"prompt": {}}}}"#,
+                    );
+                }
+                // The WebSocket: the head read above is replayed to the handshake.
+                let replay = std::io::Cursor::new(head.concat().into_bytes());
+                let socket = Replayed { head: replay, stream };
+                let Ok(mut socket) = tungstenite::accept(socket) else { return };
+                let observation = |prompt: &str| {
+                    serde_json::json!({"type": "observation", "data": {"observation": {"prompt": prompt}, "reward": 0.0, "done": false}})
+                        .to_string()
+                };
+                loop {
+                    let Ok(frame) = socket.read() else { return };
+                    let Message::Text(text) = frame else { continue };
+                    let message: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                    match message["type"].as_str() {
+                        Some("reset") => {
+                            if socket.send(Message::text(observation("Guess a number."))).is_err() {
+                                return;
+                            }
+                        }
+                        Some("step") => {
+                            steps.lock().unwrap().push(Instant::now());
+                            match hostility {
+                                Hostility::Pings => loop {
+                                    std::thread::sleep(Duration::from_millis(200));
+                                    if socket.send(Message::Ping(Vec::new().into())).is_err() {
+                                        return;
+                                    }
+                                    let _ = socket.get_mut().stream.set_read_timeout(Some(Duration::from_millis(1)));
+                                    match socket.read() {
+                                        Err(tungstenite::Error::Io(_)) | Ok(_) => {}
+                                        Err(_) => return,
+                                    }
+                                },
+                                Hostility::Dribbles => {
+                                    let frame = observation("Higher.");
+                                    // A text frame by hand: FIN + text, the length, the bytes.
+                                    let mut bytes = vec![0x81, frame.len() as u8];
+                                    bytes.extend_from_slice(frame.as_bytes());
+                                    for byte in bytes {
+                                        std::thread::sleep(Duration::from_millis(300));
+                                        if socket.get_mut().stream.write_all(&[byte]).is_err() {
+                                            return;
+                                        }
+                                    }
+                                }
+                                Hostility::Huge => {
+                                    let huge = observation(&"x".repeat(20 << 20));
+                                    let _ = socket.send(Message::text(huge));
+                                }
+                            }
+                        }
+                        _ => return,
+                    }
+                }
+            });
+        }
+    });
+    (url, steps)
+}
+
+/// A stream whose first bytes are a request head already read from it.
+struct Replayed {
+    head: std::io::Cursor<Vec<u8>>,
+    stream: std::net::TcpStream,
+}
+
+impl std::io::Read for Replayed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.head.read(buf)?;
+        if n > 0 { Ok(n) } else { self.stream.read(buf) }
+    }
+}
+
+impl std::io::Write for Replayed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// `wirl train` with `args`, killed (and the test failed) if it runs past `limit`.
+fn train_within(config: &Path, run: &Path, args: &[&str], limit: Duration) -> (std::process::Output, Duration) {
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .arg("train")
+        .arg(config)
+        .arg("--run-dir")
+        .arg(run)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("wirl train ran past {limit:?} and was killed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (child.wait_with_output().unwrap(), started.elapsed())
+}
+
+/// Servers that answer a step only with pings, or a byte at a time: each operation ends at
+/// the task's timeout as a whole (the timeout was per read, so these held the run for ever),
+/// and the step's episodes wait for their servers side by side, not one after another.
+#[test]
+fn pings_and_dribbles_do_not_extend_a_remote_step() {
+    for hostility in [Hostility::Pings, Hostility::Dribbles] {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, steps) = hostile_server(hostility);
+        let config = config(dir.path(), &format!("url = {url:?}\ntimeout_s = 4\nretries = 0"));
+        let run = dir.path().join("run");
+        let (out, _) = train_within(&config, &run, &["--steps", "1", "--eval-tasks", "0"], Duration::from_secs(300));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let rollouts = crate::grpo::rollouts(&run);
+        assert_eq!(rollouts.len(), 2 * 4);
+        for rollout in &rollouts {
+            assert_eq!(rollout["failures"], serde_json::json!(["remote"]), "{rollout}");
+            let note = rollout["notes"].to_string();
+            assert!(note.contains(&url) && note.contains("timeout_s"), "{rollout}");
+        }
+        // One after another, 8 steps of 4 s would arrive over 28 s or more.
+        let steps = steps.lock().unwrap();
+        assert_eq!(steps.len(), 8);
+        let spread = *steps.iter().max().unwrap() - *steps.iter().min().unwrap();
+        assert!(spread < Duration::from_secs(4), "the steps were sent {spread:?} apart");
+    }
+}
+
+/// A 20 MB answer (past the 16 MiB message limit) fails its episode by name: no panic in the
+/// WebSocket library while the session is dropped, and the run ends with its checkpoint.
+#[test]
+fn an_oversize_answer_fails_its_episode_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _) = hostile_server(Hostility::Huge);
+    let config = config(dir.path(), &format!("url = {url:?}\ntimeout_s = 30\nretries = 0"));
+    let run = dir.path().join("run");
+    let (out, _) = train_within(&config, &run, &["--steps", "1", "--eval-tasks", "0"], Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
+    for rollout in crate::grpo::rollouts(&run) {
+        assert_eq!(rollout["failures"], serde_json::json!(["remote"]), "{rollout}");
+        assert!(rollout["notes"].to_string().contains("too large"), "{rollout}");
+    }
+    assert!(run.join("checkpoints/step-000001").is_dir());
+}
+
+/// Ctrl-C while every episode waits on a server that will not answer for a minute: the run
+/// stops within seconds and keeps its checkpoint.
+#[test]
+fn ctrl_c_ends_a_run_stuck_in_a_remote_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, steps) = hostile_server(Hostility::Pings);
+    let config = config(dir.path(), &format!("url = {url:?}\ntimeout_s = 600\nretries = 0"));
+    let run = dir.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["train", config.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--eval-tasks", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while steps.lock().unwrap().is_empty() {
+        if started.elapsed() > Duration::from_secs(240) || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("no step reached the server: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let interrupted = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if interrupted.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("Ctrl-C did not stop the run in 60 s: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted during step 1"), "{err}");
+    assert!(run.join("checkpoints/step-000000/state.json").is_file(), "{err}");
+}

@@ -23,6 +23,12 @@ pub trait EpisodeSource {
     /// Its name in notes and logs.
     fn name(&self) -> String;
     fn start(&self, task: &Task) -> Result<Box<dyn EpisodeSteps + Send>, (String, String)>;
+
+    /// `count` episodes of `task`: one after another, unless the source can start them side by
+    /// side (a remote server: one that never answers then costs one timeout, not `count`).
+    fn start_many(&self, task: &Task, count: usize) -> Vec<Result<Box<dyn EpisodeSteps + Send>, (String, String)>> {
+        (0..count).map(|_| self.start(task)).collect()
+    }
 }
 
 /// One running episode.
@@ -58,6 +64,10 @@ impl EpisodeSource for crate::openenv::OpenEnvTasks {
 
     fn start(&self, task: &Task) -> Result<Box<dyn EpisodeSteps + Send>, (String, String)> {
         crate::openenv::OpenEnvTasks::start(self, task).map(|episode| Box::new(episode) as Box<dyn EpisodeSteps + Send>)
+    }
+
+    fn start_many(&self, task: &Task, count: usize) -> Vec<Result<Box<dyn EpisodeSteps + Send>, (String, String)>> {
+        side_by_side((0..count).collect(), |_| EpisodeSource::start(self, task))
     }
 }
 
@@ -211,8 +221,15 @@ pub fn run_episodes(
 ) -> Option<Result<EpisodeRun, TemplateDrift>> {
     let started = std::time::Instant::now();
     let mut times = EpisodeTimes::default();
-    let mut lives: Vec<Vec<Live>> =
-        groups.iter().map(|group| group.first.iter().map(|first| Live::start(group, first)).collect()).collect();
+    // Episodes start, and later step, side by side: a server that never answers costs the
+    // step one timeout, not one per episode.
+    let mut lives: Vec<Vec<Live>> = groups
+        .iter()
+        .map(|group| {
+            let started = group.environment.start_many(group.task, group.first.len());
+            group.first.iter().zip(started).map(|(first, episode)| Live::start(group, first, episode)).collect()
+        })
+        .collect();
     // The reply of the latest turn of each live episode: (group, sample, text, eos).
     let mut replies: Vec<(usize, usize, String, Option<u32>)> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
@@ -224,9 +241,22 @@ pub fn run_episodes(
         // The environment's answer to each reply; episodes that go on get their next prompt.
         let mut requests = Vec::new();
         let mut asking = Vec::new();
-        for (g, j, reply, eos) in replies.drain(..) {
-            let reply = Reply { text: reply, eos, turn, sample: j };
-            match lives[g][j].answer(&groups[g], reply, tokenizer, context) {
+        // Each live episode's environment, taken out to be stepped on a thread of its own.
+        let stepping: Vec<Stepping> = replies
+            .drain(..)
+            .map(|(g, j, text, eos)| {
+                let live = &mut lives[g][j];
+                let episode = if live.outcome.is_none() { live.episode.take() } else { None };
+                Stepping { g, j, reply: Reply { text, eos, turn, sample: j }, episode, stepped: None }
+            })
+            .collect();
+        let stepped = side_by_side(stepping, |mut s| {
+            s.stepped = s.episode.as_mut().map(|episode| episode.step(&s.reply.text));
+            s
+        });
+        for Stepping { g, j, reply, episode, stepped } in stepped {
+            lives[g][j].episode = episode;
+            match lives[g][j].answer(&groups[g], reply, stepped, tokenizer, context) {
                 Ok(Some(request)) => {
                     requests.push(request);
                     asking.push((g, j));
@@ -260,6 +290,15 @@ pub fn run_episodes(
     Some(Ok(EpisodeRun { groups: out, times }))
 }
 
+/// A reply on its way to its episode's environment, and what the step gave.
+struct Stepping {
+    g: usize,
+    j: usize,
+    reply: Reply,
+    episode: Option<Box<dyn EpisodeSteps + Send>>,
+    stepped: Option<Result<StepResult, (String, String)>>,
+}
+
 /// A model turn's reply, for the environment: its text, the end-of-sequence token it ended
 /// on (if it did), the turn it was, and which sample of its group said it.
 struct Reply {
@@ -270,12 +309,16 @@ struct Reply {
 }
 
 impl Live {
-    /// An episode begun from a sample's first reply.
-    fn start(group: &EpisodeGroup<'_>, first: &Trajectory) -> Live {
+    /// An episode begun (`started`) from a sample's first reply.
+    fn start(
+        group: &EpisodeGroup<'_>,
+        first: &Trajectory,
+        started: Result<Box<dyn EpisodeSteps + Send>, (String, String)>,
+    ) -> Live {
         let mut trajectory = first.clone();
         trajectory.trainable = vec![true; trajectory.tokens.len()];
         trajectory.turns = 1;
-        let (episode, outcome) = match group.environment.start(group.task) {
+        let (episode, outcome) = match started {
             Ok(episode) => (Some(episode), None),
             Err(failure) => (None, Some(Err(failure))),
         };
@@ -283,20 +326,22 @@ impl Live {
         Live { episode, prompt_messages: conversation.len(), conversation, trajectory, outcome }
     }
 
-    /// The environment's answer to `reply`, appended to the ledger: the request for the
-    /// model's next turn, or `None` when the episode ended here (its outcome set).
+    /// The environment's answer to `reply` (`stepped`: what its step gave, none when the
+    /// episode had no environment left), appended to the ledger: the request for the model's
+    /// next turn, or `None` when the episode ended here (its outcome set).
     fn answer(
         &mut self,
         group: &EpisodeGroup<'_>,
         reply: Reply,
+        stepped: Option<Result<StepResult, (String, String)>>,
         tokenizer: &Tokenizer,
         context: usize,
     ) -> Result<Option<GenerateRequest>, TemplateDrift> {
-        let Some(episode) = self.episode.as_mut() else { return Ok(None) };
+        let Some(stepped) = stepped else { return Ok(None) };
         if self.outcome.is_some() {
             return Ok(None);
         }
-        let messages = match episode.step(&reply.text) {
+        let messages = match stepped {
             Ok(StepResult::Done(score)) => {
                 self.outcome = Some(Ok(score));
                 return Ok(None);
@@ -310,6 +355,16 @@ impl Live {
         if reply.turn >= group.max_turns {
             let message = format!("the episode was not over after max_turns = {} model turns", group.max_turns);
             self.outcome = Some(Err(("max_turns".into(), message)));
+            return Ok(None);
+        }
+        // Text far past what the context can hold in tokens is refused before it is rendered
+        // and tokenized (a 15 MB observation once took 70 s and 2.3 GB to be called too long).
+        let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+        if bytes > context.saturating_mul(MAX_BYTES_PER_TOKEN) {
+            let message = format!(
+                "the environment answered with {bytes} bytes of text, more than the model's context of {context}                  tokens can hold"
+            );
+            self.outcome = Some(Err(("context".into(), message)));
             return Ok(None);
         }
         let text = appended_text(tokenizer, &self.conversation, &reply.text, reply.eos, &messages)?;
@@ -368,6 +423,43 @@ impl Live {
     }
 }
 
+/// The most of a failure's message logged and kept in an episode's record.
+const MAX_FAILURE_BYTES: usize = 2000;
+
+/// More bytes than any tokenizer's longest token: text longer than `context` times this
+/// cannot fit `context` tokens, whatever the tokenizer.
+const MAX_BYTES_PER_TOKEN: usize = 256;
+
+/// The most episodes started or stepped at once: environments answer from other processes
+/// (OpenEnv servers) or sandboxed instances, and wait more than they compute.
+const EPISODES_AT_ONCE: usize = 16;
+
+/// `work` on every item, up to [`EPISODES_AT_ONCE`] at a time; results in the items' order.
+fn side_by_side<T: Send, R: Send>(items: Vec<T>, work: impl Fn(T) -> R + Sync) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.into_iter().map(work).collect();
+    }
+    let count = items.len();
+    let queue = std::sync::Mutex::new(items.into_iter().enumerate());
+    let results: Vec<std::sync::Mutex<Option<R>>> = (0..count).map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..count.min(EPISODES_AT_ONCE) {
+            scope.spawn(|| {
+                loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                    let Some((index, item)) = next else { break };
+                    let result = work(item);
+                    *results[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|slot| slot.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every item was worked"))
+        .collect()
+}
+
 fn ended_on_eos(tokenizer: &Tokenizer, tokens: &[u32]) -> Option<u32> {
     tokens.last().copied().filter(|id| tokenizer.eos_ids().contains(id))
 }
@@ -393,7 +485,16 @@ fn finish(live: Live, environment: &str, policy: FailurePolicy) -> EpisodeOutcom
         Some(Err(failure)) => Some(failure),
         None => Some(("max_turns".to_string(), "the episode never ended".to_string())),
     };
-    if let Some((kind, message)) = failure {
+    if let Some((kind, mut message)) = failure {
+        // Bounded: what a remote server or a plugin says is logged and stored per episode.
+        if message.len() > MAX_FAILURE_BYTES {
+            let mut end = MAX_FAILURE_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
         tracing::warn!("environment {environment}: {}", printable(&message));
         score.failures.push(kind.clone());
         score.notes.insert(environment.to_string(), format!("{kind}: {message}"));

@@ -10,14 +10,21 @@
 //! session with the same seed. Calls have the task's timeout; opening a session is retried
 //! (a step is not: it is not idempotent); what still fails is the episode's failure
 //! (`remote`), under the task's failure policy — never a reward.
+//!
+//! Every operation (the handshake, a reset, a step, the close) is bounded as a whole, not per
+//! read: the socket is read through [`Bounded`], which gives each read only the time left to
+//! the operation's deadline, so a server that answers only with pings or dribbles a frame a
+//! byte at a time ends the operation at its timeout. The sandbox's interrupter (Ctrl-C) ends
+//! it within [`SLICE`]. A session that failed is never spoken to again (tungstenite panics on
+//! a socket used after some errors), only dropped.
 
 use crate::seed::seed_for;
 use serde_json::{Value, json};
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tungstenite::{Message as Frame, WebSocket};
-use wirl_sandbox::{Message, Score, StepResult, Task};
+use wirl_sandbox::{Interrupter, Message, Score, StepResult, Task, printable};
 
 /// Where the environment is served and how its actions and observations map to text.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +46,13 @@ pub struct OpenEnvSpec {
 /// The largest message read from a server.
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+/// The longest a read waits before it looks at the interrupter again.
+const SLICE: Duration = Duration::from_millis(100);
+
+/// The most of a server's own text (an error it sent, an answer it should not have) quoted
+/// in a failure: a 15 MB error message was once logged whole for every episode.
+const QUOTED_CHARS: usize = 300;
+
 /// Seeds the server's reset accepts (a non-negative 32-bit integer everywhere we looked).
 const SEED_RANGE: u64 = 1 << 31;
 
@@ -48,6 +62,8 @@ pub struct OpenEnvTasks {
     seed: u64,
     /// `HOST:PORT`, as the URL names it.
     authority: String,
+    /// Set on stop (Ctrl-C): every session's operation in flight ends at once.
+    interrupter: Interrupter,
 }
 
 /// A failed call: (kind, message), as an episode's failure is recorded.
@@ -60,7 +76,8 @@ fn remote(message: String) -> Failed {
 impl OpenEnvTasks {
     /// A client; it checks that the server answers (`/health`) and that its action has
     /// `action_field` (and its observation `observation_field`) in its schema (`/schema`).
-    pub fn connect(spec: &OpenEnvSpec, seed: u64) -> crate::error::Result<Self> {
+    /// `interrupter` (the run's sandbox's) ends every operation in flight when set.
+    pub fn connect(spec: &OpenEnvSpec, seed: u64, interrupter: Interrupter) -> crate::error::Result<Self> {
         let authority = spec
             .url
             .trim_end_matches('/')
@@ -68,8 +85,13 @@ impl OpenEnvTasks {
             .filter(|rest| !rest.is_empty() && !rest.contains('/'))
             .ok_or_else(|| crate::error::invalid!("openenv url {:?}: give the server as http://HOST:PORT", spec.url))?
             .to_string();
-        let agent: ureq::Agent =
-            ureq::Agent::config_builder().timeout_global(Some(spec.timeout)).http_status_as_error(false).build().into();
+        // No redirects: the sessions go to this URL's /ws, so the checks must be of it too.
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(spec.timeout))
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .build()
+            .into();
         let get = |path: &str| -> crate::error::Result<Value> {
             let url = format!("http://{authority}{path}");
             let mut last = String::new();
@@ -84,6 +106,11 @@ impl OpenEnvTasks {
                         return serde_json::from_str(&text)
                             .map_err(|e| crate::error::invalid!("GET {url}: not JSON: {e}"));
                     }
+                    Ok(response) if response.status().is_redirection() => crate::error::bail!(
+                        "OpenEnv server {}: GET {url} redirects ({}); give the URL it serves on (openenv.url)",
+                        spec.url,
+                        response.status()
+                    ),
                     Ok(response) => last = format!("GET {url}: {}", response.status()),
                     Err(error) => last = format!("GET {url}: {error}"),
                 }
@@ -119,7 +146,7 @@ impl OpenEnvTasks {
                 );
             }
         }
-        Ok(OpenEnvTasks { spec: spec.clone(), seed, authority })
+        Ok(OpenEnvTasks { spec: spec.clone(), seed, authority, interrupter })
     }
 
     pub fn spec(&self) -> &OpenEnvSpec {
@@ -180,12 +207,19 @@ impl OpenEnvTasks {
             if attempt > 0 {
                 std::thread::sleep(crate::remote::backoff(attempt));
             }
-            let opened = Session::connect(&self.authority, self.spec.timeout).and_then(|mut session| {
+            if self.interrupter.is_interrupted() {
+                return Err(remote(format!("OpenEnv server {}: interrupted (the run is stopping)", self.spec.url)));
+            }
+            let opened = Session::connect(&self.authority, &self.spec, &self.interrupter).and_then(|mut session| {
                 let answer = session.call(json!({ "type": "reset", "data": { "seed": reset_seed } }))?;
                 Ok((session, answer))
             });
             match opened {
-                Ok((session, answer)) => return Ok((session, observation_text(&answer, &self.spec).map_err(remote)?)),
+                Ok((session, answer)) => {
+                    let text = observation_text(&answer, &self.spec)
+                        .map_err(|why| remote(format!("OpenEnv server {}: reset: {why}", self.spec.url)))?;
+                    return Ok((session, text));
+                }
                 Err(message) => last = message,
             }
         }
@@ -210,34 +244,101 @@ fn observation_text(answer: &Value, spec: &OpenEnvSpec) -> Result<String, String
     }
 }
 
+/// A socket whose reads and writes end at a deadline (the operation's, not each read's) or
+/// when the interrupter is set: each waits at most the time left, in slices of [`SLICE`].
+struct Bounded {
+    stream: TcpStream,
+    deadline: Instant,
+    interrupter: Interrupter,
+}
+
+impl Bounded {
+    /// The time this read or write may wait, or why it may not.
+    fn allowance(&self) -> std::io::Result<Duration> {
+        if self.interrupter.is_interrupted() {
+            return Err(std::io::Error::new(ErrorKind::Interrupted, "interrupted (the run is stopping)"));
+        }
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(ErrorKind::TimedOut, "the operation's deadline passed"));
+        }
+        Ok(left.min(SLICE))
+    }
+
+    /// Run `io` until it does something other than time out a slice.
+    fn retried<T>(&mut self, mut io: impl FnMut(&mut TcpStream) -> std::io::Result<T>) -> std::io::Result<T> {
+        loop {
+            let wait = self.allowance()?;
+            self.stream.set_read_timeout(Some(wait))?;
+            self.stream.set_write_timeout(Some(wait))?;
+            match io(&mut self.stream) {
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.retried(|stream| stream.read(buf))
+    }
+}
+
+impl Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.retried(|stream| stream.write(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
 /// One WebSocket session with the server.
 struct Session {
-    socket: WebSocket<TcpStream>,
+    socket: WebSocket<Bounded>,
+    /// Each operation's whole time.
+    timeout: Duration,
+    /// An operation failed: the socket is not used again (not even to close it).
+    broken: bool,
 }
 
 impl Session {
-    fn connect(authority: &str, timeout: Duration) -> Result<Session, String> {
+    fn connect(authority: &str, spec: &OpenEnvSpec, interrupter: &Interrupter) -> Result<Session, String> {
+        let timeout = spec.timeout;
+        let deadline = Instant::now() + timeout;
         let address = authority
             .to_socket_addrs()
             .map_err(|e| format!("cannot resolve {authority}: {e}"))?
             .next()
             .ok_or_else(|| format!("{authority} resolves to no address"))?;
         let stream = TcpStream::connect_timeout(&address, timeout).map_err(|e| format!("connect {authority}: {e}"))?;
-        stream
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| stream.set_write_timeout(Some(timeout)))
-            .map_err(|e| e.to_string())?;
+        let stream = Bounded { stream, deadline, interrupter: interrupter.clone() };
         let config = tungstenite::protocol::WebSocketConfig::default()
             .max_message_size(Some(MAX_MESSAGE_BYTES))
             .max_frame_size(Some(MAX_MESSAGE_BYTES));
+        // The handshake too ends at the deadline, however slowly the server answers it.
         let (socket, _) = tungstenite::client::client_with_config(format!("ws://{authority}/ws"), stream, Some(config))
-            .map_err(|e| format!("WebSocket /ws: {e}"))?;
-        Ok(Session { socket })
+            .map_err(|e| format!("WebSocket /ws: {}", handshake_shown(&e)))?;
+        Ok(Session { socket, timeout, broken: false })
     }
 
     /// Send a message and read the server's answer (`data` of an observation), or what is
-    /// wrong with it.
+    /// wrong with it; the whole exchange within the task's timeout.
     fn call(&mut self, message: Value) -> Result<Value, String> {
+        if self.broken {
+            return Err("the session failed earlier".into());
+        }
+        self.socket.get_mut().deadline = Instant::now() + self.timeout;
+        let answer = self.exchange(message);
+        // Whatever went wrong, the socket is not touched again: after a size error, for
+        // one, tungstenite panics on the next use.
+        self.broken = answer.is_err();
+        answer
+    }
+
+    fn exchange(&mut self, message: Value) -> Result<Value, String> {
         self.socket.send(Frame::text(message.to_string())).map_err(|e| format!("sending: {}", shown(&e)))?;
         loop {
             let frame = self.socket.read().map_err(|e| format!("reading the answer: {}", shown(&e)))?;
@@ -253,9 +354,11 @@ impl Session {
                 Some("observation") => Ok(answer["data"].clone()),
                 Some("error") => Err(format!(
                     "the server refused: {}",
-                    answer["data"]["message"].as_str().map_or_else(|| answer["data"].to_string(), str::to_string)
+                    quoted(
+                        &answer["data"]["message"].as_str().map_or_else(|| answer["data"].to_string(), str::to_string)
+                    )
                 )),
-                _ => Err(format!("an answer of unknown type: {}", text.chars().take(300).collect::<String>())),
+                _ => Err(format!("an answer of unknown type: {}", quoted(&text))),
             };
         }
     }
@@ -266,29 +369,58 @@ fn shown(error: &tungstenite::Error) -> String {
         tungstenite::Error::Io(io) if matches!(io.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
             "no answer within the task's timeout_s".into()
         }
-        other => other.to_string(),
+        tungstenite::Error::Io(io) if io.kind() == ErrorKind::Interrupted => io.to_string(),
+        tungstenite::Error::Capacity(why) => {
+            format!("the server's message is too large ({why}; at most {} MiB)", MAX_MESSAGE_BYTES >> 20)
+        }
+        other => quoted(&other.to_string()),
     }
+}
+
+fn handshake_shown(error: &tungstenite::HandshakeError<tungstenite::ClientHandshake<Bounded>>) -> String {
+    match error {
+        tungstenite::HandshakeError::Failure(error) => shown(error),
+        tungstenite::HandshakeError::Interrupted(_) => "the handshake did not finish".into(),
+    }
+}
+
+/// A server's text, cut to [`QUOTED_CHARS`] and made printable.
+fn quoted(text: &str) -> String {
+    let mut cut: String = text.chars().take(QUOTED_CHARS).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    printable(&cut).into_owned()
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         // Tell the server the session is over, so that it frees the environment, and read
         // on until it closes the socket (the close handshake): a socket dropped under it
-        // fails its own close, and it logs that failure every time. Bounded: a few frames,
-        // a short wait each; a server that went away is not this episode's concern any more.
-        if self.socket.send(Frame::text(json!({ "type": "close" }).to_string())).is_err() {
+        // fails its own close, and it logs that failure every time. Bounded: CLOSE_WAIT in
+        // all; a server that went away is not this episode's concern any more. A session
+        // that failed is only dropped (its socket closes with it).
+        if self.broken {
             return;
         }
-        let _ = self.socket.get_mut().set_read_timeout(Some(CLOSE_WAIT));
-        for _ in 0..16 {
-            if self.socket.read().is_err() {
-                break;
+        self.socket.get_mut().deadline = Instant::now() + CLOSE_WAIT;
+        let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if self.socket.send(Frame::text(json!({ "type": "close" }).to_string())).is_err() {
+                return;
             }
+            for _ in 0..16 {
+                if self.socket.read().is_err() {
+                    break;
+                }
+            }
+        }));
+        if closed.is_err() {
+            tracing::warn!("closing an OpenEnv session panicked in the WebSocket library; the socket was dropped");
         }
     }
 }
 
-/// How long a closing session waits for each frame of the server's goodbye.
+/// How long a closing session waits, in all, for the server's goodbye.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// One episode: its session, and the rewards its steps gave so far.
@@ -304,7 +436,10 @@ impl OpenEnvEpisode {
     pub fn step(&mut self, reply: &str) -> Result<StepResult, Failed> {
         let mut action = serde_json::Map::new();
         action.insert(self.spec.action_field.clone(), Value::String(reply.to_string()));
-        let answer = self.session.call(json!({ "type": "step", "data": action })).map_err(remote)?;
+        let answer = self
+            .session
+            .call(json!({ "type": "step", "data": action }))
+            .map_err(|why| remote(format!("OpenEnv server {}: step: {why}", self.spec.url)))?;
         let reward = match &answer["reward"] {
             Value::Null => 0.0,
             value => value.as_f64().filter(|r| r.is_finite()).ok_or_else(|| {
@@ -316,7 +451,8 @@ impl OpenEnvEpisode {
             let note = observation_text(&answer, &self.spec).ok().map(|text| text.chars().take(200).collect());
             return Ok(StepResult::Done(Score { reward: self.reward as f32, parts: Vec::new(), note }));
         }
-        let text = observation_text(&answer, &self.spec).map_err(remote)?;
+        let text = observation_text(&answer, &self.spec)
+            .map_err(|why| remote(format!("OpenEnv server {}: step: {why}", self.spec.url)))?;
         Ok(StepResult::Continue(vec![Message::new("user", text)]))
     }
 }

@@ -119,6 +119,10 @@ impl Scorers {
         Ok(Scorers { plugins, labels: self.labels.clone(), remote: None, lanes: Vec::new() })
     }
 
+    fn weights(&self) -> Vec<f32> {
+        self.plugins.iter().map(|(_, weight)| *weight).collect()
+    }
+
     /// Score one group: every plugin's weighted reward summed. A failing call is recorded
     /// (its kind, its message in the notes) and handled by `policy`.
     pub fn score_group(&mut self, task: &Task, completions: &[String], policy: FailurePolicy) -> Vec<Scored> {
@@ -152,6 +156,16 @@ impl Scorers {
             }
         }
         for (out, parts) in scored.iter_mut().zip(given) {
+            // Each reward and weight is finite, their sum need not be (a plugin's 3e38 twice):
+            // an infinite reward would pass as "no signal", so it is a failed score instead.
+            if !out.reward.is_finite() {
+                let message =
+                    format!("the weighted sum of the rewards is {} (weights {:?})", out.reward, self.weights());
+                tracing::warn!("task {}: {message}", printable(&task.id));
+                out.failures.push(wirl_sandbox::FailureKind::NonFinite.name().to_string());
+                out.notes.insert("rewards".into(), message);
+                out.reward = failure_reward;
+            }
             out.parts = merge_parts(parts);
             if !out.failures.is_empty() {
                 out.status = match policy.on_failure {

@@ -39,9 +39,11 @@ impl TaskSource {
                 limits: *limits,
             },
             SourceSpec::Remote(spec) => TaskSource::Remote(Box::new(crate::remote::RemoteTasks::connect(spec)?)),
-            SourceSpec::OpenEnv { spec, seed } => {
-                TaskSource::OpenEnv(Box::new(crate::openenv::OpenEnvTasks::connect(spec, *seed)?))
-            }
+            SourceSpec::OpenEnv { spec, seed } => TaskSource::OpenEnv(Box::new(crate::openenv::OpenEnvTasks::connect(
+                spec,
+                *seed,
+                sandbox.interrupter(),
+            )?)),
         })
     }
 

@@ -176,11 +176,28 @@ impl Tasks {
     /// Close the episodes idle for longer than the limit; how many.
     fn sweep(&self) -> usize {
         let idle = self.limits.session_idle;
-        let mut sessions = lock(&self.sessions);
-        let before = sessions.len();
-        // A session being stepped is locked: it is in use, not idle.
-        sessions.retain(|_, s| s.try_lock().map_or(true, |s| s.last_used.elapsed() < idle));
-        before - sessions.len()
+        let closed: Vec<Arc<Mutex<Session>>> = {
+            let mut sessions = lock(&self.sessions);
+            // A session being stepped is locked: it is in use, not idle.
+            let stale: Vec<String> = sessions
+                .iter()
+                .filter(|(_, s)| s.try_lock().is_ok_and(|s| s.last_used.elapsed() >= idle))
+                .map(|(id, _)| id.clone())
+                .collect();
+            stale.iter().filter_map(|id| sessions.remove(id)).collect()
+        };
+        // Closed here, outside the table's lock: closing a remote session talks to its server.
+        closed.len()
+    }
+
+    /// Take episode `id` out of the table and close it on a blocking thread, away from the
+    /// table's lock and the async handlers: closing a remote (OpenEnv) session is a network
+    /// exchange, and a server that dribbles its goodbye once held every other request.
+    fn close(&self, id: &str) {
+        let removed = lock(&self.sessions).remove(id);
+        if let Some(session) = removed {
+            tokio::task::spawn_blocking(move || drop(session));
+        }
     }
 }
 
@@ -671,7 +688,7 @@ pub(crate) async fn episode_step(
     .await?;
     if done {
         // Its instance is freed now; the id answers 404 from here on.
-        lock(&tasks.sessions).remove(&id);
+        tasks.close(&id);
     }
     Ok(Json(reply))
 }
@@ -682,7 +699,7 @@ pub(crate) async fn episode_close(
 ) -> Result<Response, ApiError> {
     let tasks = served(&state)?;
     let _ = session(&tasks, &id)?;
-    lock(&tasks.sessions).remove(&id);
+    tasks.close(&id);
     Ok(Json(Closed { closed: &id }).into_response())
 }
 
