@@ -559,3 +559,53 @@ fn configs_a_user_names_are_bounded_regular_files() {
     }
     assert!(!Path::new(&run).exists(), "a refused config left a run directory");
 }
+
+/// An adapter whose weights file is a 20 GB sparse file with a bogus header, or a header that
+/// declares a tensor no LoRA has: refused by its header, in moments, without reading it.
+#[test]
+fn an_adapters_header_is_checked_before_its_data_is_read() {
+    let (model, _) = crate::families::tiny("qwen3");
+    let adapter = tempfile::tempdir().unwrap();
+    let fixture = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny-qwen3-lora"));
+    std::fs::copy(fixture.join("adapter_config.json"), adapter.path().join("adapter_config.json")).unwrap();
+    let weights = adapter.path().join("adapter_model.safetensors");
+    let merged = adapter.path().join("merged");
+    let merge = || {
+        let paths = [model.path(), adapter.path(), &merged].map(|p| p.to_str().unwrap().to_string());
+        wirl(&["model", "merge", &paths[0], &paths[1], &paths[2]])
+    };
+    let sparse = std::fs::File::create(&weights).unwrap();
+    sparse.set_len(20 << 30).unwrap();
+    drop(sparse);
+    let started = std::time::Instant::now();
+    let out = merge();
+    assert!(!out.status.success() && stderr(&out).contains("not valid safetensors"), "{}", stderr(&out));
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "took {:?}", started.elapsed());
+    // A valid header declaring one 3-D tensor of 16 GB: refused by its shape.
+    let header = r#"{"base_model.model.x.lora_A.weight":{"dtype":"F32","shape":[1024,1024,4096],"data_offsets":[0,17179869184]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(&weights, &bytes).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&weights).unwrap();
+    file.set_len(bytes.len() as u64 + (16 << 30)).unwrap();
+    drop(file);
+    let out = merge();
+    assert!(!out.status.success() && stderr(&out).contains("a LoRA matrix of rank"), "{}", stderr(&out));
+    assert!(!merged.exists());
+}
+
+/// `wirl eval --samples` past any pass@k, or past what a usize product holds: refused by key,
+/// not a panic (it was a multiply overflow) or 6 GB of memory.
+#[test]
+fn eval_samples_and_tasks_are_bounded_by_key() {
+    for (flag, value, says) in [
+        ("--samples", "18446744073709551615", "`eval.samples` = 18446744073709551615: at most 1024"),
+        ("--samples", "100000000", "`eval.samples` = 100000000: at most 1024"),
+        ("--tasks", "100000000", "`eval.tasks` = 100000000: at most 1048576"),
+    ] {
+        let out = wirl(&["eval", flag, value]);
+        // Refused as a usage error (2), not a panic (101).
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{flag} {value}: {}", stderr(&out));
+    }
+}

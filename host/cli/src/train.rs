@@ -421,9 +421,7 @@ fn apply_overrides(config: &mut TrainConfig, args: &Args) -> anyhow::Result<()> 
     if let Some(tasks) = args.eval_tasks {
         config.eval.tasks = tasks;
     }
-    for assignment in &args.set {
-        config.set(assignment)?;
-    }
+    config.set_all(&args.set)?;
     Ok(config.check_numbers("the command line (--steps, --eval-tasks, --device, --set)")?)
 }
 

@@ -332,8 +332,40 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
     let weights_origin = weights_path.display().to_string();
     // A link to a device or a FIFO would be read without end, or block.
     crate::files::open_regular(&weights_path)?;
-    let stored = candle_core::safetensors::load(&weights_path, &Device::Cpu)
-        .map_err(|e| Error::Format { file: weights_origin.clone(), message: e.to_string() })?;
+    // Mapped, not read: the header is checked before any tensor is copied (a sparse 20 GB
+    // file was once read whole before its header was looked at).
+    // SAFETY: mapped read-only; wirl does not modify adapter files while it loads them, and
+    // each tensor is copied out before the map is dropped.
+    let mapped =
+        unsafe { candle_core::safetensors::MmapedSafetensors::new(&weights_path) }.map_err(|e| Error::Format {
+            file: weights_origin.clone(),
+            message: format!("not valid safetensors: {}", crate::without_backtrace(&e)),
+        })?;
+    // Each tensor's declared shape is checked before it is copied: a LoRA matrix is 2-D, one
+    // side the rank, the other no wider than a model's widest matrix.
+    let mut names = Vec::new();
+    for (name, view) in mapped.tensors() {
+        let shape = view.shape();
+        let plausible =
+            shape.len() == 2 && shape.contains(&spec.rank) && shape.iter().all(|&d| d <= crate::config::MAX_WIDTH * 16);
+        if !plausible {
+            return Err(Error::Format {
+                file: weights_origin,
+                message: format!(
+                    "tensor `{name}` has shape {shape:?}: a LoRA matrix of rank {} is [rank, in] or [out, rank]",
+                    spec.rank
+                ),
+            });
+        }
+        names.push(name);
+    }
+    let mut stored = Vec::with_capacity(names.len());
+    for name in names {
+        let tensor = mapped
+            .load(&name, &Device::Cpu)
+            .map_err(|e| Error::Format { file: weights_origin.clone(), message: format!("tensor `{name}`: {e}") })?;
+        stored.push((name, tensor));
+    }
     let mut tensors = HashMap::new();
     for (name, tensor) in stored {
         // PEFT writes `base_model.model.<module>.lora_A.weight`; some writers keep the

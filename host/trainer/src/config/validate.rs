@@ -160,10 +160,14 @@ impl TrainConfig {
             ("grpo.clip_low", g.clip_low, "in [0, 1)", |x| (0.0..1.0).contains(&x)),
             ("grpo.clip_high", g.clip_high, "a number >= 0", |x| x >= 0.0),
             ("grpo.entropy", g.entropy, "a finite number", |_| true),
-            ("grpo.failure_reward", f64::from(g.failure_reward), "a finite number", |_| true),
+            ("grpo.failure_reward", f64::from(g.failure_reward), "a number from -1e6 to 1e6", |x| {
+                x.abs() <= MAX_REWARD_SCALE
+            }),
             ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
             ("grpo.tis_cap", g.tis_cap, "a number >= 1", |x| x >= 1.0),
-            ("grpo.overlong_penalty", g.overlong_penalty, "a number >= 0", |x| x >= 0.0),
+            ("grpo.overlong_penalty", g.overlong_penalty, "a number from 0 to 1e6", |x| {
+                (0.0..=MAX_REWARD_SCALE).contains(&x)
+            }),
         ];
         for (key, value, wanted, ok) in floats {
             if !(value.is_finite() && ok(value)) {
@@ -374,6 +378,14 @@ impl TrainConfig {
         }
         if let Some(&k) = self.eval.k.iter().find(|&&k| k == 0 || (self.eval.samples > 0 && k > self.eval.samples)) {
             bail!("{origin}: `eval.k` = {k}: each k must be between 1 and `eval.samples` ({})", self.eval.samples);
+        }
+        // Bounded before anything is allocated for them: `--samples 100000000` once took 6 GB
+        // in 16 s, and 2^64 - 1 overflowed a product.
+        if self.eval.samples > MAX_EVAL_SAMPLES {
+            bail!("{origin}: `eval.samples` = {}: at most {MAX_EVAL_SAMPLES} completions a task", self.eval.samples);
+        }
+        if self.eval.tasks > MAX_EVAL_TASKS {
+            bail!("{origin}: `eval.tasks` = {}: at most {MAX_EVAL_TASKS} held-out tasks", self.eval.tasks);
         }
         if self.eval.batch_tasks == 0 {
             bail!("{origin}: `eval.batch_tasks` must be at least 1");
@@ -589,6 +601,15 @@ fn check_task_scoring(files: &Files<'_>, view: &TaskView<'_>) -> crate::error::R
     Ok(())
 }
 
+/// Completions per held-out task for pass@k: far past any k reported.
+const MAX_EVAL_SAMPLES: usize = 1024;
+/// Held-out tasks of one evaluation.
+const MAX_EVAL_TASKS: usize = 1 << 20;
+
+/// The largest magnitude of a reward weight, a failure reward or an overlong penalty: rewards
+/// are f32, and `-1e38` times a reward of 2 was −inf, every group "without signal".
+const MAX_REWARD_SCALE: f64 = 1e6;
+
 /// One task's numbers: its pass reward, turns, sampling, weight, reward weights, workers and
 /// plugin memories.
 fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> crate::error::Result<()> {
@@ -608,8 +629,13 @@ fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> crate::error::Result
         }
     }
     for (i, reward) in view.rewards.iter().enumerate() {
-        if !reward.weight.is_finite() {
-            bail!("{origin}: `{}[{i}].weight` = {}: it must be a finite number", view.rewards_key, reward.weight);
+        if !(reward.weight.is_finite() && f64::from(reward.weight.abs()) <= MAX_REWARD_SCALE) {
+            bail!(
+                "{origin}: `{}[{i}].weight` = {}: it must be a number from -1e6 to 1e6 (a larger weight turns \
+                 rewards into infinities)",
+                view.rewards_key,
+                reward.weight
+            );
         }
         if let Some(runner) = &reward.code_runner
             && runner.workers > wirl_sandbox::MAX_WORKERS
@@ -623,26 +649,39 @@ fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> crate::error::Result
             );
         }
     }
-    // Memory in MiB becomes bytes: a value that cannot is refused, not wrapped.
-    let mut memories: Vec<(String, Option<u64>)> = Vec::new();
+    // Each plugin's limits by the key they sit under: (key, memory_mib, deadline_ms).
+    let mut plugins: Vec<(String, Option<u64>, Option<u64>)> = Vec::new();
     if let Some(environment) = view.environment {
-        memories.push((format!("{key}environment.memory_mib"), environment.memory_mib));
+        plugins.push((format!("{key}environment"), environment.memory_mib, environment.deadline_ms));
     }
     if let Some(agent) = view.agent {
-        memories.push((format!("{key}agent.memory_mib"), agent.memory_mib));
+        plugins.push((format!("{key}agent"), agent.memory_mib, agent.deadline_ms));
     }
     for (i, reward) in view.rewards.iter().enumerate() {
         let rkey = &view.rewards_key;
-        memories.push((format!("{rkey}[{i}].memory_mib"), reward.memory_mib));
+        plugins.push((format!("{rkey}[{i}]"), reward.memory_mib, reward.deadline_ms));
         if let Some(runner) = &reward.code_runner {
-            memories.push((format!("{rkey}[{i}].code_runner.memory_mib"), runner.memory_mib));
+            plugins.push((format!("{rkey}[{i}].code_runner"), runner.memory_mib, runner.deadline_ms));
         }
     }
-    for (key, mib) in memories {
+    for (key, mib, ms) in plugins {
+        // Memory in MiB becomes bytes: a value that cannot is refused, not wrapped.
         if let Some(mib) = mib
             && !(1..=MAX_MEMORY_MIB).contains(&mib)
         {
-            bail!("{origin}: `{key}` = {mib}: it must be between 1 and {MAX_MEMORY_MIB} (the sandbox's maximum)");
+            bail!(
+                "{origin}: `{key}.memory_mib` = {mib}: it must be between 1 and {MAX_MEMORY_MIB} (the sandbox's maximum)"
+            );
+        }
+        // A deadline of 0 ended every call at once or not, by the clock's tick; one past an
+        // hour is a typo for "never".
+        if let Some(ms) = ms
+            && !(1..=wirl_sandbox::MAX_DEADLINE_MS).contains(&ms)
+        {
+            bail!(
+                "{origin}: `{key}.deadline_ms` = {ms}: it must be between 1 and {} (an hour), in milliseconds",
+                wirl_sandbox::MAX_DEADLINE_MS
+            );
         }
     }
     Ok(())
@@ -814,6 +853,9 @@ mod tests {
             ("[swap]\nrollback_window = 0", "`swap.rollback_window` must be at least 1"),
             ("[eval]\nsamples = 2\nk = [3]", "`eval.k` = 3: each k must be between 1 and `eval.samples` (2)"),
             ("[eval]\nbatch_tasks = 0", "`eval.batch_tasks` must be at least 1"),
+            ("[eval]\nsamples = 100000000", "`eval.samples` = 100000000: at most 1024"),
+            ("[eval]\ntasks = 100000000", "`eval.tasks` = 100000000: at most 1048576"),
+            ("[grpo]\nfailure_reward = -1e30", "`grpo.failure_reward` = -1"),
             ("[eval]\nfirst_index = 3", "`eval.first_index` overlaps the training tasks"),
         ] {
             refused(ARITHMETIC, extra, says);
@@ -877,6 +919,8 @@ mod tests {
         ] {
             refused(&format!("{ARITHMETIC}{lines}\n"), "", says);
         }
+        let deadline = ARITHMETIC.replace("builtin:arithmetic\"", "builtin:arithmetic\", deadline_ms = 0");
+        refused(&deadline, "", "`tasks[0].environment.deadline_ms` = 0: it must be between 1 and 3600000");
         let memory = ARITHMETIC.replace("builtin:arithmetic\"", "builtin:arithmetic\", memory_mib = 999999");
         refused(&memory, "", "`tasks[0].environment.memory_mib` = 999999: it must be between 1 and 4096");
         let lagged = ARITHMETIC.to_string() + "max_turns = 2\n";
