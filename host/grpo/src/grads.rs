@@ -301,7 +301,15 @@ pub(crate) fn in_row_parts(
 /// (below that, starting a thread costs more than it saves).
 fn threads_for(len: usize) -> usize {
     const PER_THREAD: usize = 1 << 18;
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(len / PER_THREAD).max(1)
+    cores().min(len / PER_THREAD).max(1)
+}
+
+/// The cores this process may use, read once: `available_parallelism` reads the cgroup's CPU
+/// quota files and the affinity mask on every call, and the update asked it for every tensor
+/// of every step (~90 reads a second in a running job).
+pub(crate) fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Sum of squares of `values` in f64, by parts as [`in_parts`] shares them.

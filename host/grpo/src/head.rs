@@ -147,7 +147,7 @@ fn product(dst: &mut [f32], [m, n, k]: [usize; 3], accumulate: bool, lhs: View, 
 }
 
 fn parallelism() -> Parallelism {
-    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+    match crate::grads::cores() {
         1 => Parallelism::None,
         n => Parallelism::Rayon(n),
     }

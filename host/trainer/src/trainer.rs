@@ -982,11 +982,19 @@ fn rss_high_water_mib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib / 1024)
 }
 
-/// The memory resident now (Linux's VmRSS), in bytes.
+/// The memory resident now (Linux), in bytes: `/proc/self/statm`'s second field, in pages.
+/// Sampled every 10 ms while a step runs; `statm` is one line of counters, where `status`
+/// (read before) is forty lines the kernel formats, the affinity and cgroup ones included.
 fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib << 10)
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages = statm.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    Some(pages * page_size())
+}
+
+fn page_size() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096))
 }
 
 /// A step's peak resident memory phase by phase: a thread samples the resident memory every
