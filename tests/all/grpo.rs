@@ -462,7 +462,7 @@ fn every_objective_trains_and_bad_ones_are_refused_by_key() {
         ("grpo.advantage=loo", "`rloo`, `reinforce++`, `reinforce++-baseline`"),
         ("grpo.kl_estimator=k4", "`k3`"),
         ("grpo.overlong_buffer=6", "less than `sampling.max_tokens` = 6"),
-        ("grpo.overlong_penalty=-1", "a number >= 0"),
+        ("grpo.overlong_penalty=-1", "a number from 0 to 1e6"),
     ] {
         let out = train_with(&config, &dir.path().join("bad"), &["--set", set]);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -403,15 +403,25 @@ fn a_run_killed_after_a_swap_resumes_with_the_swapped_bytes() {
 /// in force, apply it again — and records it as discarded; it goes on with the old plugin.
 #[test]
 fn a_swap_staged_when_the_run_is_killed_is_said_lost_on_resume() {
-    let mut live = Live::start();
-    let k = live.hold_after(1);
-    std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
-    let (ok, said) = live.apply("swap.toml", &tasks_toml((3, 1), ""), &[]);
-    assert!(ok && said.contains("staged as generation 1"), "{said}");
-    live.child.kill().unwrap(); // SIGKILL, still paused: the swap never switched in
-    live.child.wait().unwrap();
-    let events = lines(&live.run_dir.join("events.jsonl"));
-    assert!(events.iter().any(|e| e["kind"] == "staged" && e["generation"] == 1), "{events:?}");
+    // A held run switches a staged set in at its next look (every 20 ms): the kill has to
+    // land before that. On a loaded machine it sometimes does not, and then there is no lost
+    // swap to speak of; the scene is set again (the product's behaviour is not in question:
+    // either the swap was applied, and a resume replays it, or it was lost, and is said).
+    let (mut live, k) = (1..=5)
+        .find_map(|_| {
+            let mut live = Live::start();
+            let k = live.hold_after(1);
+            std::fs::copy(EXACT_MATCH, live.path("reward.wasm")).unwrap();
+            let (ok, said) = live.apply("swap.toml", &tasks_toml((3, 1), ""), &[]);
+            assert!(ok && said.contains("staged as generation 1"), "{said}");
+            live.child.kill().unwrap(); // SIGKILL, still paused
+            live.child.wait().unwrap();
+            let events = lines(&live.run_dir.join("events.jsonl"));
+            assert!(events.iter().any(|e| e["kind"] == "staged" && e["generation"] == 1), "{events:?}");
+            let switched = events.iter().any(|e| e["kind"] == "applied" && e["generation"] == 1);
+            (!switched).then_some((live, k))
+        })
+        .expect("in five tries the held run always switched the swap in before the kill");
 
     let resumed = crate::grpo::resume(&live.run_dir, k + 1);
     let said = String::from_utf8_lossy(&resumed.stderr);
