@@ -407,7 +407,7 @@ fn a_swap_staged_when_the_run_is_killed_is_said_lost_on_resume() {
     // land before that. On a loaded machine it sometimes does not, and then there is no lost
     // swap to speak of; the scene is set again (the product's behaviour is not in question:
     // either the swap was applied, and a resume replays it, or it was lost, and is said).
-    let (mut live, k) = (1..=5)
+    let (live, k) = (1..=5)
         .find_map(|_| {
             let mut live = Live::start();
             let k = live.hold_after(1);

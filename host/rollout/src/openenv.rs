@@ -46,6 +46,9 @@ pub struct OpenEnvSpec {
 /// The largest message read from a server.
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+/// What an operation cut short by the interrupter says.
+const STOPPING: &str = "interrupted (the run is stopping)";
+
 /// The longest a read waits before it looks at the interrupter again.
 const SLICE: Duration = Duration::from_millis(100);
 
@@ -208,7 +211,7 @@ impl OpenEnvTasks {
                 std::thread::sleep(crate::remote::backoff(attempt));
             }
             if self.interrupter.is_interrupted() {
-                return Err(remote(format!("OpenEnv server {}: interrupted (the run is stopping)", self.spec.url)));
+                return Err(remote(format!("OpenEnv server {}: {STOPPING}", self.spec.url)));
             }
             let opened = Session::connect(&self.authority, &self.spec, &self.interrupter).and_then(|mut session| {
                 let answer = session.call(json!({ "type": "reset", "data": { "seed": reset_seed } }))?;
@@ -256,7 +259,9 @@ impl Bounded {
     /// The time this read or write may wait, or why it may not.
     fn allowance(&self) -> std::io::Result<Duration> {
         if self.interrupter.is_interrupted() {
-            return Err(std::io::Error::new(ErrorKind::Interrupted, "interrupted (the run is stopping)"));
+            // Not `ErrorKind::Interrupted`: std's `write_all` and friends retry that kind, and
+            // the interrupter stays set, so they would spin.
+            return Err(std::io::Error::other(STOPPING));
         }
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -369,7 +374,7 @@ fn shown(error: &tungstenite::Error) -> String {
         tungstenite::Error::Io(io) if matches!(io.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
             "no answer within the task's timeout_s".into()
         }
-        tungstenite::Error::Io(io) if io.kind() == ErrorKind::Interrupted => io.to_string(),
+        tungstenite::Error::Io(io) if io.to_string() == STOPPING => STOPPING.into(),
         tungstenite::Error::Capacity(why) => {
             format!("the server's message is too large ({why}; at most {} MiB)", MAX_MESSAGE_BYTES >> 20)
         }
