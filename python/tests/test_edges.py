@@ -140,7 +140,8 @@ def test_mbpp_bare_asserts_are_judged():
     assert grader(prompts=["", ""], completions=completions, test=[test, test], entry_point=["add", "add"]) == [1.0, 0.0]
 
 
-_SLEEPER = "import time\nstarted = time.time()\nwhile time.time() - started < 30:\n    pass\nprint('done')"
+# A program busy for 90 s: far past every bound below, so no bound has to be tight.
+_SLEEPER = "import time\nstarted = time.time()\nwhile time.time() - started < 90:\n    pass\nprint('done')"
 
 
 def _kill_workers_soon(runner, delay):
@@ -221,8 +222,8 @@ print("next", runner.run("print(3)").stdout.strip(), flush=True)
     )
     assert returncode == 0, err
     took = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("interrupted after")]
-    # Tens of milliseconds when idle; generous for a loaded machine, far under the program's 30 s.
-    assert took and took[0] < 5, out
+    # Tens of milliseconds when idle; generous for a loaded machine, far under the program's 90 s.
+    assert took and took[0] < 30, out
     assert "next 3" in out, out
 
 
@@ -240,7 +241,7 @@ print("exiting", flush=True)
         timeout=120,
     )
     assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
-    assert time.monotonic() - started < 25, "exit waited for the program"
+    assert time.monotonic() - started < 60, "exit waited for the program"
 
 
 def test_a_forked_child_gets_its_own_workers_and_leaves_the_parents_alone():

@@ -435,11 +435,12 @@ fn pings_and_dribbles_do_not_extend_a_remote_step() {
             let note = rollout["notes"].to_string();
             assert!(note.contains(&url) && note.contains("timeout_s"), "{rollout}");
         }
-        // One after another, 8 steps of 4 s would arrive over 28 s or more.
+        // One after another, 8 steps of 4 s each would arrive over 28 s or more; side by side
+        // they arrive together (the bound leaves a loaded machine room, and still tells them).
         let steps = steps.lock().unwrap();
         assert_eq!(steps.len(), 8);
         let spread = *steps.iter().max().unwrap() - *steps.iter().min().unwrap();
-        assert!(spread < Duration::from_secs(4), "the steps were sent {spread:?} apart");
+        assert!(spread < Duration::from_secs(20), "the steps were sent {spread:?} apart");
     }
 }
 
