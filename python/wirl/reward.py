@@ -17,7 +17,8 @@ _TRL_EXTRAS = frozenset({"trainer_state", "log_extra", "log_metric", "environmen
 class Score:
     """One call's result: ``reward`` (None when the call failed), ``verdict`` (``ok``, or what
     ended the call: ``deadline``, ``memory``, ``fuel``, ``stack_overflow``, ``trap``,
-    ``output_too_large``, ``print_limit``, ``non_finite``, ``instantiate``, ``interrupted``, or
+    ``output_too_large``, ``print_limit``, ``non_finite``, ``instantiate``, ``interrupted``,
+    ``infrastructure`` (a grader's code worker was lost: the host's failure), or
     the plugin's own ``guest_error``), its ``message``, the plugin's named ``parts`` and
     ``note``, and the call's ``micros``."""
 
