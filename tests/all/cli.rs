@@ -20,7 +20,9 @@ fn example(name: &str) -> String {
 /// Every example line carries the reward a reader should expect; the plugin must agree.
 #[test]
 fn score_examples_match_their_expected_rewards() {
-    for (plugin, file) in [(MATH_ANSWER, "math.jsonl"), (EXACT_MATCH, "exact.jsonl")] {
+    for (plugin, file) in
+        [(MATH_ANSWER, "math.jsonl"), (EXACT_MATCH, "exact.jsonl"), ("builtin:math-verify", "math-verify.jsonl")]
+    {
         let input = example(file);
         let output = wirl(&["score", "--plugin", plugin, "--input", &input]);
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

@@ -1,5 +1,6 @@
 //! The plugins that travel inside the `wirl` binary: the default job's environment
-//! (`arithmetic`) and reward (`math-answer`), compiled from `plugins/rust/` by this crate's
+//! (`arithmetic`) and reward (`math-answer`), and Math-Verify's judgement of math answers
+//! (`math-verify`), compiled from `plugins/rust/` by this crate's
 //! build script. A config or a command names one as `builtin:NAME` wherever it takes a
 //! plugin file, so the default job, `wirl eval` and `wirl score` need no checkout.
 //!
@@ -53,7 +54,7 @@ impl Builtin {
     }
 }
 
-const ALL: [Builtin; 2] = [
+const ALL: [Builtin; 3] = [
     Builtin {
         name: "arithmetic",
         about: "environment: arithmetic problems (chain sums, mixed operations) with the peers' few-shot prompt",
@@ -65,6 +66,12 @@ const ALL: [Builtin; 2] = [
         about: "reward: 1 when the completion's final number equals the task's answer",
         source: "plugins/rust/math-answer",
         bytes: include_bytes!(concat!(env!("OUT_DIR"), "/math_answer.wasm")),
+    },
+    Builtin {
+        name: "math-verify",
+        about: "reward: 1 when the completion's answer equals the task's as Math-Verify judges it (LaTeX, sets, intervals, equations, matrices)",
+        source: "plugins/rust/math-verify",
+        bytes: include_bytes!(concat!(env!("OUT_DIR"), "/math_verify.wasm")),
     },
 ];
 
