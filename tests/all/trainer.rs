@@ -514,6 +514,20 @@ fn the_word_problems_example_runs() {
     assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
 }
 
+/// `examples/train/math-latex.toml` as shipped (a JSONL dataset of LaTeX answers scored by
+/// builtin:math-verify), on the tiny model: one step, evaluated, every completion scored (the
+/// tiny model's text is no answer, a 0 with its verdict — never a failed call).
+#[test]
+fn the_math_latex_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::multiturn::write_tiny_model_with_context(dir.path(), 4096);
+    let (metrics, summary) = run_example("math-latex.toml", dir.path(), &["--set", "sampling.max_tokens=8"]);
+    assert_eq!(metrics[0]["tasks"]["dataset"]["groups"], 4, "{}", metrics[0]);
+    assert_eq!(metrics[0]["failures"], serde_json::json!({}), "{}", metrics[0]);
+    assert_eq!(metrics[0]["parts"]["no_answer"], 1.0, "{}", metrics[0]);
+    assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
+}
+
 /// `grpo.overlap` (each group scored as soon as its samples finish, the next step's tasks
 /// drawn during the update) changes no number: the multitask run (two environment tasks,
 /// a multi-turn one, an eval-only dataset) records the same metrics and rollouts with it
