@@ -160,13 +160,14 @@ fn tokenize(input: &str) -> Result<Vec<Tok>, ParseError> {
     Ok(toks)
 }
 
-/// The width of a thousands separator at `i` (`,`, `{,}`, `\,`, `\!`, a space), if one is
-/// followed by three digits.
+/// The width of a thousands separator at `i` (`{,}`, `,\!`, `\,`, `\!`, a space), if one is
+/// followed by three digits. A bare comma is not one here: inside brackets and sets it
+/// separates values (`(12,102)` is a pair, as Math-Verify reads it); a whole answer that is
+/// one comma-grouped number (`7,425,000`) is read as one before tokenizing.
 fn thousands_gap(chars: &[char], i: usize) -> Option<usize> {
     let gap = match chars.get(i..) {
         Some([',', '\\', '!' | ' ' | ',', ' ', ..]) => 4,
         Some([',', '\\', '!' | ' ' | ',', ..]) => 3,
-        Some([',', ..]) => 1,
         Some(['{', ',', '}', ..]) => 3,
         Some(['\\', ',' | '!' | ' ', ..]) => 2,
         Some([' ', ..]) => 1,
@@ -174,6 +175,19 @@ fn thousands_gap(chars: &[char], i: usize) -> Option<usize> {
     };
     let digits = chars.get(i + gap..i + gap + 3)?;
     digits.iter().all(char::is_ascii_digit).then_some(gap)
+}
+
+/// `7,425,000` or `-1,000.5` as a whole answer, without its commas.
+fn comma_grouped_number(s: &str) -> Option<String> {
+    let unsigned = s.strip_prefix('-').unwrap_or(s);
+    let (int, frac) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    let groups: Vec<&str> = int.split(',').collect();
+    let grouped = groups.len() > 1
+        && (1..=3).contains(&groups[0].len())
+        && groups[1..].iter().all(|g| g.len() == 3)
+        && groups.iter().all(|g| g.bytes().all(|b| b.is_ascii_digit()))
+        && frac.bytes().all(|b| b.is_ascii_digit());
+    grouped.then(|| s.replace(',', ""))
 }
 
 /// Whether three digits at `i` end a group: no fourth digit follows.
@@ -316,6 +330,9 @@ pub fn parse(input: &str) -> Result<Expr, ParseError> {
         if input.contains(word) {
             input = input.replace(word, "\\%");
         }
+    }
+    if let Some(number) = comma_grouped_number(input.trim()) {
+        input = number;
     }
     let toks = tokenize(&input)?;
     if toks.len() > MAX_NODES {
@@ -1029,6 +1046,7 @@ mod tests {
     #[test]
     fn numbers_with_separators_and_decimals() {
         assert_eq!(ok("7,425,000"), Expr::int(7_425_000));
+        assert!(matches!(ok("(12,102)"), Expr::Pair(..)));
         assert_eq!(ok("1{,}000"), Expr::int(1000));
         assert_eq!(ok("1\\,000"), Expr::int(1000));
         assert_eq!(ok(".4"), Expr::Num { value: Rational::new(2, 5).unwrap(), decimal: true });
