@@ -4,7 +4,8 @@
 # by class, with builtin:math-answer's beside it; per-answer p50/p99 and answers per second
 # (Math-Verify: verify(parse(), parse()) in one process; wirl: `wirl score`, one process);
 # then answers built to hang a verifier, each timed on both sides (Math-Verify in a child
-# killed after HOSTILE_TIMEOUT seconds, default 60).
+# killed after HOSTILE_TIMEOUT seconds, default 60: once with its 5 s signal timeouts, once
+# without them, as a multi-threaded trainer must run it).
 #   bash benches/math-verify.sh                 # the committed corpus
 #   CORPUS=file.jsonl bash benches/math-verify.sh
 #   MV_TESTS=DIR bash benches/math-verify.sh    # Math-Verify's own test cases (DIR: a checkout's tests/)

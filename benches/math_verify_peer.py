@@ -6,14 +6,16 @@ pairs, and over answers built to hang a verifier.
 
 Prints JSON lines: per system, agreement with Math-Verify's verdicts (made in this run), the
 disagreements by class, per-answer p50/p99 and answers per second; then, per hostile answer,
-Math-Verify's time (in a child process killed at the timeout) beside wirl's.
+wirl's time and verdict beside Math-Verify's, twice, each in a child process killed at the
+timeout: as a single-threaded script runs it (its signal timeouts, 5 s, on) and as a
+multi-threaded trainer must (verl: `parsing_timeout=None, timeout_seconds=None`).
 """
 
 import argparse
 import json
+import logging
 import multiprocessing
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,9 @@ import time
 from collections import Counter
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+# Its timeouts log the whole answer (megabytes here); the bench reports them itself.
+logging.getLogger("math_verify").setLevel(logging.CRITICAL)
 
 CONFIG = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
@@ -80,18 +85,24 @@ def hostile_answers():
 HOSTILE_GOLD = r"$9^{9^{9^{9}}} + 1$"
 
 
-def _child(pred, queue):
+def _child(pred, queue, threaded):
     start = time.perf_counter()
     try:
-        result = math_verify(HOSTILE_GOLD, pred)
+        if threaded:
+            # As verl and every multi-threaded caller must run it: its signal-based timeouts
+            # off (they raise outside the main thread), so nothing bounds it.
+            gold = parse(HOSTILE_GOLD, CONFIG, parsing_timeout=None)
+            result = bool(verify(gold, parse(pred, CONFIG, parsing_timeout=None), float_rounding=6, timeout_seconds=None))
+        else:
+            result = math_verify(HOSTILE_GOLD, pred)
     except BaseException as e:  # noqa: BLE001 - report whatever it raised
         result = f"raised {type(e).__name__}"
     queue.put((time.perf_counter() - start, result))
 
 
-def math_verify_bounded(pred, timeout):
+def math_verify_bounded(pred, timeout, threaded):
     queue = multiprocessing.Queue()
-    child = multiprocessing.Process(target=_child, args=(pred, queue))
+    child = multiprocessing.Process(target=_child, args=(pred, queue, threaded))
     child.start()
     child.join(timeout)
     if child.is_alive():
@@ -148,14 +159,17 @@ def main():
         hostile = hostile_answers()
         rows, _, _ = wirl_score(args.wirl, "builtin:math-verify", [(HOSTILE_GOLD, p) for _, p in hostile])
         for (what, pred), row in zip(hostile, rows):
-            took, result = math_verify_bounded(pred, args.hostile_timeout)
+            took, result = math_verify_bounded(pred, args.hostile_timeout, threaded=False)
+            took_threaded, result_threaded = math_verify_bounded(pred, args.hostile_timeout, threaded=True)
             print(json.dumps({
                 "hostile": what, "bytes": len(pred),
                 "wirl_ms": round(row["micros"] / 1e3, 1) if row else None,
                 "wirl_verdict": row["note"].split(";")[0] if row else "failed",
                 "math_verify_s": None if took is None else round(took, 3),
                 "math_verify": result if isinstance(result, str) else bool(result),
-                "timeout_s": args.hostile_timeout,
+                "math_verify_no_signal_timeout_s": None if took_threaded is None else round(took_threaded, 3),
+                "math_verify_no_signal_timeout": result_threaded if isinstance(result_threaded, str) else bool(result_threaded),
+                "killed_after_s": args.hostile_timeout,
             }))
     sys.stdout.flush()
 
