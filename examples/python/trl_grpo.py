@@ -8,7 +8,9 @@ Needs torch, transformers, trl and datasets beside wirl. It first checks that wi
 scores examples/score/*.jsonl exactly as `wirl score` does (the binary, where built), then
 trains a few GRPO steps on CPU: the tasks come from wirl's `arithmetic` environment plugin
 (wirl.Environment), the reward from its `math-answer` reward plugin (wirl.Reward), called by
-TRL as any reward function. A call that fails in the sandbox would be None for TRL (left out
+TRL as any reward function. With `--task math-latex`: examples/math-latex's problems (LaTeX
+answers in a `solution` column, as TRL's math recipes have them) scored by
+`builtin:math-verify` in place of TRL's `accuracy_reward`. A call that fails in the sandbox would be None for TRL (left out
 of the mean), never a 0; the verdict counts print at the end.
 """
 
@@ -25,6 +27,7 @@ import wirl
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCORED = {
     "math.jsonl": "builtin:math-answer",
+    "math-verify.jsonl": "builtin:math-verify",
     "exact.jsonl": os.path.join(ROOT, "plugins", "target", "wasm32-wasip2", "release", "exact_match.wasm"),
 }
 
@@ -66,7 +69,7 @@ class CountingReward(wirl.Reward):
         self.verdicts.update(score.verdict for score in self.last_scores)
         completion = kwargs["completions"][0]
         text = completion[-1]["content"] if isinstance(completion, list) else completion
-        self.samples.append((text, kwargs["answer"][0], self.last_scores[0]))
+        self.samples.append((text, kwargs[self.answer_column][0], self.last_scores[0]))
         return rewards
 
 
@@ -76,6 +79,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--output-dir", default="runs/trl-wirl")
+    parser.add_argument("--task", choices=["arithmetic", "math-latex"], default="arithmetic")
     args = parser.parse_args()
 
     check_against_wirl_score()
@@ -85,18 +89,25 @@ def main():
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(0)
-    # The default job's task: 1-digit sums of two terms, with the peers' few-shot prompt.
-    environment = wirl.Environment(
-        "builtin:arithmetic", {"kind": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-    )
-    dataset = Dataset.from_list(environment.dataset(args.tasks))
-    reward = CountingReward("builtin:math-answer")
+    if args.task == "math-latex":
+        # MATH-style problems; the reward reads the `solution` column, as accuracy_reward does.
+        with open(os.path.join(ROOT, "examples", "math-latex", "train.jsonl")) as f:
+            rows = [json.loads(line) for line in f][: args.tasks]
+        dataset = Dataset.from_list([{"prompt": r["messages"], "solution": r["answer"]} for r in rows])
+        reward = CountingReward("builtin:math-verify", answer_column="solution")
+    else:
+        # The default job's task: 1-digit sums of two terms, with the peers' few-shot prompt.
+        environment = wirl.Environment(
+            "builtin:arithmetic", {"kind": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+        )
+        dataset = Dataset.from_list(environment.dataset(args.tasks))
+        reward = CountingReward("builtin:math-answer")
     config = GRPOConfig(
         output_dir=args.output_dir,
         max_steps=args.steps,
         per_device_train_batch_size=16,
         num_generations=8,
-        max_completion_length=32,
+        max_completion_length=128 if args.task == "math-latex" else 32,
         learning_rate=1e-5,
         beta=0.04,
         logging_steps=1,

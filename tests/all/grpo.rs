@@ -235,6 +235,25 @@ fn a_reward_plugin_that_traps_every_other_call_does_not_stop_training() {
     assert!(rewards.iter().all(|&r| r == -1.0), "{rewards:?}");
 }
 
+/// A step whose every reward call failed shows no reward figures (`reward 0.000 pass 0.000`
+/// read as a model that scored nothing): it says there was no scored trajectory, names the
+/// failures, and records `trajectories_scored = 0`.
+#[test]
+fn a_step_where_every_reward_call_failed_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "config = { trap_always = true }", 1, 0.01);
+    let run = dir.path().join("run");
+    let out = train(&config, &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no scored trajectory"), "{stderr}");
+    assert!(stderr.contains("every completion's reward call failed (12 trap)"), "{stderr}");
+    assert!(!stderr.contains("reward 0.000"), "{stderr}");
+    let line = &metrics(&run)[0];
+    assert_eq!(line["trajectories_scored"], 0, "{line}");
+    assert_eq!(line["trajectories_masked"], 12, "{line}");
+}
+
 #[test]
 fn config_errors_name_the_file_the_key_and_what_to_do() {
     let dir = tempfile::tempdir().unwrap();

@@ -548,18 +548,25 @@ impl Observer for Terminal {
                     1 => String::new(),
                     draws => format!("  draws {draws} (kept {})", m.groups_kept),
                 };
+                // A step whose every reward call failed has no reward to show: `reward 0.000`
+                // would read as a model that scored nothing.
+                let figures = if m.trajectories_scored == 0 {
+                    "no scored trajectory".to_string()
+                } else {
+                    format!("reward {:.3}  pass {:.3}", m.reward_mean, m.pass_rate)
+                };
                 eprintln!(
-                    "step {:>3}/{steps}  reward {:.3}  pass {:.3}  loss {:+.4}  {kl}  len {:.1}{draws}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
-                    m.step,
-                    m.reward_mean,
-                    m.pass_rate,
-                    m.loss,
-                    m.completion_tokens_mean,
-                    m.time_s.generate,
-                    m.time_s.score,
-                    m.time_s.train,
+                    "step {:>3}/{steps}  {figures}  loss {:+.4}  {kl}  len {:.1}{draws}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
+                    m.step, m.loss, m.completion_tokens_mean, m.time_s.generate, m.time_s.score, m.time_s.train,
                 );
-                if m.groups_kept == 0 {
+                if m.trajectories_scored == 0 {
+                    let failures: Vec<String> = m.failures.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
+                    eprintln!(
+                        "          no update: every completion's reward call failed ({}); the step trained nothing \
+                         (metrics.jsonl's `failures`, and the plugin's messages above, say why)",
+                        failures.join(", ")
+                    );
+                } else if m.groups_kept == 0 {
                     // A loss and KL of zero read as a bug without this: nothing was trained.
                     eprintln!(
                         "          no update: every group's samples scored alike (no signal to learn from), so this \

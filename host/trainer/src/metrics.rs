@@ -32,6 +32,9 @@ pub struct StepMetrics {
     /// Trajectories masked for a failed plugin call (`on_failure = "mask"`): no gradient,
     /// not in the reward figures.
     pub trajectories_masked: usize,
+    /// Trajectories with a usable reward: the ones the reward figures are over. 0 means the
+    /// step's `reward_mean` and `pass_rate` describe nothing (every call failed).
+    pub trajectories_scored: usize,
     pub loss: f32,
     pub kl: f32,
     pub entropy: f32,

@@ -1008,6 +1008,7 @@ impl Trainer {
             draws: 1,
             groups_unusable: advantaged.unusable_of_task.iter().sum(),
             trajectories_masked: figures.masked,
+            trajectories_scored: figures.scored,
             loss: update.loss,
             kl: if step_tokens > 0 && self.config.grpo.beta > 0.0 { update.kl } else { 0.0 },
             entropy: update.entropy,
@@ -1064,6 +1065,7 @@ impl Trainer {
 /// Reward and length figures over some groups' completions (rewards over the usable ones).
 struct Figures {
     masked: usize,
+    scored: usize,
     reward_mean: f32,
     reward_std: f32,
     pass_rate: f32,
@@ -1105,6 +1107,7 @@ impl Figures {
         let tokens: usize = lengths.iter().sum();
         Figures {
             masked,
+            scored: rewards.len(),
             reward_mean: mean,
             reward_std: std,
             pass_rate: passed as f32 / n,
