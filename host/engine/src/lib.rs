@@ -57,8 +57,9 @@ pub use request::{Completion, FinishReason, GenerateRequest, RequestId};
 pub use sampling::Sampling;
 pub use tokenizer::{ChatMessage, TemplateVars, TextStream, Tokenizer, check_template_vars};
 
-/// Pin candle's thread count for the life of the process. Unset, candle works it out again on
-/// every matmul by reading `/proc/cpuinfo` (measured: ~8% of a decode step on 2 cores).
+/// Pin candle's thread count for the life of the process (unset, candle works it out again on
+/// every matmul by reading `/proc/cpuinfo`: measured ~8% of a decode step on 2 cores), and
+/// park candle's idle pool threads at once instead of spinning.
 /// Call once at the start of `main`, before any other thread exists.
 pub fn pin_thread_count() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
@@ -70,6 +71,15 @@ pub fn pin_thread_count() {
         // SAFETY: documented to be called first in `main`, while the process has one thread,
         // so nothing reads the environment concurrently.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
+    }
+    // candle's elementwise pool (`candle-bp-*`) and rayon's pool (the products) are both as
+    // wide as the cores, and take turns: a pool's idle threads that spin (candle's 25,000
+    // rounds before parking) take the cores the other pool's work needs. Parked at once,
+    // the default job's train phase took ~8 % less (2 cores, same binary, same run:
+    // docs/BENCHMARKS.md). `CANDLE_BARRIER_POOL_SPIN_LIMIT` set by the user is kept.
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        // SAFETY: as above, before any other thread exists.
+        unsafe { std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", "0") };
     }
 }
 
