@@ -52,7 +52,9 @@ def test_an_unreadable_gold_is_a_failed_call_not_a_zero():
 
 
 def test_hostile_answers_end_within_the_deadline_and_the_next_is_judged():
-    reward = wirl.Reward("builtin:math-verify", deadline_ms=1000)
+    # Each ends in well under the default 1 s deadline on an idle machine (the slowest, reading
+    # a 6.9 MB answer, ~0.3 s: BENCHMARKS); the room here is for a loaded test machine.
+    reward = wirl.Reward("builtin:math-verify", deadline_ms=5000)
     hostile = [
         "\\boxed{" + "\\frac{1}{" * 10_000 + "1" + "}" * 10_000 + "}",
         "\\boxed{" + "9" * (1 << 20) + "}",
@@ -66,6 +68,5 @@ def test_hostile_answers_end_within_the_deadline_and_the_next_is_judged():
         (value,) = reward(prompts=["?"], completions=[answer], answer=[r"9^{9^{9^{9}}} + 1"])
         took = time.monotonic() - start
         assert value == 0.0, (answer[:40], reward.last_scores[0])
-        # The component's deadline is 1 s; the bound is loose for a loaded machine.
         assert took < 10, (answer[:40], took)
         assert reward(prompts=["?"], completions=[r"\boxed{0.5}"], answer=[r"\frac12"]) == [1.0]
