@@ -3,7 +3,6 @@
 
 import json
 import os
-import time
 
 import wirl
 from conftest import ROOT
@@ -51,6 +50,19 @@ def test_an_unreadable_gold_is_a_failed_call_not_a_zero():
     assert "gold" in reward.last_scores[0].message or "not an expression" in reward.last_scores[0].message
 
 
+def test_bad_config_fails_every_call_naming_the_key():
+    for config, key in [
+        ({"float_rounding": 99}, "float_rounding"),
+        ({"boxed_priority": -5}, "boxed_priority"),
+        ({"gold": "whole"}, "gold"),
+        ({"format_weight": 1e30}, "format_weight"),
+        ({"float_rounding": "six"}, "float_rounding"),
+    ]:
+        reward = wirl.Reward("builtin:math-verify", config=config)
+        assert reward(prompts=["?", "?"], completions=[r"\boxed{1}", r"\boxed{2}"], answer=["1", "2"]) == [None, None]
+        assert all(key in s.message for s in reward.last_scores), (config, reward.last_scores[0].message)
+
+
 def test_hostile_answers_end_within_the_deadline_and_the_next_is_judged():
     # Each ends in well under the default 1 s deadline on an idle machine (the slowest, reading
     # a 6.9 MB answer, ~0.3 s: BENCHMARKS); the room here is for a loaded test machine.
@@ -64,9 +76,7 @@ def test_hostile_answers_end_within_the_deadline_and_the_next_is_judged():
         "\\boxed{" * 100_000,
     ]
     for answer in hostile:
-        start = time.monotonic()
+        # A call past the deadline fails (None, verdict `deadline`): 0.0 means it was judged.
         (value,) = reward(prompts=["?"], completions=[answer], answer=[r"9^{9^{9^{9}}} + 1"])
-        took = time.monotonic() - start
         assert value == 0.0, (answer[:40], reward.last_scores[0])
-        assert took < 10, (answer[:40], took)
         assert reward(prompts=["?"], completions=[r"\boxed{0.5}"], answer=[r"\frac12"]) == [1.0]

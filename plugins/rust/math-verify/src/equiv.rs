@@ -290,7 +290,7 @@ fn sets_equal(gold: &Expr, pred: &Expr, opts: &Options) -> Outcome {
         (Expr::Set(a), Expr::Set(b)) => unordered(&values_of(a), &values_of(b), opts),
         // A set of one is its element (`\{3\}` and `3`); Math-Verify unwraps one-element sets.
         (Expr::Set(a), other) | (other, Expr::Set(a)) if a.len() == 1 && !matches!(other, Expr::Set(_)) => {
-            equal_either_way(gold, pred, &a[0], other, opts)
+            equal_either_way(gold, &a[0], other, opts)
         }
         (Expr::Tuple(a), Expr::Tuple(b)) => pairwise(a, b, opts),
         (Expr::Pair(a1, a2), Expr::Pair(b1, b2)) => Ok(equal(a1, b1, opts)? && equal(a2, b2, opts)?),
@@ -351,7 +351,7 @@ fn values_of(items: &[Expr]) -> Vec<Expr> {
 }
 
 /// Compares `a` with `b` the way round they came in (gold first).
-fn equal_either_way(gold: &Expr, _pred: &Expr, elem: &Expr, other: &Expr, opts: &Options) -> Outcome {
+fn equal_either_way(gold: &Expr, elem: &Expr, other: &Expr, opts: &Options) -> Outcome {
     if matches!(gold, Expr::Set(_)) { equal(elem, other, opts) } else { equal(other, elem, opts) }
 }
 

@@ -149,7 +149,12 @@ impl Judgement {
 
 /// Whether `completion` answers `gold`: Math-Verify's `verify(parse(gold), parse(pred))`.
 pub fn judge(gold: &str, completion: &str, settings: &Settings) -> Judgement {
-    let gold = read_gold(gold, settings);
+    judge_read(&read_gold(gold, settings), completion, settings)
+}
+
+/// [`judge`] with the gold already read (once for a group of completions of one task).
+pub fn judge_read(gold: &Reading, completion: &str, settings: &Settings) -> Judgement {
+    let gold = gold.clone();
     let pred = read_completion(completion, settings);
     let mut judgement = Judgement { verdict: Verdict::NotEqual, gold, pred, detail: None };
     // The texts as strings first (Math-Verify's string fallback), then the values.
@@ -186,7 +191,7 @@ pub fn judge(gold: &str, completion: &str, settings: &Settings) -> Judgement {
 
 #[cfg(target_arch = "wasm32")]
 mod plugin {
-    use super::{Settings, equiv, extract, judge};
+    use super::{Reading, Settings, equiv, extract, judge_read, read_gold};
     use wirl_sdk::reward::{Reward, Score, Task, config};
 
     struct MathVerify;
@@ -194,12 +199,17 @@ mod plugin {
     impl Reward for MathVerify {
         fn score(task: Task, completion: String) -> Result<Score, String> {
             let (settings, format_weight) = load()?;
-            score_one(&settings, format_weight, &task, &completion)
+            let gold = gold_of(&task, &settings)?;
+            Ok(score_one(&settings, format_weight, &gold, &completion))
         }
 
         fn score_group(task: Task, completions: Vec<String>) -> Vec<Result<Score, String>> {
-            match load() {
-                Ok((settings, weight)) => completions.iter().map(|c| score_one(&settings, weight, &task, c)).collect(),
+            // The task's answer is read once for the group.
+            let loaded = load().and_then(|(settings, weight)| Ok((gold_of(&task, &settings)?, settings, weight)));
+            match loaded {
+                Ok((gold, settings, weight)) => {
+                    completions.iter().map(|c| Ok(score_one(&settings, weight, &gold, c))).collect()
+                }
                 Err(e) => completions.iter().map(|_| Err(e.clone())).collect(),
             }
         }
@@ -239,17 +249,23 @@ mod plugin {
         Ok((settings, format_weight))
     }
 
-    fn score_one(settings: &Settings, format_weight: f32, task: &Task, completion: &str) -> Result<Score, String> {
+    /// The task's answer, read; a task whose answer cannot be read fails its calls.
+    fn gold_of(task: &Task, settings: &Settings) -> Result<Reading, String> {
         let gold = task.answer.as_deref().ok_or_else(|| format!("task {} has no answer to compare with", task.id))?;
-        let judgement = judge(gold, completion, settings);
-        if judgement.verdict == super::Verdict::GoldUnparsed {
+        let reading = read_gold(gold, settings);
+        if reading.parsed.is_none() {
             return Err(format!(
                 "task {}: its answer {:?} is not an expression math-verify reads ({})",
                 task.id,
                 truncate(gold, 80),
-                judgement.gold.failure.as_ref().map_or("no answer found".to_string(), |e| format!("{e:?}"))
+                reading.failure.as_ref().map_or("no answer found".to_string(), |e| format!("{e:?}"))
             ));
         }
+        Ok(reading)
+    }
+
+    fn score_one(settings: &Settings, format_weight: f32, gold: &Reading, completion: &str) -> Score {
+        let judgement = judge_read(gold, completion, settings);
         let correct = if judgement.correct() { 1.0 } else { 0.0 };
         let format = if judgement.pred.marked { 1.0 } else { 0.0 };
         let mut note = judgement.verdict.name().to_string();
@@ -265,7 +281,7 @@ mod plugin {
         if !judgement.correct() {
             score = score.part(judgement.verdict.name(), 1.0);
         }
-        Ok(score.note(note))
+        score.note(note)
     }
 
     fn truncate(text: &str, max_chars: usize) -> &str {

@@ -2,8 +2,6 @@
 //! `None`, and the caller falls back to floating point (or says "too large") instead of
 //! computing big numbers. This is what keeps comparison bounded by construction.
 
-use std::cmp::Ordering;
-
 /// A reduced fraction `num / den`, `den > 0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rational {
@@ -76,10 +74,6 @@ impl Rational {
         Rational::new(left.checked_add(right)?, (self.den / g).checked_mul(other.den)?)
     }
 
-    pub fn checked_sub(self, other: Rational) -> Option<Rational> {
-        self.checked_add(other.checked_neg()?)
-    }
-
     pub fn checked_mul(self, other: Rational) -> Option<Rational> {
         let g1 = gcd(self.num, other.den).max(1);
         let g2 = gcd(other.num, self.den).max(1);
@@ -122,12 +116,6 @@ impl Rational {
         let (n, d) = (scaled.num.unsigned_abs(), scaled.den.unsigned_abs());
         let magnitude = i128::try_from(n.checked_mul(2)?.checked_add(d)? / d.checked_mul(2)?).ok()?;
         Some(if scaled.num < 0 { -magnitude } else { magnitude })
-    }
-
-    pub fn cmp_value(self, other: Rational) -> Option<Ordering> {
-        let left = self.num.checked_mul(other.den)?;
-        let right = other.num.checked_mul(self.den)?;
-        Some(left.cmp(&right))
     }
 }
 

@@ -38,6 +38,9 @@ enum Tok {
     /// `\text{…}` and friends: their words.
     Text(String),
     Punct(char),
+    /// `\{` and `\}`: a set's braces (plain braces only group).
+    SetOpen,
+    SetClose,
     /// `\\` inside a matrix.
     RowSep,
 }
@@ -94,8 +97,8 @@ fn tokenize(input: &str) -> Result<Vec<Tok>, ParseError> {
                 let Some(&sym) = chars.get(i) else { break };
                 i += 1;
                 match sym {
-                    '{' => toks.push(Tok::Punct('⦃')),
-                    '}' => toks.push(Tok::Punct('⦄')),
+                    '{' => toks.push(Tok::SetOpen),
+                    '}' => toks.push(Tok::SetClose),
                     '%' => toks.push(Tok::Punct('%')),
                     '\\' => toks.push(Tok::RowSep),
                     '|' => toks.push(Tok::Punct('|')),
@@ -370,6 +373,15 @@ impl Parser {
 
     fn peek_cmd(&self, name: &str) -> bool {
         matches!(self.peek(), Some(Tok::Cmd(n)) if n == name)
+    }
+
+    fn eat(&mut self, tok: &Tok) -> bool {
+        if self.peek() == Some(tok) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
     }
 
     fn eat_punct(&mut self, c: char) -> bool {
@@ -686,12 +698,12 @@ impl Parser {
                 self.expect_punct('}')?;
                 Ok(inner)
             }
-            Tok::Punct('⦃') => {
+            Tok::SetOpen => {
                 let mut items = Vec::new();
-                if !self.eat_punct('⦄') {
+                if !self.eat(&Tok::SetClose) {
                     loop {
                         items.push(self.relation()?);
-                        if self.eat_punct('⦄') {
+                        if self.eat(&Tok::SetClose) {
                             break;
                         }
                         if !(self.eat_punct(',') || self.eat_punct(';')) {
@@ -782,6 +794,8 @@ impl Parser {
                     text.push(c);
                 }
                 Tok::Text(t) => text.push_str(&t),
+                Tok::SetOpen => text.push('{'),
+                Tok::SetClose => text.push('}'),
                 Tok::RowSep => return unparsed("a row break in a subscript"),
             }
             if !grouped {
@@ -846,22 +860,21 @@ impl Parser {
     }
 
     fn command(&mut self, name: &str) -> Parsed {
-        let func = |f: Func| Some(f);
         let applied = match name {
-            "sin" => func(Func::Sin),
-            "cos" => func(Func::Cos),
-            "tan" => func(Func::Tan),
-            "cot" => func(Func::Cot),
-            "sec" => func(Func::Sec),
-            "csc" => func(Func::Csc),
-            "arcsin" => func(Func::Asin),
-            "arccos" => func(Func::Acos),
-            "arctan" => func(Func::Atan),
-            "sinh" => func(Func::Sinh),
-            "cosh" => func(Func::Cosh),
-            "tanh" => func(Func::Tanh),
-            "ln" => func(Func::Ln),
-            "exp" => func(Func::Exp),
+            "sin" => Some(Func::Sin),
+            "cos" => Some(Func::Cos),
+            "tan" => Some(Func::Tan),
+            "cot" => Some(Func::Cot),
+            "sec" => Some(Func::Sec),
+            "csc" => Some(Func::Csc),
+            "arcsin" => Some(Func::Asin),
+            "arccos" => Some(Func::Acos),
+            "arctan" => Some(Func::Atan),
+            "sinh" => Some(Func::Sinh),
+            "cosh" => Some(Func::Cosh),
+            "tanh" => Some(Func::Tanh),
+            "ln" => Some(Func::Ln),
+            "exp" => Some(Func::Exp),
             "lfloor" => return self.delimited("rfloor", Func::Floor),
             "lceil" => return self.delimited("rceil", Func::Ceil),
             _ => None,
@@ -919,15 +932,12 @@ impl Parser {
                 Ok(inner)
             }
             "begin" => self.environment(),
-            "mathbb" => {
-                let (set, _) = (self.group_or_atom()?, ());
-                Ok(Expr::Text(format!("mathbb {set:?}")))
-            }
+            // `\mathbb{R}`: a named set, compared by its name.
+            "mathbb" => Ok(Expr::Text(format!("mathbb {}", self.word_group()?.to_lowercase()))),
             "alpha" | "beta" | "gamma" | "delta" | "epsilon" | "varepsilon" | "zeta" | "eta" | "theta" | "vartheta"
             | "iota" | "kappa" | "lambda" | "mu" | "nu" | "xi" | "rho" | "sigma" | "tau" | "upsilon" | "phi"
             | "varphi" | "chi" | "psi" | "omega" | "Gamma" | "Delta" | "Theta" | "Lambda" | "Xi" | "Pi" | "Sigma"
             | "Phi" | "Psi" | "Omega" => self.subscripted(name.to_string()),
-            "sqrt3" => unparsed("\\sqrt3"),
             "dots" => unparsed("an ellipsis"),
             other => unparsed(format!("the command \\{other}")),
         }
