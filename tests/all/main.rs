@@ -25,6 +25,7 @@ mod ranks;
 mod reference;
 mod runtime;
 mod sandbox;
+mod sandbox_serve;
 mod serve;
 mod serve_tasks;
 mod trainer;

@@ -21,20 +21,20 @@ impl Server {
 
     /// A server of the model at `model`.
     pub(crate) fn start_model(model: &Path, flags: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wirl"))
-            .args(["serve", "--port", "0", "--model"])
-            .arg(model)
-            .args(flags)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wirl"));
+        command.args(["serve", "--port", "0", "--model"]).arg(model).args(flags);
+        Server::spawn(command)
+    }
+
+    /// `command` (a wirl server told to listen on port 0), once it says where it listens.
+    pub(crate) fn spawn(mut command: Command) -> Server {
+        let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let first = lines
             .by_ref()
             .map_while(Result::ok)
             .find(|line| line.contains("http://"))
-            .expect("wirl serve says where it listens");
+            .expect("the server says where it listens");
         let address = first
             .split("http://")
             .nth(1)
@@ -156,17 +156,24 @@ pub fn http_waiting(
 
 /// The official client, in a venv made (once per machine) next to the test binaries.
 fn openai_python() -> std::path::PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    pypi_python("openai-venv", "openai", "openai==3.54.0")
+}
+
+/// A venv in the target directory named `venv` with `requirement` from PyPI (made once,
+/// when `module` cannot be imported there yet): the real clients the servers are tested with.
+pub(crate) fn pypi_python(venv: &str, module: &str, requirement: &str) -> std::path::PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(venv);
     let python = venv.join("bin/python");
-    let ready = Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    let import = format!("import {module}");
+    let ready = Command::new(&python).args(["-c", &import]).output().is_ok_and(|o| o.status.success());
     if !ready {
         let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
         assert!(made.success(), "python3 -m venv");
         let installed = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai==3.54.0"])
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement])
             .status()
             .unwrap();
-        assert!(installed.success(), "pip install openai");
+        assert!(installed.success(), "pip install {requirement}");
     }
     python
 }

@@ -7,6 +7,7 @@ mod inspect;
 mod model;
 mod plot;
 mod ranks;
+mod sandbox;
 mod scaffold;
 mod score;
 mod serve;
@@ -98,7 +99,10 @@ enum Command {
     #[command(subcommand)]
     Model(ModelCommand),
     /// Serve a model over HTTP: OpenAI-compatible inference with exact token ids.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
+    /// Run model-written code for trainers over HTTP: SandboxFusion's /run_code.
+    #[command(subcommand)]
+    Sandbox(sandbox::SandboxCommand),
     /// Control a running training: status, apply a new task set (hot swap), rollback,
     /// pause, resume, stop.
     Ctl(ctl::Args),
@@ -239,7 +243,8 @@ fn main() -> ExitCode {
         Command::Model(ModelCommand::Merge(args)) => model::merge(args),
         Command::Model(ModelCommand::CheckDevice(args)) => model::check_device(args),
         Command::Ctl(args) => ctl::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Sandbox(command) => sandbox::run(command),
+        Command::Serve(args) => serve::run(*args),
         Command::CodeWorker => code_worker(),
         Command::Completions { shell } => {
             clap_complete::generate(

@@ -90,6 +90,9 @@ pub struct Args {
     /// least recently used blocks go first; 0 keeps none [default: 256].
     #[arg(long)]
     prefix_cache_mib: Option<u64>,
+    /// SandboxFusion's POST /run_code beside the model (`--runner python=code_runner.wasm`).
+    #[command(flatten)]
+    runners: crate::sandbox::RunnerArgs,
     /// The largest request body, in bytes [default: 1048576].
     #[arg(long)]
     max_body_bytes: Option<usize>,
@@ -332,7 +335,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     // Weights loaded later (/v1/load_weights) come as their directory holds them.
     let reload_options = wirl_engine::LoadOptions { adapter: None, ..options.clone() };
-    let config = settings.serve_config(name.clone(), api_key, weights_dir, reload_options);
+    let mut config = settings.serve_config(name.clone(), api_key, weights_dir, reload_options);
+    config.code = args.runners.service()?;
+    let code_languages = config.code.as_ref().map(|service| service.languages().join(", "));
     let names: Vec<String> = served.iter().map(|t| t.loaded.spec.name.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
@@ -347,6 +352,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                  /evaluation/)",
                 names.join(", ")
             );
+        }
+        if let Some(languages) = code_languages {
+            eprintln!("wirl serve: code ({languages}) at POST /run_code, as SandboxFusion serves it");
         }
         let router = wirl_server::router(engine, tokenizer, context, config, None, served);
         let limits = settings.connection_limits();
@@ -378,7 +386,7 @@ fn served_tasks(
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, let requests in flight finish.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {

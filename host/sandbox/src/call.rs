@@ -118,6 +118,8 @@ pub(crate) struct HostState {
     pub(crate) interrupt: Interrupter,
     /// The pool's slot this store holds, given back with it.
     pub(crate) slot: Option<crate::slots::Slot>,
+    /// A code run's working directory, measured as the program runs; none for others.
+    pub(crate) workdir: Option<crate::workdir::WorkdirWatch>,
 }
 
 /// Time a call spends waiting for the host on the guest's behalf (an agent's generation),
@@ -178,6 +180,7 @@ impl HostState {
             stderr,
             runner,
             slot: None,
+            workdir: None,
         }
     }
 }
@@ -347,12 +350,15 @@ const CHECK_TICKS: u64 = 10;
 /// (`Trap::Interrupt`, named `deadline`) or when the sandbox is interrupted.
 pub(crate) fn install_deadline_check(store: &mut Store<HostState>, epoch_tick_ms: u64) {
     let tick = epoch_tick_ms.max(1);
-    store.epoch_deadline_callback(move |context| {
-        let state = context.data();
+    store.epoch_deadline_callback(move |mut context| {
+        let now = Instant::now();
+        let state = context.data_mut();
         if state.interrupt.is_interrupted() {
             return Err(Cut::Interrupted.into());
         }
-        let now = Instant::now();
+        if state.workdir.as_mut().is_some_and(|watch| watch.check(now)) {
+            return Err(Cut::Files.into());
+        }
         let deadline_at = state.deadline_at.checked_add(state.paused.paused(now)).unwrap_or_else(far_future);
         if now >= deadline_at {
             return Ok(UpdateDeadline::Interrupt);
@@ -387,6 +393,8 @@ pub(crate) enum Cut {
     Deadline,
     #[error("the host was interrupted")]
     Interrupted,
+    #[error("the program's files went past their bounds")]
+    Files,
 }
 
 /// Stops every call of a sandbox's plugins within milliseconds, wherever the guests are
@@ -505,6 +513,8 @@ pub(crate) fn classify(store: &Store<HostState>, error: &wasmtime::Error, limits
                 limits.memory_bytes >> 20
             ),
         )
+    } else if let (Some(Cut::Files), Some(why)) = (cut, state.workdir.as_ref().and_then(|w| w.over.as_ref())) {
+        (FailureKind::PrintLimit, why.clone())
     } else if state.stdout.exceeded() || state.stderr.exceeded() {
         (FailureKind::PrintLimit, format!("printed more than {} bytes", limits.max_print_bytes))
     } else if trap == Some(Trap::StackOverflow) {

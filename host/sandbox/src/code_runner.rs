@@ -14,7 +14,7 @@ use crate::call::{self, CallStats, FailureKind, HostState};
 use crate::limits::Limits;
 use crate::plugin::Plugin;
 use crate::workers::WorkerPool;
-use crate::{Error, Outcome, Program, Result, RunLimits, Termination, World};
+use crate::{Error, Outcome, Program, Result, RunLimits, Termination, Workdir, World};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -105,7 +105,19 @@ impl CodeRunnerPlugin {
     /// the program did is in the outcome's `termination`; an error is the host's failure to
     /// run it at all ([`RunnerFailure`]).
     pub fn try_run(&self, program: &Program, requested: &RunLimits) -> std::result::Result<Outcome, RunnerFailure> {
-        call::block_on(self.run_async(program, requested))
+        call::block_on(self.run_async(program, requested, None))
+    }
+
+    /// [`CodeRunnerPlugin::try_run`] with `workdir` as the program's `/`: the files it reads
+    /// and writes, for this run only, bounded in bytes and entries (a program past them ends
+    /// `output-limit`). The caller fills the directory before and reads it after.
+    pub fn try_run_in(
+        &self,
+        program: &Program,
+        requested: &RunLimits,
+        workdir: &Workdir,
+    ) -> std::result::Result<Outcome, RunnerFailure> {
+        call::block_on(self.run_async(program, requested, Some(workdir)))
     }
 
     /// [`CodeRunnerPlugin::try_run`] with the host's failure as a `crashed` outcome that says
@@ -120,10 +132,11 @@ impl CodeRunnerPlugin {
         &self,
         program: &Program,
         requested: &RunLimits,
+        workdir: Option<&Workdir>,
     ) -> std::result::Result<Outcome, RunnerFailure> {
         match &self.workers {
-            Some(pool) => pool.run(program, requested, &self.effective_limits(requested)).await,
-            None => self.run_in_process(program, requested).await,
+            Some(pool) => pool.run(program, requested, &self.effective_limits(requested), workdir).await,
+            None => self.run_in_process(program, requested, workdir).await,
         }
     }
 
@@ -133,18 +146,20 @@ impl CodeRunnerPlugin {
         &self,
         program: &Program,
         requested: &RunLimits,
+        workdir: Option<&Workdir>,
     ) -> std::result::Result<Outcome, RunnerFailure> {
-        call::block_on(self.run_in_process(program, requested))
+        call::block_on(self.run_in_process(program, requested, workdir))
     }
 
     async fn run_in_process(
         &self,
         program: &Program,
         requested: &RunLimits,
+        workdir: Option<&Workdir>,
     ) -> std::result::Result<Outcome, RunnerFailure> {
         let limits = self.effective_limits(requested);
         let started = Instant::now();
-        let mut store = match self.plugin.new_store_with(&limits) {
+        let mut store = match self.plugin.new_store_with(&limits, workdir) {
             Ok(store) => store,
             Err(failure) => return Err(RunnerFailure(failure.message)),
         };
@@ -182,6 +197,8 @@ impl CodeRunnerPlugin {
 
         // Classify a failure before the output is taken: taking clears the print-limit flag.
         let failure = result.as_ref().err().map(|error| call::classify(&store, error, &limits));
+        // A last write between two measures of the directory counts too.
+        let files_over = store.data_mut().workdir.as_mut().and_then(|watch| watch.finish());
         let state = store.data();
         let (mut stdout, stdout_cut) = state.stdout.take();
         let (mut stderr, stderr_cut) = state.stderr.take();
@@ -196,6 +213,10 @@ impl CodeRunnerPlugin {
                 (ended(outcome.termination, memory_denied), outcome.truncated)
             }
             Err(error) => (failed(&error, failure.expect("classified above"), memory_denied), false),
+        };
+        let termination = match (termination, files_over) {
+            (Termination::Exited(_), Some(_)) => Termination::OutputLimit,
+            (termination, _) => termination,
         };
         let limit = usize::try_from(limits.max_print_bytes).unwrap_or(usize::MAX);
         let cut = stdout_cut || stderr_cut || guest_cut || stdout.len() > limit || stderr.len() > limit;
@@ -324,7 +345,7 @@ impl RunLimits {
 impl import::Host for HostState {
     async fn run(&mut self, program: Program, limits: RunLimits) -> wasmtime::Result<Outcome> {
         match self.runner.clone() {
-            Some(runner) => Ok(runner.run_async(&program, &limits).await?),
+            Some(runner) => Ok(runner.run_async(&program, &limits, None).await?),
             None => Err(RunnerFailure(
                 "this grader was loaded without a code runner; give it one (`code_runner` in its config)".into(),
             )

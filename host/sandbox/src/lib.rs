@@ -27,6 +27,7 @@ mod plugin;
 mod reward;
 mod sandbox;
 mod slots;
+mod workdir;
 mod workers;
 mod world;
 
@@ -43,6 +44,7 @@ pub use limits::{Grants, Limits, MAX_DEADLINE_MS, SandboxSettings};
 pub use plugin::{Plugin, PluginSpec};
 pub use reward::RewardPlugin;
 pub use sandbox::Sandbox;
+pub use workdir::{Usage as WorkdirUsage, Workdir};
 pub use workers::{MAX_WORKERS, register_worker_command, serve_code_worker};
 pub use world::{WIT_PACKAGE, WIT_VERSION, World};
 

@@ -128,11 +128,17 @@ impl Plugin {
 
     /// A fresh store with this plugin's capabilities, limits and guards; armed for a call.
     pub(crate) fn new_store(&self) -> Result<Store<HostState>, Failure> {
-        self.new_store_with(&self.spec.limits)
+        self.new_store_with(&self.spec.limits, None)
     }
 
     /// A fresh store as [`Plugin::new_store`], under `limits` instead of the plugin's own.
-    pub(crate) fn new_store_with(&self, limits: &Limits) -> Result<Store<HostState>, Failure> {
+    /// A store under `limits`; with `workdir`, that directory is the guest's `/`, read and
+    /// written by it for this store only, and measured as it runs (module `workdir`).
+    pub(crate) fn new_store_with(
+        &self,
+        limits: &Limits,
+        workdir: Option<&crate::Workdir>,
+    ) -> Result<Store<HostState>, Failure> {
         // Waited for as part of the call: a full pool slows calls down, it does not fail them.
         let slot = self.slots.take(limits.deadline(), &self.interrupt).map_err(|no| match no {
             crate::slots::NoSlot::Interrupted => Failure {
@@ -153,7 +159,13 @@ impl Plugin {
                 message: format!("cannot grant read-only directory {}: {e}", dir.display()),
             })?;
         }
-        let state = HostState::new(
+        if let Some(workdir) = workdir {
+            wasi.preopened_dir(&workdir.path, "/", FsPerms::ReadWrite).map_err(|e| Failure {
+                kind: FailureKind::Instantiate,
+                message: format!("cannot open the run's directory {}: {e}", workdir.path.display()),
+            })?;
+        }
+        let mut state = HostState::new(
             wasi.build(),
             limits,
             self.config.clone(),
@@ -162,6 +174,7 @@ impl Plugin {
             self.runner.clone(),
             self.interrupt.clone(),
         );
+        state.workdir = workdir.cloned().map(crate::workdir::WorkdirWatch::new);
         let mut store = Store::new(&self.engine, state);
         store.data_mut().slot = Some(slot);
         store.limiter(|state| &mut state.limiter);

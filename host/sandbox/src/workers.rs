@@ -23,7 +23,7 @@
 
 use crate::code_runner::RunnerFailure;
 use crate::limits::{Limits, SandboxSettings};
-use crate::{CodeRunnerPlugin, Error, Outcome, Program, RunLimits, Sandbox};
+use crate::{CodeRunnerPlugin, Error, Outcome, Program, RunLimits, Sandbox, Workdir};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -76,6 +76,9 @@ enum Greeting {
 struct Request {
     program: Program,
     limits: RunLimits,
+    /// The run's directory (the child opens it: parent and child share the filesystem).
+    #[serde(default)]
+    workdir: Option<Workdir>,
 }
 
 /// Answer a parent on `input` and `output` until `input` ends: the worker side of the
@@ -99,7 +102,7 @@ pub fn serve_code_worker(input: impl BufRead, mut output: impl Write) -> crate::
         let line = line.map_err(|source| Error::WorkerPipe { what: "reading a request", source })?;
         // The answer is the run or the runner's failure, which the parent passes on as such.
         let answer: Result<Outcome, RunnerFailure> = match serde_json::from_str::<Request>(&line) {
-            Ok(request) => runner.run_here(&request.program, &request.limits),
+            Ok(request) => runner.run_here(&request.program, &request.limits, request.workdir.as_ref()),
             Err(e) => Err(RunnerFailure(format!("the code worker got a malformed request: {e}"))),
         };
         send(&mut output, &answer)?;
@@ -226,13 +229,15 @@ impl WorkerPool {
         program: &Program,
         requested: &RunLimits,
         limits: &Limits,
+        workdir: Option<&Workdir>,
     ) -> Result<Outcome, RunnerFailure> {
         let started = Instant::now();
         let Ok(_slot) = self.slots.acquire().await else {
             return Err(RunnerFailure("the code workers were shut down".into()));
         };
-        let request = serde_json::to_string(&Request { program: program.clone(), limits: *requested })
-            .map_err(|e| RunnerFailure(format!("the program could not be sent to a code worker: {e}")))?;
+        let request =
+            serde_json::to_string(&Request { program: program.clone(), limits: *requested, workdir: workdir.cloned() })
+                .map_err(|e| RunnerFailure(format!("the program could not be sent to a code worker: {e}")))?;
         // Time to start an instance and pass the answer back, beyond the program's own.
         let bound = limits.deadline() + Duration::from_secs(2) + limits.deadline() / 4;
         let pool = self.clone();

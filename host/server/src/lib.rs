@@ -12,6 +12,7 @@
 //!
 //! It must not know the trainer's loop, configs or the command line.
 
+mod code;
 mod control;
 mod openai;
 mod request;
@@ -20,6 +21,7 @@ mod task_replies;
 mod tasks;
 mod weights;
 
+pub use code::{CodeLanguage, CodeLimits, CodeService};
 pub use control::{ControlFailure, RunControl};
 pub use request::Limits;
 pub use settings::{InvalidSetting, ServeSettings};
@@ -67,6 +69,9 @@ pub struct ServeConfig {
     pub weights_dir: Option<std::path::PathBuf>,
     /// How loaded weights are held (quantized or not, like the first).
     pub load_options: wirl_engine::LoadOptions,
+    /// SandboxFusion's `/run_code` beside the model's routes (`wirl serve --runner`), if
+    /// any.
+    pub code: Option<Arc<CodeService>>,
 }
 
 impl Default for ServeConfig {
@@ -180,6 +185,7 @@ pub fn router(
         config,
     });
     let body_limit = state.config.max_body_bytes;
+    let code = state.config.code.clone().map_or_else(Router::new, code::routes);
     let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
@@ -206,6 +212,7 @@ pub fn router(
         .route("/rollouts/", post(tasks::rollouts))
         .route("/grouped_rollouts/", post(tasks::grouped_rollouts))
         .route("/evaluation/", post(tasks::evaluation))
+        .merge(code)
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -423,22 +430,58 @@ async fn read_body(State((timeout, limit)): State<(Duration, usize)>, request: R
 }
 
 async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if let Some(key) = &state.config.api_key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|given| same_secret(given.as_bytes(), key.as_bytes())) {
-            let message = if given.is_some() {
-                "the API key is not valid"
-            } else {
-                "an API key is needed: Authorization: Bearer KEY"
-            };
-            return ApiError::with_status(StatusCode::UNAUTHORIZED, message.into()).into_response();
-        }
+    match refused_key(state.config.api_key.as_deref(), &request) {
+        Some(refusal) => refusal,
+        None => next.run(request).await,
     }
-    next.run(request).await
+}
+
+/// The 401 for a request without `key` as its bearer token, when a key is required.
+fn refused_key(key: Option<&str>, request: &Request) -> Option<Response> {
+    let key = key?;
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|given| same_secret(given.as_bytes(), key.as_bytes())) {
+        return None;
+    }
+    let message =
+        if given.is_some() { "the API key is not valid" } else { "an API key is needed: Authorization: Bearer KEY" };
+    Some(ApiError::with_status(StatusCode::UNAUTHORIZED, message.into()).into_response())
+}
+
+/// The routes of a server that runs code and loads no model (`wirl sandbox serve`):
+/// SandboxFusion's `/run_code` over `service`, `/health`, with the same body bounds and API
+/// key rule as the model server's.
+pub fn sandbox_router(
+    service: Arc<CodeService>,
+    api_key: Option<String>,
+    max_body_bytes: usize,
+    body_timeout: Duration,
+) -> Router {
+    let key: Option<Arc<str>> = api_key.map(Arc::from);
+    let guarded = code::routes(service).route_layer(middleware::from_fn(move |request: Request, next: Next| {
+        let key = key.clone();
+        async move {
+            match refused_key(key.as_deref(), &request) {
+                Some(refusal) => refusal,
+                None => next.run(request).await,
+            }
+        }
+    }));
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .merge(guarded)
+        .fallback(|| async {
+            ApiError::with_status(StatusCode::NOT_FOUND, "no such route (this server runs code: POST /run_code)".into())
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::with_status(StatusCode::METHOD_NOT_ALLOWED, "this route does not take that method".into())
+        })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state((body_timeout, max_body_bytes), read_body))
 }
 
 /// Whether `given` equals `secret`, in time that does not depend on where they first differ

@@ -200,6 +200,7 @@ impl ServeSettings {
             task_limits: self.task_limits(),
             weights_dir,
             load_options,
+            code: None,
         }
     }
 }

@@ -1,0 +1,227 @@
+//! SandboxFusion's `/run_code` as wirl serves it (`wirl sandbox serve`, and `wirl serve
+//! --runner`): the answers verl and the `sandbox-fusion` client read, files in and out of a
+//! run's own directory, hostile programs and hostile requests, the bounded queue.
+
+use crate::serve::Server;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use wirl_test_artifacts::PYTHON_CODE_RUNNER;
+
+fn start(flags: &[&str]) -> Server {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_wirl"));
+    command.args(["sandbox", "serve", "--port", "0", "--runner"]).arg(format!("python={PYTHON_CODE_RUNNER}"));
+    command.args(flags);
+    Server::spawn(command)
+}
+
+fn run(server: &Server, body: Value) -> Value {
+    let (status, answer) = server.post("/run_code", &body.to_string());
+    assert_eq!(status, 200, "{body} -> {answer}");
+    answer
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[test]
+fn run_code_answers_as_sandbox_fusion_does_with_files_in_and_out() {
+    let server = start(&["--run-workers", "2"]);
+    let answer = run(
+        &server,
+        json!({"code": "import sys\nprint('hi', sys.stdin.read())", "language": "python", "stdin": "there"}),
+    );
+    assert_eq!(answer["status"], "Success", "{answer}");
+    assert_eq!(answer["run_result"]["status"], "Finished", "{answer}");
+    assert_eq!(answer["run_result"]["return_code"], 0, "{answer}");
+    assert_eq!(answer["run_result"]["stdout"], "hi there\n", "{answer}");
+    assert!(answer["compile_result"].is_null() && answer["run_result"]["execution_time"].as_f64().unwrap() > 0.0);
+
+    let answer =
+        run(&server, json!({"code": "import sys\nprint('x', file=sys.stderr)\nsys.exit(3)", "language": "python"}));
+    assert_eq!((&answer["status"], &answer["run_result"]["return_code"]), (&json!("Failed"), &json!(3)), "{answer}");
+    assert_eq!(answer["run_result"]["stderr"], "x\n", "{answer}");
+
+    let answer = run(&server, json!({"code": "while True: pass", "language": "python", "run_timeout": 1}));
+    assert_eq!(answer["status"], "Failed", "{answer}");
+    assert_eq!(answer["run_result"]["status"], "TimeLimitExceeded", "{answer}");
+    assert!(answer["run_result"]["return_code"].is_null(), "{answer}");
+
+    // Files: sent into the run's directory (nested), read and written by the program,
+    // fetched back; a file that is not there is left out.
+    let program = "import os\nrows = open('data/t.csv').read().split()\nos.makedirs('out', exist_ok=True)\n\
+                   open('out/n.txt', 'w').write(str(len(rows)))\nprint(sorted(os.listdir('/')))";
+    let answer = run(
+        &server,
+        json!({"code": program, "language": "python", "files": {"data/t.csv": b64(b"a,b\n1,2\n3,4\n")},
+               "fetch_files": ["out/n.txt", "missing.txt", "data/t.csv"]}),
+    );
+    assert_eq!(answer["status"], "Success", "{answer}");
+    assert_eq!(answer["run_result"]["stdout"], "['data', 'out']\n", "{answer}");
+    assert_eq!(answer["files"], json!({"out/n.txt": b64(b"3"), "data/t.csv": b64(b"a,b\n1,2\n3,4\n")}), "{answer}");
+
+    // Each run has its own directory: nothing written by one is seen by the next.
+    run(&server, json!({"code": "open('left.txt', 'w').write('secret')", "language": "python"}));
+    let answer = run(
+        &server,
+        json!({"code": "import os\nprint(os.path.exists('left.txt'), os.listdir('/'))", "language": "python"}),
+    );
+    assert_eq!(answer["run_result"]["stdout"], "False []\n", "{answer}");
+}
+
+#[test]
+fn hostile_programs_end_with_a_verdict_and_reach_nothing_of_the_host() {
+    let server = start(&["--run-workers", "1"]);
+    // The host's files: none exist for the program, and a link it makes is not followed when
+    // the host fetches through it.
+    let program = "import os\ntry:\n    open('/etc/passwd').read()\n    print('read')\nexcept OSError as e:\n    print('no', type(e).__name__)\n\
+                   try:\n    os.symlink('/etc', 'etc')\nexcept OSError:\n    pass\ntry:\n    os.symlink('/etc/passwd', 'passwd')\nexcept OSError:\n    pass";
+    let answer = run(&server, json!({"code": program, "language": "python", "fetch_files": ["etc/passwd", "passwd"]}));
+    assert!(answer["run_result"]["stdout"].as_str().unwrap().starts_with("no "), "{answer}");
+    assert_eq!(answer["files"], json!({}), "nothing outside the run's directory is fetched: {answer}");
+
+    // Disk: bytes and entries past the bounds stop the program, named in `message`.
+    let answer = run(
+        &server,
+        json!({"code": "f = open('big', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))", "language": "python", "run_timeout": 20}),
+    );
+    assert_eq!((&answer["status"], &answer["run_result"]["status"]), (&json!("Failed"), &json!("Error")), "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("bytes of files"), "{answer}");
+    let answer = run(
+        &server,
+        json!({"code": "i = 0\nwhile True:\n    open(f'f{i}', 'w').close()\n    i += 1", "language": "python", "run_timeout": 20}),
+    );
+    assert!(answer["message"].as_str().unwrap().contains("files and directories"), "{answer}");
+
+    // Memory: the request's memory_limit_MB holds.
+    let answer = run(
+        &server,
+        json!({"code": "x = bytearray(400 << 20)\nprint('allocated')", "language": "python", "memory_limit_MB": 128}),
+    );
+    assert_eq!(answer["status"], "Failed", "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("out of memory (limit 128 MiB)"), "{answer}");
+    assert_eq!(answer["run_result"]["stdout"], "", "{answer}");
+
+    // The server still runs the next program cleanly.
+    let answer = run(&server, json!({"code": "print(6 * 7)", "language": "python"}));
+    assert_eq!(answer["run_result"]["stdout"], "42\n", "{answer}");
+}
+
+#[test]
+fn malformed_requests_get_4xx_naming_the_field_and_other_routes_are_refused_by_name() {
+    let server = start(&["--run-workers", "1", "--api-key", "k"]);
+    let (status, _, body) = server.http("POST", "/run_code", &[], br#"{"code": "print(1)", "language": "python"}"#);
+    assert_eq!(status, 401, "{body}");
+    let (status, _, body) = server.http("GET", "/health", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let auth = ["Authorization: Bearer k"];
+    let post = |body: &str| {
+        let (status, _, body) = server.http("POST", "/run_code", &auth, body.as_bytes());
+        (status, serde_json::from_str::<Value>(&body).unwrap_or(Value::String(body)))
+    };
+    for (body, param) in [
+        (r#"{"language": "python"}"#, "code"),
+        (r#"{"code": 1, "language": "python"}"#, "code"),
+        (r#"{"code": "x"}"#, "language"),
+        (r#"{"code": "x", "language": "cobol"}"#, "language"),
+        (r#"{"code": "x", "language": "cpp"}"#, "language"),
+        (r#"{"code": "x", "language": "python", "run_timeout": -1}"#, "run_timeout"),
+        (r#"{"code": "x", "language": "python", "run_timeout": "ten"}"#, "run_timeout"),
+        (r#"{"code": "x", "language": "python", "compile_timeout": []}"#, "compile_timeout"),
+        (r#"{"code": "x", "language": "python", "memory_limit_MB": "lots"}"#, "memory_limit_MB"),
+        (r#"{"code": "x", "language": "python", "stdin": 5}"#, "stdin"),
+        (r#"{"code": "x", "language": "python", "files": []}"#, "files"),
+        (r#"{"code": "x", "language": "python", "files": {"../x": ""}}"#, "files.../x"),
+        (r#"{"code": "x", "language": "python", "files": {"a": "not base64!"}}"#, "files.a"),
+        (r#"{"code": "x", "language": "python", "files": {"a": 5}}"#, "files.a"),
+        (r#"{"code": "x", "language": "python", "fetch_files": "a"}"#, "fetch_files"),
+        (r#"{"code": "x", "language": "python", "fetch_files": ["ok", "/../../etc/passwd"]}"#, "fetch_files[1]"),
+    ] {
+        let (status, answer) = post(body);
+        assert_eq!((status, answer["error"]["param"].as_str()), (400, Some(param)), "{body} -> {answer}");
+    }
+    let (status, answer) = post(r#"{"code": "x", "language": "cpp"}"#);
+    assert!(answer["error"]["message"].as_str().unwrap().contains("it runs: python"), "{status} {answer}");
+    for bad in ["", "not json", "[1]", "{\"code\": \"x\", \"language\": \"python\", \"run_timeout\": 1e999}"] {
+        let (status, answer) = post(bad);
+        assert_eq!(status, 400, "{bad:?} -> {answer}");
+    }
+    for route in ["/run_jupyter", "/submit", "/get_prompts"] {
+        let (status, _, body) = server.http("POST", route, &auth, b"{}");
+        assert_eq!(status, 501, "{route}: {body}");
+        assert!(body.contains(route), "{route}: {body}");
+    }
+    let (status, _, body) = server.http("GET", "/v1/ping", &auth, b"");
+    assert_eq!((status, body.as_str()), (200, "pong"));
+}
+
+#[test]
+fn a_full_queue_is_answered_503_with_retry_after_and_nothing_else_is_lost() {
+    let server = start(&["--run-workers", "1", "--max-queued", "1"]);
+    let address = server.address.clone();
+    let slow = json!({"code": "import time\ntime.sleep(3)\nprint('slept')", "language": "python"}).to_string();
+    let clients: Vec<_> = (0..2)
+        .map(|i| {
+            let (address, slow) = (address.clone(), slow.clone());
+            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 500 }));
+            std::thread::spawn(move || crate::serve::http(&address, "POST", "/run_code", &[], slow.as_bytes()))
+        })
+        .collect();
+    // One runs, one waits: a third is refused at once, saying when to come back.
+    std::thread::sleep(Duration::from_millis(700));
+    let (status, headers, body) = server.http("POST", "/run_code", &[], slow.as_bytes());
+    assert_eq!(status, 503, "{body}");
+    assert!(headers.to_lowercase().contains("retry-after: 1"), "{headers}");
+    for client in clients {
+        let (status, _, body) = client.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("slept"), "{body}");
+    }
+}
+
+#[test]
+fn the_sandbox_fusion_client_and_verls_request_work_against_wirl() {
+    let server = start(&["--run-workers", "2"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/sandbox_fusion_client.py");
+    let run =
+        Command::new(sandbox_fusion_python()).arg(script).arg(format!("http://{}", server.address)).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let seen: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let check = |name: &str, want: Value| {
+        for (key, value) in want.as_object().unwrap() {
+            assert_eq!(&seen[name][key], value, "{name}.{key}: {seen}");
+        }
+    };
+    check(
+        "hello",
+        json!({"status": "Success", "run_status": "Finished", "return_code": 0, "stdout": "hello, world\n"}),
+    );
+    check("stdin", json!({"status": "Success", "stdout": "6\n"}));
+    check("exit_code", json!({"status": "Failed", "run_status": "Finished", "return_code": 3}));
+    check("raised", json!({"status": "Failed", "return_code": 1}));
+    assert!(seen["raised"]["stderr"].as_str().unwrap().contains("ValueError: no"), "{seen}");
+    check("timeout", json!({"status": "Failed", "run_status": "TimeLimitExceeded", "return_code": null}));
+    check("files", json!({"status": "Success", "fetched": "2"}));
+    check("unknown_language", json!({"status": 400, "param": "language"}));
+    check("no_code", json!({"status": 400, "param": "code"}));
+    check("bad_timeout", json!({"status": 400, "param": "run_timeout"}));
+    check("escaping_file", json!({"status": 400, "param": "files.../x"}));
+    check("verl", json!({"status": "Success", "run_status": "Finished", "stdout": "42\n", "passed": true}));
+}
+
+#[test]
+fn wirl_serve_runs_code_beside_the_model() {
+    let server = Server::start(&["--runner", &format!("python={PYTHON_CODE_RUNNER}"), "--run-workers", "1"]);
+    let answer = run(&server, json!({"code": "print(sum(range(10)))", "language": "python"}));
+    assert_eq!(answer["run_result"]["stdout"], "45\n", "{answer}");
+    let (status, _, models) = server.http("GET", "/v1/models", &[], b"");
+    assert_eq!(status, 200, "the model's routes are still there: {models}");
+}
+
+/// A venv with SandboxFusion's client from PyPI (made once per target directory).
+fn sandbox_fusion_python() -> std::path::PathBuf {
+    crate::serve::pypi_python("sandbox-fusion-venv", "sandbox_fusion", "sandbox-fusion==0.3.7")
+}
