@@ -225,3 +225,50 @@ fn wirl_serve_runs_code_beside_the_model() {
 fn sandbox_fusion_python() -> std::path::PathBuf {
     crate::serve::pypi_python("sandbox-fusion-venv", "sandbox_fusion", "sandbox-fusion==0.3.7")
 }
+
+/// HumanEval's 164 programs (prompt + canonical solution + test + `check(entry_point)`, as
+/// the peers build them) through `/run_code`, from 4 clients at once: every one passes.
+#[test]
+fn every_canonical_humaneval_solution_passes_through_run_code() {
+    let server = start(&["--run-workers", "2"]);
+    let dataset = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/humaneval/HumanEval.jsonl");
+    let programs: Vec<(String, String)> = std::fs::read_to_string(dataset)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let task: Value = serde_json::from_str(line).unwrap();
+            let meta: Value = serde_json::from_str(task["metadata"].as_str().unwrap()).unwrap();
+            let source = format!(
+                "{}{}\n\n{}\n\ncheck({})\n",
+                meta["prompt"].as_str().unwrap(),
+                task["answer"].as_str().unwrap(),
+                meta["test"].as_str().unwrap(),
+                meta["entry_point"].as_str().unwrap()
+            );
+            (task["id"].as_str().unwrap().to_string(), source)
+        })
+        .collect();
+    assert_eq!(programs.len(), 164);
+    let programs = std::sync::Arc::new(programs);
+    let failed: Vec<String> = (0..4)
+        .map(|client| {
+            let (programs, address) = (programs.clone(), server.address.clone());
+            std::thread::spawn(move || {
+                let mut failed = Vec::new();
+                for (id, source) in programs.iter().skip(client).step_by(4) {
+                    let body = json!({"code": source, "language": "python", "run_timeout": 20}).to_string();
+                    let (status, _, answer) = crate::serve::http(&address, "POST", "/run_code", &[], body.as_bytes());
+                    let answer: Value = serde_json::from_str(&answer).unwrap_or(Value::Null);
+                    if status != 200 || answer["status"] != "Success" {
+                        failed.push(format!("{id}: {status} {answer}"));
+                    }
+                }
+                failed
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .flat_map(|client| client.join().unwrap())
+        .collect();
+    assert!(failed.is_empty(), "{} of 164 failed: {failed:#?}", failed.len());
+}
