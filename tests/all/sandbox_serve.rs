@@ -272,3 +272,71 @@ fn every_canonical_humaneval_solution_passes_through_run_code() {
         .collect();
     assert!(failed.is_empty(), "{} of 164 failed: {failed:#?}", failed.len());
 }
+
+/// JavaScript (SpiderMonkey in a component) answered as `node program.js` would: output,
+/// stdin the three ways Node programs read it, exit codes, errors with the program's lines,
+/// timers, and the same limits as Python's runner; `js` and `javascript` name it too.
+#[test]
+fn javascript_runs_as_node_would_with_the_same_limits() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_wirl"));
+    command.args(["sandbox", "serve", "--port", "0", "--run-workers", "1"]);
+    command.arg("--runner").arg(format!("python={PYTHON_CODE_RUNNER}"));
+    command.arg("--runner").arg(format!("nodejs={}", wirl_test_artifacts::JS_CODE_RUNNER));
+    let server = Server::spawn(command);
+    let js = |code: &str, stdin: &str| run(&server, json!({"code": code, "language": "nodejs", "stdin": stdin}));
+    let out = |answer: &Value| answer["run_result"]["stdout"].as_str().unwrap().to_string();
+
+    let answer = js("console.log('hi', 1 + 2, [1, 2], {a: 1}); process.stdout.write('no newline')", "");
+    assert_eq!(
+        (answer["status"].as_str(), out(&answer).as_str()),
+        (Some("Success"), "hi 3 [ 1, 2 ] { a: 1 }\nno newline")
+    );
+    let sum = "const n = require('fs').readFileSync(0, 'utf8').trim().split('\\n').map(Number); console.log(n.reduce((a, b) => a + b))";
+    assert_eq!(out(&js(sum, "1\n2\n3\n")), "6\n");
+    let lines = "const rl = require('readline').createInterface({input: process.stdin}); let s = 0;\n\
+                 rl.on('line', l => s += +l); rl.on('close', () => console.log(s))";
+    assert_eq!(out(&js(lines, "4\n5\n")), "9\n");
+    let chunks =
+        "let d = ''; process.stdin.on('data', c => d += c); process.stdin.on('end', () => console.log(d.length))";
+    assert_eq!(out(&js(chunks, "abc")), "3\n");
+    let later = "setTimeout(() => console.log('b'), 10); setTimeout(() => console.log('a'), 0);\n\
+                 Promise.resolve().then(() => console.log('micro')); console.log('sync')";
+    assert_eq!(out(&js(later, "")), "sync\na\nb\nmicro\n");
+
+    let answer = js("console.error('bad'); process.exit(3)", "");
+    assert_eq!(
+        (answer["run_result"]["return_code"].as_i64(), answer["run_result"]["stderr"].as_str()),
+        (Some(3), Some("bad\n"))
+    );
+    let answer = js("function f() { return null.x }\nf()", "");
+    assert_eq!(answer["run_result"]["return_code"], 1, "{answer}");
+    let stderr = answer["run_result"]["stderr"].as_str().unwrap();
+    assert!(stderr.starts_with("TypeError") && stderr.contains("at f (program.js:1:"), "{stderr}");
+    assert!(
+        !stderr.contains("app.js") && !stderr.contains("initializer"),
+        "the runner's own frames stay out: {stderr}"
+    );
+
+    // Nothing of the host: no modules but the shims, no network, no WebAssembly inside.
+    let answer =
+        js("try { require('child_process') } catch (e) { console.log(e.code) }\nconsole.log(typeof WebAssembly)", "");
+    assert_eq!(out(&answer), "MODULE_NOT_FOUND\nundefined\n");
+    let answer = js("fetch('http://127.0.0.1:9/').then(() => console.log('reached'))", "");
+    assert_ne!(answer["status"], "Success", "{answer}");
+    assert!(!out(&answer).contains("reached"), "{answer}");
+
+    // The limits: time, memory, output.
+    let answer = run(&server, json!({"code": "while (true) {}", "language": "js", "run_timeout": 1}));
+    assert_eq!(answer["run_result"]["status"], "TimeLimitExceeded", "{answer}");
+    let answer = run(
+        &server,
+        json!({"code": "const a = []; while (true) a.push(new Array(1e6).fill(1))",
+        "language": "javascript", "memory_limit_MB": 64, "run_timeout": 30}),
+    );
+    assert!(answer["message"].as_str().unwrap().contains("out of memory"), "{answer}");
+    let answer = js("while (true) console.log('y'.repeat(1000))", "");
+    assert_eq!(answer["run_result"]["status"], "Error", "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("output limit"), "{answer}");
+    // And the next program runs clean.
+    assert_eq!(out(&js("console.log(6 * 7)", "")), "42\n");
+}

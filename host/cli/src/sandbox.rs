@@ -90,8 +90,14 @@ impl RunnerArgs {
             let Some((language, path)) = pair.split_once('=') else {
                 bail!("--runner {pair:?}: expected LANG=WASM, for example python=code_runner.wasm");
             };
-            if languages.iter().any(|l: &wirl_server::CodeLanguage| l.name == language) {
-                bail!("--runner {pair:?}: {language} is given twice");
+            let canonical = wirl_server::canonical_language(language);
+            if languages
+                .iter()
+                .any(|l: &wirl_server::CodeLanguage| wirl_server::canonical_language(&l.name) == canonical)
+            {
+                bail!(
+                    "--runner {pair:?}: {canonical} is given twice (js, javascript, node and nodejs are one language)"
+                );
             }
             let path = PathBuf::from(path);
             if !path.is_file() {

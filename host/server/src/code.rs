@@ -154,7 +154,7 @@ impl CodeService {
         let running = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
         let mut by_name = BTreeMap::new();
         for language in languages {
-            by_name.insert(language.name, language.runner);
+            by_name.insert(canonical_language(&language.name).to_string(), language.runner);
         }
         Ok(CodeService {
             languages: by_name,
@@ -225,7 +225,7 @@ impl CodeService {
             max_output_bytes: u32::try_from(self.limits.max_output_bytes).unwrap_or(u32::MAX),
         };
         let program = Program {
-            language: runner_language(&request.language).to_string(),
+            language: request.language.clone(),
             source: request.code,
             stdin: request.stdin,
             args: Vec::new(),
@@ -264,10 +264,12 @@ impl Drop for WaitingGuard<'_> {
     }
 }
 
-/// What a runner is asked to run for a request's language (SandboxFusion's aliases).
-fn runner_language(language: &str) -> &str {
+/// The one name of a language and its aliases (SandboxFusion's `js` and `nodejs` are the
+/// same runner).
+pub fn canonical_language(language: &str) -> &str {
     match language {
-        "js" | "javascript" => "nodejs",
+        "js" | "javascript" | "node" => "nodejs",
+        "python3" | "py" => "python",
         other => other,
     }
 }
@@ -295,9 +297,11 @@ impl RunCodeRequest {
             }
         };
         let code = string("code")?.ok_or_else(|| ApiError::bad(Some("code"), "is required: the program to run"))?;
-        let language = string("language")?
+        let asked = string("language")?
             .ok_or_else(|| ApiError::bad(Some("language"), "is required (for example \"python\")"))?;
+        let language = canonical_language(&asked).to_string();
         if !service.languages.contains_key(&language) {
+            let language = asked;
             let served = service.languages().join(", ");
             let what = if SANDBOX_FUSION_LANGUAGES.contains(&language.as_str()) {
                 format!("{language:?} is not run by this server (it runs: {served})")

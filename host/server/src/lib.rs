@@ -21,7 +21,7 @@ mod task_replies;
 mod tasks;
 mod weights;
 
-pub use code::{CodeLanguage, CodeLimits, CodeService};
+pub use code::{CodeLanguage, CodeLimits, CodeService, canonical_language};
 pub use control::{ControlFailure, RunControl};
 pub use request::Limits;
 pub use settings::{InvalidSetting, ServeSettings};
