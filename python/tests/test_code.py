@@ -120,3 +120,17 @@ def test_hostile_completions_score_zero_and_the_next_passes():
         entry_point=[metadata["entry_point"]] * 2,
     )
     assert got == [1.0, 0.0]
+
+
+def test_run_code_runs_javascript_as_node_would_and_names_what_it_runs():
+    ran = wirl.run_code("const s = require('fs').readFileSync(0, 'utf8'); console.log(s.toUpperCase(), process.argv.slice(2))", "js", stdin="hi", args=["a"])
+    assert ran.ok and ran.stdout == "HI [ 'a' ]\n", ran
+    failed = wirl.run_code("process.exit(4)", "nodejs")
+    assert (failed.verdict, failed.exit_code) == ("exited", 4)
+    looped = wirl.run_code("while (true) {}", "javascript", timeout_s=0.5)
+    assert looped.verdict == "timed_out", looped
+    assert wirl.run_code("print(2 + 2)").stdout == "4\n"
+    with pytest.raises(ValueError, match="javascript, python"):
+        wirl.run_code("x", "cobol")
+    runner = wirl.CodeRunner(language="javascript")
+    assert [r.stdout for r in runner.run_many(["console.log(1)", "console.log(2)"])] == ["1\n", "2\n"]

@@ -4,8 +4,9 @@
   function TRL's ``GRPOTrainer`` takes (``reward_funcs=[wirl.Reward(...)]``), with verl's
   ``compute_score`` and OpenRLHF's ``reward_func`` as methods; :class:`AsyncReward` for
   trainers that await their rewards.
-- :func:`run_python` and :class:`CodeRunner` — model-written Python, each program in a fresh
-  CPython instance inside a component, under time, memory and output limits;
+- :func:`run_python`, :func:`run_code` (Python, JavaScript) and :class:`CodeRunner` —
+  model-written code, each program in a fresh interpreter instance (CPython, SpiderMonkey)
+  inside a component, under time, memory and output limits;
   :func:`humaneval_grader` — a grader whose verdict the model's code cannot forge.
 - :class:`Environment` — an environment plugin's tasks and multi-turn episodes.
 
@@ -16,7 +17,7 @@ next call works. Calls run on threads of their own with the GIL released.
 
 from . import _native
 from ._native import WIT_PACKAGE, WIT_VERSION, PluginError
-from .code import CodeRunner, RunResult, humaneval_grader, plugin_path, run_python
+from .code import LANGUAGES, CodeRunner, RunResult, humaneval_grader, plugin_path, run_code, run_python
 from .environment import Environment, Episode, StepResult
 from .reward import AsyncReward, Reward, Score
 
@@ -25,6 +26,7 @@ __version__ = _native.VERSION
 __all__ = [
     "AsyncReward",
     "CodeRunner",
+    "LANGUAGES",
     "Environment",
     "Episode",
     "PluginError",
@@ -37,6 +39,7 @@ __all__ = [
     "builtins",
     "humaneval_grader",
     "plugin_path",
+    "run_code",
     "run_python",
 ]
 

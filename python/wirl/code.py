@@ -6,7 +6,7 @@ import threading
 
 from . import _checks, _native
 
-__all__ = ["CodeRunner", "RunResult", "humaneval_grader", "plugin_path", "run_python"]
+__all__ = ["CodeRunner", "LANGUAGES", "RunResult", "humaneval_grader", "plugin_path", "run_code", "run_python"]
 
 _PLUGINS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
 
@@ -14,6 +14,20 @@ _PLUGINS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
 # each call asks for its own limits below them.
 MAX_TIMEOUT_S = 600.0
 MAX_MEMORY_MIB = 4096
+
+# The languages whose runners the package carries: each name (and its aliases, as
+# SandboxFusion names them) and the component.
+LANGUAGES = {"python": "code_runner", "javascript": "js_code_runner"}
+_ALIASES = {"python3": "python", "py": "python", "js": "javascript", "nodejs": "javascript", "node": "javascript"}
+
+
+def _language(language):
+    if not isinstance(language, str):
+        raise TypeError(f"language must be a str, not {type(language).__name__}")
+    name = _ALIASES.get(language.lower(), language.lower())
+    if name not in LANGUAGES:
+        raise ValueError(f"language {language!r}: this package runs {', '.join(sorted(LANGUAGES))} (and {', '.join(sorted(_ALIASES))})")
+    return name
 
 
 def plugin_path(name):
@@ -84,13 +98,24 @@ class CodeRunner:
     child processes (they scale with cores as subprocesses do); a batch runs on ``threads``
     threads without the GIL."""
 
-    def __init__(self, runner=None, *, timeout_s=MAX_TIMEOUT_S, memory_mib=MAX_MEMORY_MIB, max_output_bytes=1 << 20, workers=0, threads=None):
-        runner = plugin_path("code_runner") if runner is None else _checks.reference(runner, "runner")
+    def __init__(
+        self,
+        runner=None,
+        *,
+        language="python",
+        timeout_s=MAX_TIMEOUT_S,
+        memory_mib=MAX_MEMORY_MIB,
+        max_output_bytes=1 << 20,
+        workers=0,
+        threads=None,
+    ):
+        self.language = _language(language)
+        runner = plugin_path(LANGUAGES[self.language]) if runner is None else _checks.reference(runner, "runner")
         _checks.whole(max_output_bytes, "max_output_bytes", 1, 2**32 - 1, optional=False)
         _checks.whole(workers, "workers", 0, _checks.MAX_WORKERS, optional=False)
         _checks.whole(threads, "threads", 1, _checks.MAX_THREADS)
         self.runner = runner
-        self._args = (runner, timeout_s, memory_mib, max_output_bytes, workers, threads)
+        self._args = (runner, self.language, timeout_s, memory_mib, max_output_bytes, workers, threads)
         self._native = _native.NativeCodeRunner(
             runner,
             deadline_ms=_timeout_ms(timeout_s),
@@ -121,7 +146,7 @@ class CodeRunner:
         if stdin is not None and not isinstance(stdin, str):
             raise TypeError(f"stdin must be a str, not {type(stdin).__name__}")
         argv = [str(a) for a in _checks.batch(args, "args")]
-        programs = [("python", code, stdin or "", argv) for code in codes]
+        programs = [(self.language, code, stdin or "", argv) for code in codes]
         ran = self._native.run(programs, wall_ms=_timeout_ms(timeout_s), memory_bytes=_memory_bytes(memory_mib))
         return [RunResult(*r) for r in ran]
 
@@ -129,28 +154,42 @@ class CodeRunner:
         return (_runner_again, (*self._args, self.sha256))
 
 
-def _runner_again(runner, timeout_s, memory_mib, max_output_bytes, workers, threads, sha256):
+def _runner_again(runner, language, timeout_s, memory_mib, max_output_bytes, workers, threads, sha256):
     from .reward import unchanged
 
     again = CodeRunner(
-        runner, timeout_s=timeout_s, memory_mib=memory_mib, max_output_bytes=max_output_bytes, workers=workers, threads=threads
+        runner,
+        language=language,
+        timeout_s=timeout_s,
+        memory_mib=memory_mib,
+        max_output_bytes=max_output_bytes,
+        workers=workers,
+        threads=threads,
     )
     unchanged(runner, "code runner", sha256, again.sha256)
     return again
 
 
-_default = None
+_defaults = {}
 _default_lock = threading.Lock()
+
+
+def run_code(code, language="python", stdin=None, *, args=(), timeout_s=10.0, memory_mib=512):
+    """Run ``code`` in ``language`` (``python``; ``javascript``, also ``js``/``nodejs``, run
+    as ``node`` would) in a fresh sandboxed interpreter; a :class:`RunResult`. Never raises
+    for what the program does."""
+    name = _language(language)
+    with _default_lock:
+        if name not in _defaults:
+            _defaults[name] = CodeRunner(language=name)
+        runner = _defaults[name]
+    return runner.run(code, stdin, args=args, timeout_s=timeout_s, memory_mib=memory_mib)
 
 
 def run_python(code, stdin=None, *, args=(), timeout_s=10.0, memory_mib=512):
     """Run ``code`` in a fresh sandboxed CPython; a :class:`RunResult` (``stdout``,
     ``stderr``, ``exit_code``, ``verdict``). Never raises for what the program does."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = CodeRunner()
-    return _default.run(code, stdin, args=args, timeout_s=timeout_s, memory_mib=memory_mib)
+    return run_code(code, "python", stdin, args=args, timeout_s=timeout_s, memory_mib=memory_mib)
 
 
 def humaneval_grader(*, timeout_ms=3000, memory_mib=256, deadline_ms=300_000, workers=0, threads=None, runner=None, **reward_args):
