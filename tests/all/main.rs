@@ -8,6 +8,7 @@ mod code;
 mod datasets;
 mod devices;
 mod engine;
+mod escape;
 mod families;
 mod grpo;
 mod hardening;
