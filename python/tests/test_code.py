@@ -134,3 +134,20 @@ def test_run_code_runs_javascript_as_node_would_and_names_what_it_runs():
         wirl.run_code("x", "cobol")
     runner = wirl.CodeRunner(language="javascript")
     assert [r.stdout for r in runner.run_many(["console.log(1)", "console.log(2)"])] == ["1\n", "2\n"]
+
+
+def test_code_tests_grader_judges_stdin_stdout_cases_in_python_and_javascript():
+    tests = [{"input": "1 2\n", "output": "3\n"}, {"input": "-5 5\n", "output": "0\n"}]
+    task = {"id": "a+b", "messages": [], "metadata": json.dumps({"tests": tests})}
+    grader = wirl.code_tests_grader(timeout_ms=2000)
+    right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    wrong = "```python\nprint(3)\n```"
+    scores = grader.score([task, task], [right, wrong])
+    assert [s.reward for s in scores] == [1.0, 0.0], scores
+    assert scores[1].note.startswith("case 2 of 2: wrong answer"), scores[1].note
+    # In TRL's shape: the cases as columns beside a plain-text prompt.
+    got = grader(prompts=["add"] * 2, completions=[right, wrong], inputs=[["2 2\n"], ["2 2\n"]], outputs=[["4\n"], ["4\n"]])
+    assert got == [1.0, 0.0], got
+    js = wirl.code_tests_grader("javascript", timeout_ms=2000)
+    program = "```js\nconst [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(' ').map(Number)\nconsole.log(a + b)\n```"
+    assert js.score([task], [program])[0].reward == 1.0

@@ -7,7 +7,8 @@
 - :func:`run_python`, :func:`run_code` (Python, JavaScript) and :class:`CodeRunner` —
   model-written code, each program in a fresh interpreter instance (CPython, SpiderMonkey)
   inside a component, under time, memory and output limits;
-  :func:`humaneval_grader` — a grader whose verdict the model's code cannot forge.
+  :func:`humaneval_grader` — a grader whose verdict the model's code cannot forge;
+  :func:`code_tests_grader` — stdin/stdout test cases (CodeContests, APPS, LiveCodeBench).
 - :class:`Environment` — an environment plugin's tasks and multi-turn episodes.
 
 Every call ends: a plugin that loops, allocates without end, traps or returns NaN fails that
@@ -17,7 +18,7 @@ next call works. Calls run on threads of their own with the GIL released.
 
 from . import _native
 from ._native import WIT_PACKAGE, WIT_VERSION, PluginError
-from .code import LANGUAGES, CodeRunner, RunResult, humaneval_grader, plugin_path, run_code, run_python
+from .code import LANGUAGES, CodeRunner, RunResult, code_tests_grader, humaneval_grader, plugin_path, run_code, run_python
 from .environment import Environment, Episode, StepResult
 from .reward import AsyncReward, Reward, Score
 
@@ -37,6 +38,7 @@ __all__ = [
     "WIT_PACKAGE",
     "WIT_VERSION",
     "builtins",
+    "code_tests_grader",
     "humaneval_grader",
     "plugin_path",
     "run_code",

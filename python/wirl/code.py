@@ -6,7 +6,7 @@ import threading
 
 from . import _checks, _native
 
-__all__ = ["CodeRunner", "LANGUAGES", "RunResult", "humaneval_grader", "plugin_path", "run_code", "run_python"]
+__all__ = ["CodeRunner", "LANGUAGES", "RunResult", "code_tests_grader", "humaneval_grader", "plugin_path", "run_code", "run_python"]
 
 _PLUGINS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
 
@@ -207,6 +207,40 @@ def humaneval_grader(*, timeout_ms=3000, memory_mib=256, deadline_ms=300_000, wo
         {"timeout_ms": timeout_ms, "memory_mib": memory_mib},
         deadline_ms=deadline_ms,
         code_runner=runner or plugin_path("humaneval_runner"),
+        code_workers=workers,
+        threads=threads,
+        **reward_args,
+    )
+
+
+def code_tests_grader(
+    language="python",
+    *,
+    timeout_ms=6000,
+    memory_mib=256,
+    partial_credit=False,
+    deadline_ms=600_000,
+    workers=0,
+    threads=None,
+    runner=None,
+    **reward_args,
+):
+    """A :class:`wirl.Reward` that judges stdin/stdout code tasks (CodeContests, APPS, TACO,
+    LiveCodeBench; ``builtin:code-tests``): the completion's last fenced code block runs once
+    per test case, in ``language``'s runner, the case's input on stdin; reward 1 when every
+    case prints its expected output (compared line by line, trailing whitespace ignored), else
+    0 — or the fraction passed before the first failure with ``partial_credit``. Task
+    metadata (in TRL, columns): ``tests`` (``[{"input", "output"}]``), or ``inputs`` and
+    ``outputs``, or APPS' ``input_output``; optionally ``time_limit_ms``. ``timeout_ms`` and
+    ``memory_mib`` bound each case's run; ``deadline_ms`` the whole grading of a completion."""
+    from .reward import Reward
+
+    name = _language(language)
+    return Reward(
+        "builtin:code-tests",
+        {"timeout_ms": timeout_ms, "memory_mib": memory_mib, "language": name, "partial_credit": partial_credit},
+        deadline_ms=deadline_ms,
+        code_runner=runner or plugin_path(LANGUAGES[name]),
         code_workers=workers,
         threads=threads,
         **reward_args,

@@ -5,6 +5,7 @@ mod agents;
 mod algorithms;
 mod cli;
 mod code;
+mod code_tests;
 mod datasets;
 mod devices;
 mod engine;

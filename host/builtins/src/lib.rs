@@ -1,6 +1,7 @@
 //! The plugins that travel inside the `wirl` binary: the default job's environment
-//! (`arithmetic`) and reward (`math-answer`), and Math-Verify's judgement of math answers
-//! (`math-verify`), compiled from `plugins/rust/` by this crate's
+//! (`arithmetic`) and reward (`math-answer`), Math-Verify's judgement of math answers
+//! (`math-verify`) and the stdin/stdout judging of code tasks (`code-tests`, a grader that
+//! runs programs in the code runner its config names), compiled from `plugins/rust/` by this crate's
 //! build script. A config or a command names one as `builtin:NAME` wherever it takes a
 //! plugin file, so the default job, `wirl eval` and `wirl score` need no checkout.
 //!
@@ -54,7 +55,7 @@ impl Builtin {
     }
 }
 
-const ALL: [Builtin; 3] = [
+const ALL: [Builtin; 4] = [
     Builtin {
         name: "arithmetic",
         about: "environment: arithmetic problems (chain sums, mixed operations) with the peers' few-shot prompt",
@@ -72,6 +73,12 @@ const ALL: [Builtin; 3] = [
         about: "reward: 1 when the completion's answer equals the task's as Math-Verify judges it (LaTeX, sets, intervals, equations, matrices)",
         source: "plugins/rust/math-verify",
         bytes: include_bytes!(concat!(env!("OUT_DIR"), "/math_verify.wasm")),
+    },
+    Builtin {
+        name: "code-tests",
+        about: "grader: 1 when the completion's program prints the expected output on every stdin/stdout test case (CodeContests, APPS, LiveCodeBench); needs a code runner",
+        source: "plugins/rust/code-tests",
+        bytes: include_bytes!(concat!(env!("OUT_DIR"), "/code_tests.wasm")),
     },
 ];
 
