@@ -6,9 +6,12 @@ use std::sync::{Arc, OnceLock};
 use wirl_sandbox::{Limits, Plugin, PluginSpec, RewardPlugin, Sandbox, SandboxSettings, Task};
 use wirl_test_artifacts::{JS_CODE_RUNNER, PYTHON_CODE_RUNNER};
 
+/// The grader loaded once per runner (a runner's path, and the grader that uses it).
+type Loaded = std::sync::Mutex<Vec<(&'static str, Arc<Plugin>)>>;
+
 fn grader(runner: &'static str) -> RewardPlugin {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
-    static LOADED: OnceLock<std::sync::Mutex<Vec<(&'static str, Arc<Plugin>)>>> = OnceLock::new();
+    static LOADED: OnceLock<Loaded> = OnceLock::new();
     let sandbox = SANDBOX.get_or_init(|| {
         let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("components");
         Sandbox::new(SandboxSettings { cache_dir: Some(cache), ..Default::default() }).unwrap()
@@ -40,9 +43,9 @@ fn a_plus_b() -> serde_json::Value {
 #[test]
 fn python_programs_are_judged_case_by_case() {
     let mut grader = grader(PYTHON_CODE_RUNNER);
-    let task = task(a_plus_b());
+    let sums = task(a_plus_b());
     let score = |grader: &mut RewardPlugin, completion: &str| {
-        let score = grader.score(&task, completion).unwrap();
+        let score = grader.score(&sums, completion).unwrap();
         (score.reward, score.note.unwrap_or_default())
     };
     let right = "Read both and add:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```";
