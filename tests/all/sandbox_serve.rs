@@ -340,3 +340,28 @@ fn javascript_runs_as_node_would_with_the_same_limits() {
     // And the next program runs clean.
     assert_eq!(out(&js("console.log(6 * 7)", "")), "42\n");
 }
+
+/// A worker killed from outside mid-run (the OOM killer, kill -9): that request is answered
+/// `SandboxError` (the client retries it; nothing is judged by it), and the next one runs in
+/// a fresh worker.
+#[test]
+fn a_worker_killed_mid_run_is_a_sandbox_error_and_the_next_run_works() {
+    let server = start(&["--run-workers", "1"]);
+    // Warm: the worker exists once a program has run.
+    run(&server, json!({"code": "print(1)", "language": "python"}));
+    let address = server.address.clone();
+    let slow = json!({"code": "import time\ntime.sleep(20)", "language": "python", "run_timeout": 30}).to_string();
+    let client = std::thread::spawn(move || crate::serve::http(&address, "POST", "/run_code", &[], slow.as_bytes()));
+    std::thread::sleep(Duration::from_millis(1000));
+    let children = Command::new("pgrep").args(["-P", &server.pid().to_string()]).output().unwrap();
+    let workers: Vec<String> =
+        String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_string).collect();
+    assert_eq!(workers.len(), 1, "one worker: {workers:?}");
+    assert!(Command::new("kill").args(["-9", &workers[0]]).status().unwrap().success());
+    let (status, _, body) = client.join().unwrap();
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status, answer["status"].as_str()), (200, Some("SandboxError")), "{body}");
+    assert!(answer["message"].as_str().unwrap().contains("worker"), "{body}");
+    let answer = run(&server, json!({"code": "print(2)", "language": "python"}));
+    assert_eq!(answer["run_result"]["stdout"], "2\n", "{answer}");
+}
