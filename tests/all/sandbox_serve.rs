@@ -184,7 +184,7 @@ fn a_full_queue_is_answered_503_with_retry_after_and_nothing_else_is_lost() {
 
 #[test]
 fn the_sandbox_fusion_client_and_verls_request_work_against_wirl() {
-    let server = start(&["--run-workers", "2"]);
+    let server = start(&["--run-workers", "2", "--runner", &format!("nodejs={}", wirl_test_artifacts::JS_CODE_RUNNER)]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/sandbox_fusion_client.py");
     let run =
         Command::new(sandbox_fusion_python()).arg(script).arg(format!("http://{}", server.address)).output().unwrap();
@@ -200,6 +200,11 @@ fn the_sandbox_fusion_client_and_verls_request_work_against_wirl() {
         json!({"status": "Success", "run_status": "Finished", "return_code": 0, "stdout": "hello, world\n"}),
     );
     check("stdin", json!({"status": "Success", "stdout": "6\n"}));
+    check(
+        "hello_nodejs",
+        json!({"status": "Success", "run_status": "Finished", "return_code": 0, "stdout": "hello, world\n"}),
+    );
+    check("stdin_nodejs", json!({"status": "Success", "stdout": "6\n"}));
     check("exit_code", json!({"status": "Failed", "run_status": "Finished", "return_code": 3}));
     check("raised", json!({"status": "Failed", "return_code": 1}));
     assert!(seen["raised"]["stderr"].as_str().unwrap().contains("ValueError: no"), "{seen}");

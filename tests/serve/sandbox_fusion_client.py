@@ -27,6 +27,12 @@ def run(**fields):
 
 
 seen["hello"] = run(code="print('hello, world')", language="python")
+seen["hello_nodejs"] = run(code="console.log('hello, world')", language="nodejs")
+seen["stdin_nodejs"] = run(
+    code="const n = require('fs').readFileSync(0, 'utf8').split(/\\s+/).filter(Boolean).map(Number)\nconsole.log(n.reduce((a, b) => a + b))",
+    language="nodejs",
+    stdin="1 2 3\n",
+)
 seen["stdin"] = run(code="import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", language="python", stdin="1 2 3\n")
 seen["exit_code"] = run(code="import sys\nsys.exit(3)", language="python")
 seen["raised"] = run(code="raise ValueError('no')", language="python")
