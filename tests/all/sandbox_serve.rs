@@ -162,16 +162,19 @@ fn malformed_requests_get_4xx_naming_the_field_and_other_routes_are_refused_by_n
 fn a_full_queue_is_answered_503_with_retry_after_and_nothing_else_is_lost() {
     let server = start(&["--run-workers", "1", "--max-queued", "1"]);
     let address = server.address.clone();
-    let slow = json!({"code": "import time\ntime.sleep(3)\nprint('slept')", "language": "python"}).to_string();
+    // Long enough that the first still runs and the second still waits when the third comes,
+    // however loaded the test machine is.
+    let slow = json!({"code": "import time\ntime.sleep(8)\nprint('slept')", "language": "python", "run_timeout": 30})
+        .to_string();
     let clients: Vec<_> = (0..2)
         .map(|i| {
             let (address, slow) = (address.clone(), slow.clone());
-            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 500 }));
+            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 1500 }));
             std::thread::spawn(move || crate::serve::http(&address, "POST", "/run_code", &[], slow.as_bytes()))
         })
         .collect();
     // One runs, one waits: a third is refused at once, saying when to come back.
-    std::thread::sleep(Duration::from_millis(700));
+    std::thread::sleep(Duration::from_millis(1500));
     let (status, headers, body) = server.http("POST", "/run_code", &[], slow.as_bytes());
     assert_eq!(status, 503, "{body}");
     assert!(headers.to_lowercase().contains("retry-after: 1"), "{headers}");
@@ -355,9 +358,10 @@ fn a_worker_killed_mid_run_is_a_sandbox_error_and_the_next_run_works() {
     // Warm: the worker exists once a program has run.
     run(&server, json!({"code": "print(1)", "language": "python"}));
     let address = server.address.clone();
-    let slow = json!({"code": "import time\ntime.sleep(20)", "language": "python", "run_timeout": 30}).to_string();
+    let slow = json!({"code": "import time\ntime.sleep(30)", "language": "python", "run_timeout": 60}).to_string();
     let client = std::thread::spawn(move || crate::serve::http(&address, "POST", "/run_code", &[], slow.as_bytes()));
-    std::thread::sleep(Duration::from_millis(1000));
+    // Time for the request to reach the worker on a loaded machine (the program sleeps 30 s).
+    std::thread::sleep(Duration::from_millis(3000));
     let children = Command::new("pgrep").args(["-P", &server.pid().to_string()]).output().unwrap();
     let workers: Vec<String> =
         String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_string).collect();
