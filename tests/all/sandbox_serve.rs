@@ -22,6 +22,23 @@ fn run(server: &Server, body: Value) -> Value {
     answer
 }
 
+/// Wait (at most 60 s) until the service's `/v1/status` shows `running` and `waiting`.
+fn wait_for_queue(server: &Server, running: u64, waiting: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, _, body) = server.http("GET", "/v1/status", &[], b"");
+        let status: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        if status["running"] == running && status["waiting"] == waiting {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue never showed {running} running, {waiting} waiting: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn b64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -112,7 +129,7 @@ fn hostile_programs_end_with_a_verdict_and_reach_nothing_of_the_host() {
 
 #[test]
 fn malformed_requests_get_4xx_naming_the_field_and_other_routes_are_refused_by_name() {
-    let server = start(&["--run-workers", "1", "--api-key", "k"]);
+    let server = start(&["--run-workers", "1", "--api-key", "k", "--max-body-bytes", "262144"]);
     let (status, _, body) = server.http("POST", "/run_code", &[], br#"{"code": "print(1)", "language": "python"}"#);
     assert_eq!(status, 401, "{body}");
     let (status, _, body) = server.http("GET", "/health", &[], b"");
@@ -149,6 +166,18 @@ fn malformed_requests_get_4xx_naming_the_field_and_other_routes_are_refused_by_n
         let (status, answer) = post(bad);
         assert_eq!(status, 400, "{bad:?} -> {answer}");
     }
+    // Past the body limit: 413, before anything is decoded or written.
+    let huge = json!({"code": "x".repeat(300_000), "language": "python"}).to_string();
+    let (status, _) = post(&huge);
+    assert_eq!(status, 413);
+    // More files than a run may hold: refused naming `files`, nothing written.
+    let many: serde_json::Map<String, Value> = (0..1001).map(|i| (format!("f{i}"), json!(""))).collect();
+    let (status, answer) = post(&json!({"code": "x", "language": "python", "files": many}).to_string());
+    assert_eq!((status, answer["error"]["param"].as_str()), (400, Some("files")), "{answer}");
+    let (_, _, body) = server.http("GET", "/v1/status", &auth, b"");
+    let status: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status["runs"].as_u64(), status["running"].as_u64()), (Some(0), Some(0)), "{status}");
+    assert!(status["refused"].as_u64().unwrap() >= 20, "{status}");
     for route in ["/run_jupyter", "/submit", "/get_prompts"] {
         let (status, _, body) = server.http("POST", route, &auth, b"{}");
         assert_eq!(status, 501, "{route}: {body}");
@@ -162,19 +191,19 @@ fn malformed_requests_get_4xx_naming_the_field_and_other_routes_are_refused_by_n
 fn a_full_queue_is_answered_503_with_retry_after_and_nothing_else_is_lost() {
     let server = start(&["--run-workers", "1", "--max-queued", "1"]);
     let address = server.address.clone();
-    // Long enough that the first still runs and the second still waits when the third comes,
-    // however loaded the test machine is.
-    let slow = json!({"code": "import time\ntime.sleep(8)\nprint('slept')", "language": "python", "run_timeout": 30})
+    let slow = json!({"code": "import time\ntime.sleep(4)\nprint('slept')", "language": "python", "run_timeout": 30})
         .to_string();
-    let clients: Vec<_> = (0..2)
-        .map(|i| {
-            let (address, slow) = (address.clone(), slow.clone());
-            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 1500 }));
-            std::thread::spawn(move || crate::serve::http(&address, "POST", "/run_code", &[], slow.as_bytes()))
-        })
-        .collect();
-    // One runs, one waits: a third is refused at once, saying when to come back.
-    std::thread::sleep(Duration::from_millis(1500));
+    let send = || {
+        let (address, slow) = (address.clone(), slow.clone());
+        std::thread::spawn(move || crate::serve::http(&address, "POST", "/run_code", &[], slow.as_bytes()))
+    };
+    // One runs, one waits (seen in /v1/status, not guessed from sleeps): a third is refused at
+    // once, saying when to come back.
+    let first = send();
+    wait_for_queue(&server, 1, 0);
+    let second = send();
+    wait_for_queue(&server, 1, 1);
+    let clients = [first, second];
     let (status, headers, body) = server.http("POST", "/run_code", &[], slow.as_bytes());
     assert_eq!(status, 503, "{body}");
     assert!(headers.to_lowercase().contains("retry-after: 1"), "{headers}");
@@ -360,8 +389,9 @@ fn a_worker_killed_mid_run_is_a_sandbox_error_and_the_next_run_works() {
     let address = server.address.clone();
     let slow = json!({"code": "import time\ntime.sleep(30)", "language": "python", "run_timeout": 60}).to_string();
     let client = std::thread::spawn(move || crate::serve::http(&address, "POST", "/run_code", &[], slow.as_bytes()));
-    // Time for the request to reach the worker on a loaded machine (the program sleeps 30 s).
-    std::thread::sleep(Duration::from_millis(3000));
+    // The run has its turn (/v1/status), then a moment to reach the worker (it sleeps 30 s).
+    wait_for_queue(&server, 1, 0);
+    std::thread::sleep(Duration::from_millis(1000));
     let children = Command::new("pgrep").args(["-P", &server.pid().to_string()]).output().unwrap();
     let workers: Vec<String> =
         String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_string).collect();

@@ -44,7 +44,7 @@ pub use limits::{Grants, Limits, MAX_DEADLINE_MS, SandboxSettings};
 pub use plugin::{Plugin, PluginSpec};
 pub use reward::RewardPlugin;
 pub use sandbox::Sandbox;
-pub use workdir::{Usage as WorkdirUsage, Workdir};
+pub use workdir::{Usage as WorkdirUsage, Workdir, inside as inside_workdir};
 pub use workers::{MAX_WORKERS, register_worker_command, serve_code_worker};
 pub use world::{WIT_PACKAGE, WIT_VERSION, World};
 

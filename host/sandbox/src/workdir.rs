@@ -75,14 +75,21 @@ impl Workdir {
     /// The path on the host of `name` (relative, as the guest or a client names it, with or
     /// without a leading `/`), if it stays inside the directory: no `..`, no empty name.
     pub fn resolve(&self, name: &str) -> Option<PathBuf> {
-        let relative = name.trim_start_matches('/');
-        let path = Path::new(relative);
-        use std::path::Component;
-        let inside = path.components().any(|part| matches!(part, Component::Normal(_)))
-            && path.components().all(|part| matches!(part, Component::Normal(_) | Component::CurDir));
-        inside.then(|| self.path.join(path))
+        inside(name).map(|path| self.path.join(path))
     }
 }
+
+/// `name` (as the guest or a client writes it, with or without a leading `/`) as a path
+/// relative to a run's directory, if it names something inside it: no `..`, not empty.
+pub fn inside(name: &str) -> Option<&Path> {
+    use std::path::Component;
+    let path = Path::new(name.trim_start_matches('/'));
+    let inside = path.components().any(|part| matches!(part, Component::Normal(_)))
+        && path.components().all(|part| matches!(part, Component::Normal(_) | Component::CurDir));
+    inside.then_some(path)
+}
+
+impl Workdir {}
 
 /// A run's directory as its store watches it.
 pub(crate) struct WorkdirWatch {

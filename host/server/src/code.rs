@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Semaphore;
-use wirl_sandbox::{CodeRunnerPlugin, Outcome, Program, RunLimits, Termination, Workdir};
+use wirl_sandbox::{CodeRunnerPlugin, Outcome, Program, RunLimits, Termination, Workdir, inside_workdir};
 
 /// Every language SandboxFusion names (its `Language` type and its docs' list): a request
 /// for one of these that this server does not run is refused naming the ones it does,
@@ -172,9 +172,19 @@ impl CodeService {
         self.languages.keys().cloned().collect()
     }
 
-    /// Programs run so far, and requests refused (bad or over the queue).
-    pub fn figures(&self) -> (u64, u64) {
-        (self.runs.load(Ordering::Relaxed), self.refused.load(Ordering::Relaxed))
+    /// What `GET /v1/status` answers: the languages, programs running and waiting now, and
+    /// programs run and requests refused (bad, or past the queue) so far.
+    fn status(&self) -> Value {
+        let running = self.limits.max_in_flight.max(1) - self.running.available_permits();
+        json!({
+            "languages": self.languages(),
+            "running": running,
+            "waiting": self.waiting.load(Ordering::SeqCst),
+            "max_in_flight": self.limits.max_in_flight.max(1),
+            "max_queued": self.limits.max_queued,
+            "runs": self.runs.load(Ordering::Relaxed),
+            "refused": self.refused.load(Ordering::Relaxed),
+        })
     }
 
     /// Wait for a run's turn, within the queue's bounds.
@@ -232,10 +242,13 @@ impl CodeService {
         };
         self.runs.fetch_add(1, Ordering::Relaxed);
         let outcome = runner.try_run_in(&program, &limits, &workdir);
-        let files_over = workdir.over();
         let fetched = fetch(&workdir, &request.fetch_files, self.limits.max_files_bytes);
         Ok(match outcome {
-            Ok(outcome) => answer(&outcome, files_over, &request.memory_mib, fetched),
+            Ok(outcome) => {
+                // Which bound an output-limit was (the runner says only that one was hit).
+                let files_over = (outcome.termination == Termination::OutputLimit).then(|| workdir.over()).flatten();
+                answer(&outcome, files_over, request.memory_mib, fetched)
+            }
             Err(failure) => json!({
                 "status": "SandboxError",
                 "message": failure.to_string(),
@@ -338,7 +351,6 @@ impl RunCodeRequest {
                 return Err(ApiError::bad(Some("memory_limit_MB"), "must be a number of MiB (-1: the server's)"));
             }
         };
-        let probe = Workdir { path: "/".into(), max_bytes: 0, max_entries: 0 };
         let mut files = Vec::new();
         let mut total = 0u64;
         match body.get("files") {
@@ -352,7 +364,7 @@ impl RunCodeRequest {
                 }
                 for (name, content) in map {
                     let field = format!("files.{name}");
-                    if probe.resolve(name).is_none() {
+                    if inside_workdir(name).is_none() {
                         return Err(ApiError::bad(
                             Some(&field),
                             "must be a relative path inside the run's directory (no `..`)",
@@ -389,7 +401,7 @@ impl RunCodeRequest {
                 }
                 let mut names = Vec::with_capacity(items.len());
                 for (index, item) in items.iter().enumerate() {
-                    match item.as_str().filter(|name| probe.resolve(name).is_some()) {
+                    match item.as_str().filter(|name| inside_workdir(name).is_some()) {
                         Some(name) => names.push(name.to_string()),
                         None => {
                             return Err(ApiError::bad(
@@ -452,7 +464,7 @@ fn has_link_above(workdir: &Workdir, path: &std::path::Path) -> bool {
 }
 
 /// SandboxFusion's answer for a program that ran.
-fn answer(outcome: &Outcome, files_over: Option<String>, memory_mib: &u64, files: Map<String, Value>) -> Value {
+fn answer(outcome: &Outcome, files_over: Option<String>, memory_mib: u64, files: Map<String, Value>) -> Value {
     // SandboxFusion's command statuses: Finished (it ended by itself, whatever its code),
     // TimeLimitExceeded, Error (it could not run or was stopped). A stopped program gets the
     // code a killed process would: 137 (SIGKILL, as an OOM kill reports it).
@@ -509,10 +521,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(service: Arc<CodeService>) -> Ro
     let mut router = Router::new()
         .route("/run_code", post(run_code))
         .route("/v1/ping", get(|| async { "pong" }))
-        .route(
-            "/v1/languages",
-            get(|State(service): State<Arc<CodeService>>| async move { Json(json!({"languages": service.languages()})) }),
-        );
+        .route("/v1/status", get(|State(service): State<Arc<CodeService>>| async move { Json(service.status()) }));
     for (route, why) in NOT_SERVED {
         let message = format!("{route} is not served by wirl: {why}");
         router = router.route(
@@ -539,14 +548,14 @@ mod tests {
             truncated: false,
             duration_ms: 1500,
         };
-        let value = answer(&outcome, None, &512, Map::new());
+        let value = answer(&outcome, None, 512, Map::new());
         assert_eq!(value["status"], "Failed");
         assert_eq!(value["run_result"]["status"], "TimeLimitExceeded");
         assert_eq!(value["run_result"]["return_code"], Value::Null);
         assert_eq!(value["run_result"]["stdout"], "partial");
         assert_eq!(value["run_result"]["execution_time"], 1.5);
         let exited = Outcome { termination: Termination::Exited(3), ..outcome };
-        let value = answer(&exited, None, &512, Map::new());
+        let value = answer(&exited, None, 512, Map::new());
         assert_eq!((value["status"].as_str(), value["run_result"]["return_code"].as_i64()), (Some("Failed"), Some(3)));
     }
 
