@@ -130,10 +130,21 @@ def test_run_code_runs_javascript_as_node_would_and_names_what_it_runs():
     looped = wirl.run_code("while (true) {}", "javascript", timeout_s=0.5)
     assert looped.verdict == "timed_out", looped
     assert wirl.run_code("print(2 + 2)").stdout == "4\n"
-    with pytest.raises(ValueError, match="javascript, python"):
+    with pytest.raises(ValueError, match="javascript, lua, python"):
         wirl.run_code("x", "cobol")
     runner = wirl.CodeRunner(language="javascript")
     assert [r.stdout for r in runner.run_many(["console.log(1)", "console.log(2)"])] == ["1\n", "2\n"]
+
+
+def test_run_code_runs_lua_as_lua_would():
+    ran = wirl.run_code("local a, b = io.read('n', 'n')\nprint(a + b, ...)", "lua", stdin="2 40", args=["x"])
+    assert ran.ok and ran.stdout == "42\tx\n", ran
+    failed = wirl.run_code("pcall(os.exit, 4)", "Lua")
+    assert (failed.verdict, failed.exit_code) == ("exited", 4)
+    raised = wirl.run_code("local t = nil\nprint(t.x)", "lua")
+    assert raised.exit_code == 1 and raised.stderr.startswith("lua: program.lua:2: attempt to index a nil value"), raised
+    looped = wirl.run_code("while true do end", "lua", timeout_s=0.5)
+    assert looped.verdict == "timed_out", looped
 
 
 def test_code_tests_grader_judges_stdin_stdout_cases_in_python_and_javascript():

@@ -12,7 +12,7 @@
 
 use std::sync::OnceLock;
 use wirl_sandbox::{CodeRunnerPlugin, Limits, PluginSpec, Program, RunLimits, Sandbox, SandboxSettings, Termination};
-use wirl_test_artifacts::{JS_CODE_RUNNER, PYTHON_CODE_RUNNER};
+use wirl_test_artifacts::{C_LUA_RUNNER, JS_CODE_RUNNER, PYTHON_CODE_RUNNER};
 
 /// What a case must end with.
 #[derive(Clone, Copy, Debug)]
@@ -232,6 +232,77 @@ const JAVASCRIPT: &[Case] = &[
     ),
 ];
 
+const LUA: &[Case] = &[
+    case(
+        "env",
+        "information exposure (SandboxEval); exfiltration (sandboxbench)",
+        "local hits = {}\nfor _, k in ipairs({'PATH', 'HOME', 'USER', 'AWS_SECRET_ACCESS_KEY', 'WIRL_API_KEY'}) do if os.getenv(k) then hits[#hits + 1] = k end end\nprint(#hits > 0 and 'ESCAPED ' .. table.concat(hits, ',') or 'BLOCKED')",
+        Blocked,
+    ),
+    case(
+        "host-files",
+        "information exposure; discovery (sandboxbench)",
+        "local hits = {}\nfor _, p in ipairs({'/etc/passwd', '/etc/shadow', '/root/.ssh/id_rsa', '/proc/self/environ', '../../etc/passwd'}) do local f = io.open(p) if f and f:read(1) then hits[#hits + 1] = p end end\nprint(#hits > 0 and 'ESCAPED ' .. table.concat(hits, ',') or 'BLOCKED')",
+        Blocked,
+    ),
+    case(
+        "write-files",
+        "filesystem manipulation (SandboxEval): writes outside a granted directory",
+        "local hits = {}\nfor _, p in ipairs({'/tmp/wirl-escape', 'wirl-escape', '/wirl-escape'}) do local f = io.open(p, 'w') if f then hits[#hits + 1] = p f:close() end end\nprint(#hits > 0 and 'ESCAPED ' .. table.concat(hits, ',') or 'BLOCKED')",
+        Blocked,
+    ),
+    case(
+        "processes",
+        "escape: fork/exec (os.execute, io.popen)",
+        "local shell = os.execute()\nlocal ok, pipe = pcall(io.popen, 'id')\nlocal ran = os.execute('id')\nprint((shell or (ok and pipe) or ran) and 'ESCAPED' or 'BLOCKED')",
+        Blocked,
+    ),
+    case(
+        "native-modules",
+        "escape: native code (package.loadlib, C modules, require of host libraries)",
+        "local hits = {}\nif package.loadlib('/lib/x86_64-linux-gnu/libc.so.6', 'system') then hits[#hits + 1] = 'loadlib' end\nfor _, m in ipairs({'socket', 'ffi', 'posix', 'lfs', 'io.popen'}) do if pcall(require, m) then hits[#hits + 1] = m end end\nprint(#hits > 0 and 'ESCAPED ' .. table.concat(hits, ',') or 'BLOCKED')",
+        Blocked,
+    ),
+    case(
+        "bytecode",
+        "interpreter internals: precompiled bytecode (the known way to corrupt a Lua VM)",
+        "local dumped = string.dump(function() return 1 end)\nlocal f1 = load(dumped)\nlocal f2 = load(dumped, 'x', 'b')\nprint((f1 or f2) and 'ESCAPED' or 'BLOCKED')",
+        Blocked,
+    ),
+    case(
+        "persist",
+        "writes that persist into the next run (this case runs twice)",
+        "if WIRL_MARK or string.wirl_mark then print('ESCAPED') else WIRL_MARK = 1; string.wirl_mark = 1; print('BLOCKED') end",
+        Blocked,
+    ),
+    case("cpu", "resource abuse: CPU (SandboxEval)", "while true do end", TimedOut),
+    case(
+        "memory",
+        "resource abuse: memory (SandboxEval)",
+        "local t = {}\nlocal i = 0\nwhile true do i = i + 1; t[i] = string.rep('x', 1 << 20) .. i end",
+        OutOfMemory,
+    ),
+    case("output", "resource abuse: output", "while true do print(string.rep('y', 1000)) end", OutputLimit),
+    case(
+        "recursion",
+        "resource abuse: the interpreter's stack",
+        "local function f(n) return 1 + f(n + 1) end\nf(0)",
+        Stopped,
+    ),
+    case(
+        "c-stack",
+        "resource abuse: the C stack (nesting the parser recurses on)",
+        "assert(load('return ' .. string.rep('(', 1000000) .. '1' .. string.rep(')', 1000000)))",
+        Stopped,
+    ),
+    case(
+        "clock",
+        "timing side channel (allowed: a program reads its own clock)",
+        "print(os.time() > 1e9 and os.clock() >= 0 and 'ALLOWED' or 'NO CLOCK')",
+        Allowed,
+    ),
+];
+
 fn runner(path: &str) -> CodeRunnerPlugin {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
     let sandbox = SANDBOX.get_or_init(|| {
@@ -290,16 +361,29 @@ fn javascript_holds_the_escape_suite() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+#[test]
+fn lua_holds_the_escape_suite() {
+    let failures = conform("lua", C_LUA_RUNNER, LUA);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// docs/SANDBOX.md tables every case by language and id, and no case that is not here.
 #[test]
 fn the_sandbox_page_tables_every_case() {
     let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/SANDBOX.md")).unwrap();
-    for (language, cases) in [("python", PYTHON), ("javascript", JAVASCRIPT)] {
+    for (language, cases) in [("python", PYTHON), ("javascript", JAVASCRIPT), ("lua", LUA)] {
         for case in cases {
             let row = format!("| `{language}/{}` |", case.id);
             assert!(page.contains(&row), "docs/SANDBOX.md has no row {row}");
         }
     }
-    let rows = page.lines().filter(|line| line.starts_with("| `python/") || line.starts_with("| `javascript/")).count();
-    assert_eq!(rows, PYTHON.len() + JAVASCRIPT.len(), "docs/SANDBOX.md tables cases the suite does not run");
+    let rows = page
+        .lines()
+        .filter(|line| ["| `python/", "| `javascript/", "| `lua/"].iter().any(|start| line.starts_with(start)))
+        .count();
+    assert_eq!(
+        rows,
+        PYTHON.len() + JAVASCRIPT.len() + LUA.len(),
+        "docs/SANDBOX.md tables cases the suite does not run"
+    );
 }

@@ -216,7 +216,14 @@ fn a_full_queue_is_answered_503_with_retry_after_and_nothing_else_is_lost() {
 
 #[test]
 fn the_sandbox_fusion_client_and_verls_request_work_against_wirl() {
-    let server = start(&["--run-workers", "2", "--runner", &format!("nodejs={}", wirl_test_artifacts::JS_CODE_RUNNER)]);
+    let server = start(&[
+        "--run-workers",
+        "2",
+        "--runner",
+        &format!("nodejs={}", wirl_test_artifacts::JS_CODE_RUNNER),
+        "--runner",
+        &format!("lua={}", wirl_test_artifacts::C_LUA_RUNNER),
+    ]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/sandbox_fusion_client.py");
     let run =
         Command::new(sandbox_fusion_python()).arg(script).arg(format!("http://{}", server.address)).output().unwrap();
@@ -237,6 +244,15 @@ fn the_sandbox_fusion_client_and_verls_request_work_against_wirl() {
         json!({"status": "Success", "run_status": "Finished", "return_code": 0, "stdout": "hello, world\n"}),
     );
     check("stdin_nodejs", json!({"status": "Success", "stdout": "6\n"}));
+    check(
+        "hello_lua",
+        json!({"status": "Success", "run_status": "Finished", "return_code": 0, "stdout": "hello, world\n"}),
+    );
+    check("stdin_lua", json!({"status": "Success", "stdout": "6\n"}));
+    check("exit_code_lua", json!({"status": "Failed", "run_status": "Finished", "return_code": 3}));
+    check("raised_lua", json!({"status": "Failed", "return_code": 1}));
+    assert!(seen["raised_lua"]["stderr"].as_str().unwrap().starts_with("lua: program.lua:1: no"), "{seen}");
+    check("files_lua", json!({"status": "Success", "fetched": "2"}));
     check("exit_code", json!({"status": "Failed", "run_status": "Finished", "return_code": 3}));
     check("raised", json!({"status": "Failed", "return_code": 1}));
     assert!(seen["raised"]["stderr"].as_str().unwrap().contains("ValueError: no"), "{seen}");

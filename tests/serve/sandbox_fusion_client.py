@@ -33,6 +33,17 @@ seen["stdin_nodejs"] = run(
     language="nodejs",
     stdin="1 2 3\n",
 )
+seen["hello_lua"] = run(code="print('hello, world')", language="lua")
+seen["stdin_lua"] = run(code="local s = 0\nfor n in io.read('a'):gmatch('%d+') do s = s + tonumber(n) end\nprint(s)", language="lua", stdin="1 2 3\n")
+seen["exit_code_lua"] = run(code="pcall(os.exit, 3)", language="lua")
+seen["raised_lua"] = run(code="error('no')", language="lua")
+seen["files_lua"] = run(
+    code="local n = 0\nfor _ in io.lines('data/table.csv') do n = n + 1 end\nlocal out = assert(io.open('out.txt', 'w'))\nout:write(n)\nout:close()",
+    language="lua",
+    files={"data/table.csv": base64.b64encode(b"a,b\n1,2\n").decode()},
+    fetch_files=["out.txt"],
+)
+seen["files_lua"]["fetched"] = base64.b64decode(seen["files_lua"]["files"].get("out.txt", "")).decode()
 seen["stdin"] = run(code="import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", language="python", stdin="1 2 3\n")
 seen["exit_code"] = run(code="import sys\nsys.exit(3)", language="python")
 seen["raised"] = run(code="raise ValueError('no')", language="python")

@@ -35,6 +35,13 @@ impl Sandbox {
         // Deadlines: guest code checks an epoch counter that a ticker thread advances.
         config.epoch_interruption(true);
         config.consume_fuel(settings.fuel);
+        // Exceptions, for interpreters written in C whose errors unwind with setjmp/longjmp
+        // (Lua): the compiler lowers them to wasm's `throw`/`try_table`. The exception
+        // objects live in a small GC heap that reference counting frees; the GC proposal
+        // itself (structs, arrays) stays off: no plugin needs it.
+        config.wasm_exceptions(true);
+        config.wasm_gc(false);
+        config.collector(wasmtime::Collector::DeferredReferenceCounting);
         // A fresh instance per call must be cheap: the pooling allocator reuses
         // pre-reserved slots and resets memory with copy-on-write instead of mmap churn.
         let mut pool = PoolingAllocationConfig::default();
