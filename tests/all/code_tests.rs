@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 use wirl_sandbox::{Limits, Plugin, PluginSpec, RewardPlugin, Sandbox, SandboxSettings, Task};
-use wirl_test_artifacts::{JS_CODE_RUNNER, PYTHON_CODE_RUNNER};
+use wirl_test_artifacts::{C_LUA_RUNNER, JS_CODE_RUNNER, PYTHON_CODE_RUNNER};
 
 /// The grader loaded once per runner (a runner's path, and the grader that uses it).
 type Loaded = std::sync::Mutex<Vec<(&'static str, Arc<Plugin>)>>;
@@ -77,16 +77,27 @@ fn python_programs_are_judged_case_by_case() {
     assert!(grader.score(&task(serde_json::json!({})), right).is_err());
 }
 
+/// A+B in `language`: the right program passes every case, the wrong one fails as `failed`
+/// says.
+fn judged_in(runner: &'static str, language: &str, right: &str, wrong: &str, failed: &str) {
+    let mut grader = grader(runner);
+    let mut metadata = a_plus_b();
+    metadata["language"] = language.into();
+    let task = task(metadata);
+    let score = grader.score(&task, right).unwrap();
+    assert_eq!((score.reward, score.note.as_deref()), (1.0, Some("all 3 cases passed")), "{language}");
+    let note = grader.score(&task, wrong).unwrap().note.unwrap();
+    assert!(note.starts_with(failed), "{language}: {note}");
+}
+
 #[test]
 fn javascript_programs_are_judged_by_the_javascript_runner() {
-    let mut grader = grader(JS_CODE_RUNNER);
-    let mut metadata = a_plus_b();
-    metadata["language"] = "javascript".into();
-    let task = task(metadata);
     let right = "```js\nconst [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(' ').map(Number);\nconsole.log(a + b)\n```";
-    let score = grader.score(&task, right).unwrap();
-    assert_eq!((score.reward, score.note.as_deref()), (1.0, Some("all 3 cases passed")));
-    let wrong = "```js\nconsole.log(3)\n```";
-    let score = grader.score(&task, wrong).unwrap();
-    assert!(score.note.unwrap().starts_with("case 2 of 3: wrong answer"));
+    judged_in(JS_CODE_RUNNER, "javascript", right, "```js\nconsole.log(3)\n```", "case 2 of 3: wrong answer");
+}
+
+#[test]
+fn lua_programs_are_judged_by_the_lua_runner() {
+    let right = "```lua\nlocal a, b = io.read('n', 'n')\nprint(a + b)\n```";
+    judged_in(C_LUA_RUNNER, "lua", right, "```lua\nprint(nil + 1)\n```", "case 1 of 3: runtime error (exit 1)");
 }

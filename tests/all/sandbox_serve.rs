@@ -161,7 +161,7 @@ fn malformed_requests_get_4xx_naming_the_field_and_other_routes_are_refused_by_n
         assert_eq!((status, answer["error"]["param"].as_str()), (400, Some(param)), "{body} -> {answer}");
     }
     let (status, answer) = post(r#"{"code": "x", "language": "cpp"}"#);
-    assert!(answer["error"]["message"].as_str().unwrap().contains("it runs: python"), "{status} {answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("it runs: pytest, python"), "{status} {answer}");
     for bad in ["", "not json", "[1]", "{\"code\": \"x\", \"language\": \"python\", \"run_timeout\": 1e999}"] {
         let (status, answer) = post(bad);
         assert_eq!(status, 400, "{bad:?} -> {answer}");
@@ -419,4 +419,38 @@ fn a_worker_killed_mid_run_is_a_sandbox_error_and_the_next_run_works() {
     assert!(answer["message"].as_str().unwrap().contains("worker"), "{body}");
     let answer = run(&server, json!({"code": "print(2)", "language": "python"}));
     assert_eq!(answer["run_result"]["stdout"], "2\n", "{answer}");
+}
+
+/// SandboxFusion's `pytest` language: the program is a test file and pytest (8, inside the
+/// Python runner) runs it — its exit status, its report, fixtures, parametrize, tmp_path.
+#[test]
+fn pytest_mode_runs_the_program_as_a_test_file_with_pytest() {
+    let server = start(&["--run-workers", "1"]);
+    let passing = "import pytest\n\ndef add(a, b):\n    return a + b\n\n@pytest.mark.parametrize('a,b,c', [(1, 1, 2), (2, 3, 5)])\ndef test_add(a, b, c):\n    assert add(a, b) == c\n\ndef test_raises():\n    with pytest.raises(ZeroDivisionError):\n        1 / 0\n\n@pytest.fixture\ndef answer():\n    yield 42\n\nclass TestFiles:\n    def test_tmp_path(self, tmp_path, answer):\n        (tmp_path / 'x.txt').write_text(str(answer))\n        assert (tmp_path / 'x.txt').read_text() == '42'\n\ndef test_approx():\n    assert 0.1 + 0.2 == pytest.approx(0.3)\n\ndef test_capsys(capsys):\n    print('hi')\n    assert capsys.readouterr().out == 'hi\\n'\n\ndef test_monkeypatch(monkeypatch):\n    import math\n    monkeypatch.setattr(math, 'pi', 3)\n    assert math.pi == 3\n";
+    let answer = run(&server, json!({"code": passing, "language": "pytest", "run_timeout": 30}));
+    let stdout = answer["run_result"]["stdout"].as_str().unwrap();
+    assert_eq!(answer["status"], "Success", "{answer}");
+    assert_eq!(answer["run_result"]["return_code"], 0, "{answer}");
+    assert!(stdout.contains("7 passed"), "{stdout}");
+
+    let failing = "def test_ok():\n    assert True\n\ndef test_wrong():\n    x = [1, 2]\n    assert sum(x) == 4\n";
+    let answer = run(&server, json!({"code": failing, "language": "pytest", "run_timeout": 30}));
+    let stdout = answer["run_result"]["stdout"].as_str().unwrap();
+    assert_eq!((&answer["status"], &answer["run_result"]["return_code"]), (&json!("Failed"), &json!(1)), "{answer}");
+    // pytest's assertion rewriting explains the failure, as it does outside.
+    assert!(stdout.contains("1 failed, 1 passed") && stdout.contains("assert 3 == 4"), "{stdout}");
+
+    // No tests: pytest's own status 5; a file that does not import: 2.
+    let answer = run(&server, json!({"code": "x = 1\n", "language": "pytest"}));
+    assert_eq!(answer["run_result"]["return_code"], 5, "{answer}");
+    let answer = run(&server, json!({"code": "import no_such_module\n", "language": "pytest"}));
+    assert_eq!(answer["run_result"]["return_code"], 2, "{answer}");
+    // The plain language still runs plain programs: pytest is only a mode.
+    let answer = run(&server, json!({"code": "print(__name__)", "language": "python"}));
+    assert_eq!(answer["run_result"]["stdout"], "__main__\n", "{answer}");
+    let answer = run(
+        &server,
+        json!({"code": "def test_x():\n    while True:\n        pass\n", "language": "pytest", "run_timeout": 1}),
+    );
+    assert_eq!(answer["run_result"]["status"], "TimeLimitExceeded", "{answer}");
 }

@@ -156,6 +156,11 @@ impl CodeService {
         for language in languages {
             by_name.insert(canonical_language(&language.name).to_string(), language.runner);
         }
+        // SandboxFusion's `pytest` language (the program is a test file, pytest runs it) is
+        // the Python runner's second mode, unless a runner is given for it by name.
+        if let Some(python) = by_name.get("python").cloned() {
+            by_name.entry("pytest".to_string()).or_insert(python);
+        }
         Ok(CodeService {
             languages: by_name,
             limits,

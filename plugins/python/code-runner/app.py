@@ -1,4 +1,5 @@
 # wirl-world: code-runner-plugin
+# wirl-python-packages: pytest==8.3.5 pluggy==1.5.0 iniconfig==2.0.0 packaging==24.2
 """wirl's Python code runner: CPython inside a component, one untrusted program per instance.
 
 The host makes a fresh instance for every program (nothing a program does can reach the
@@ -25,6 +26,26 @@ import contextlib, copy, csv, dataclasses, datetime, decimal, difflib, enum, fra
 import functools, hashlib, heapq, itertools, json, keyword, math, numbers, operator  # noqa: E401,F401
 import pprint, queue, random, re, statistics, string, struct, textwrap, time, typing  # noqa: E401,F401
 import unicodedata, uuid, weakref, zlib, ast, inspect, locale, warnings, os  # noqa: E401,F401
+
+# pytest, for SandboxFusion's `pytest` language: the program is a test file and pytest runs
+# it. Every module of pytest's own is imported here, into the snapshot (at run time nothing
+# can be imported that was not). A runner built without it (the humaneval runner) says so.
+try:
+    import importlib
+    import pkgutil
+
+    import _pytest
+    import pytest
+
+    for _module in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
+        # Only what a WASI CPython lacks fails here (pdb for --pdb, faulthandler's timers);
+        # the plugins that need it are turned off in PYTEST_ARGS.
+        try:
+            importlib.import_module(_module.name)
+        except ImportError:
+            pass
+except ImportError:
+    pytest = None
 
 from wit_world import exports
 from wit_world.exports.code_runner import Outcome, Program, Limits, Termination_Exited
@@ -69,14 +90,56 @@ def _run(source: str) -> int:
         return UNCAUGHT_EXCEPTION
 
 
+# Where a pytest program is written (the run's own directory is the instance's `/`), and
+# pytest's arguments: as `pytest test_program.py` runs it, less what WASI cannot have —
+# fd-level capture (no dup), pdb, faulthandler, the cache directory, the log file on
+# /dev/null — with temporary directories kept inside the run's directory.
+PYTEST_FILE = "/test_program.py"
+PYTEST_ARGS = [
+    "--capture=sys",
+    "--basetemp=/.pytest-tmp",
+    "-p", "no:cacheprovider",
+    "-p", "no:faulthandler",
+    "-p", "no:debugging",
+    "-p", "no:pastebin",
+    "-p", "no:logging",
+    "-p", "no:stepwise",
+    "-o", "console_output_style=classic",
+]
+# pytest's own "usage error" exit status, for a run that cannot start.
+PYTEST_USAGE_ERROR = 4
+
+
+def _run_pytest(source: str) -> int:
+    if pytest is None:
+        print("this runner was built without pytest (it runs plain python only)", file=sys.stderr)
+        return PYTEST_USAGE_ERROR
+    try:
+        with open(PYTEST_FILE, "w", encoding="utf-8") as file:
+            file.write(source)
+    except OSError as error:
+        print(f"pytest runs need the run's own directory (POST /run_code gives one): {error}", file=sys.stderr)
+        return PYTEST_USAGE_ERROR
+    sys.argv = ["pytest"]
+    sys.dont_write_bytecode = True
+    try:
+        return int(pytest.main([*PYTEST_ARGS, PYTEST_FILE]))
+    except SystemExit as exit:
+        return _exit_status(exit)
+    except BaseException:
+        traceback.print_exc()
+        return UNCAUGHT_EXCEPTION
+
+
 class CodeRunner(exports.CodeRunner):
     def run(self, program: Program, limits: Limits) -> Outcome:
-        if program.language.lower() not in ("python", "python3", "py"):
-            message = f"this runner speaks python, not {program.language!r}\n"
+        language = program.language.lower()
+        if language not in ("python", "python3", "py", "pytest"):
+            message = f"this runner speaks python and pytest, not {program.language!r}\n"
             return Outcome(Termination_Exited(UNSUPPORTED_LANGUAGE), "", message, False, 0)
         sys.stdin = io.StringIO(program.stdin)
         sys.argv = ["<program>", *program.args]
-        status = _run(program.source)
+        status = _run_pytest(program.source) if language == "pytest" else _run(program.source)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
