@@ -603,3 +603,19 @@ fn a_generation_lag_samples_the_next_step_during_the_update() {
     let multitask = write_multitask_config(&dir.path().join("multi"), 1);
     refused(&multitask, "grpo.generation_lag=1", "task `retry` (tasks[2]) is a multi-turn task");
 }
+
+/// `examples/train/code-io.toml` as shipped (stdin/stdout problems in Lua, scored by
+/// builtin:code-tests in the Lua runner), on the tiny model: one step, evaluated, every
+/// completion scored — the tiny model's text is no program, a 0 with its reason, never a
+/// failed call.
+#[test]
+fn the_code_io_example_runs_its_programs_in_the_lua_runner() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::multiturn::write_tiny_model_with_context(dir.path(), 4096);
+    let (metrics, summary) = run_example("code-io.toml", dir.path(), &["--set", "sampling.max_tokens=8"]);
+    // Scored by code-tests (its parts), each completion run as a program and failing its first case.
+    assert_eq!(metrics[0]["parts"]["passed"], 0.0, "{}", metrics[0]);
+    assert_eq!(metrics[0]["tasks"]["dataset"]["groups"], 4, "{}", metrics[0]);
+    assert_eq!(metrics[0]["failures"], serde_json::json!({}), "{}", metrics[0]);
+    assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
+}

@@ -37,8 +37,9 @@ pub struct ServeArgs {
 #[derive(clap::Args, Clone, Default)]
 pub struct RunnerArgs {
     /// A language and the code-runner component that runs it, `LANG=WASM`; repeat for more
-    /// languages (`python=code_runner.wasm`: scripts/build-plugins builds it as
-    /// plugins/target/python/code_runner.wasm, and `pip install wirl` carries it).
+    /// languages. scripts/build-plugins builds `python` (which serves `pytest` too) as
+    /// plugins/target/python/code_runner.wasm, `nodejs` as plugins/target/js/code_runner.wasm,
+    /// `lua` as plugins/target/c/lua_runner.wasm; `pip install wirl` carries them.
     #[arg(long = "runner", value_name = "LANG=WASM")]
     pub runners: Vec<String>,
     /// Worker processes the programs run in, each one program at a time [default: the
