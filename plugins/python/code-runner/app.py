@@ -56,6 +56,27 @@ UNCAUGHT_EXCEPTION = 1
 UNSUPPORTED_LANGUAGE = 127
 
 
+class _ProcessExit(BaseException):
+    """`os._exit(status)` in flight: WASI 0.2's exit carries only success or failure, so
+    the runner ends the program itself, with the status the program gave."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def _os_exit(status):
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    raise _ProcessExit(int(status) & 0xFF)
+
+
+os._exit = _os_exit
+
+
 def _exit_status(exit: SystemExit) -> int:
     """What `sys.exit(code)` means as a process exit status, as CPython decides it."""
     code = exit.code
@@ -81,6 +102,8 @@ def _run(source: str) -> int:
         return 0
     except SystemExit as exit:
         return _exit_status(exit)
+    except _ProcessExit as exit:
+        return exit.status
     except BaseException:
         # A SyntaxError lands here too, with the offending line, as `python3` prints it.
         try:
@@ -126,6 +149,8 @@ def _run_pytest(source: str) -> int:
         return int(pytest.main([*PYTEST_ARGS, PYTEST_FILE]))
     except SystemExit as exit:
         return _exit_status(exit)
+    except _ProcessExit as exit:
+        return exit.status
     except BaseException:
         traceback.print_exc()
         return UNCAUGHT_EXCEPTION
