@@ -274,6 +274,30 @@ fn wirl_serve_runs_code_beside_the_model() {
     assert_eq!(status, 200, "the model's routes are still there: {models}");
 }
 
+/// A config's `[sandbox]` table sets `/run_code` for `wirl serve` (runner paths relative to the
+/// config), the flags over it; a key it does not know is refused naming the table.
+#[test]
+fn wirl_serve_reads_runners_and_bounds_from_a_sandbox_table() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("runners")).unwrap();
+    std::fs::copy(wirl_test_artifacts::C_LUA_RUNNER, dir.path().join("runners/lua.wasm")).unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, "[sandbox]\nruners = 1\n").unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_wirl")).arg("serve").arg("--config").arg(&config).output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("[sandbox]") && said.contains("runers"), "{said}");
+
+    std::fs::write(&config, "[sandbox]\nrunners = { lua = \"runners/lua.wasm\" }\nrun_workers = 1\nmax_queued = 0\n")
+        .unwrap();
+    let python = format!("python={PYTHON_CODE_RUNNER}");
+    let server = Server::start(&["--config", config.to_str().unwrap(), "--runner", &python, "--max-queued", "4"]);
+    let answer = run(&server, json!({"code": "print(6 * 7)", "language": "lua"}));
+    assert_eq!(answer["run_result"]["stdout"], "42\n", "{answer}");
+    let (_, _, status) = server.http("GET", "/v1/status", &[], b"");
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["languages"], json!(["lua", "pytest", "python"]), "{status}");
+}
+
 /// A venv with SandboxFusion's client from PyPI (made once per target directory).
 fn sandbox_fusion_python() -> std::path::PathBuf {
     crate::serve::pypi_python("sandbox-fusion-venv", "sandbox_fusion", "sandbox-fusion==0.3.7")

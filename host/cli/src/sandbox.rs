@@ -2,7 +2,7 @@
 //! loaded; and the `--runner` options `wirl serve` shares to serve it beside a model.
 
 use anyhow::{Context, bail};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +57,63 @@ pub struct RunnerArgs {
     pub max_run_memory_mib: Option<u64>,
 }
 
+/// A config's `[sandbox]` table for `wirl serve`: the same settings as the flags
+/// (`runners = { python = "…/code_runner.wasm" }`, `run_workers`, `max_queued`,
+/// `max_run_timeout_s`, `max_run_memory_mib`), runner paths relative to the config's
+/// directory. A flag given wins; a `--runner` for a language replaces the table's.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSection {
+    #[serde(default)]
+    runners: std::collections::BTreeMap<String, PathBuf>,
+    run_workers: Option<usize>,
+    max_queued: Option<usize>,
+    max_run_timeout_s: Option<f64>,
+    max_run_memory_mib: Option<u64>,
+}
+
+impl SandboxSection {
+    /// Read the table (`origin` names the file in errors); runner paths resolved against `base`.
+    pub fn read(value: toml::Value, origin: &str, base: &Path) -> anyhow::Result<Self> {
+        let mut section: SandboxSection = value.try_into().map_err(|e: toml::de::Error| {
+            anyhow::anyhow!(
+                "{origin}: [sandbox]: {} (its keys: runners = {{ LANG = \"WASM\" }}, run_workers, max_queued, \
+                 max_run_timeout_s, max_run_memory_mib: the flags of `wirl serve`)",
+                e.message()
+            )
+        })?;
+        for path in section.runners.values_mut() {
+            *path = base.join(&*path);
+        }
+        Ok(section)
+    }
+}
+
 impl RunnerArgs {
+    /// These flags over a config's `[sandbox]` table: a flag given wins, and a `--runner` for
+    /// a language replaces the table's runner for it.
+    pub fn over(&self, section: SandboxSection) -> RunnerArgs {
+        let given: Vec<&str> =
+            self.runners.iter().filter_map(|pair| pair.split_once('=')).map(|(language, _)| language).collect();
+        let mut runners: Vec<String> = section
+            .runners
+            .into_iter()
+            .filter(|(language, _)| {
+                let canonical = wirl_server::canonical_language(language);
+                !given.iter().any(|flag| wirl_server::canonical_language(flag) == canonical)
+            })
+            .map(|(language, path)| format!("{language}={}", path.display()))
+            .collect();
+        runners.extend(self.runners.iter().cloned());
+        RunnerArgs {
+            runners,
+            run_workers: self.run_workers.or(section.run_workers),
+            max_queued: self.max_queued.or(section.max_queued),
+            max_run_timeout_s: self.max_run_timeout_s.or(section.max_run_timeout_s),
+            max_run_memory_mib: self.max_run_memory_mib.or(section.max_run_memory_mib),
+        }
+    }
+
     /// The code service these options describe; none when no runner is given.
     pub fn service(&self) -> anyhow::Result<Option<Arc<wirl_server::CodeService>>> {
         if self.runners.is_empty() {

@@ -114,6 +114,8 @@ pub struct Args {
 #[derive(Default)]
 struct ConfigFile {
     serve: toml::Table,
+    /// `[sandbox]`: `/run_code`'s runners and bounds (the flags over it).
+    sandbox: Option<crate::sandbox::SandboxSection>,
     origin: String,
     tasks: Option<wirl_trainer::TrainConfig>,
     model: Option<wirl_trainer::config::ModelSection>,
@@ -141,6 +143,8 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
             serve.insert(key.into(), toml::Value::String(resolved));
         }
     }
+    let sandbox =
+        table.remove("sandbox").map(|value| crate::sandbox::SandboxSection::read(value, &origin, base)).transpose()?;
     let only_model = table.keys().all(|k| k == "model");
     let rest = toml::to_string(&table)?;
     let (tasks, model) = match table.remove("model") {
@@ -160,7 +164,7 @@ fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
     if let Some(device) = model.as_ref().and_then(|m| m.device.clone()) {
         serve.entry("device").or_insert(toml::Value::String(device));
     }
-    Ok(ConfigFile { serve, origin, tasks, model })
+    Ok(ConfigFile { serve, sandbox, origin, tasks, model })
 }
 
 /// A file whose only section is `[model]` trains nothing: `wirl serve` reads its path, device
@@ -336,7 +340,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Weights loaded later (/v1/load_weights) come as their directory holds them.
     let reload_options = wirl_engine::LoadOptions { adapter: None, ..options.clone() };
     let mut config = settings.serve_config(name.clone(), api_key, weights_dir, reload_options);
-    config.code = args.runners.service()?;
+    config.code = args.runners.over(file.sandbox.unwrap_or_default()).service()?;
     let code_languages = config.code.as_ref().map(|service| service.languages().join(", "));
     let names: Vec<String> = served.iter().map(|t| t.loaded.spec.name.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
