@@ -274,6 +274,35 @@ fn wirl_serve_runs_code_beside_the_model() {
     assert_eq!(status, 200, "the model's routes are still there: {models}");
 }
 
+/// Lua programs that push the interpreter's own limits end as `lua` ends them — an error the
+/// program can catch, or the time limit — and the worker goes on to the next program.
+#[test]
+fn hostile_lua_programs_end_as_lua_would_and_the_worker_goes_on() {
+    let server = start(&["--run-workers", "1", "--runner", &format!("lua={}", wirl_test_artifacts::C_LUA_RUNNER)]);
+    let lua = |code: &str, timeout: u32| {
+        run(&server, json!({"code": code, "language": "lua", "run_timeout": timeout, "memory_limit_MB": 128}))
+    };
+    // 100,000 coroutines each resuming the next: Lua's C-stack limit, caught by pcall.
+    let nested = "local function nest(n) return coroutine.wrap(function() return n > 0 and nest(n - 1)() or 0 end) end\nprint(pcall(nest(100000)))";
+    let answer = lua(nested, 10);
+    assert_eq!(answer["run_result"]["return_code"], 0, "{answer}");
+    assert!(answer["run_result"]["stdout"].as_str().unwrap().starts_with("false"), "{answer}");
+    // An __index that calls itself: "C stack overflow", an ordinary error.
+    let answer = lua(
+        "local t = setmetatable({}, {})\ngetmetatable(t).__index = function(s, k) return s[k] end\nprint(pcall(function() return t.x end))",
+        10,
+    );
+    assert!(answer["run_result"]["stdout"].as_str().unwrap().contains("stack overflow"), "{answer}");
+    // A gigabyte string under 128 MiB: "not enough memory", caught.
+    let answer = lua("print(pcall(string.rep, 'x', 1e9, ','))\nprint('after')", 10);
+    assert_eq!(answer["run_result"]["stdout"], "false\tnot enough memory\nafter\n", "{answer}");
+    // A pattern that backtracks without end: the time limit.
+    let answer = lua("print(string.find(string.rep('a', 40), string.rep('a*', 40) .. 'b'))", 1);
+    assert_eq!(answer["run_result"]["status"], "TimeLimitExceeded", "{answer}");
+    let answer = lua("print(('ok'):upper())", 10);
+    assert_eq!(answer["run_result"]["stdout"], "OK\n", "{answer}");
+}
+
 /// A config's `[sandbox]` table sets `/run_code` for `wirl serve` (runner paths relative to the
 /// config), the flags over it; a key it does not know is refused naming the table.
 #[test]
