@@ -147,6 +147,17 @@ def test_run_code_runs_lua_as_lua_would():
     assert looped.verdict == "timed_out", looped
 
 
+def test_run_code_runs_ruby_as_ruby_would():
+    ran = wirl.run_code("a, b = $stdin.read.split.map(&:to_i)\nputs a + b, ARGV.inspect", "ruby", stdin="2 40", args=["x"])
+    assert ran.ok and ran.stdout == '42\n["x"]\n', ran
+    failed = wirl.run_code("begin\n  exit 4\nensure\n  puts 'ensure'\nend", "rb")
+    assert (failed.verdict, failed.exit_code, failed.stdout) == ("exited", 4, "ensure\n")
+    raised = wirl.run_code("nil.upcase", "ruby")
+    assert raised.exit_code == 1 and raised.stderr.startswith("program.rb:1:in '<main>': undefined method 'upcase' for nil"), raised
+    looped = wirl.run_code("loop {}", "ruby", timeout_s=0.5)
+    assert looped.verdict == "timed_out", looped
+
+
 def test_code_tests_grader_judges_stdin_stdout_cases_in_python_and_javascript():
     tests = [{"input": "1 2\n", "output": "3\n"}, {"input": "-5 5\n", "output": "0\n"}]
     task = {"id": "a+b", "messages": [], "metadata": json.dumps({"tests": tests})}

@@ -17,8 +17,8 @@ MAX_MEMORY_MIB = 4096
 
 # The languages whose runners the package carries: each name (and its aliases, as
 # SandboxFusion names them) and the component.
-LANGUAGES = {"python": "code_runner", "javascript": "js_code_runner", "lua": "lua_code_runner"}
-_ALIASES = {"python3": "python", "py": "python", "js": "javascript", "nodejs": "javascript", "node": "javascript", "lua5.4": "lua"}
+LANGUAGES = {"python": "code_runner", "javascript": "js_code_runner", "lua": "lua_code_runner", "ruby": "ruby_code_runner"}
+_ALIASES = {"python3": "python", "py": "python", "js": "javascript", "nodejs": "javascript", "node": "javascript", "lua5.4": "lua", "rb": "ruby"}
 
 
 def _language(language):
@@ -176,8 +176,8 @@ _default_lock = threading.Lock()
 
 def run_code(code, language="python", stdin=None, *, args=(), timeout_s=10.0, memory_mib=512):
     """Run ``code`` in ``language`` (``python``; ``javascript``, also ``js``/``nodejs``, run
-    as ``node`` would; ``lua``, as ``lua`` 5.4 would) in a fresh sandboxed interpreter; a :class:`RunResult`. Never raises
-    for what the program does."""
+    as ``node`` would; ``lua``, as ``lua`` 5.4 would; ``ruby``, as ``ruby`` 3.4 would) in a
+    fresh sandboxed interpreter; a :class:`RunResult`. Never raises for what the program does."""
     name = _language(language)
     with _default_lock:
         if name not in _defaults:

@@ -12,7 +12,7 @@
 
 use std::sync::OnceLock;
 use wirl_sandbox::{CodeRunnerPlugin, Limits, PluginSpec, Program, RunLimits, Sandbox, SandboxSettings, Termination};
-use wirl_test_artifacts::{C_LUA_RUNNER, JS_CODE_RUNNER, PYTHON_CODE_RUNNER};
+use wirl_test_artifacts::{C_LUA_RUNNER, JS_CODE_RUNNER, PREBUILT_RUBY_RUNNER, PYTHON_CODE_RUNNER};
 
 /// What a case must end with.
 #[derive(Clone, Copy, Debug)]
@@ -306,6 +306,71 @@ const LUA: &[Case] = &[
     ),
 ];
 
+/// Ruby (CRuby 3.4, ruby.wasm with its standard library). `attempt` rescues `Exception`:
+/// what WASI lacks is often `NotImplementedError`, which a bare `rescue` does not catch.
+const RUBY: &[Case] = &[
+    case(
+        "env",
+        "information exposure (SandboxEval); exfiltration (sandboxbench)",
+        "hits = %w[PATH HOME USER AWS_SECRET_ACCESS_KEY WIRL_API_KEY].select { |k| ENV[k] }\nputs hits.empty? ? 'BLOCKED' : \"ESCAPED #{hits.join(',')}\"",
+        Blocked,
+    ),
+    case(
+        "host-files",
+        "information exposure; discovery (sandboxbench)",
+        "def attempt\n  yield\nrescue Exception\n  nil\nend\nhits = ['/etc/passwd', '/etc/shadow', '/root/.ssh/id_rsa', '/proc/self/environ', '../../etc/passwd'].select { |p| attempt { File.read(p, 1) }.is_a?(String) }\nlisted = attempt { Dir.children('/') }\nhits << \"ls / #{listed}\" if listed.is_a?(Array) && listed.any? { |e| %w[etc proc root home].include?(e) }\nputs hits.empty? ? 'BLOCKED' : \"ESCAPED #{hits.join(',')}\"",
+        Blocked,
+    ),
+    case(
+        "write-files",
+        "filesystem manipulation (SandboxEval): writes outside a granted directory",
+        "def attempt\n  yield\nrescue Exception\n  nil\nend\nhits = ['/tmp/wirl-escape', 'wirl-escape', '/wirl-escape', '/usr/local/lib/ruby/wirl-escape'].select { |p| attempt { File.write(p, 'x') }.is_a?(Integer) }\nputs hits.empty? ? 'BLOCKED' : \"ESCAPED #{hits.join(',')}\"",
+        Blocked,
+    ),
+    case(
+        "processes",
+        // ruby.wasm's `system` returns true without running anything: what a command
+        // would print is the test.
+        "escape: fork/exec (system, backticks, spawn, fork)",
+        "def attempt\n  yield\nrescue Exception\n  nil\nend\nhits = []\nattempt { system('echo ESCAPED by system') }\nhits << 'backticks' if attempt { `echo x` } == \"x\\n\"\nhits << 'spawn' if attempt { Process.spawn('id') }.is_a?(Integer)\nhits << 'fork' if attempt { fork }.is_a?(Integer)\nputs hits.empty? ? 'BLOCKED' : \"ESCAPED #{hits.join(',')}\"",
+        Blocked,
+    ),
+    case(
+        "network",
+        "network (SandboxEval): sockets, DNS",
+        "def attempt\n  yield\nrescue Exception\n  nil\nend\nhits = []\nhits << 'socket' if attempt { require 'socket'; TCPSocket.new('127.0.0.1', 22) }.is_a?(IO)\nhits << 'dns' if attempt { require 'resolv'; Resolv.getaddress('localhost') }.is_a?(String)\nputs hits.empty? ? 'BLOCKED' : \"ESCAPED #{hits.join(',')}\"",
+        Blocked,
+    ),
+    case(
+        "native-modules",
+        "escape: native code (fiddle, a C extension, dlopen)",
+        "def attempt\n  yield\nrescue Exception\n  nil\nend\nhits = %w[fiddle pty io/console/size].select { |m| attempt { require m } == true && m == 'fiddle' && attempt { Fiddle.dlopen('/lib/x86_64-linux-gnu/libc.so.6') }.is_a?(Fiddle::Handle) }\nhits << 'so' if attempt { require '/lib/x86_64-linux-gnu/libc.so.6' } == true\nputs hits.empty? ? 'BLOCKED' : \"ESCAPED #{hits.join(',')}\"",
+        Blocked,
+    ),
+    case(
+        "js-bridge",
+        "interpreter internals: ruby.wasm's JavaScript bridge (`require \"js\"`: each of its host calls traps)",
+        "require 'js'\nputs JS.global[:process] ? 'ESCAPED' : 'BLOCKED'",
+        Stopped,
+    ),
+    case(
+        "persist",
+        "writes that persist into the next run (this case runs twice)",
+        "if $wirl_mark || String.method_defined?(:wirl_mark)\n  puts 'ESCAPED'\nelse\n  $wirl_mark = 1\n  class String; def wirl_mark = 1; end\n  puts 'BLOCKED'\nend",
+        Blocked,
+    ),
+    case("cpu", "resource abuse: CPU (SandboxEval)", "loop {}", TimedOut),
+    case("memory", "resource abuse: memory (SandboxEval)", "a = []\nloop { a << 'x' * (1 << 20) }", OutOfMemory),
+    case("output", "resource abuse: output", "loop { puts 'y' * 1000 }", OutputLimit),
+    case("recursion", "resource abuse: the interpreter's stack", "def f(n) = f(n + 1) + 1\nf(0)", Stopped),
+    case(
+        "clock",
+        "timing side channel (allowed: a program reads its own clock)",
+        "puts Time.now.to_i > 1e9 && Process.clock_gettime(Process::CLOCK_MONOTONIC) >= 0 ? 'ALLOWED' : 'NO CLOCK'",
+        Allowed,
+    ),
+];
+
 fn runner(path: &str) -> CodeRunnerPlugin {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
     let sandbox = SANDBOX.get_or_init(|| {
@@ -370,11 +435,17 @@ fn lua_holds_the_escape_suite() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+#[test]
+fn ruby_holds_the_escape_suite() {
+    let failures = conform("ruby", PREBUILT_RUBY_RUNNER, RUBY);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// docs/SANDBOX.md tables every case by language and id, and no case that is not here.
 #[test]
 fn the_sandbox_page_tables_every_case() {
     let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/SANDBOX.md")).unwrap();
-    for (language, cases) in [("python", PYTHON), ("javascript", JAVASCRIPT), ("lua", LUA)] {
+    for (language, cases) in [("python", PYTHON), ("javascript", JAVASCRIPT), ("lua", LUA), ("ruby", RUBY)] {
         for case in cases {
             let row = format!("| `{language}/{}` |", case.id);
             assert!(page.contains(&row), "docs/SANDBOX.md has no row {row}");
@@ -382,11 +453,13 @@ fn the_sandbox_page_tables_every_case() {
     }
     let rows = page
         .lines()
-        .filter(|line| ["| `python/", "| `javascript/", "| `lua/"].iter().any(|start| line.starts_with(start)))
+        .filter(|line| {
+            ["| `python/", "| `javascript/", "| `lua/", "| `ruby/"].iter().any(|start| line.starts_with(start))
+        })
         .count();
     assert_eq!(
         rows,
-        PYTHON.len() + JAVASCRIPT.len() + LUA.len(),
+        PYTHON.len() + JAVASCRIPT.len() + LUA.len() + RUBY.len(),
         "docs/SANDBOX.md tables cases the suite does not run"
     );
 }

@@ -25,6 +25,7 @@ mod plugins;
 mod precision;
 mod ranks;
 mod reference;
+mod ruby;
 mod runtime;
 mod sandbox;
 mod sandbox_serve;

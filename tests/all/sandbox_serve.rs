@@ -223,6 +223,8 @@ fn the_sandbox_fusion_client_and_verls_request_work_against_wirl() {
         &format!("nodejs={}", wirl_test_artifacts::JS_CODE_RUNNER),
         "--runner",
         &format!("lua={}", wirl_test_artifacts::C_LUA_RUNNER),
+        "--runner",
+        &format!("ruby={}", wirl_test_artifacts::PREBUILT_RUBY_RUNNER),
     ]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/sandbox_fusion_client.py");
     let run =
@@ -253,6 +255,21 @@ fn the_sandbox_fusion_client_and_verls_request_work_against_wirl() {
     check("raised_lua", json!({"status": "Failed", "return_code": 1}));
     assert!(seen["raised_lua"]["stderr"].as_str().unwrap().starts_with("lua: program.lua:1: no"), "{seen}");
     check("files_lua", json!({"status": "Success", "fetched": "2"}));
+    check(
+        "hello_ruby",
+        json!({"status": "Success", "run_status": "Finished", "return_code": 0, "stdout": "hello, world\n"}),
+    );
+    check("stdin_ruby", json!({"status": "Success", "stdout": "6\n"}));
+    check(
+        "exit_code_ruby",
+        json!({"status": "Failed", "run_status": "Finished", "return_code": 3, "stdout": "ensure ran\n"}),
+    );
+    check("raised_ruby", json!({"status": "Failed", "return_code": 1}));
+    assert!(
+        seen["raised_ruby"]["stderr"].as_str().unwrap().starts_with("program.rb:1:in '<main>': no (ArgumentError)"),
+        "{seen}"
+    );
+    check("files_ruby", json!({"status": "Success", "fetched": "2"}));
     check("exit_code", json!({"status": "Failed", "run_status": "Finished", "return_code": 3}));
     check("raised", json!({"status": "Failed", "return_code": 1}));
     assert!(seen["raised"]["stderr"].as_str().unwrap().contains("ValueError: no"), "{seen}");

@@ -17,6 +17,7 @@ fn main() {
         "plugins/python",
         "plugins/js",
         "plugins/c",
+        "plugins/prebuilt",
         "scripts/componentize-c/src",
         "plugins/Cargo.toml",
         "wit",
@@ -53,7 +54,7 @@ fn main() {
         }
     }
     // Other languages' guests are named with the language first: PYTHON_MATH_ANSWER.
-    for (language, app) in [("python", "app.py"), ("js", "app.js"), ("c", "app.c")] {
+    for (language, app) in [("python", "app.py"), ("js", "app.js"), ("c", "app.c"), ("prebuilt", "source")] {
         let built = plugins.join("target").join(language);
         for package in packages_with(&plugins.join(language), app) {
             let wasm = built.join(format!("{}.wasm", package.replace('-', "_")));

@@ -44,6 +44,17 @@ seen["files_lua"] = run(
     fetch_files=["out.txt"],
 )
 seen["files_lua"]["fetched"] = base64.b64decode(seen["files_lua"]["files"].get("out.txt", "")).decode()
+seen["hello_ruby"] = run(code="puts 'hello, world'", language="ruby")
+seen["stdin_ruby"] = run(code="puts $stdin.read.split.map(&:to_i).sum", language="ruby", stdin="1 2 3\n")
+seen["exit_code_ruby"] = run(code="begin\n  exit 3\nensure\n  $stdout.puts 'ensure ran'\nend", language="ruby")
+seen["raised_ruby"] = run(code="raise ArgumentError, 'no'", language="ruby")
+seen["files_ruby"] = run(
+    code="n = File.readlines('data/table.csv').size\nFile.write('out.txt', n.to_s)",
+    language="ruby",
+    files={"data/table.csv": base64.b64encode(b"a,b\n1,2\n").decode()},
+    fetch_files=["out.txt"],
+)
+seen["files_ruby"]["fetched"] = base64.b64decode(seen["files_ruby"]["files"].get("out.txt", "")).decode()
 seen["stdin"] = run(code="import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", language="python", stdin="1 2 3\n")
 seen["exit_code"] = run(code="import sys\nsys.exit(3)", language="python")
 seen["raised"] = run(code="raise ValueError('no')", language="python")

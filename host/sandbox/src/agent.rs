@@ -42,7 +42,7 @@ impl AgentPlugin {
                 wanted: World::AgentPlugin.to_string(),
             });
         }
-        let pre = AgentPluginPre::new(plugin.pre.clone()).map_err(|e| Error::Refused {
+        let pre = AgentPluginPre::new(plugin.component()?).map_err(|e| Error::Refused {
             path: plugin.path().to_path_buf(),
             reason: format!("not an agent-plugin: {e:#}"),
         })?;

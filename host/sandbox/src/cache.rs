@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use wasmtime::Engine;
 use wasmtime::component::Component;
+use wasmtime::{Engine, Module};
 
 /// Load `bytes` (whose sha256 is `sha256`) as a component, from the cache when possible.
 pub(crate) fn load(
@@ -23,27 +23,57 @@ pub(crate) fn load(
     let Some(dir) = cache_dir else {
         return Component::new(engine, bytes);
     };
-    let path = entry_path(engine, dir, sha256);
-    if let Ok(entry) = std::fs::read(&path) {
+    // SAFETY (both closures): the code given is either `precompile_component`'s output of
+    // this very engine, or a cache entry that matches the checksum written with such output
+    // by an engine with the same settings and version (both are in the entry's name).
+    cached(
+        &entry_path(engine, dir, sha256),
+        || engine.precompile_component(bytes),
+        |code| unsafe { Component::deserialize(engine, code) },
+    )
+}
+
+/// Load `bytes` (whose sha256 is `sha256`) as a core module, from the cache when possible.
+pub(crate) fn load_module(
+    engine: &Engine,
+    cache_dir: Option<&Path>,
+    bytes: &[u8],
+    sha256: &str,
+) -> wasmtime::Result<Module> {
+    let Some(dir) = cache_dir else {
+        return Module::new(engine, bytes);
+    };
+    // SAFETY: as in `load`, with `precompile_module`.
+    cached(
+        &entry_path(engine, dir, sha256).with_extension("cwasm-module"),
+        || engine.precompile_module(bytes),
+        |code| unsafe { Module::deserialize(engine, code) },
+    )
+}
+
+/// The code at `path` if its checksum holds and it deserializes, or else `compile`d afresh
+/// and written there.
+fn cached<T>(
+    path: &Path,
+    compile: impl FnOnce() -> wasmtime::Result<Vec<u8>>,
+    deserialize: impl Fn(&[u8]) -> wasmtime::Result<T>,
+) -> wasmtime::Result<T> {
+    if let Ok(entry) = std::fs::read(path) {
         match verified(&entry) {
-            // SAFETY: the code matches the checksum written with it by `store` below, from
-            // `Engine::precompile_component` of an engine with the same settings and version
-            // (both are in the entry's name); code that fails to deserialize is compiled again.
-            Some(code) => match unsafe { Component::deserialize(engine, code) } {
-                Ok(component) => return Ok(component),
-                Err(error) => tracing::warn!("recompiling: cached component {} unusable: {error}", path.display()),
+            Some(code) => match deserialize(code) {
+                Ok(loaded) => return Ok(loaded),
+                Err(error) => tracing::warn!("recompiling: cached code {} unusable: {error}", path.display()),
             },
-            None => tracing::warn!("recompiling: cached component {} is damaged (checksum)", path.display()),
+            None => tracing::warn!("recompiling: cached code {} is damaged (checksum)", path.display()),
         }
     }
-    let compiled = engine.precompile_component(bytes)?;
+    let compiled = compile()?;
     let mut entry = Sha256::digest(&compiled).to_vec();
     entry.extend_from_slice(&compiled);
-    if let Err(error) = write_atomically(&path, &entry) {
-        tracing::warn!("cannot cache compiled component in {}: {error}", path.display());
+    if let Err(error) = write_atomically(path, &entry) {
+        tracing::warn!("cannot cache compiled code in {}: {error}", path.display());
     }
-    // SAFETY: `compiled` comes from `precompile_component` of this very engine.
-    unsafe { Component::deserialize(engine, &compiled) }
+    deserialize(&compiled)
 }
 
 /// The compiled code of a cache entry, if its checksum holds.

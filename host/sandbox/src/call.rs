@@ -102,6 +102,8 @@ pub struct CallStats {
 /// Everything a plugin's store holds.
 pub(crate) struct HostState {
     wasi: WasiCtx,
+    /// WASI 0.1 for a core-module runner (CRuby); none for components.
+    pub(crate) wasi_p1: Option<wasmtime_wasi::p1::WasiP1Ctx>,
     table: ResourceTable,
     pub(crate) limiter: MemoryGuard,
     config: Arc<serde_json::Map<String, serde_json::Value>>,
@@ -173,6 +175,7 @@ impl HostState {
             inference: None,
             interrupt,
             wasi,
+            wasi_p1: None,
             table: ResourceTable::new(),
             limiter: MemoryGuard { limit: limits.memory_bytes as usize, denied: None },
             config,

@@ -12,7 +12,7 @@ use crate::bindings::code_runner_world::{CodeRunnerPlugin as Bindings, CodeRunne
 use crate::bindings::grader_world::wirl::rl::code_runner as import;
 use crate::call::{self, CallStats, FailureKind, HostState};
 use crate::limits::Limits;
-use crate::plugin::Plugin;
+use crate::plugin::{Plugin, Prepared};
 use crate::workers::WorkerPool;
 use crate::{Error, Outcome, Program, Result, RunLimits, Termination, Workdir, World};
 use std::sync::{Arc, Mutex};
@@ -30,11 +30,23 @@ pub struct RunnerFailure(pub String);
 /// A code-runner plugin ready to run programs. Shareable between threads: every program
 /// gets its own store and instance.
 pub struct CodeRunnerPlugin {
-    pre: CodeRunnerPluginPre<HostState>,
+    interpreter: Interpreter,
     plugin: Arc<Plugin>,
     last: Mutex<CallStats>,
     /// Worker processes that run the programs instead of this process, when started.
     workers: Option<Arc<WorkerPool>>,
+}
+
+/// What runs the programs: a component of the code-runner world, or CRuby's core module.
+enum Interpreter {
+    Component(CodeRunnerPluginPre<HostState>),
+    Ruby(wasmtime::InstancePre<HostState>),
+}
+
+/// An interpreter instantiated for one program.
+enum Instance {
+    Component(Bindings),
+    Ruby(wasmtime::Instance),
 }
 
 impl CodeRunnerPlugin {
@@ -47,9 +59,14 @@ impl CodeRunnerPlugin {
                 wanted: "a code-runner-plugin".to_string(),
             });
         }
-        let pre = CodeRunnerPluginPre::new(plugin.pre.clone())
-            .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?;
-        Ok(CodeRunnerPlugin { pre, plugin, last: Mutex::new(CallStats::default()), workers: None })
+        let interpreter = match &plugin.prepared {
+            Prepared::Ruby(pre) => Interpreter::Ruby(pre.clone()),
+            Prepared::Component(pre) => Interpreter::Component(
+                CodeRunnerPluginPre::new(pre.clone())
+                    .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?,
+            ),
+        };
+        Ok(CodeRunnerPlugin { interpreter, plugin, last: Mutex::new(CallStats::default()), workers: None })
     }
 
     /// Run programs in `workers` child processes instead of this one (module `workers`):
@@ -159,14 +176,22 @@ impl CodeRunnerPlugin {
     ) -> std::result::Result<Outcome, RunnerFailure> {
         let limits = self.effective_limits(requested);
         let started = Instant::now();
-        let mut store = match self.plugin.new_store_with(&limits, workdir) {
+        // CRuby reads stdin from WASI; a component is handed it with the program.
+        let stdin = if matches!(self.interpreter, Interpreter::Ruby(_)) { program.stdin.as_str() } else { "" };
+        let mut store = match self.plugin.new_store_reading(&limits, workdir, stdin) {
             Ok(store) => store,
             Err(failure) => return Err(RunnerFailure(failure.message)),
         };
-        let pre = &self.pre;
-        let bindings: Bindings = match call::bounded(&mut store, async |store| pre.instantiate_async(store).await).await
-        {
-            Ok(bindings) => bindings,
+        let instance = match &self.interpreter {
+            Interpreter::Component(pre) => call::bounded(&mut store, async |store| pre.instantiate_async(store).await)
+                .await
+                .map(Instance::Component),
+            Interpreter::Ruby(pre) => {
+                call::bounded(&mut store, async |store| pre.instantiate_async(store).await).await.map(Instance::Ruby)
+            }
+        };
+        let instance = match instance {
+            Ok(instance) => instance,
             Err(error) => {
                 let failure = call::classify(&store, &error, &limits);
                 if failure.kind == FailureKind::Deadline {
@@ -176,22 +201,32 @@ impl CodeRunnerPlugin {
             }
         };
         let instantiated = Instant::now();
-        let program = guest::Program {
-            language: program.language.clone(),
-            source: program.source.clone(),
-            stdin: program.stdin.clone(),
-            args: program.args.clone(),
+        let result = match instance {
+            Instance::Component(bindings) => {
+                let program = guest::Program {
+                    language: program.language.clone(),
+                    source: program.source.clone(),
+                    stdin: program.stdin.clone(),
+                    args: program.args.clone(),
+                };
+                let asked = guest::Limits {
+                    wall_ms: u32::try_from(limits.deadline_ms).unwrap_or(u32::MAX),
+                    memory_bytes: limits.memory_bytes,
+                    fuel: limits.fuel,
+                    max_output_bytes: u32::try_from(limits.max_print_bytes).unwrap_or(u32::MAX),
+                };
+                call::bounded(&mut store, async |store| {
+                    bindings.wirl_rl_code_runner().call_run(store, &program, asked).await
+                })
+                .await
+            }
+            // CRuby always ends in an exit (an `I32Exit` error) or a trap.
+            Instance::Ruby(instance) => call::bounded(&mut store, async |store| {
+                crate::ruby::run(store, instance, &program.source, &program.args).await
+            })
+            .await
+            .map(|never| match never {}),
         };
-        let asked = guest::Limits {
-            wall_ms: u32::try_from(limits.deadline_ms).unwrap_or(u32::MAX),
-            memory_bytes: limits.memory_bytes,
-            fuel: limits.fuel,
-            max_output_bytes: u32::try_from(limits.max_print_bytes).unwrap_or(u32::MAX),
-        };
-        let result = call::bounded(&mut store, async |store| {
-            bindings.wirl_rl_code_runner().call_run(store, &program, asked).await
-        })
-        .await;
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
             CallStats { instantiate: instantiated - started, call: instantiated.elapsed() };
 

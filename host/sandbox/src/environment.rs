@@ -24,7 +24,7 @@ impl EnvironmentPlugin {
                 wanted: "an environment-plugin".to_string(),
             });
         }
-        let pre = EnvironmentPluginPre::new(plugin.pre.clone())
+        let pre = EnvironmentPluginPre::new(plugin.component()?)
             .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?;
         Ok(EnvironmentPlugin { pre, instances: Instances::new(plugin) })
     }

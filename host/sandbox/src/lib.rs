@@ -25,6 +25,7 @@ mod inference;
 mod limits;
 mod plugin;
 mod reward;
+mod ruby;
 mod sandbox;
 mod slots;
 mod workdir;

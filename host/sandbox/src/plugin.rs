@@ -65,7 +65,7 @@ pub struct Plugin {
     pub(crate) imports: Vec<String>,
     pub(crate) exports: Vec<String>,
     pub(crate) engine: Engine,
-    pub(crate) pre: InstancePre<HostState>,
+    pub(crate) prepared: Prepared,
     pub(crate) epoch_tick_ms: u64,
     pub(crate) fuel_enabled: bool,
     /// A grader's code runner, loaded with it.
@@ -74,6 +74,15 @@ pub struct Plugin {
     pub(crate) interrupt: Interrupter,
     /// The sandbox's instance slots: each store holds one.
     pub(crate) slots: Arc<crate::slots::Slots>,
+}
+
+/// What a plugin's file was prepared as.
+pub(crate) enum Prepared {
+    /// A component of a `wirl:rl` world: every plugin but one kind.
+    Component(InstancePre<HostState>),
+    /// CRuby's ruby.wasm, a WASI-p1 core module that the host drives as a code runner
+    /// (module `ruby`).
+    Ruby(wasmtime::InstancePre<HostState>),
 }
 
 impl std::fmt::Debug for Plugin {
@@ -126,6 +135,17 @@ impl Plugin {
         self.runner.as_ref()
     }
 
+    /// The component, prepared to instantiate; an error for a plugin that is not one.
+    pub(crate) fn component(&self) -> crate::Result<InstancePre<HostState>> {
+        match &self.prepared {
+            Prepared::Component(pre) => Ok(pre.clone()),
+            Prepared::Ruby(_) => Err(crate::Error::Refused {
+                path: self.path().to_path_buf(),
+                reason: "it is CRuby's core module, which runs only as a code runner".into(),
+            }),
+        }
+    }
+
     /// A fresh store with this plugin's capabilities, limits and guards; armed for a call.
     pub(crate) fn new_store(&self) -> Result<Store<HostState>, Failure> {
         self.new_store_with(&self.spec.limits, None)
@@ -138,6 +158,17 @@ impl Plugin {
         &self,
         limits: &Limits,
         workdir: Option<&crate::Workdir>,
+    ) -> Result<Store<HostState>, Failure> {
+        self.new_store_reading(limits, workdir, "")
+    }
+
+    /// [`Plugin::new_store_with`] whose WASI stdin holds `stdin`: for a runner that reads a
+    /// program's input from WASI (a component runner is handed it in the call instead).
+    pub(crate) fn new_store_reading(
+        &self,
+        limits: &Limits,
+        workdir: Option<&crate::Workdir>,
+        stdin: &str,
     ) -> Result<Store<HostState>, Failure> {
         // Waited for as part of the call: a full pool slows calls down, it does not fail them.
         let slot = self.slots.take(limits.deadline(), &self.interrupt).map_err(|no| match no {
@@ -153,6 +184,9 @@ impl Plugin {
         // No inherited environment, arguments, stdin, preopens or network: the builder's
         // defaults deny them all. Only grants open something.
         wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        if !stdin.is_empty() {
+            wasi.stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(stdin.to_owned()));
+        }
         if let Some(dir) = &self.spec.grants.read_only_dir {
             wasi.preopened_dir(dir, "/data", FsPerms::ReadOnly).map_err(|e| Failure {
                 kind: FailureKind::Instantiate,
@@ -165,8 +199,13 @@ impl Plugin {
                 message: format!("cannot open the run's directory {}: {e}", workdir.path.display()),
             })?;
         }
+        // A core module speaks WASI 0.1, whose context wraps the same capabilities.
+        let (wasi, wasi_p1) = match self.prepared {
+            Prepared::Component(_) => (wasi.build(), None),
+            Prepared::Ruby(_) => (WasiCtxBuilder::new().build(), Some(wasi.build_p1())),
+        };
         let mut state = HostState::new(
-            wasi.build(),
+            wasi,
             limits,
             self.config.clone(),
             stdout,
@@ -175,6 +214,7 @@ impl Plugin {
             self.interrupt.clone(),
         );
         state.workdir = workdir.cloned().map(crate::workdir::WorkdirWatch::new);
+        state.wasi_p1 = wasi_p1;
         let mut store = Store::new(&self.engine, state);
         store.data_mut().slot = Some(slot);
         store.limiter(|state| &mut state.limiter);

@@ -100,8 +100,8 @@ impl RewardPlugin {
         let refused =
             |e: wasmtime::Error| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") };
         let pre = match plugin.world() {
-            World::GraderPlugin => Pre::Grader(GraderPluginPre::new(plugin.pre.clone()).map_err(refused)?),
-            _ => Pre::Reward(RewardPluginPre::new(plugin.pre.clone()).map_err(refused)?),
+            World::GraderPlugin => Pre::Grader(GraderPluginPre::new(plugin.component()?).map_err(refused)?),
+            _ => Pre::Reward(RewardPluginPre::new(plugin.component()?).map_err(refused)?),
         };
         Ok(RewardPlugin { pre, instances: Instances::new(plugin) })
     }

@@ -5,7 +5,7 @@ use crate::bindings::grader_world::wirl::rl::code_runner;
 use crate::bindings::reward_world::wirl::rl::config;
 use crate::call::{HostState, Interrupter};
 use crate::limits::SandboxSettings;
-use crate::plugin::{Plugin, PluginSpec};
+use crate::plugin::{Plugin, PluginSpec, Prepared};
 use crate::world::{self, WIT_PACKAGE, World};
 use crate::{Error, Result, cache};
 use sha2::{Digest, Sha256};
@@ -22,6 +22,8 @@ const KEEP_RESIDENT: usize = 256 << 10;
 pub struct Sandbox {
     engine: Engine,
     linker: Linker<HostState>,
+    /// WASI 0.1 for the one core module wirl runs (CRuby, module `ruby`).
+    module_linker: wasmtime::Linker<HostState>,
     settings: SandboxSettings,
     interrupt: Interrupter,
     /// The pool's instance slots, taken by every store (a queue when all are in use).
@@ -66,9 +68,15 @@ impl Sandbox {
         inference::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(e.into()))?;
 
+        let mut module_linker = wasmtime::Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_async(&mut module_linker, |state: &mut HostState| {
+            state.wasi_p1.as_mut().expect("a core module's store is made with a WASI 0.1 context")
+        })
+        .map_err(|e| Error::Engine(e.into()))?;
+
         start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
         let slots = crate::slots::Slots::new(settings.max_instances);
-        Ok(Sandbox { engine, linker, settings, interrupt: Interrupter::default(), slots })
+        Ok(Sandbox { engine, linker, module_linker, settings, interrupt: Interrupter::default(), slots })
     }
 
     pub fn settings(&self) -> &SandboxSettings {
@@ -101,6 +109,9 @@ impl Sandbox {
             });
         }
         let sha256 = hex::encode(Sha256::digest(&bytes));
+        if bytes.get(4..8) == Some(&[1, 0, 0, 0]) {
+            return self.load_ruby(spec, bytes, sha256);
+        }
         let component = cache::load(&self.engine, self.settings.cache_dir.as_deref(), &bytes, &sha256)
             .map_err(|e| refused(format!("it is not a valid component: {}", one_line(&e))))?;
 
@@ -150,10 +161,53 @@ impl Sandbox {
             imports,
             exports,
             engine: self.engine.clone(),
-            pre,
+            prepared: Prepared::Component(pre),
             epoch_tick_ms: self.settings.epoch_tick_ms.max(1),
             fuel_enabled: self.settings.fuel,
             runner,
+            interrupt: self.interrupt.clone(),
+            slots: self.slots.clone(),
+        }))
+    }
+}
+
+impl Sandbox {
+    /// Load a core module: CRuby's ruby.wasm as a code runner (module `ruby`), the one core
+    /// module wirl runs; any other is refused saying what to build instead.
+    fn load_ruby(&self, spec: PluginSpec, bytes: Arc<[u8]>, sha256: String) -> Result<Arc<Plugin>> {
+        let refused = |reason: String| Error::Refused { path: spec.path.clone(), reason };
+        let module = cache::load_module(&self.engine, self.settings.cache_dir.as_deref(), &bytes, &sha256)
+            .map_err(|e| refused(format!("it is not a valid WebAssembly module: {}", one_line(&e))))?;
+        crate::ruby::check(&module).map_err(refused)?;
+        if spec.code_runner.is_some() {
+            return Err(Error::Config {
+                name: spec.name.clone(),
+                message: "a code runner was given, but it is CRuby's code runner, not a grader-plugin; remove it"
+                    .into(),
+            });
+        }
+        // Its JavaScript bridge (`require "js"`) is all it imports besides WASI: each traps.
+        let mut linker = self.module_linker.clone();
+        linker.define_unknown_imports_as_traps(&module).map_err(|e| refused(one_line(&e)))?;
+        let pre =
+            linker.instantiate_pre(&module).map_err(|e| refused(format!("it cannot be linked: {}", one_line(&e))))?;
+        let imports = module.imports().map(|import| format!("{}::{}", import.module(), import.name())).collect();
+        let exports = module.exports().map(|export| export.name().to_string()).collect();
+        tracing::debug!(plugin = %spec.name, sha256 = %sha256, "loaded CRuby's core module");
+        Ok(Arc::new(Plugin {
+            config: Arc::new(spec.config.clone()),
+            size: bytes.len() as u64,
+            spec,
+            sha256,
+            world: World::CodeRunnerPlugin,
+            wit_version: "ruby.wasm".into(),
+            imports,
+            exports,
+            engine: self.engine.clone(),
+            prepared: Prepared::Ruby(pre),
+            epoch_tick_ms: self.settings.epoch_tick_ms.max(1),
+            fuel_enabled: self.settings.fuel,
+            runner: None,
             interrupt: self.interrupt.clone(),
             slots: self.slots.clone(),
         }))
@@ -207,10 +261,8 @@ fn sniff(bytes: &[u8]) -> std::result::Result<(), String> {
     }
     if bytes.starts_with(b"\0asm") {
         return match bytes.get(4..8) {
-            Some([1, 0, 0, 0]) => Err("it is a core WebAssembly module, not a component: build it for \
-                 wasm32-wasip2, or wrap it with `wasm-tools component new`"
-                .into()),
-            Some([_, _, 1, 0]) => Ok(()),
+            // A core module: loaded only if it is CRuby's (`Sandbox::load_ruby` says so).
+            Some([1, 0, 0, 0]) | Some([_, _, 1, 0]) => Ok(()),
             _ => Err("it has a WebAssembly header of an unknown version or layer".into()),
         };
     }
