@@ -10,7 +10,7 @@ Prints one JSON line per side and load, then the same-run ratios.
 
   python3 benches/sandbox_http.py --wirl target/release/wirl --runner RUNNER.wasm \\
       --humaneval examples/humaneval/HumanEval.jsonl [--workers 2] [--clients 1 32] \\
-      [--other nodejs=JS_RUNNER.wasm] [--other lua=LUA_RUNNER.wasm]
+      [--other nodejs=JS_RUNNER.wasm] [--other lua=LUA_RUNNER.wasm] [--other ruby=RUBY_RUNNER.wasm]
 """
 
 import argparse
@@ -31,8 +31,13 @@ SHORT = "print(sum(range(10)))\n"
 OTHER_SHORT = {
     "nodejs": "console.log([...Array(10).keys()].reduce((a, b) => a + b, 0))\n",
     "lua": "local s = 0\nfor i = 0, 9 do s = s + i end\nprint(s)\n",
+    "ruby": "puts (0..9).sum\n",
 }
-BASELINE = {"nodejs": ["node", "--max-old-space-size=512", "-e"], "lua": ["lua5.4", "-e"]}
+BASELINE = {
+    "nodejs": ["node", "--max-old-space-size=512", "-e"],
+    "lua": ["lua5.4", "-e"],
+    "ruby": ["ruby", "--disable-gems", "-e"],
+}
 
 
 def humaneval(path):
