@@ -1,7 +1,8 @@
 //! CRuby as a code runner: ruby.wasm (a WASI 0.1 core module, not a component) driven by the
 //! host, answering as `ruby program.rb` would — stdin, `ARGV`, exit statuses, an uncaught
 //! exception's message — under the same limits as every runner, each program in a fresh
-//! instance, and the same runner again in worker processes.
+//! instance started from a snapshot of CRuby's boot, and the same runner again in worker
+//! processes.
 
 use std::sync::OnceLock;
 use wirl_sandbox::{CodeRunnerPlugin, Limits, Outcome, PluginSpec, Program, RunLimits, Sandbox, SandboxSettings};
@@ -95,6 +96,19 @@ fn limits_end_ruby_programs_and_keep_what_they_printed() {
     assert!(!matches!(deep.termination, Termination::Exited(0)), "{deep:?}");
     let next = run("puts [3, 1, 2].sort.inspect", "", &[]);
     assert_eq!((next.termination, next.stdout.as_str()), (Termination::Exited(0), "[1, 2, 3]\n"));
+}
+
+/// Every run starts from CRuby's instance as it was after booting once: nothing a program
+/// defines reaches the next, and each run's random numbers are its own (the boot seeded
+/// `Random` once for all of them; each run reseeds it).
+#[test]
+fn every_run_starts_from_the_booted_interpreter_alone() {
+    let marked = run("$mark = 1\nclass Integer; def marked? = true; end\nputs 1.marked?", "", &[]);
+    assert_eq!(marked.stdout, "true\n", "{marked:?}");
+    let next = run("puts defined?($mark).inspect, 1.respond_to?(:marked?)", "", &[]);
+    assert_eq!(next.stdout, "nil\nfalse\n", "{next:?}");
+    let draws: Vec<String> = (0..3).map(|_| run("puts rand(1 << 60)", "", &[]).stdout).collect();
+    assert!(draws[0] != draws[1] || draws[1] != draws[2], "the same random numbers every run: {draws:?}");
 }
 
 #[test]

@@ -40,7 +40,11 @@ pub struct CodeRunnerPlugin {
 /// What runs the programs: a component of the code-runner world, or CRuby's core module.
 enum Interpreter {
     Component(CodeRunnerPluginPre<HostState>),
-    Ruby(wasmtime::InstancePre<HostState>),
+    /// CRuby, and its instance after booting once (made by the first run).
+    Ruby {
+        pre: wasmtime::InstancePre<HostState>,
+        booted: Mutex<Option<Arc<crate::ruby::Snapshot>>>,
+    },
 }
 
 /// An interpreter instantiated for one program.
@@ -60,7 +64,7 @@ impl CodeRunnerPlugin {
             });
         }
         let interpreter = match &plugin.prepared {
-            Prepared::Ruby(pre) => Interpreter::Ruby(pre.clone()),
+            Prepared::Ruby { pre, .. } => Interpreter::Ruby { pre: pre.clone(), booted: Mutex::new(None) },
             Prepared::Component(pre) => Interpreter::Component(
                 CodeRunnerPluginPre::new(pre.clone())
                     .map_err(|e| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") })?,
@@ -177,7 +181,11 @@ impl CodeRunnerPlugin {
         let limits = self.effective_limits(requested);
         let started = Instant::now();
         // CRuby reads stdin from WASI; a component is handed it with the program.
-        let stdin = if matches!(self.interpreter, Interpreter::Ruby(_)) { program.stdin.as_str() } else { "" };
+        let stdin = if matches!(self.interpreter, Interpreter::Ruby { .. }) { program.stdin.as_str() } else { "" };
+        let snapshot = match &self.interpreter {
+            Interpreter::Ruby { pre, booted } => Some(self.ruby_booted(pre, booted).await?),
+            Interpreter::Component(_) => None,
+        };
         let mut store = match self.plugin.new_store_reading(&limits, workdir, stdin) {
             Ok(store) => store,
             Err(failure) => return Err(RunnerFailure(failure.message)),
@@ -186,7 +194,7 @@ impl CodeRunnerPlugin {
             Interpreter::Component(pre) => call::bounded(&mut store, async |store| pre.instantiate_async(store).await)
                 .await
                 .map(Instance::Component),
-            Interpreter::Ruby(pre) => {
+            Interpreter::Ruby { pre, .. } => {
                 call::bounded(&mut store, async |store| pre.instantiate_async(store).await).await.map(Instance::Ruby)
             }
         };
@@ -222,7 +230,8 @@ impl CodeRunnerPlugin {
             }
             // CRuby always ends in an exit (an `I32Exit` error) or a trap.
             Instance::Ruby(instance) => call::bounded(&mut store, async |store| {
-                crate::ruby::run(store, instance, &program.source, &program.args).await
+                let snapshot = snapshot.as_deref().expect("booted above");
+                crate::ruby::run(store, instance, snapshot, &program.source, &program.args).await
             })
             .await
             .map(|never| match never {}),
@@ -258,6 +267,35 @@ impl CodeRunnerPlugin {
         truncate_at_char(&mut stdout, limit);
         truncate_at_char(&mut stderr, limit);
         Ok(Outcome { termination, stdout, stderr, truncated: cut, duration_ms: elapsed_ms(started) })
+    }
+}
+
+impl CodeRunnerPlugin {
+    /// CRuby booted once, under this runner's configured limits (the first run boots it; a
+    /// boot that fails is this run's failure and the next run tries again).
+    async fn ruby_booted(
+        &self,
+        pre: &wasmtime::InstancePre<HostState>,
+        booted: &Mutex<Option<Arc<crate::ruby::Snapshot>>>,
+    ) -> std::result::Result<Arc<crate::ruby::Snapshot>, RunnerFailure> {
+        if let Some(snapshot) = booted.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Ok(snapshot);
+        }
+        let limits = self.plugin.limits().clone();
+        let mut store = self.plugin.new_store_with(&limits, None).map_err(|failure| RunnerFailure(failure.message))?;
+        let snapshot = call::bounded(&mut store, async |store| {
+            let instance = pre.instantiate_async(&mut *store).await?;
+            crate::ruby::Snapshot::boot(store, instance).await
+        })
+        .await
+        .map_err(|error| {
+            let failure = call::classify(&store, &error, &limits);
+            let (stderr, _) = store.data().stderr.take();
+            RunnerFailure(format!("CRuby could not boot: {failure} {}", stderr.trim()))
+        })?;
+        let snapshot = Arc::new(snapshot);
+        *booted.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot.clone());
+        Ok(snapshot)
     }
 }
 

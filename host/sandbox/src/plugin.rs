@@ -81,8 +81,9 @@ pub(crate) enum Prepared {
     /// A component of a `wirl:rl` world: every plugin but one kind.
     Component(InstancePre<HostState>),
     /// CRuby's ruby.wasm, a WASI-p1 core module that the host drives as a code runner
-    /// (module `ruby`).
-    Ruby(wasmtime::InstancePre<HostState>),
+    /// (module `ruby`); `empty_root` is the `/` of a run that has no directory of its own
+    /// (CRuby always gets one preopened: its snapshot remembers the preopens).
+    Ruby { pre: wasmtime::InstancePre<HostState>, empty_root: Arc<tempfile::TempDir> },
 }
 
 impl std::fmt::Debug for Plugin {
@@ -139,7 +140,7 @@ impl Plugin {
     pub(crate) fn component(&self) -> crate::Result<InstancePre<HostState>> {
         match &self.prepared {
             Prepared::Component(pre) => Ok(pre.clone()),
-            Prepared::Ruby(_) => Err(crate::Error::Refused {
+            Prepared::Ruby { .. } => Err(crate::Error::Refused {
                 path: self.path().to_path_buf(),
                 reason: "it is CRuby's core module, which runs only as a code runner".into(),
             }),
@@ -198,11 +199,16 @@ impl Plugin {
                 kind: FailureKind::Instantiate,
                 message: format!("cannot open the run's directory {}: {e}", workdir.path.display()),
             })?;
+        } else if let Prepared::Ruby { empty_root, .. } = &self.prepared {
+            wasi.preopened_dir(empty_root.path(), "/", FsPerms::ReadOnly).map_err(|e| Failure {
+                kind: FailureKind::Instantiate,
+                message: format!("cannot open an empty directory {}: {e}", empty_root.path().display()),
+            })?;
         }
         // A core module speaks WASI 0.1, whose context wraps the same capabilities.
         let (wasi, wasi_p1) = match self.prepared {
             Prepared::Component(_) => (wasi.build(), None),
-            Prepared::Ruby(_) => (WasiCtxBuilder::new().build(), Some(wasi.build_p1())),
+            Prepared::Ruby { .. } => (WasiCtxBuilder::new().build(), Some(wasi.build_p1())),
         };
         let mut state = HostState::new(
             wasi,

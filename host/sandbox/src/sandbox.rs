@@ -176,9 +176,18 @@ impl Sandbox {
     /// module wirl runs; any other is refused saying what to build instead.
     fn load_ruby(&self, spec: PluginSpec, bytes: Arc<[u8]>, sha256: String) -> Result<Arc<Plugin>> {
         let refused = |reason: String| Error::Refused { path: spec.path.clone(), reason };
-        let module = cache::load_module(&self.engine, self.settings.cache_dir.as_deref(), &bytes, &sha256)
+        // Its globals exported, for the snapshot of its boot (module `ruby`); the cache keys
+        // what is compiled.
+        let exported = crate::ruby::export_globals(&bytes)
+            .map_err(|e| refused(format!("it is not a WebAssembly module wirl can run: {e}")))?;
+        let compiled_sha256 = hex::encode(Sha256::digest(&exported));
+        let module = cache::load_module(&self.engine, self.settings.cache_dir.as_deref(), &exported, &compiled_sha256)
             .map_err(|e| refused(format!("it is not a valid WebAssembly module: {}", one_line(&e))))?;
         crate::ruby::check(&module).map_err(refused)?;
+        let empty_root = tempfile::Builder::new()
+            .prefix("wirl-ruby-root-")
+            .tempdir()
+            .map_err(|e| refused(format!("cannot make an empty directory for its runs: {e}")))?;
         if spec.code_runner.is_some() {
             return Err(Error::Config {
                 name: spec.name.clone(),
@@ -204,7 +213,7 @@ impl Sandbox {
             imports,
             exports,
             engine: self.engine.clone(),
-            prepared: Prepared::Ruby(pre),
+            prepared: Prepared::Ruby { pre, empty_root: Arc::new(empty_root) },
             epoch_tick_ms: self.settings.epoch_tick_ms.max(1),
             fuel_enabled: self.settings.fuel,
             runner: None,
