@@ -1,10 +1,10 @@
 //! `builtin:code-tests`: stdin/stdout test cases (CodeContests, APPS, LiveCodeBench) judged
 //! by running the completion's program once per case in the code runner its config names —
-//! Python's and JavaScript's — the first failure stopping the grading.
+//! Python's, JavaScript's, Lua's and Ruby's — the first failure stopping the grading.
 
 use std::sync::{Arc, OnceLock};
 use wirl_sandbox::{Limits, Plugin, PluginSpec, RewardPlugin, Sandbox, SandboxSettings, Task};
-use wirl_test_artifacts::{C_LUA_RUNNER, JS_CODE_RUNNER, PYTHON_CODE_RUNNER};
+use wirl_test_artifacts::{C_LUA_RUNNER, JS_CODE_RUNNER, PREBUILT_RUBY_RUNNER, PYTHON_CODE_RUNNER};
 
 /// The grader loaded once per runner (a runner's path, and the grader that uses it).
 type Loaded = std::sync::Mutex<Vec<(&'static str, Arc<Plugin>)>>;
@@ -94,6 +94,12 @@ fn judged_in(runner: &'static str, language: &str, right: &str, wrong: &str, fai
 fn javascript_programs_are_judged_by_the_javascript_runner() {
     let right = "```js\nconst [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(' ').map(Number);\nconsole.log(a + b)\n```";
     judged_in(JS_CODE_RUNNER, "javascript", right, "```js\nconsole.log(3)\n```", "case 2 of 3: wrong answer");
+}
+
+#[test]
+fn ruby_programs_are_judged_by_the_ruby_runner() {
+    let right = "```ruby\na, b = $stdin.read.split.map(&:to_i)\nputs a + b\n```";
+    judged_in(PREBUILT_RUBY_RUNNER, "ruby", right, "```ruby\nputs nil + 1\n```", "case 1 of 3: runtime error (exit 1)");
 }
 
 #[test]
