@@ -58,8 +58,12 @@ fn a_ruby_program_reads_stdin_and_arguments_and_uses_the_standard_library() {
 
 #[test]
 fn exit_statuses_and_uncaught_exceptions_end_as_ruby_ends_them() {
-    let cases: [(&str, i32, &str, &str); 6] = [
+    let cases: [(&str, i32, &str, &str); 9] = [
         ("puts 1\nexit 7", 7, "1\n", ""),
+        // A process's status is a byte: 200 as it is, 256 as 0, -1 as 255.
+        ("exit 200", 200, "", ""),
+        ("exit 256", 0, "", ""),
+        ("exit(-1)", 255, "", ""),
         ("begin\n  exit!(5)\nrescue Exception\n  puts 'caught'\nend", 5, "", ""),
         ("abort('gave up')", 1, "", "gave up\n"),
         ("begin\n  exit 3\nensure\n  puts 'ensure'\nend", 3, "ensure\n", ""),

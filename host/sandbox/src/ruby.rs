@@ -384,7 +384,7 @@ rescue Exception => e
 end
 $stdout.flush
 $stderr.flush
-exit!(status)
+exit!(Integer === status ? status & 0xff : 1)
 "#,
         args = args.join(", "),
         source = hex::encode(source),

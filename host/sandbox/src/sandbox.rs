@@ -73,6 +73,15 @@ impl Sandbox {
             state.wasi_p1.as_mut().expect("a core module's store is made with a WASI 0.1 context")
         })
         .map_err(|e| Error::Engine(e.into()))?;
+        // WASI 0.1's `proc_exit` refuses statuses from 126 up (wasmtime makes them a trap);
+        // a program's `exit 200` is its status, as a process's would be.
+        module_linker.allow_shadowing(true);
+        module_linker
+            .func_wrap("wasi_snapshot_preview1", "proc_exit", |status: i32| -> wasmtime::Result<()> {
+                Err(wasmtime_wasi::I32Exit(status & 0xff).into())
+            })
+            .map_err(|e| Error::Engine(e.into()))?;
+        module_linker.allow_shadowing(false);
 
         start_epoch_ticker(&engine, Duration::from_millis(settings.epoch_tick_ms.max(1)));
         let slots = crate::slots::Slots::new(settings.max_instances);
