@@ -143,3 +143,35 @@ fn a_core_module_that_is_not_cruby_is_refused_naming_what_it_lacks() {
     let cruby = sandbox().load(PluginSpec::new(PREBUILT_RUBY_RUNNER)).unwrap();
     assert!(wirl_sandbox::RewardPlugin::new(cruby).is_err());
 }
+
+/// A file that poses as ruby.wasm — CRuby's export names, but other types, or a boot that
+/// traps or never ends — fails each run as the runner's own failure, naming it; it never
+/// panics the host and is never taken for a program's verdict.
+#[test]
+fn an_impostor_of_ruby_wasm_fails_its_runs_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let exports = |initialize: &str| {
+        format!(
+            r#"(module (memory (export "memory") 1)
+                 (func (export "_initialize") {initialize})
+                 (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) i32.const 1024)
+                 (func (export "ruby-init: func(args: list<string>) -> ()") (param i32))
+                 (func (export "rb-eval-string-protect: func(str: string) -> tuple<handle<rb-abi-value>, s32>")))"#
+        )
+    };
+    for (name, text, says) in [
+        ("wrong-types.wasm", exports(""), "CRuby could not boot"),
+        ("trapping-boot.wasm", exports("unreachable"), "CRuby could not boot"),
+        ("endless-boot.wasm", exports("(loop (br 0))"), "CRuby could not boot"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, wat::parse_str(&text).unwrap()).unwrap();
+        let limits = Limits { deadline_ms: 1_000, ..Limits::code_runner() };
+        let runner =
+            CodeRunnerPlugin::new(sandbox().load(PluginSpec { limits, ..PluginSpec::new(&path) }).unwrap()).unwrap();
+        for _ in 0..2 {
+            let failure = runner.try_run(&ruby("puts 1", "", &[]), &RunLimits::configured()).unwrap_err();
+            assert!(failure.0.contains(says), "{name}: {failure}");
+        }
+    }
+}

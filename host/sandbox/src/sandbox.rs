@@ -184,6 +184,13 @@ impl Sandbox {
     /// Load a core module: CRuby's ruby.wasm as a code runner (module `ruby`), the one core
     /// module wirl runs; any other is refused saying what to build instead.
     fn load_ruby(&self, spec: PluginSpec, bytes: Arc<[u8]>, sha256: String) -> Result<Arc<Plugin>> {
+        if spec.code_runner.is_some() {
+            return Err(Error::Config {
+                name: spec.name.clone(),
+                message: "a code runner was given, but it is CRuby's code runner, not a grader-plugin; remove it"
+                    .into(),
+            });
+        }
         let refused = |reason: String| Error::Refused { path: spec.path.clone(), reason };
         // Its globals exported, for the snapshot of its boot (module `ruby`); the cache keys
         // what is compiled.
@@ -197,13 +204,6 @@ impl Sandbox {
             .prefix("wirl-ruby-root-")
             .tempdir()
             .map_err(|e| refused(format!("cannot make an empty directory for its runs: {e}")))?;
-        if spec.code_runner.is_some() {
-            return Err(Error::Config {
-                name: spec.name.clone(),
-                message: "a code runner was given, but it is CRuby's code runner, not a grader-plugin; remove it"
-                    .into(),
-            });
-        }
         // Its JavaScript bridge (`require "js"`) is all it imports besides WASI: each traps.
         let mut linker = self.module_linker.clone();
         linker.define_unknown_imports_as_traps(&module).map_err(|e| refused(one_line(&e)))?;
