@@ -675,8 +675,9 @@ fn chat_template_variables_reach_the_training_prompts() {
 }
 
 /// `sampler_logp_diff_mean` / `_max`: the trainer's log-probs of the sampled tokens against
-/// the sampler's, on the weights that sampled them. Sharing the trainer's f32 weights the
-/// two code paths agree to rounding (~1e-7 here); a bf16 copy of the weights
+/// the sampler's, on the weights that sampled them. Sharing the trainer's f32 weights they
+/// are the same bits (issue 61: `wirl_engine::invariant`; within rounding on a CPU without
+/// AVX2 and FMA); a bf16 copy of the weights
 /// (`model.inference_dtype`) shows its precision loss, thousands of times larger — what a
 /// sampler that does not run the policy looks like. A lagged step has none to compare (its
 /// sampler ran older weights); two ranks report the step's. TensorBoard has them too.
@@ -688,10 +689,11 @@ fn the_samplers_log_probs_are_checked_against_the_trainers() {
         let field = |key: &str| m[key].as_f64().unwrap_or_else(|| panic!("no {key}: {m}"));
         (field("sampler_logp_diff_mean"), field("sampler_logp_diff_max"))
     };
+    let bound = if wirl_engine::invariant::available() { 0.0 } else { 1e-4 };
     let shared = trained_with_sets(&config, &dir.path().join("f32"), &[], &[]);
     for m in &shared {
         let (mean, max) = gap(m);
-        assert!(mean < 1e-5 && max < 1e-4 && mean <= max, "step {}: mean {mean}, max {max}", m["step"]);
+        assert!(max <= bound && mean <= max, "step {}: mean {mean}, max {max}", m["step"]);
     }
     let copy = trained_with_sets(&config, &dir.path().join("bf16"), &["model.inference_dtype=bf16"], &[]);
     for (a, b) in shared.iter().zip(&copy) {
@@ -704,7 +706,7 @@ fn the_samplers_log_probs_are_checked_against_the_trainers() {
     let ranks = trained_with_sets(&config, &dir.path().join("ranks"), &[], &["--dp", "2"]);
     for (one, two) in shared.iter().zip(&ranks) {
         let ((a, _), (b, max)) = (gap(one), gap(two));
-        assert!(b < 1e-5 && max < 1e-4 && (a - b).abs() < 1e-7, "one rank {a}, two {b}");
+        assert!(max <= bound && (a - b).abs() < 1e-7, "one rank {a}, two {b} (max {max})");
     }
     let events: Vec<_> =
         std::fs::read_dir(dir.path().join("bf16/tensorboard")).unwrap().map(|e| e.unwrap().path()).collect();

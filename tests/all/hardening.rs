@@ -124,10 +124,15 @@ fn non_finite_rewards_are_failures_of_the_plugin_and_training_goes_on() {
     assert!(run.join("checkpoints/step-000002/model/model.safetensors").is_file());
 }
 
+/// A learning rate this large sends the weights to 1e30 in one update, and the next forward
+/// overflows. The sampler and the learner compute the same numbers (`wirl_engine::invariant`,
+/// the norms' sums in f64 on both sides), so it is the sampler that meets the overflow first:
+/// the run stops at once, naming the non-finite logits and with exit code 2.
+/// (Before issue 61 the sampler's f32 norm overflowed to a zero scale and kept sampling, and
+/// the learner's gradients went NaN instead — the path `grpo.max_skipped_updates` guards,
+/// tested by `wirl-grpo`'s optimizer tests.)
 #[test]
-fn non_finite_gradients_skip_updates_then_stop_with_the_last_good_weights() {
-    // A learning rate this large sends the weights to 1e30 in one update: the next
-    // forward overflows and every gradient after it is NaN.
+fn weights_that_overflow_stop_the_run_naming_the_logits() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "", 10, 0.01);
     let text = std::fs::read_to_string(&config).unwrap().replace("learning_rate = 0.01", "learning_rate = 1e30");
@@ -136,21 +141,9 @@ fn non_finite_gradients_skip_updates_then_stop_with_the_last_good_weights() {
     let out = train(&config, &run);
     let error = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{error}");
-    assert!(error.contains("3 updates in a row had a non-finite gradient"), "{error}");
-    assert!(error.contains("the update is skipped"), "each skip is a warning naming its step: {error}");
-    let lines = metrics(&run);
-    assert!(lines.len() < 10);
-    assert_eq!(lines.iter().rev().take(3).map(|l| l["updates_skipped"].as_u64().unwrap()).sum::<u64>(), 3);
-    // The checkpoint it stopped with holds finite weights and loads.
-    let step = lines.len();
-    let model = run.join(format!("checkpoints/step-{step:06}/model"));
-    let generate = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["generate", "--max-tokens", "2", "--prompt", "w2"])
-        .arg("--model")
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(generate.status.success(), "{}", stderr(&generate));
+    assert!(error.contains("logits are NaN or infinite"), "{error}");
+    // The step that made the weights overflow is recorded; none after it.
+    assert_eq!(metrics(&run).len(), 1, "{error}");
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod languages;
 mod lora;
 mod mpi;
 mod multiturn;
+mod on_policy;
 mod openenv;
 mod plugins;
 mod precision;

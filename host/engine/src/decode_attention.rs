@@ -117,6 +117,8 @@ pub(crate) struct DecodeAttention<'a> {
     /// Each row's rope position for its query.
     pub positions: &'a [usize],
     pub rope: &'a RopeTables,
+    /// The scores' scale (the model's, as f32).
+    pub scale: f32,
 }
 
 impl CustomOp3 for DecodeAttention<'_> {
@@ -210,47 +212,14 @@ fn attend(op: &DecodeAttention, s: &Dims, task: usize, q: &[f32], k: &[f32], v: 
         let head = kv_head * groups + g;
         op.rope.rotate(&q[(row * s.heads + head) * dim..][..dim], op.positions[row], query);
     }
-    let scale = 1.0 / (dim as f32).sqrt();
     let span = total - first;
-    let mut scores = vec![0f32; groups * span];
-    for (t, key) in keys.chunks_exact(dim).skip(first).enumerate() {
-        for (g, query) in query.chunks_exact(dim).enumerate() {
-            scores[g * span + t] = dot(query, key) * scale;
-        }
+    let mut scores = vec![0f32; span];
+    // Query head by query head, keys in position order: the learner's attention to the bit
+    // (`invariant.rs`); the keys before `first` are the row's padding.
+    let (keys, values) = (&keys[first * dim..], &values[first * dim..]);
+    for (query, out) in query.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        crate::invariant::attend_one(query, keys, values, op.scale, None, &mut scores, out);
     }
-    for scores in scores.chunks_exact_mut(span) {
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inverse = 1.0 / sum;
-        scores.iter_mut().for_each(|s| *s *= inverse);
-    }
-    out.fill(0.0);
-    for (t, value) in values.chunks_exact(dim).skip(first).enumerate() {
-        for (g, out) in out.chunks_exact_mut(dim).enumerate() {
-            let weight = scores[g * span + t];
-            for (o, x) in out.iter_mut().zip(value) {
-                *o += weight * x;
-            }
-        }
-    }
-}
-
-/// Dot product in eight independent lanes (so that it vectorises).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
-    let mut lanes = [0f32; 8];
-    for (x, y) in a8.zip(b8) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
@@ -315,7 +284,16 @@ mod tests {
         let tensor = |x: &[f32], shape: &[usize]| Tensor::from_vec(x.to_vec(), shape, &Device::Cpu).unwrap();
         let cache_shape = [batch, kv_heads, capacity, dim];
         let in_order = [0, 1, 2];
-        let op = DecodeAttention { heads, total, slots: &in_order, first: &first, positions: &positions, rope: &rope };
+        let scale = 1.0 / (dim as f32).sqrt();
+        let op = DecodeAttention {
+            heads,
+            total,
+            slots: &in_order,
+            first: &first,
+            positions: &positions,
+            rope: &rope,
+            scale,
+        };
         let got = tensor(&q, &[batch, 1, heads * dim])
             .apply_op3_no_bwd(&tensor(&k, &cache_shape), &tensor(&v, &cache_shape), &op)
             .unwrap();

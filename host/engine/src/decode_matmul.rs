@@ -59,6 +59,12 @@ impl CustomOp2 for FewRowMatmul {
     }
 }
 
+/// `x [rows, inner] · w [out, inner]ᵀ` on host slices, row-major `[rows, out]` (f32 weights).
+pub(crate) fn product_of(x: &[f32], rows: usize, w: &[f32], out: usize, inner: usize) -> Vec<f32> {
+    let [y] = products(x, rows, [w], out, inner, |_, _, _| {});
+    y
+}
+
 /// The first half of a SwiGLU MLP for a few rows: `silu(x · W_gateᵀ) ⊙ (x · W_upᵀ)`, both
 /// weights `[out, in]`, in one op: each thread multiplies its output columns with both
 /// weights and combines them while they are in cache (instead of two matmuls, a silu and

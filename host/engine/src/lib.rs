@@ -20,6 +20,7 @@ mod files;
 pub mod finite;
 pub mod generate;
 pub mod gguf_check;
+pub mod invariant;
 pub mod llama;
 pub mod load;
 pub mod lora;

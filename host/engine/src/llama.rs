@@ -4,9 +4,10 @@
 //!
 //! Batched: every row has its own positions and a padding mask, so ragged prompts share a
 //! batch (left-padded). Tensor-parallel: a model loaded with a [`Comm`] of `size` ranks keeps
-//! its share of the heads, the MLP width and the vocabulary (see `comm.rs`). Inference uses candle's fused `rms_norm` and `softmax_last_dim`,
-//! which carry no gradients; the trainer's forward path will use differentiable equivalents
-//! over the same weights.
+//! its share of the heads, the MLP width and the vocabulary (see `comm.rs`). On the CPU in
+//! f32 its products, norms and attention are `invariant.rs`'s, which the trainer's forward
+//! also computes (with gradients): the same bits for a token's log-prob on both sides.
+//! Elsewhere it uses candle's fused `rms_norm` and `softmax_last_dim`.
 
 use crate::block_matmul::BlockMatrix;
 use crate::comm::{Comm, Solo};
@@ -51,6 +52,11 @@ impl LoraPair {
 
     /// `scale · (x·Aᵀ)·Bᵀ`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if crate::invariant::applies(x, &self.a) && crate::invariant::applies(x, &self.b) {
+            // The learner's adapter to the bit (`invariant.rs`).
+            let low = crate::invariant::matmul_t(x, &self.a)?;
+            return Ok((crate::invariant::matmul_t(&low, &self.b)? * self.scale)?);
+        }
         let low = x.broadcast_matmul(&self.a.t()?)?;
         Ok((low.broadcast_matmul(&self.b.t()?)? * self.scale)?)
     }
@@ -76,6 +82,9 @@ pub struct Linear {
 impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
+            // One order of summation at every row count: a prompt's prefill, a decoding
+            // step and the learner's pass give each element the same bits (issue 61).
+            Weight::Dense(w) if crate::invariant::applies(x, w) => crate::invariant::matmul_t(x, w)?,
             Weight::Dense(w) if rows(x) <= SMALL_BATCH_ROWS => few_rows_matmul(x, w)?,
             Weight::Dense(w) => x.broadcast_matmul(&computed_as(w, x)?.t()?)?,
             Weight::Quantized(q) => q.forward(x)?,
@@ -279,23 +288,31 @@ struct QkNorm {
 #[derive(Clone, Debug)]
 struct Norm {
     weight: Tensor,
-    eps: f32,
+    eps: f64,
     offset: f64,
 }
 
 impl Norm {
     fn load(source: &mut dyn WeightSource, name: &str, config: &Config) -> Result<Norm> {
-        Ok(Norm { weight: source.dense(name)?, eps: config.rms_norm_eps as f32, offset: config.norm_offset() })
+        Ok(Norm { weight: source.dense(name)?, eps: config.rms_norm_eps, offset: config.norm_offset() })
     }
 
     /// `x` normed over its last dimension. The offset is added on every call: the weight's
     /// storage may be a trainer's, updated in place.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
-        if self.offset == 0.0 {
-            return Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps)?);
+        if x.dtype() == DType::F32 && x.device().is_cpu() && crate::invariant::available() {
+            // The learner's norm, to the bit (`invariant.rs`).
+            let eps = self.eps;
+            if self.offset == 0.0 {
+                return crate::invariant::rms_norm(&x, &self.weight, eps);
+            }
+            return crate::invariant::rms_norm(&x, &(&self.weight + self.offset)?, eps);
         }
-        Ok(candle_nn::ops::rms_norm(&x, &(&self.weight + self.offset)?, self.eps)?)
+        if self.offset == 0.0 {
+            return Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps as f32)?);
+        }
+        Ok(candle_nn::ops::rms_norm(&x, &(&self.weight + self.offset)?, self.eps as f32)?)
     }
 
     /// A decoding step's projection (`[.., heads · head_dim]`), normed head by head.
@@ -901,6 +918,12 @@ impl Attention {
         // Grouped-query attention without copying keys and values per query head: the query
         // heads that share a key/value head are folded into its rows, `[b, kv, groups·len, d]`
         // (query heads are grouped contiguously), so k and v are used as they are cached.
+        if q.dtype() == DType::F32 && q.device().is_cpu() && crate::invariant::available() {
+            // The learner's attention, to the bit (`invariant.rs`): keys summed one by one.
+            let out = crate::invariant::attention(&q, &k, &v, self.scale as f32, mask.as_ref())?;
+            let out = out.transpose(1, 2)?.reshape((batch, len, self.heads * self.head_dim))?;
+            return self.o.forward(&out);
+        }
         let groups = self.heads / self.kv_heads;
         let total = k.dim(2)?;
         let q = q.reshape((batch, self.kv_heads, groups * len, self.head_dim))?;
@@ -942,7 +965,15 @@ impl Attention {
         let (kb, vb) = reserve_kv(cache, past, buffer_rows, &like)?;
         kb.inplace_op2(&k, &StoreToken { at: past, slots, rope: Some((rope, positions)) })?;
         vb.inplace_op2(&v, &StoreToken { at: past, slots, rope: None })?;
-        let attention = DecodeAttention { heads: self.heads, total: past + 1, slots, first, positions, rope };
+        let attention = DecodeAttention {
+            heads: self.heads,
+            total: past + 1,
+            slots,
+            first,
+            positions,
+            rope,
+            scale: self.scale as f32,
+        };
         let out = q.apply_op3_no_bwd(&kb, &vb, &attention)?;
         self.o.forward(&out)
     }

@@ -149,9 +149,10 @@ pub fn sample_with(settings: &Sampling, logits: &[f32], uniform: f32) -> (u32, f
         let weights: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
         let total: f32 = weights.iter().sum();
         let token = draw_weighted(&weights, total, uniform).unwrap_or_else(|| argmax(logits));
-        return (token, logits[token as usize] - (max + total.ln()));
+        // The log-prob as the learner computes it (`invariant.rs`: the sum in f64).
+        return (token, logits[token as usize] - crate::invariant::log_norm_from(max, weights.iter().copied()));
     }
-    let log_norm = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let log_norm = crate::invariant::log_norm(logits);
     let token = if settings.temperature == 0.0 { argmax(logits) } else { draw(settings, logits, max, uniform) };
     (token, logits[token as usize] - log_norm)
 }
@@ -225,8 +226,7 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     if k == 0 {
         return Vec::new();
     }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_norm = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let log_norm = crate::invariant::log_norm(logits);
     let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
     let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if k < candidates.len() {

@@ -21,6 +21,42 @@ pub(crate) fn softmax_last_dim(x: &Tensor, fast: bool) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
+/// Log-softmax over the last dimension: on the CPU in f32, `z − log_norm(z)` with the
+/// sampler's log-norm (`wirl_engine::invariant::log_norm`), so that a token's log-prob is
+/// the bits the sampler returned for it.
+pub(crate) fn log_softmax_last_dim(x: &Tensor, fast: bool) -> Result<Tensor> {
+    if fast && fused(x) && wirl_engine::invariant::available() {
+        return x.contiguous()?.apply_op1(LogSoftmax);
+    }
+    candle_nn::ops::log_softmax(x, D::Minus1)
+}
+
+struct LogSoftmax;
+
+impl CustomOp1 for LogSoftmax {
+    fn name(&self) -> &'static str {
+        "wirl-log-softmax"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = values(storage, layout, self.name())?;
+        let n = last_dim(layout);
+        let out = by_rows(x.len(), n, n, |r, out| {
+            let row = &x[r * n..(r + 1) * n];
+            let norm = wirl_engine::invariant::log_norm(row);
+            for (o, &z) in out.iter_mut().zip(row) {
+                *o = z - norm;
+            }
+        });
+        Ok((CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    /// `dz = g − softmax(z) · Σ g` per row.
+    fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(grad.broadcast_sub(&y.exp()?.broadcast_mul(&grad.sum_keepdim(D::Minus1)?)?)?))
+    }
+}
+
 /// `x / rms(x) * weight` over the last dimension, `eps` inside the root.
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, fast: bool) -> Result<Tensor> {
     if fast && fused(x) && fused(weight) {
@@ -47,11 +83,138 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, fast: bool) -> Result
 pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor, fast: bool) -> Result<Tensor> {
     // A frozen weight stored in bf16 (a LoRA base, `lora.base_dtype`) is widened for each
     // product only: the f32 copy lives as long as the product, never beside the graph.
-    if !fast || !x.track_op() || !fused(x) {
+    let invariant = fast && wirl_engine::invariant::applies(x, w);
+    if !invariant && (!fast || !x.track_op() || !fused(x)) {
         return x.broadcast_matmul(&computed_as(w, x)?.t()?);
     }
-    let y = x.detach().broadcast_matmul(&computed_as(w, x)?.t()?)?.contiguous()?;
+    let y = if invariant {
+        // The engine's product to the bit (one order of summation at every row count).
+        wirl_engine::invariant::matmul_t(&x.detach(), w).map_err(candle_core::Error::wrap)?
+    } else {
+        x.detach().broadcast_matmul(&computed_as(w, x)?.t()?)?.contiguous()?
+    };
+    if !x.track_op() {
+        return Ok(y);
+    }
     x.apply_op1(FrozenLinear { value: std::sync::Mutex::new(Some(y)), w: w.clone() })
+}
+
+/// `x · Wᵀ` for a trained `W` (f32, on the CPU): the engine's product to the bit
+/// (`wirl_engine::invariant::matmul_t`), with both operands' gradients. Elsewhere, `None`:
+/// the caller multiplies as candle does.
+pub(crate) fn trained_linear(x: &Tensor, w: &Tensor, fast: bool) -> Result<Option<Tensor>> {
+    if !fast || w.dtype() != DType::F32 || !wirl_engine::invariant::applies(x, w) {
+        return Ok(None);
+    }
+    Ok(Some(x.contiguous()?.apply_op2(&w.contiguous()?, TrainedLinear)?))
+}
+
+/// `x [.., inner] · w [out, inner]ᵀ → [.., out]`; backward `dx = dy · W`, `dW = dyᵀ · x`.
+struct TrainedLinear;
+
+impl CustomOp2 for TrainedLinear {
+    fn name(&self) -> &'static str {
+        "wirl-trained-linear"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, w) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
+        let (out, inner) = l2.shape().dims2()?;
+        if last_dim(l1) != inner {
+            bail!("{}: x {:?} against a weight {:?}", self.name(), l1.dims(), l2.dims());
+        }
+        let rows = x.len() / inner.max(1);
+        let y = wirl_engine::invariant::matmul_t_slices(x, rows, w, out, inner);
+        let mut dims = l1.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = out;
+        }
+        Ok((CpuStorage::F32(y), Shape::from(dims)))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let inner = w.dim(1)?;
+        let dx = grad.broadcast_matmul(w)?;
+        let rows = x.elem_count() / inner.max(1);
+        let flat_grad = grad.reshape((rows, w.dim(0)?))?;
+        let dw = flat_grad.t()?.matmul(&x.reshape((rows, inner))?)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// Attention of rotated queries `q [batch, heads, len, dim]` over `keys`, `values` `[batch,
+/// kv_heads, total, dim]` under the additive `mask` `[len, total]`: the engine's attention
+/// to the bit (`wirl_engine::invariant::Attention`: keys summed in position order), with its
+/// backward. Elsewhere, `None`: the caller composes candle's ops.
+pub(crate) fn attention(
+    q: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    scale: f32,
+    mask: &Tensor,
+    fast: bool,
+) -> Result<Option<Tensor>> {
+    if !fast || !fused(q) || !fused(keys) || !wirl_engine::invariant::available() {
+        return Ok(None);
+    }
+    let mask_values: Vec<f32> = mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let op = TrainedAttention {
+        forward: wirl_engine::invariant::Attention { scale, mask: Some(mask_values) },
+        mask: mask.clone(),
+    };
+    Ok(Some(q.contiguous()?.apply_op3(&keys.contiguous()?, &values.contiguous()?, op)?))
+}
+
+struct TrainedAttention {
+    forward: wirl_engine::invariant::Attention,
+    mask: Tensor,
+}
+
+impl CustomOp3 for TrainedAttention {
+    fn name(&self) -> &'static str {
+        "wirl-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.forward.cpu_fwd(s1, l1, s2, l2, s3, l3)
+    }
+
+    /// With `P = softmax(q·kᵀ·s + mask)` recomputed (per query head, keys repeated for the
+    /// heads that share them): `dv = Pᵀ·g`, `dP = g·vᵀ`, `dS = P ⊙ (dP − Σ dP ⊙ P)`,
+    /// `dq = dS·k·s`, `dk = dSᵀ·q·s`, the repeated heads' `dk`, `dv` summed back.
+    fn bwd(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (batch, heads, _, dim) = q.dims4()?;
+        let (_, kv_heads, total, _) = keys.dims4()?;
+        let groups = heads / kv_heads;
+        let repeat = |x: &Tensor| wirl_engine::llama::repeat_kv(x, groups).map_err(candle_core::Error::wrap);
+        let (k, v) = (repeat(keys)?.contiguous()?, repeat(values)?.contiguous()?);
+        let scale = f64::from(self.forward.scale);
+        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&self.mask)?.contiguous()?;
+        let p = scores.apply_op1_no_bwd(&Softmax)?;
+        let grad = grad.contiguous()?;
+        let dv = p.t()?.matmul(&grad)?;
+        let dp = grad.matmul(&v.t()?)?.contiguous()?;
+        let ds = p.apply_op2_no_bwd(&dp, &SoftmaxBackward)?;
+        let dq = (ds.matmul(&k)? * scale)?;
+        let dk = (ds.t()?.matmul(q)? * scale)?;
+        let fold = |x: Tensor| -> Result<Tensor> { x.reshape((batch, kv_heads, groups, total, dim))?.sum(2) };
+        Ok((Some(dq), Some(fold(dk)?), Some(fold(dv)?)))
+    }
 }
 
 /// The product computed outside the graph, handed over as this op's output; its backward
@@ -117,19 +280,10 @@ impl CustomOp1 for Softmax {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = values(storage, layout, self.name())?;
         let n = last_dim(layout);
+        // The engine's softmax (`wirl_engine::invariant`); a row masked whole is zeros.
         let out = by_rows(x.len(), n, n, |r, out| {
-            let row = &x[r * n..(r + 1) * n];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if max == f32::NEG_INFINITY {
-                return; // every key masked: no weight anywhere
-            }
-            let mut sum = 0f64;
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = (v - max).exp();
-                sum += f64::from(*o);
-            }
-            let inv = (1.0 / sum) as f32;
-            out.iter_mut().for_each(|o| *o *= inv);
+            out.copy_from_slice(&x[r * n..(r + 1) * n]);
+            wirl_engine::invariant::softmax_row(out);
         });
         Ok((CpuStorage::F32(out), layout.shape().clone()))
     }
@@ -168,11 +322,7 @@ struct RmsNorm {
     eps: f64,
 }
 
-/// `1 / sqrt(mean(x²) + eps)` of one row.
-fn inverse_rms(row: &[f32], eps: f64) -> f32 {
-    let mean = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / row.len() as f64;
-    (1.0 / (mean + eps).sqrt()) as f32
-}
+use wirl_engine::invariant::inverse_rms;
 
 impl CustomOp2 for RmsNorm {
     fn name(&self) -> &'static str {
@@ -185,12 +335,10 @@ impl CustomOp2 for RmsNorm {
         if w.len() != n {
             bail!("{}: a weight of {} values for rows of {n}", self.name(), w.len());
         }
+        // The engine's norm (`wirl_engine::invariant`), so that the sampler's log-probs are
+        // the learner's to the bit.
         let out = by_rows(x.len(), n, n, |r, out| {
-            let row = &x[r * n..(r + 1) * n];
-            let scale = inverse_rms(row, self.eps);
-            for ((o, &v), &w) in out.iter_mut().zip(row).zip(w) {
-                *o = v * scale * w;
-            }
+            wirl_engine::invariant::rms_norm_row(&x[r * n..(r + 1) * n], w, self.eps, out);
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }

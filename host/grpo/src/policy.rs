@@ -124,12 +124,7 @@ impl Net {
     }
 
     fn linear(&self, x: &Tensor, name: &str) -> Result<Tensor> {
-        let weight = self.w(&format!("{name}.weight"))?;
-        let y = if weight.is_variable() || self.compute != DType::F32 {
-            self.product(x, &weight.t()?)?
-        } else {
-            crate::fused::frozen_linear(x, weight, self.fast_paths)?
-        };
+        let y = self.times_transposed(x, self.w(&format!("{name}.weight"))?)?;
         let y = match self.weights.get(&format!("{name}.bias")) {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -138,8 +133,29 @@ impl Net {
         // product, never a full-size ΔW; looked up only in a LoRA policy.
         let Some(scale) = self.lora_scale else { return Ok(y) };
         let Some(a) = self.weights.get(&LoraPair::a_name(name)) else { return Ok(y) };
-        let pair = LoraPair { a: a.clone(), b: self.w(&LoraPair::b_name(name))?.clone(), scale };
+        let b = self.w(&LoraPair::b_name(name))?;
+        if self.fast_paths && self.compute == DType::F32 && wirl_engine::invariant::applies(x, a) {
+            // `LoraPair::forward`'s invariant path, with gradients for A and B.
+            let low = self.times_transposed(x, a)?;
+            return y + (self.times_transposed(&low, b)? * scale)?;
+        }
+        let pair = LoraPair { a: a.clone(), b: b.clone(), scale };
         y + pair.forward(x).map_err(candle_core::Error::wrap)?
+    }
+
+    /// `x · weightᵀ`: on the CPU in f32, the engine's product to the bit (trained or frozen,
+    /// `fused.rs`); otherwise in the compute dtype.
+    fn times_transposed(&self, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        if self.compute != DType::F32 {
+            return self.product(x, &weight.t()?);
+        }
+        if !weight.is_variable() {
+            return crate::fused::frozen_linear(x, weight, self.fast_paths);
+        }
+        match crate::fused::trained_linear(x, weight, self.fast_paths)? {
+            Some(y) => Ok(y),
+            None => self.product(x, &weight.t()?),
+        }
     }
 
     fn rms_norm(&self, x: &Tensor, name: &str) -> Result<Tensor> {
@@ -373,11 +389,11 @@ impl Net {
     /// The targets' log-probabilities and, if `entropy`, each position's entropy.
     fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
         let hidden = self.rms_norm(hidden, FINAL_NORM)?;
-        let mut logits = self.product(&hidden, &self.w(self.head_name())?.t()?)?;
+        let mut logits = self.times_transposed(&hidden, self.w(self.head_name())?)?;
         if let Some(cap) = self.config.logit_softcap() {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
-        let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let log_probs = crate::fused::log_softmax_last_dim(&logits, self.fast_paths)?;
         let logp = log_probs.gather(targets, D::Minus1)?.squeeze(D::Minus1)?;
         let entropy = entropy.then(|| (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()).transpose()?;
         Ok((logp, entropy))
@@ -563,10 +579,14 @@ impl Net {
             }
             None => (k.clone(), v.clone()),
         };
+        let scale = self.config.attention_scale();
+        if let Some(out) = crate::fused::attention(&q, &keys, &values, scale as f32, mask, self.fast_paths)? {
+            return Ok((out.transpose(1, 2)?.reshape((batch, len, heads * dim))?, k, v));
+        }
         let groups = heads / kv_heads;
         let keys = repeat_kv(&keys, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
         let values = repeat_kv(&values, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
-        let scores = (self.product(&q, &keys.t()?)? * self.config.attention_scale())?.broadcast_add(mask)?;
+        let scores = (self.product(&q, &keys.t()?)? * scale)?.broadcast_add(mask)?;
         let weights = crate::fused::softmax_last_dim(&scores, self.fast_paths)?;
         let out = self.product(&weights, &values)?.transpose(1, 2)?.reshape((batch, len, heads * dim))?;
         Ok((out, k, v))
