@@ -674,6 +674,33 @@ fn chat_template_variables_reach_the_training_prompts() {
     );
 }
 
+/// `grpo.rollout_correction` as TRL's `vllm_importance_sampling_mode`: with the bounds pinched
+/// to exactly 1, a sampler sharing the trainer's f32 weights masks nothing (every ratio is
+/// exactly 1: the same bits), while a bf16 sampler copy has tokens masked — and the update
+/// then differs from the uncorrected one.
+#[test]
+fn the_rollout_correction_weighs_only_a_sampler_that_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "", 2, 0.01);
+    let pinched = [
+        "grpo.rollout_correction=\"token_mask\"",
+        "grpo.rollout_correction_min=1.0",
+        "grpo.rollout_correction_max=1.0",
+    ];
+    let cut = |m: &serde_json::Value| m["tis_truncated"].as_f64().unwrap_or_else(|| panic!("{m}"));
+    if wirl_engine::invariant::available() {
+        let shared = trained_with_sets(&config, &dir.path().join("f32"), &pinched, &[]);
+        assert!(shared.iter().all(|m| cut(m) == 0.0), "{shared:?}");
+    }
+    let bf16 = [&pinched[..], &["model.inference_dtype=bf16"]].concat();
+    let corrected = trained_with_sets(&config, &dir.path().join("bf16"), &bf16, &[]);
+    let first = cut(&corrected[0]);
+    assert!(first > 0.05 && first <= 1.0, "a bf16 sampler has tokens outside [1, 1]: {first}");
+    let plain = trained_with_sets(&config, &dir.path().join("plain"), &["model.inference_dtype=bf16"], &[]);
+    assert_eq!(cut(&plain[0]), 0.0);
+    assert_ne!(corrected[0]["loss"], plain[0]["loss"], "masked tokens carry no policy loss");
+}
+
 /// `sampler_logp_diff_mean` / `_max`: the trainer's log-probs of the sampled tokens against
 /// the sampler's, on the weights that sampled them. Sharing the trainer's f32 weights they
 /// are the same bits (issue 61: `wirl_engine::invariant`; within rounding on a CPU without

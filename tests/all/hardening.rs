@@ -610,6 +610,7 @@ pub(crate) fn tiny_update_settings() -> wirl_grpo::UpdateSettings {
         split_by_length: false,
         rows_per_pass: 0,
         tis_cap: 2.0,
+        rollout_correction: wirl_grpo::RolloutCorrection::default(),
     }
 }
 
@@ -625,7 +626,7 @@ pub(crate) fn two_epochs_with_kl() -> wirl_grpo::UpdateSettings {
 /// A learner over `tensors` with a frozen KL reference and AdamW (no weight decay); `fast`:
 /// the CPU's hand-written ops, else candle's composed ops and the tensor-ops optimizer (a
 /// GPU's path).
-fn learner_with_reference(
+pub(crate) fn learner_with_reference(
     config: &wirl_engine::Config,
     tensors: &std::collections::HashMap<String, candle_core::Tensor>,
     fast: bool,

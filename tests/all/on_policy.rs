@@ -22,6 +22,11 @@ struct Sides {
 fn sides(lora: bool) -> Sides {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_model(dir.path(), true);
+    sides_of(dir, lora)
+}
+
+/// [`sides`] of the model in `dir`.
+fn sides_of(dir: tempfile::TempDir, lora: bool) -> Sides {
     let (config, tokenizer, tensors) = wirl_engine::load::load_tensors(dir.path(), &LoadOptions::default()).unwrap();
     let device = wirl_engine::Device::Cpu;
     if !lora {
@@ -126,6 +131,26 @@ fn the_sampler_and_the_trainer_agree_in_every_batching() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
+/// The other families' variants: Qwen3's q/k norms, Phi-3's fused projections, Gemma 3's
+/// sliding layers, sandwich norms, `1 + w` norms, scaled embeddings and soft-capped logits.
+#[test]
+fn every_family_samples_with_the_trainers_log_probs() {
+    let mut failures = Vec::new();
+    for family in ["qwen3", "phi3", "gemma3"] {
+        let sides = sides_of(crate::families::tiny(family).0, false);
+        for (n, others) in [(1, 0), (8, 0), (3, 2)] {
+            check(&sides, Way { n, others, prefix_cache: false }, false, &mut failures);
+        }
+        check(&sides, Way { n: 8, others: 3, prefix_cache: true }, false, &mut failures);
+        failures.iter_mut().for_each(|f| {
+            if !f.starts_with("family ") {
+                *f = format!("family {family}: {f}");
+            }
+        });
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
 fn check(sides: &Sides, way: Way, lora: bool, failures: &mut Vec<String>) {
     {
         let (gap, tokens) = largest_gap(sides, way);
@@ -137,4 +162,46 @@ fn check(sides: &Sides, way: Way, lora: bool, failures: &mut Vec<String>) {
             failures.push(format!("lora {lora}, {way:?}: {gap}"));
         }
     }
+}
+
+/// The gap names its token: a sampler log-prob one ulp-scale step off the learner's is found,
+/// with its token, place and both values (what `grpo.stop_on_sampler_gap` stops a run with);
+/// the learner over shared f32 weights says its sampler is exact.
+#[test]
+fn a_gap_names_the_token_that_differs() {
+    let sides = sides(false);
+    let prompt = PROMPT.to_vec();
+    let completions: Vec<Vec<u32>> = vec![vec![3, 9, 27, 4], vec![5, 6, 11]];
+    let logp: Vec<Vec<f32>> =
+        sides.policy.net().completion_stats(&prompt, &completions).unwrap().logp.to_vec2().unwrap();
+    let mut sampler_logprobs: Vec<Vec<f32>> =
+        completions.iter().zip(&logp).map(|(c, row)| row[..c.len()].to_vec()).collect();
+    let exact = sampler_logprobs.clone();
+    sampler_logprobs[1][2] -= 1e-3;
+    let group = |sampler_logprobs: Vec<Vec<f32>>| wirl_grpo::GroupBatch {
+        prompt: prompt.clone(),
+        completions: completions.clone(),
+        advantages: vec![1.0, -1.0],
+        trainable: Vec::new(),
+        sampler_logprobs,
+        sampler_lag: 0,
+    };
+    let (_dir, config, tensors) = crate::hardening::tiny_weights();
+    let gap_of = |group: wirl_grpo::GroupBatch| {
+        let mut learner = crate::hardening::learner_with_reference(&config, &tensors, true);
+        if wirl_engine::invariant::available() {
+            assert!(learner.sampler_is_exact());
+        }
+        let settings = crate::hardening::tiny_update_settings();
+        learner.update(&[group], &settings, None, &|| false, &mut |_, _| {}).unwrap().unwrap().sampler_gap.unwrap()
+    };
+    let bitwise = wirl_engine::invariant::available();
+    let same = gap_of(group(exact));
+    if bitwise {
+        assert_eq!((same.max, same.worst), (0.0, None));
+    }
+    let off = gap_of(group(sampler_logprobs));
+    let worst = off.worst.expect("a token named");
+    assert_eq!((worst.token, worst.position), (11, 2), "{worst:?}");
+    assert!((worst.trainer - worst.sampler - 1e-3).abs() < 1e-5 && off.max >= 9e-4, "{worst:?}");
 }

@@ -4,6 +4,7 @@
 //! gradient accumulation, the optimizer step through the engine's weights barrier).
 //! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
 
+pub mod correction;
 pub mod device_check;
 mod fused;
 pub mod grads;
@@ -14,6 +15,7 @@ pub mod policy;
 mod positions;
 pub mod update;
 
+pub use correction::{CorrectionMode, RolloutCorrection};
 pub use grads::Gradients;
 pub use loss::{
     AdaptiveKl, AdvantageMode, Aggregation, KlEstimate, KlEstimator, LossKind, LossParts, LossSettings,
@@ -23,7 +25,7 @@ pub use loss::{
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{MemoryLimits, Net, Policy, TokenStats};
 pub use positions::Part;
-pub use update::{GroupBatch, Learner, SamplerGap, UpdateSettings, UpdateStats, UpdateTimes};
+pub use update::{GapToken, GroupBatch, Learner, SamplerGap, UpdateSettings, UpdateStats, UpdateTimes};
 
 /// What an update can fail with, its cause kept as the source.
 #[derive(Debug, thiserror::Error)]

@@ -106,6 +106,12 @@ impl Net {
         self.fast_paths = on;
     }
 
+    /// Whether this net's forward is the engine's to the bit (`wirl_engine::invariant`): on a
+    /// CPU with the fixed-order kernels, in f32, on the hand-written ops.
+    pub fn computes_as_the_engine(&self) -> bool {
+        self.fast_paths && self.compute == DType::F32 && self.device().is_cpu() && wirl_engine::invariant::available()
+    }
+
     /// Where the net computes.
     pub fn device(&self) -> &Device {
         self.cos.device()

@@ -5,6 +5,7 @@
 //! The learner sees token ids and advantages, nothing of tasks, plugins or files: the
 //! rollout layer turns scored trajectories into [`GroupBatch`]es.
 
+use crate::correction::RolloutCorrection;
 use crate::grads::Gradients;
 use crate::loss::{
     Aggregation, KlEstimate, KlEstimator, LossParts, LossSettings, grpo_loss, masked_token_weights, token_weights,
@@ -165,8 +166,12 @@ pub struct UpdateSettings {
     /// once, its micro-batches as `micro_batch_rows` and `split_by_length` say).
     pub rows_per_pass: usize,
     /// The truncation C of the importance weight min(π_old / π_sampler, C) of groups
-    /// sampled by older weights ([`GroupBatch::sampler_lag`] > 0).
+    /// sampled by older weights ([`GroupBatch::sampler_lag`] > 0), when
+    /// `rollout_correction` is off.
     pub tis_cap: f64,
+    /// Importance weights for every group whose sampler's log-probs are known, TRL's modes
+    /// (`correction.rs`); off: lagged groups alone, truncated at `tis_cap`.
+    pub rollout_correction: RolloutCorrection,
 }
 
 /// What an update did, averaged over its epochs where that is meaningful.
@@ -203,6 +208,19 @@ pub struct UpdateStats {
 pub struct SamplerGap {
     pub mean: f32,
     pub max: f32,
+    /// The token where this rank's gap is largest, when it is above 0.
+    pub worst: Option<GapToken>,
+}
+
+/// One sampled token whose log-probs differ: the token, its place in its completion, and the
+/// two log-probs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GapToken {
+    pub token: u32,
+    /// 0-based, in its completion (a pass's rows may carry their own prompt's tail first).
+    pub position: usize,
+    pub trainer: f32,
+    pub sampler: f32,
 }
 
 /// Seconds spent in each part of an update.
@@ -305,6 +323,13 @@ impl Learner {
     /// ranks) only before the first optimizer step, the step taken inside the engine's hold,
     /// and the epoch means, in one loop, so that where a stop may land reads beside the one
     /// place the weights change.
+    /// Whether the engine that samples computes the learner's log-probs to the bit: it
+    /// shares the learner's weights (no converted copy) and the learner computes as the
+    /// engine does (`Net::computes_as_the_engine`). Then a sampler gap above 0 is a bug.
+    pub fn sampler_is_exact(&self) -> bool {
+        self.mirror.is_none() && self.policy.net().computes_as_the_engine()
+    }
+
     pub fn update(
         &mut self,
         groups: &[GroupBatch],
@@ -339,10 +364,14 @@ impl Learner {
             return Ok(None);
         };
         stats.time.reference_forward = timer.elapsed().as_secs_f64();
-        // The behaviour policy's log-probs of groups sampled by older weights.
+        // The behaviour policy's log-probs: of groups sampled by older weights, and under a
+        // rollout correction of every group whose sampler said them.
         let behaviour: Vec<Option<Tensor>> = groups
             .iter()
-            .map(|g| if g.sampler_lag > 0 { g.sampled_logprobs(self.policy.net().device()) } else { Ok(None) })
+            .map(|g| {
+                let weighed = g.sampler_lag > 0 || settings.rollout_correction.is_on();
+                if weighed { g.sampled_logprobs(self.policy.net().device()) } else { Ok(None) }
+            })
             .collect::<candle_core::Result<_>>()?;
         let inputs = LossInputs {
             groups,
@@ -405,8 +434,11 @@ impl Learner {
         stats.entropy = sums.entropy / epochs;
         stats.clip_fraction = sums.clip / epochs;
         stats.tis_truncated = if sums.lagged_tokens > 0.0 { sums.truncated / sums.lagged_tokens } else { 0.0 };
-        stats.sampler_gap =
-            (sums.gap_tokens > 0.0).then(|| SamplerGap { mean: sums.gap / sums.gap_tokens, max: sums.gap_max });
+        stats.sampler_gap = (sums.gap_tokens > 0.0).then(|| SamplerGap {
+            mean: sums.gap / sums.gap_tokens,
+            max: sums.gap_max,
+            worst: sums.gap_worst,
+        });
         Ok(Some(stats))
     }
 
@@ -545,6 +577,9 @@ impl Learner {
             }
             if let Some(gap) = gap {
                 sums.gap += gap.sum;
+                if gap.max > sums.gap_max {
+                    sums.gap_worst = gap.worst.or(sums.gap_worst);
+                }
                 sums.gap_max = sums.gap_max.max(gap.max);
                 sums.gap_tokens += gap.tokens;
             }
@@ -660,6 +695,7 @@ struct Sums {
     gap: f32,
     gap_max: f32,
     gap_tokens: f32,
+    gap_worst: Option<GapToken>,
 }
 
 /// What the loss of a micro-batch needs beyond its token stats, by micro-batch.
@@ -702,7 +738,7 @@ impl LossInputs<'_> {
         let gap = match (group.sampler_lag, first_epoch) {
             (0, true) => group
                 .sampled_logprobs(device)?
-                .map(|sampled| gap_sums(&token_stats.logp, &sampled, &weights))
+                .map(|sampled| gap_sums(&token_stats.logp, &sampled, &weights, &group.completions))
                 .transpose()?,
             _ => None,
         };
@@ -714,6 +750,12 @@ impl LossInputs<'_> {
         // Sampled by older weights: each token's advantage carries the truncated importance
         // weight (a weight ≥ 0 commutes with the clipped minimum).
         let (advantages, cut) = match &self.behaviour[k] {
+            Some(behaviour) if settings.rollout_correction.is_on() => {
+                let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
+                let (weight, cut) = settings.rollout_correction.weights(&old_logp, behaviour, &active)?;
+                let tokens = active.sum_all()?.to_scalar::<f32>()?;
+                (weight.broadcast_mul(&advantages.unsqueeze(1)?)?, Some((cut, tokens)))
+            }
             Some(behaviour) => {
                 let ratio = (&old_logp - behaviour)?.exp()?;
                 let weight = ratio.clamp(0.0, settings.tis_cap)?;
@@ -746,16 +788,38 @@ struct GapSums {
     sum: f32,
     max: f32,
     tokens: f32,
+    worst: Option<GapToken>,
 }
 
 /// The gap between the trainer's log-probs `logp` and the sampler's `sampled` over the tokens
 /// whose loss weight is above 0 (padding and a ledger's environment tokens are not sampled).
-/// The three figures come back to the host together (one device sync, not three).
-fn gap_sums(logp: &Tensor, sampled: &Tensor, weights: &Tensor) -> candle_core::Result<GapSums> {
+/// The three figures come back to the host together (one device sync, not three); where the
+/// gap is above 0, the token of the largest (`completions`: the rows' tokens) too.
+fn gap_sums(
+    logp: &Tensor,
+    sampled: &Tensor,
+    weights: &Tensor,
+    completions: &[Vec<u32>],
+) -> candle_core::Result<GapSums> {
     let active = weights.gt(0.0)?.to_dtype(candle_core::DType::F32)?;
-    let gap = ((logp.detach().to_dtype(candle_core::DType::F32)? - sampled)?.abs()? * &active)?;
+    let logp = logp.detach().to_dtype(candle_core::DType::F32)?;
+    let gap = ((&logp - sampled)?.abs()? * &active)?;
     let figures = Tensor::stack(&[gap.sum_all()?, gap.max_all()?, active.sum_all()?], 0)?.to_vec1::<f32>()?;
-    Ok(GapSums { sum: figures[0], max: figures[1], tokens: figures[2] })
+    let worst = if figures[1] > 0.0 {
+        let (width, at) = (gap.dim(1)?, gap.flatten_all()?.argmax(0)?.to_scalar::<u32>()? as usize);
+        let (row, position) = (at / width, at % width);
+        let value = |t: &Tensor| -> candle_core::Result<f32> { t.get(row)?.get(position)?.to_scalar::<f32>() };
+        completions
+            .get(row)
+            .and_then(|c| c.get(position))
+            .map(|&token| -> candle_core::Result<GapToken> {
+                Ok(GapToken { token, position, trainer: value(&logp)?, sampler: value(sampled)? })
+            })
+            .transpose()?
+    } else {
+        None
+    };
+    Ok(GapSums { sum: figures[0], max: figures[1], tokens: figures[2], worst })
 }
 
 #[cfg(test)]

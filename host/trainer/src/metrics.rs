@@ -57,13 +57,16 @@ pub struct StepMetrics {
     /// update started from (`grpo.generation_lag`; 0 for a run's first step, and for one
     /// after a resume or a swap, which sample afresh).
     pub sampler_lag: u64,
-    /// Of the lagged tokens, the share whose importance weight was cut to `grpo.tis_cap`.
+    /// Of the tokens given an importance weight (lagged groups; under
+    /// `grpo.rollout_correction` every group), the share whose weight the bounds changed:
+    /// cut to `grpo.tis_cap`, or truncated or masked by the correction's bounds.
     pub tis_truncated: f32,
     /// |log π_trainer − log π_sampler| of the sampled tokens on the weights that sampled them
     /// (groups without a lag), the mean and the largest: the same policy in the sampler's
-    /// and the trainer's code paths, so anything beyond rounding (~1e-4 in f32) is a sampler
-    /// that does not run the policy — weights not synced, or a converted copy's precision
-    /// (`model.inference_dtype`). Absent when no group had the sampler's log-probs.
+    /// and the trainer's code paths, so on the CPU in f32 it is 0 — the same bits
+    /// (`wirl_engine::invariant`) — and anything above is a sampler that does not run the
+    /// policy's numbers: a converted copy's precision (`model.inference_dtype`), weights not
+    /// synced, another device. Absent when no group had the sampler's log-probs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampler_logp_diff_mean: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

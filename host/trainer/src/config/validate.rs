@@ -153,7 +153,7 @@ impl TrainConfig {
     fn check_grpo_floats(&self, origin: &str) -> crate::error::Result<()> {
         let g = &self.grpo;
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
-        let floats: [FloatRule; 10] = [
+        let floats: [FloatRule; 11] = [
             ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
             ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
             ("grpo.beta", g.beta, "a number >= 0", |x| x >= 0.0),
@@ -165,6 +165,7 @@ impl TrainConfig {
             }),
             ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
             ("grpo.tis_cap", g.tis_cap, "a number >= 1", |x| x >= 1.0),
+            ("grpo.rollout_correction_max", g.rollout_correction_max, "a number >= 1", |x| x >= 1.0),
             ("grpo.overlong_penalty", g.overlong_penalty, "a number from 0 to 1e6", |x| {
                 (0.0..=MAX_REWARD_SCALE).contains(&x)
             }),
@@ -179,6 +180,14 @@ impl TrainConfig {
         {
             bail!(
                 "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
+            );
+        }
+        if let Some(min) = g.rollout_correction_min
+            && !(min.is_finite() && (0.0..=1.0).contains(&min))
+        {
+            bail!(
+                "{origin}: `grpo.rollout_correction_min` = {min}: it must be a number from 0 to 1 (leave it out for \
+                 no lower bound)"
             );
         }
         if let Some(name) = &g.preset
@@ -263,6 +272,10 @@ impl TrainConfig {
     fn check_unread_keys(&self, origin: &str) -> crate::error::Result<()> {
         let (g, default) = (&self.grpo, GrpoSection::default());
         let loss = g.loss.name();
+        let correction_off = g.rollout_correction == wirl_grpo::CorrectionMode::Off;
+        let correction_bound = "bounds grpo.rollout_correction, which is off: set it (token_truncate, token_mask, \
+                                sequence_truncate, sequence_mask), or leave the bound out"
+            .to_string();
         let unread = [
             (
                 g.max_draws != default.max_draws && !g.dynamic_sampling,
@@ -290,6 +303,23 @@ impl TrainConfig {
                 ("clip_high", g.clip_high.to_string()),
                 "is not read under grpo.loss = \"sapo\" (its gate has no clip; grpo.sapo_temperature_pos and _neg \
                  shape it): leave it out"
+                    .to_string(),
+            ),
+            (
+                correction_off && g.rollout_correction_max != default.rollout_correction_max,
+                ("rollout_correction_max", g.rollout_correction_max.to_string()),
+                correction_bound.clone(),
+            ),
+            (
+                correction_off && g.rollout_correction_min.is_some(),
+                ("rollout_correction_min", g.rollout_correction_min.unwrap_or_default().to_string()),
+                correction_bound,
+            ),
+            (
+                g.tis_cap != default.tis_cap && g.rollout_correction != wirl_grpo::CorrectionMode::Off,
+                ("tis_cap", g.tis_cap.to_string()),
+                "is not read under grpo.rollout_correction, which weighs lagged groups too (its bounds are \
+                 grpo.rollout_correction_max and _min): leave it out"
                     .to_string(),
             ),
             (
@@ -891,6 +921,27 @@ mod tests {
                 "`grpo.clip_high` = 0.28 is not read under grpo.loss = \"sapo\"",
             ),
             ("[grpo]\ntis_cap = 3.0", "`grpo.tis_cap` = 3 caps the importance weight of groups sampled a step behind"),
+            (
+                "[grpo]\nrollout_correction_max = 2.0",
+                "`grpo.rollout_correction_max` = 2 bounds grpo.rollout_correction",
+            ),
+            (
+                "[grpo]\nrollout_correction_min = 0.5",
+                "`grpo.rollout_correction_min` = 0.5 bounds grpo.rollout_correction",
+            ),
+            (
+                "[grpo]\nrollout_correction = \"token_mask\"\ngeneration_lag = 1\ntis_cap = 3.0",
+                "`grpo.tis_cap` = 3 is not read under grpo.rollout_correction",
+            ),
+            (
+                "[grpo]\nrollout_correction = \"sequence_mask\"\nrollout_correction_max = nan",
+                "`grpo.rollout_correction_max` = NaN: it must be a number >= 1",
+            ),
+            (
+                "[grpo]\nrollout_correction = \"sequence_mask\"\nrollout_correction_min = 1.5",
+                "`grpo.rollout_correction_min` = 1.5: it must be a number from 0 to 1",
+            ),
+            ("[grpo]\nrollout_correction = \"tis\"", "rollout_correction"),
         ] {
             refused(ARITHMETIC, extra, says);
         }
@@ -900,6 +951,8 @@ mod tests {
             "[grpo]\nloss = \"cispo\"\nclip_high = 4.0",
             "[grpo]\nloss = \"sapo\"\nclip_low = 0.2\nclip_high = 0.2",
             "[grpo]\ngeneration_lag = 1\ntis_cap = 3.0",
+            "[grpo]\nrollout_correction = \"sequence_mask\"\nrollout_correction_min = 0.5",
+            "[grpo]\nrollout_correction = \"token_truncate\"\nrollout_correction_max = 2.0\ngeneration_lag = 1",
             "[grpo]\npreset = \"dapo\"",
             "[grpo]\npreset = \"dr_grpo\"\nloss = \"sapo\"",
         ] {

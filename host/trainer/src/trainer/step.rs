@@ -3,6 +3,7 @@
 //! each stage below says what it takes and what it gives the next.
 
 use super::{Ahead, Drawn, PhaseMemory, Trainer, draw_tasks, rss_high_water_mib};
+use crate::error::bail;
 use crate::metrics::{
     ConversationMessage, PhasePeaks, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes,
     TaskMetrics,
@@ -171,6 +172,7 @@ impl Trainer {
         else {
             return Ok(None);
         };
+        self.check_sampler_gap(step, &update)?;
         let reward_kl = self.adapt_reward_kl(advantaged.reward_kl)?;
         // Rank 0 records and measures every rank's groups.
         let (groups, advantaged) = match self.gather(&groups)? {
@@ -204,6 +206,31 @@ impl Trainer {
         metrics.draws = draws;
         (metrics.kl_coef, metrics.reward_kl) = reward_kl.unzip();
         Ok(Some(metrics))
+    }
+
+    /// On-policy as a gate (issue 61): where the sampler computes the learner's log-probs to
+    /// the bit, a step whose sampled tokens' log-probs differ at all stops the run, naming the
+    /// token — a kernel the two sides no longer share, which a report would only average away.
+    fn check_sampler_gap(&self, step: usize, update: &wirl_grpo::UpdateStats) -> crate::error::Result<()> {
+        let Some(gap) = update.sampler_gap else { return Ok(()) };
+        if gap.max == 0.0 || !self.config.grpo.stop_on_sampler_gap || !self.learner.sampler_is_exact() {
+            return Ok(());
+        }
+        let token = match gap.worst {
+            Some(t) => format!(
+                "token {} at position {} of its completion: the sampler said {}, the learner {}",
+                t.token, t.position, t.sampler, t.trainer
+            ),
+            None => "on another rank".to_string(),
+        };
+        bail!(
+            "step {}: the sampler's and the learner's log-probs of a sampled token differ by {} ({token}); on the \
+             CPU in f32 on shared weights they are the same bits, so this is a bug in wirl (please report it with \
+             the config). `--set grpo.stop_on_sampler_gap=false` trains on, reporting the gap \
+             (sampler_logp_diff_max)",
+            step + 1,
+            gap.max
+        )
     }
 
     /// DAPO's dynamic sampling (`grpo.dynamic_sampling`): while the step's groups with signal,
@@ -810,6 +837,11 @@ impl Trainer {
             split_by_length: g.split_by_length,
             rows_per_pass: self.config.rows_per_pass_on(self.learner.policy.net().device()),
             tis_cap: g.tis_cap,
+            rollout_correction: wirl_grpo::RolloutCorrection {
+                mode: g.rollout_correction,
+                min: g.rollout_correction_min,
+                max: Some(g.rollout_correction_max),
+            },
         }
     }
 
