@@ -21,6 +21,7 @@ pub mod finite;
 pub mod generate;
 pub mod gguf_check;
 pub mod invariant;
+pub mod layer;
 pub mod llama;
 pub mod load;
 pub mod lora;

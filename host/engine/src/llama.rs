@@ -303,16 +303,14 @@ impl Norm {
         let x = x.contiguous()?;
         if x.dtype() == DType::F32 && x.device().is_cpu() && crate::invariant::available() {
             // The learner's norm, to the bit (`invariant.rs`).
-            let eps = self.eps;
-            if self.offset == 0.0 {
-                return crate::invariant::rms_norm(&x, &self.weight, eps);
-            }
-            return crate::invariant::rms_norm(&x, &(&self.weight + self.offset)?, eps);
+            return crate::invariant::rms_norm(&x, &self.weight()?, self.eps);
         }
-        if self.offset == 0.0 {
-            return Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps as f32)?);
-        }
-        Ok(candle_nn::ops::rms_norm(&x, &(&self.weight + self.offset)?, self.eps as f32)?)
+        Ok(candle_nn::ops::rms_norm(&x, &self.weight()?, self.eps as f32)?)
+    }
+
+    /// The weight as the family applies it (`layer::norm_weight`: Gemma's `1 + w`).
+    fn weight(&self) -> Result<Tensor> {
+        Ok(crate::layer::norm_weight(&self.weight, self.offset)?)
     }
 
     /// A decoding step's projection (`[.., heads · head_dim]`), normed head by head.
@@ -809,9 +807,7 @@ impl Model {
         let step = Step { past, kind };
 
         let mut x = self.embed.index_select(&tokens.flatten_all()?, 0)?.reshape((batch, len, ()))?;
-        if let Some(scale) = self.config.embed_scale() {
-            x = (x * scale)?;
-        }
+        x = crate::layer::scale_embeddings(x, &self.config)?;
         for (block, layer_cache) in self.blocks.iter().zip(&mut cache.layers) {
             x = block.forward(x, &step, layer_cache, self.comm.as_ref())?;
         }
@@ -829,9 +825,7 @@ impl Model {
         if self.vocab_parallel {
             logits = self.comm.all_gather(&logits.contiguous()?, logits.rank() - 1)?;
         }
-        if let Some(cap) = self.config.logit_softcap() {
-            logits = ((logits / cap)?.tanh()? * cap)?;
-        }
+        logits = crate::layer::softcap(logits, &self.config)?;
         Ok(if all_positions { logits } else { logits.squeeze(1)? })
     }
 
@@ -847,25 +841,11 @@ impl Model {
         window: Option<usize>,
     ) -> Result<Option<Tensor>> {
         let total = past + len;
-        let window = window.unwrap_or(usize::MAX);
-        if len == 1 && pads.iter().all(|&p| p == 0) && total <= window {
+        if len == 1 && pads.iter().all(|&p| p == 0) && total <= window.unwrap_or(usize::MAX) {
             return Ok(None);
         }
-        let mut values = vec![0f32; batch * len * total];
-        for b in 0..batch {
-            for q in 0..len {
-                let row = &mut values[(b * len + q) * total..(b * len + q + 1) * total];
-                for (k, value) in row.iter_mut().enumerate() {
-                    // A padding position attends to itself only: a fully masked row would
-                    // softmax to NaN, and 0 × NaN leaks into real rows through the values.
-                    let own = k == past + q;
-                    let outside = k > past + q || past + q - k >= window;
-                    if (k < pads[b] && !own) || outside {
-                        *value = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
+        let values: Vec<f32> =
+            pads.iter().take(batch).flat_map(|&pad| crate::layer::mask_values(len, past, pad, window)).collect();
         let mask = Tensor::from_vec(values, (batch, 1, len, total), &self.device)?.to_dtype(self.dtype)?;
         Ok(Some(mask))
     }
@@ -1013,10 +993,7 @@ impl Mlp {
             return self.down.forward(&hidden);
         }
         let [gate, up] = self.gate_up.forward(x)?;
-        let gate = match self.activation {
-            Activation::Silu => candle_nn::ops::silu(&gate)?,
-            Activation::GeluTanh => gate.gelu()?,
-        };
+        let gate = crate::layer::gate_activation(&gate, self.activation)?;
         self.down.forward(&(gate * up)?)
     }
 

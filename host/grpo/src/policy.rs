@@ -28,7 +28,6 @@ use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
-use wirl_engine::config::Activation;
 use wirl_engine::family::{self, EMBEDDING, FINAL_NORM, OUTPUT_WEIGHT, Projection};
 use wirl_engine::llama::LoraPair;
 use wirl_engine::llama::{local_rope_tables, repeat_kv, rope_tables};
@@ -139,14 +138,10 @@ impl Net {
         // product, never a full-size ΔW; looked up only in a LoRA policy.
         let Some(scale) = self.lora_scale else { return Ok(y) };
         let Some(a) = self.weights.get(&LoraPair::a_name(name)) else { return Ok(y) };
-        let b = self.w(&LoraPair::b_name(name))?;
-        if self.fast_paths && self.compute == DType::F32 && wirl_engine::invariant::applies(x, a) {
-            // `LoraPair::forward`'s invariant path, with gradients for A and B.
-            let low = self.times_transposed(x, a)?;
-            return y + (self.times_transposed(&low, b)? * scale)?;
-        }
-        let pair = LoraPair { a: a.clone(), b: b.clone(), scale };
-        y + pair.forward(x).map_err(candle_core::Error::wrap)?
+        // `LoraPair::forward`'s `scale · (x·Aᵀ)·Bᵀ`, through the same products as the base
+        // (with gradients for A and B; on the CPU in f32 the engine's bits).
+        let low = self.times_transposed(x, a)?;
+        y + (self.times_transposed(&low, self.w(&LoraPair::b_name(name))?)? * scale)?
     }
 
     /// `x · weightᵀ`: on the CPU in f32, the engine's product to the bit (trained or frozen,
@@ -165,13 +160,9 @@ impl Net {
     }
 
     fn rms_norm(&self, x: &Tensor, name: &str) -> Result<Tensor> {
-        let weight = self.w(name)?;
-        let offset = self.config.norm_offset();
-        if offset == 0.0 {
-            return crate::fused::rms_norm(x, weight, self.config.rms_norm_eps, self.fast_paths);
-        }
-        // Gemma's `1 + w`, through an op that carries the gradient to `w`.
-        crate::fused::rms_norm(x, &(weight + offset)?, self.config.rms_norm_eps, self.fast_paths)
+        // Gemma's `1 + w` (the sum carries the gradient to `w`).
+        let weight = wirl_engine::layer::norm_weight(self.w(name)?, self.config.norm_offset())?;
+        crate::fused::rms_norm(x, &weight, self.config.rms_norm_eps, self.fast_paths)
     }
 
     /// `x` through layer `l`'s norm `module` where the family has one (Gemma's sandwich).
@@ -396,9 +387,7 @@ impl Net {
     fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
         let hidden = self.rms_norm(hidden, FINAL_NORM)?;
         let mut logits = self.times_transposed(&hidden, self.w(self.head_name())?)?;
-        if let Some(cap) = self.config.logit_softcap() {
-            logits = ((logits / cap)?.tanh()? * cap)?;
-        }
+        logits = wirl_engine::layer::softcap(logits, &self.config)?;
         let log_probs = crate::fused::log_softmax_last_dim(&logits, self.fast_paths)?;
         let logp = log_probs.gather(targets, D::Minus1)?.squeeze(D::Minus1)?;
         let entropy = entropy.then(|| (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()).transpose()?;
@@ -438,10 +427,7 @@ impl Net {
 
     /// Gemma's embeddings are multiplied by `√hidden_size`.
     fn scale_embeddings(&self, x: Tensor) -> Result<Tensor> {
-        match self.config.embed_scale() {
-            Some(scale) => x * scale,
-            None => Ok(x),
-        }
+        wirl_engine::layer::scale_embeddings(x, &self.config)
     }
 
     /// Rotary tables and masks of one group's positions, shared by every layer.
@@ -456,8 +442,8 @@ impl Net {
                 psin: sin.narrow(0, 0, p.max(1))?,
                 cos: cos.narrow(0, p, width)?,
                 sin: sin.narrow(0, p, width)?,
-                prefix_mask: causal_mask(p, 0, window, device, dtype)?,
-                mask: causal_mask(width, p, window, device, dtype)?,
+                prefix_mask: wirl_engine::layer::causal_mask(p, 0, window, device, dtype)?,
+                mask: wirl_engine::layer::causal_mask(width, p, window, device, dtype)?,
             })
         };
         let local = match (&self.local_rope, self.config.window()) {
@@ -601,10 +587,7 @@ impl Net {
     fn mlp(&self, x: &Tensor, l: &str) -> Result<Tensor> {
         let family = self.config.family();
         let [gate, up] = self.projections(x, l, family.mlp_in)?;
-        let gate = match self.config.activation() {
-            Activation::Silu => gate.silu()?,
-            Activation::GeluTanh => gate.gelu()?,
-        };
+        let gate = wirl_engine::layer::gate_activation(&gate, self.config.activation())?;
         self.linear(&(gate * up)?, &format!("{l}.{}", family.mlp_out))
     }
 }
@@ -710,16 +693,6 @@ fn pulled<'a>(terms: impl IntoIterator<Item = (&'a Tensor, &'a Tensor)>) -> Resu
         });
     }
     sum.ok_or_else(|| candle_core::Error::Msg("no gradient to pull".into()))
-}
-
-/// `[len, past + len]`: query `q` sees every past key and its own and earlier positions —
-/// with a `window`, only the `window` positions up to its own.
-fn causal_mask(len: usize, past: usize, window: Option<usize>, device: &Device, dtype: DType) -> Result<Tensor> {
-    let window = window.unwrap_or(usize::MAX);
-    let seen = move |q: usize, k: usize| k <= past + q && past + q - k < window;
-    let values: Vec<f32> =
-        (0..len).flat_map(|q| (0..past + len).map(move |k| if seen(q, k) { 0.0 } else { f32::NEG_INFINITY })).collect();
-    Tensor::from_vec(values, (len.max(1), past + len), device)?.to_dtype(dtype)
 }
 
 /// The policy being trained: its weights as variables (updated in place by the optimizer,

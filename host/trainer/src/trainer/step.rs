@@ -213,7 +213,13 @@ impl Trainer {
     /// token — a kernel the two sides no longer share, which a report would only average away.
     fn check_sampler_gap(&self, step: usize, update: &wirl_grpo::UpdateStats) -> crate::error::Result<()> {
         let Some(gap) = update.sampler_gap else { return Ok(()) };
-        if gap.max == 0.0 || !self.config.grpo.stop_on_sampler_gap || !self.learner.sampler_is_exact() {
+        // Sampling on the device computes its log-norm there, in candle's order.
+        let device_sampling = self.config.device_sampling;
+        if gap.max == 0.0
+            || !self.config.grpo.stop_on_sampler_gap
+            || device_sampling
+            || !self.learner.sampler_is_exact()
+        {
             return Ok(());
         }
         let token = match gap.worst {
