@@ -32,3 +32,19 @@ ab_build() {
         mkdir -p "$AB_KEEP" && cp "$work/wirl-A" "$work/wirl-B" "$AB_KEEP/"
     fi
 }
+# Prints each side's median over the runs in $1 (lines "A value" / "B value") in unit $2,
+# then B/A.
+ab_medians() {
+    python3 - "$1" "$2" <<'PY'
+import statistics, sys
+sides = {}
+for line in open(sys.argv[1]):
+    parts = line.split()
+    if len(parts) == 2 and parts[0] in "AB":
+        sides.setdefault(parts[0], []).append(float(parts[1]))
+med = {side: statistics.median(values) for side, values in sides.items()}
+for side, value in med.items():
+    print(f"{side}: median {value:.2f} {sys.argv[2]} over {len(sides[side])} runs")
+print(f"B/A: {med['B'] / med['A']:.3f}")
+PY
+}

@@ -25,15 +25,4 @@ for round in $(seq "$rounds"); do
     done
     cmp -s "$work/A.txt" "$work/B.txt" || echo "round $round: A and B sampled different texts"
 done | tee "$work/runs.txt"
-python3 - "$work/runs.txt" <<'PY'
-import statistics, sys
-sides = {}
-for line in open(sys.argv[1]):
-    parts = line.split()
-    if len(parts) == 2 and parts[0] in "AB":
-        sides.setdefault(parts[0], []).append(float(parts[1]))
-med = {side: statistics.median(rates) for side, rates in sides.items()}
-for side, rate in med.items():
-    print(f"{side}: median {rate:.1f} tokens/s over {len(sides[side])} runs")
-print(f"B/A: {med['B'] / med['A']:.3f}")
-PY
+ab_medians "$work/runs.txt" tokens/s

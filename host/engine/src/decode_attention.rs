@@ -213,12 +213,15 @@ fn attend(op: &DecodeAttention, s: &Dims, task: usize, q: &[f32], k: &[f32], v: 
         op.rope.rotate(&q[(row * s.heads + head) * dim..][..dim], op.positions[row], query);
     }
     let span = total - first;
-    let mut scores = vec![0f32; span];
-    // Query head by query head, keys in position order: the learner's attention to the bit
-    // (`invariant.rs`); the keys before `first` are the row's padding.
+    let block = crate::invariant::BLOCK;
+    let mut scores = vec![0f32; block * span];
+    // The group's query heads in blocks that read each key once, each head's keys in position
+    // order: the learner's attention to the bit (`invariant.rs`); the keys before `first` are
+    // the row's padding.
     let (keys, values) = (&keys[first * dim..], &values[first * dim..]);
-    for (query, out) in query.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        crate::invariant::attend_one(query, keys, values, op.scale, None, &mut scores, out);
+    for (queries, out) in query.chunks(block * dim).zip(out.chunks_mut(block * dim)) {
+        let scores = &mut scores[..queries.len() / dim * span];
+        crate::invariant::attend_block(dim, queries, keys, values, op.scale, None, scores, out);
     }
 }
 

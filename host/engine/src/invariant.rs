@@ -105,6 +105,12 @@ pub fn softmax_row(row: &mut [f32]) {
     }
     let mut sum = 0f64;
     for v in row.iter_mut() {
+        if *v == f32::NEG_INFINITY {
+            // What `exp` gives and the sum adds (exactly 0), without calling `exp`: a causal
+            // prefill hides half its keys.
+            *v = 0.0;
+            continue;
+        }
         *v = (*v - max).exp();
         sum += f64::from(*v);
     }
@@ -126,13 +132,21 @@ pub fn log_norm_from(max: f32, terms: impl Iterator<Item = f32>) -> f32 {
     max + sum.ln() as f32
 }
 
-/// One query's attention over `keys` and `values` (`[n, dim]` each, position order), the
-/// query already rotated: scores `dot(q, k)·scale + mask` (mask: one additive value per key,
-/// −∞ hides it; none: every key seen), [`softmax_row`], then `Σ wₜ·vₜ` summed key by key.
-/// `scores` is scratch of `n` values.
+/// The most queries [`attend_block`] takes at once.
+pub const BLOCK: usize = 4;
+
+/// Attention of up to [`BLOCK`] queries (`[q, dim]`, already rotated) over the same `keys`
+/// and `values` (`[n, dim]` each, position order): each query's scores `dot(q, k)·scale +
+/// mask` (mask `[q, n]`: one additive value per key, −∞ hides it; none: every key seen),
+/// [`softmax_row`], then `Σ wₜ·vₜ` summed key by key. Each key and value is read once for the
+/// block, and each query's result is the same bits as alone (its sums run over its own
+/// operands in the same order), so a decoding step and a training pass agree however their
+/// queries are grouped. `scores`: scratch `[q, n]`; `out`: `[q, dim]`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub fn attend_one(
-    query: &[f32],
+pub fn attend_block(
+    dim: usize,
+    queries: &[f32],
     keys: &[f32],
     values: &[f32],
     scale: f32,
@@ -140,26 +154,45 @@ pub fn attend_one(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let dim = query.len();
-    for (t, (s, key)) in scores.iter_mut().zip(keys.chunks_exact(dim)).enumerate() {
-        let hidden = mask.is_some_and(|m| m[t] == f32::NEG_INFINITY);
-        *s = if hidden { f32::NEG_INFINITY } else { dot(query, key) * scale + mask.map_or(0.0, |m| m[t]) };
+    let q = queries.len() / dim;
+    let n = keys.len() / dim;
+    assert!(q <= BLOCK && scores.len() == q * n && out.len() == q * dim && mask.is_none_or(|m| m.len() == q * n));
+    // The keys after the last one the mask lets through add exactly nothing (weight 0): a
+    // causal prefill's query stops at its own position.
+    let mut seen = [0usize; BLOCK];
+    for (i, seen) in seen[..q].iter_mut().enumerate() {
+        *seen = mask
+            .map_or(n, |m| m[i * n..][..n].iter().rposition(|&m| m != f32::NEG_INFINITY).map_or(0, |last| last + 1));
     }
-    softmax_row(scores);
-    out.fill(0.0);
-    for (&weight, value) in scores.iter().zip(values.chunks_exact(dim)) {
-        if weight == 0.0 {
-            continue; // a hidden key (or one too far below the max to count): exactly nothing
+    let most = seen[..q].iter().copied().max().unwrap_or(0);
+    for (t, key) in keys.chunks_exact(dim).take(most).enumerate() {
+        for (i, query) in queries.chunks_exact(dim).enumerate() {
+            if t < seen[i] {
+                let m = mask.map_or(0.0, |m| m[i * n + t]);
+                scores[i * n + t] = if m == f32::NEG_INFINITY { m } else { dot(query, key) * scale + m };
+            }
         }
-        for (o, x) in out.iter_mut().zip(value) {
-            *o += weight * x;
+    }
+    for (i, (scores, out)) in scores.chunks_exact_mut(n).zip(out.chunks_exact_mut(dim)).enumerate() {
+        softmax_row(&mut scores[..seen[i]]);
+        out.fill(0.0);
+    }
+    for (t, value) in values.chunks_exact(dim).take(most).enumerate() {
+        for (i, out) in out.chunks_exact_mut(dim).enumerate() {
+            let weight = if t < seen[i] { scores[i * n + t] } else { 0.0 };
+            if weight == 0.0 {
+                continue; // a hidden key (or one too far below the max to count): exactly nothing
+            }
+            for (o, x) in out.iter_mut().zip(value) {
+                *o += weight * x;
+            }
         }
     }
 }
 
 /// Attention of rotated queries `q [batch, heads, len, dim]` over keys and values `[batch,
 /// kv_heads, total, dim]` (grouped-query: query head `h` reads key/value head `h / (heads /
-/// kv_heads)`), each query by [`attend_one`]. `mask`: additive, `[len, total]` for every row
+/// kv_heads)`), each query by [`attend_block`]. `mask`: additive, `[len, total]` for every row
 /// of the batch or `[batch, len, total]`; none: every key seen. Output `[batch, heads, len,
 /// dim]`. No gradient (the learner's op adds one).
 pub struct Attention {
@@ -207,21 +240,57 @@ impl CustomOp3 for Attention {
         let groups = heads / kv_heads;
         let per_row_mask = self.mask.as_ref().is_some_and(|m| m.len() == batch * len * total && batch > 1);
         let mut out = vec![0f32; batch * heads * len * dim];
+        let shape = Shape4 { heads, len, total, dim, groups, kv_heads, per_row_mask };
         out.par_chunks_mut(len * dim).enumerate().for_each(|(task, out)| {
-            let (b, h) = (task / heads, task % heads);
-            let kv = (b * kv_heads + h / groups) * total * dim;
-            let (keys, values) = (&k[kv..][..total * dim], &v[kv..][..total * dim]);
-            let mut scores = vec![0f32; total];
-            for i in 0..len {
-                let query = &q[((b * heads + h) * len + i) * dim..][..dim];
-                let mask = self.mask.as_ref().map(|m| {
-                    let at = if per_row_mask { (b * len + i) * total } else { i * total };
-                    &m[at..][..total]
-                });
-                attend_one(query, keys, values, self.scale, mask, &mut scores, &mut out[i * dim..][..dim]);
+            #[cfg(target_arch = "x86_64")]
+            if available() {
+                // SAFETY: AVX2 and FMA are present. The same operations in the same order as
+                // without them (Rust contracts no multiply-add), only wider.
+                unsafe { attend_task_avx2(self, &shape, task, (q, k, v), out) };
+                return;
             }
+            attend_task(self, &shape, task, (q, k, v), out)
         });
         Ok((CpuStorage::F32(out), Shape::from((batch, heads, len, dim))))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Shape4 {
+    heads: usize,
+    len: usize,
+    total: usize,
+    dim: usize,
+    groups: usize,
+    kv_heads: usize,
+    per_row_mask: bool,
+}
+
+/// [`attend_task`] compiled for AVX2 + FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_task_avx2(op: &Attention, s: &Shape4, task: usize, qkv: (&[f32], &[f32], &[f32]), out: &mut [f32]) {
+    attend_task(op, s, task, qkv, out)
+}
+
+/// The queries of head `task % heads` of row `task / heads`, one by one.
+#[inline(always)]
+fn attend_task(op: &Attention, s: &Shape4, task: usize, (q, k, v): (&[f32], &[f32], &[f32]), out: &mut [f32]) {
+    let Shape4 { heads, len, total, dim, groups, kv_heads, per_row_mask } = *s;
+    let (b, h) = (task / heads, task % heads);
+    let kv = (b * kv_heads + h / groups) * total * dim;
+    let (keys, values) = (&k[kv..][..total * dim], &v[kv..][..total * dim]);
+    let mut scores = vec![0f32; BLOCK * total];
+    // Queries in blocks (each key read once for the block): the same bits as one by one.
+    for first in (0..len).step_by(BLOCK) {
+        let count = BLOCK.min(len - first);
+        let queries = &q[((b * heads + h) * len + first) * dim..][..count * dim];
+        let mask = op.mask.as_ref().map(|m| {
+            let at = if per_row_mask { (b * len + first) * total } else { first * total };
+            &m[at..][..count * total]
+        });
+        let out = &mut out[first * dim..][..count * dim];
+        attend_block(dim, queries, keys, values, op.scale, mask, &mut scores[..count * total], out);
     }
 }
 
@@ -229,4 +298,114 @@ impl CustomOp3 for Attention {
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, mask: Option<&Tensor>) -> crate::Result<Tensor> {
     let mask = mask.map(|m| m.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()).transpose()?;
     Ok(q.contiguous()?.apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &Attention { scale, mask })?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn values(seed: u32, n: usize) -> Vec<f32> {
+        let mut next = crate::test_values(seed);
+        (0..n).map(|_| next()).collect()
+    }
+
+    /// A row's product is the same bits alone and among 300 rows (several of the kernel's row
+    /// tiles, at 576 and 1536 wide) wherever it stands.
+    #[test]
+    fn a_rows_product_is_the_same_bits_in_any_batch() {
+        if !available() {
+            return;
+        }
+        for (rows, out, inner) in [(300, 40, 576), (300, 13, 1536), (7, 9, 100)] {
+            let x = values(1, rows * inner);
+            let w = values(2, out * inner);
+            let all = matmul_t_slices(&x, rows, &w, out, inner);
+            for r in [0, 1, rows / 2, rows - 1] {
+                let alone = matmul_t_slices(&x[r * inner..][..inner], 1, &w, out, inner);
+                assert_eq!(alone, all[r * out..][..out], "row {r} of {rows}, {out} x {inner}");
+                let plain: Vec<f32> =
+                    (0..out).map(|o| (0..inner).map(|k| x[r * inner + k] * w[o * inner + k]).sum()).collect();
+                for (got, want) in alone.iter().zip(&plain) {
+                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{got} against {want}");
+                }
+            }
+        }
+    }
+
+    /// Attention's queries give the same bits one by one and in blocks, causal or not, and
+    /// what plain attention computes within rounding; a query whose keys are all hidden gets
+    /// zeros.
+    #[test]
+    fn attention_blocks_are_the_same_bits_as_queries_alone() {
+        let (len, dim, scale) = (11, 24, 0.2f32);
+        let (q, k, v) = (values(3, len * dim), values(4, len * dim), values(5, len * dim));
+        let mut causal = vec![0f32; len * len];
+        for i in 0..len {
+            for t in i + 1..len {
+                causal[i * len + t] = f32::NEG_INFINITY;
+            }
+        }
+        causal[2 * len..3 * len].fill(f32::NEG_INFINITY); // a padding row: nothing seen
+        for mask in [None, Some(&causal[..])] {
+            let mut blocked = vec![0f32; len * dim];
+            for first in (0..len).step_by(BLOCK) {
+                let count = BLOCK.min(len - first);
+                let mut scores = vec![0f32; count * len];
+                let rows = mask.map(|m| &m[first * len..][..count * len]);
+                let (queries, out) = (&q[first * dim..][..count * dim], &mut blocked[first * dim..][..count * dim]);
+                attend_block(dim, queries, &k, &v, scale, rows, &mut scores, out);
+            }
+            for i in 0..len {
+                let mut alone = vec![0f32; dim];
+                let mut scores = vec![0f32; len];
+                let row = mask.map(|m| &m[i * len..][..len]);
+                attend_block(dim, &q[i * dim..][..dim], &k, &v, scale, row, &mut scores, &mut alone);
+                assert_eq!(alone, blocked[i * dim..][..dim], "query {i}, mask {}", mask.is_some());
+                let seen: Vec<usize> = (0..len).filter(|&t| row.is_none_or(|m| m[t] == 0.0)).collect();
+                let logits: Vec<f64> = seen
+                    .iter()
+                    .map(|&t| {
+                        (0..dim).map(|d| f64::from(q[i * dim + d]) * f64::from(k[t * dim + d])).sum::<f64>()
+                            * f64::from(scale)
+                    })
+                    .collect();
+                let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let norm: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                for d in 0..dim {
+                    let want: f64 = seen
+                        .iter()
+                        .zip(&logits)
+                        .map(|(&t, l)| (l - max).exp() / norm * f64::from(v[t * dim + d]))
+                        .sum();
+                    assert!(
+                        (f64::from(alone[d]) - want).abs() < 1e-5,
+                        "query {i} dim {d}: {} against {want}",
+                        alone[d]
+                    );
+                }
+            }
+        }
+        // The op over tensors: the same bits as the blocks.
+        let device = Device::Cpu;
+        let t = |x: &[f32]| Tensor::from_vec(x.to_vec(), (1, 1, len, dim), &device).unwrap();
+        let mask = Tensor::from_vec(causal.clone(), (len, len), &device).unwrap();
+        let out: Vec<f32> =
+            attention(&t(&q), &t(&k), &t(&v), scale, Some(&mask)).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let mut scores = vec![0f32; len];
+        for i in [0, 5, len - 1] {
+            let mut alone = vec![0f32; dim];
+            attend_block(
+                dim,
+                &q[i * dim..][..dim],
+                &k,
+                &v,
+                scale,
+                Some(&causal[i * len..][..len]),
+                &mut scores,
+                &mut alone,
+            );
+            assert_eq!(alone, out[i * dim..][..dim]);
+        }
+    }
 }
