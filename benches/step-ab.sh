@@ -20,7 +20,7 @@ for round in $(seq "$rounds"); do
     for side in A B; do
         run=$work/$side-$round
         "$work/wirl-$side" train examples/train/default.toml --steps "$steps" --eval-tasks 0 --run-dir "$run" \
-            >"$run.log" 2>&1
+            >"$run.log" 2>&1 || { echo "$side round $round failed:" >&2; tail -n 5 "$run.log" >&2; exit 1; }
         python3 - "$run/metrics.jsonl" "$side" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
