@@ -168,8 +168,9 @@ fn hostile_agents_give_failed_trajectories_with_named_reasons_and_the_step_goes_
 }
 
 /// The calculator agent on the tiny model: its rollouts resolve to the exact tokens the
-/// engine sampled (the trainer's log-probs equal the sampler's within 1e-4 on every model
-/// token), and its example config trains.
+/// engine sampled (the trainer's log-probs equal the sampler's on every model token, to the
+/// bit on a CPU with the fixed-order kernels, else within 1e-4), and its example config
+/// trains.
 #[test]
 fn the_calculator_agents_rollouts_carry_the_sampled_tokens_and_its_example_trains() {
     let dir = tempfile::tempdir().unwrap();
@@ -214,7 +215,8 @@ fn the_calculator_agents_rollouts_carry_the_sampled_tokens_and_its_example_train
 /// The Python agent (`plugins/python/check-agent`): two turns per rollout, the second
 /// continuing the first's conversation. The host extends the first generation's ledger (its
 /// sampled ids kept, the check request appended with no loss), so every rollout resolves to
-/// model / request / model tokens whose log-probs the trainer reproduces within 1e-4.
+/// model / request / model tokens whose log-probs the trainer reproduces (to the bit on a CPU
+/// with the fixed-order kernels).
 #[test]
 fn the_python_agents_two_turn_rollouts_resolve_to_one_ledger() {
     let dir = tempfile::tempdir().unwrap();

@@ -31,7 +31,9 @@ pub fn policy_and_engine(dir: &Path) -> (wirl_grpo::Policy, wirl_engine::EngineH
 }
 
 /// Log-probs of `ledgers` after `prompt` under `policy` equal each trajectory's sampled ones
-/// on every token it marks trainable, within 1e-4; how many such tokens there were.
+/// on every token it marks trainable — to the bit where the policy computes as the engine
+/// (`Net::computes_as_the_engine`: the engine shares its weights here), else within 1e-4;
+/// how many such tokens there were.
 pub fn assert_sampled_log_probs(
     policy: &wirl_grpo::Policy,
     prompt: &[u32],
@@ -40,11 +42,12 @@ pub fn assert_sampled_log_probs(
     let ledgers: Vec<Vec<u32>> = trajectories.iter().map(|t| t.tokens.clone()).collect();
     let stats = policy.net().completion_stats(prompt, &ledgers).unwrap();
     let logp: Vec<Vec<f32>> = stats.logp.to_vec2().unwrap();
+    let bound = if policy.net().computes_as_the_engine() { 0.0 } else { 1e-4 };
     let mut checked = 0;
     for (row, t) in trajectories.iter().enumerate() {
         for i in (0..t.tokens.len()).filter(|&i| t.trainable[i]) {
             let gap = (logp[row][i] - t.logprobs[i]).abs();
-            assert!(gap < 1e-4, "row {row} token {i}: |trainer − sampler| log-prob = {gap}");
+            assert!(gap <= bound, "row {row} token {i}: |trainer − sampler| log-prob = {gap} (at most {bound})");
             checked += 1;
         }
     }
@@ -54,8 +57,8 @@ pub fn assert_sampled_log_probs(
 /// Three-turn episodes of the arithmetic environment (the tiny model never gets the answer,
 /// so every episode takes all its attempts): the ledger holds the model's turns as sampled
 /// and the feedback in between; the policy's log-probs of the whole ledger equal the
-/// sampler's on every model token (within 1e-4), and the loss weights of the environment's
-/// tokens are 0.
+/// sampler's on every model token (to the bit with the fixed-order kernels), and the loss
+/// weights of the environment's tokens are 0.
 #[test]
 fn the_ledger_of_a_three_turn_episode_trains_on_exactly_the_sampled_tokens() {
     let dir = tempfile::tempdir().unwrap();
