@@ -37,7 +37,16 @@ fn long_prompts_are_prefilled_in_slices_with_bounded_memory_and_others_served_be
     let before = resident_mib(pid);
     let (peak, done) = (AtomicU64::new(before), AtomicBool::new(false));
     let body = long_chat(2);
+    /// Stops the memory sampler when the scope's body ends, asserted or panicked: otherwise a
+    /// failed assertion leaves the scope waiting for the sampler for ever.
+    struct StopsSampler<'a>(&'a AtomicBool);
+    impl Drop for StopsSampler<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
     std::thread::scope(|scope| {
+        let stops = StopsSampler(&done);
         scope.spawn(|| {
             while !done.load(Ordering::SeqCst) {
                 peak.fetch_max(resident_mib(pid), Ordering::SeqCst);
@@ -66,16 +75,12 @@ fn long_prompts_are_prefilled_in_slices_with_bounded_memory_and_others_served_be
             br#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}"#,
         );
         let short = short.elapsed();
-        let long_running = longs.iter().filter(|l| !l.is_finished()).count();
-        let ended: Vec<_> = longs.into_iter().map(|long| long.join()).collect();
-        // Before any assertion: a failed one would leave the sampler polling for ever.
-        done.store(true, Ordering::SeqCst);
         assert_eq!(status, 200, "{reply}");
-        for ended in ended {
-            if let Err(panic) = ended {
-                std::panic::resume_unwind(panic);
-            }
+        let long_running = longs.iter().filter(|l| !l.is_finished()).count();
+        for long in longs {
+            long.join().unwrap();
         }
+        drop(stops);
         let peak = peak.load(Ordering::SeqCst);
         eprintln!("short chat beside two 4,000-token prompts: {short:?}; resident {before} -> peak {peak} MiB");
         assert_eq!(long_running, 2, "the short chat was answered only after a long prompt finished");

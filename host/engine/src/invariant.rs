@@ -240,7 +240,7 @@ impl CustomOp3 for Attention {
         let groups = heads / kv_heads;
         let per_row_mask = self.mask.as_ref().is_some_and(|m| m.len() == batch * len * total && batch > 1);
         let mut out = vec![0f32; batch * heads * len * dim];
-        let shape = Shape4 { heads, len, total, dim, groups, kv_heads, per_row_mask };
+        let shape = Dims { heads, len, total, dim, groups, kv_heads, per_row_mask };
         out.par_chunks_mut(len * dim).enumerate().for_each(|(task, out)| {
             #[cfg(target_arch = "x86_64")]
             if available() {
@@ -255,8 +255,9 @@ impl CustomOp3 for Attention {
     }
 }
 
+/// What [`attend_task`] needs of the op's operands' shapes.
 #[derive(Clone, Copy)]
-struct Shape4 {
+struct Dims {
     heads: usize,
     len: usize,
     total: usize,
@@ -269,19 +270,18 @@ struct Shape4 {
 /// [`attend_task`] compiled for AVX2 + FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_task_avx2(op: &Attention, s: &Shape4, task: usize, qkv: (&[f32], &[f32], &[f32]), out: &mut [f32]) {
+unsafe fn attend_task_avx2(op: &Attention, s: &Dims, task: usize, qkv: (&[f32], &[f32], &[f32]), out: &mut [f32]) {
     attend_task(op, s, task, qkv, out)
 }
 
-/// The queries of head `task % heads` of row `task / heads`, one by one.
+/// The queries of head `task % heads` of row `task / heads`, in blocks of [`BLOCK`].
 #[inline(always)]
-fn attend_task(op: &Attention, s: &Shape4, task: usize, (q, k, v): (&[f32], &[f32], &[f32]), out: &mut [f32]) {
-    let Shape4 { heads, len, total, dim, groups, kv_heads, per_row_mask } = *s;
+fn attend_task(op: &Attention, s: &Dims, task: usize, (q, k, v): (&[f32], &[f32], &[f32]), out: &mut [f32]) {
+    let Dims { heads, len, total, dim, groups, kv_heads, per_row_mask } = *s;
     let (b, h) = (task / heads, task % heads);
     let kv = (b * kv_heads + h / groups) * total * dim;
     let (keys, values) = (&k[kv..][..total * dim], &v[kv..][..total * dim]);
     let mut scores = vec![0f32; BLOCK * total];
-    // Queries in blocks (each key read once for the block): the same bits as one by one.
     for first in (0..len).step_by(BLOCK) {
         let count = BLOCK.min(len - first);
         let queries = &q[((b * heads + h) * len + first) * dim..][..count * dim];
