@@ -2,8 +2,7 @@
 //! forward (`wirl-grpo`'s `policy.rs`) both apply, written once: which keys a query sees
 //! (causal, padding, Gemma 3's sliding window), Gemma's scaled embeddings, `1 + w` norms and
 //! soft-capped logits, and the MLP's gate activation. A variant added here reaches both
-//! sides; the reductions themselves are `invariant.rs`'s. (Issue 61's one decoder grows from
-//! here: the layers' composition is still written on each side.)
+//! sides; the layers' composition is `decoder.rs`'s, the reductions `invariant.rs`'s.
 
 use crate::config::{Activation, Config};
 use candle_core::{DType, Device, Result, Tensor};
@@ -32,6 +31,41 @@ pub fn mask_values(len: usize, past: usize, pad: usize, window: Option<usize>) -
 /// [`mask_values`] of one unpadded row as a tensor `[len, past + len]` in `dtype`.
 pub fn causal_mask(len: usize, past: usize, window: Option<usize>, device: &Device, dtype: DType) -> Result<Tensor> {
     Tensor::from_vec(mask_values(len, past, 0, window), (len, past + len), device)?.to_dtype(dtype)
+}
+
+/// What one step's layers share — rope tables and a mask, say — for the global layers and,
+/// where the family slides, Gemma 3's sliding layers (their own rope base and window): built
+/// once per step by each side, chosen per layer here.
+#[derive(Clone, Debug)]
+pub struct Frames<T> {
+    pub global: T,
+    pub local: Option<T>,
+}
+
+impl<T> Frames<T> {
+    /// The frames of a step: `part(cos, sin, window)` over the global rope tables `rope`
+    /// (no window), and over the sliding layers' `local_rope` with the family's window where
+    /// some layer slides.
+    pub fn new<E>(
+        config: &Config,
+        rope: (&Tensor, &Tensor),
+        local_rope: Option<&(Tensor, Tensor)>,
+        mut part: impl FnMut(&Tensor, &Tensor, Option<usize>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Self, E> {
+        let local = match (local_rope, config.window()) {
+            (Some((cos, sin)), Some(window)) => Some(part(cos, sin, Some(window))?),
+            _ => None,
+        };
+        Ok(Frames { global: part(rope.0, rope.1, None)?, local })
+    }
+
+    /// The frame of a layer that slides (`Config::layer_is_sliding`) or not.
+    pub fn of_layer(&self, sliding: bool) -> &T {
+        match &self.local {
+            Some(local) if sliding => local,
+            _ => &self.global,
+        }
+    }
 }
 
 /// The embeddings as the family scales them (Gemma: by `√hidden_size`).

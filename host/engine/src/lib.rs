@@ -12,6 +12,7 @@ pub mod comm_nccl;
 pub mod config;
 mod decode_attention;
 mod decode_matmul;
+pub mod decoder;
 pub mod device_sampling;
 mod executor;
 pub mod export;

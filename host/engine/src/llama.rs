@@ -14,7 +14,9 @@ use crate::comm::{Comm, Solo};
 use crate::config::{Activation, Config};
 use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
+use crate::decoder::{self, Heads, NormAt, Qkv, Sublayer};
 use crate::family::{self, Family, Part, Projection};
+use crate::layer::Frames;
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -550,8 +552,8 @@ struct Step<'a> {
 
 enum StepKind<'a> {
     /// Any number of tokens, any device: candle ops, with each token's rotary angles
-    /// (`[batch, len, dim/2]`) and the additive mask; sliding layers' own in `local`.
-    Tensors { cos: Tensor, sin: Tensor, mask: Option<Tensor>, local: Option<Box<LocalFrame>> },
+    /// (`[batch, len, dim/2]`) and the additive mask; sliding layers' own beside them.
+    Tensors(Box<Frames<TensorFrame>>),
     /// One token per row on the CPU (f32): the decoding kernels.
     Decode {
         rope: &'a RopeTables,
@@ -564,8 +566,8 @@ enum StepKind<'a> {
     },
 }
 
-/// What Gemma 3's sliding layers use in place of the step's rope and mask.
-struct LocalFrame {
+/// A step's rotary angles and mask, for the global or the sliding layers.
+struct TensorFrame {
     cos: Tensor,
     sin: Tensor,
     mask: Option<Tensor>,
@@ -788,26 +790,20 @@ impl Model {
                 let angles = |table: &Tensor| -> Result<Tensor> {
                     Ok(table.index_select(&positions, 0)?.reshape((batch, len, ()))?)
                 };
-                let local = match (&self.local_rope, self.config.window()) {
-                    (Some((cos, sin)), Some(window)) => Some(Box::new(LocalFrame {
-                        cos: angles(cos)?,
-                        sin: angles(sin)?,
-                        mask: self.mask(batch, len, past, pads, Some(window))?,
-                    })),
-                    _ => None,
-                };
-                StepKind::Tensors {
-                    cos: angles(&self.cos)?,
-                    sin: angles(&self.sin)?,
-                    mask: self.mask(batch, len, past, pads, None)?,
-                    local,
-                }
+                let frames =
+                    Frames::new(&self.config, (&self.cos, &self.sin), self.local_rope.as_ref(), |cos, sin, window| {
+                        Ok::<_, Error>(TensorFrame {
+                            cos: angles(cos)?,
+                            sin: angles(sin)?,
+                            mask: self.mask(batch, len, past, pads, window)?,
+                        })
+                    })?;
+                StepKind::Tensors(Box::new(frames))
             }
         };
         let step = Step { past, kind };
 
-        let mut x = self.embed.index_select(&tokens.flatten_all()?, 0)?.reshape((batch, len, ()))?;
-        x = crate::layer::scale_embeddings(x, &self.config)?;
+        let mut x = decoder::embed(&self.embed, tokens, &self.config)?;
         for (block, layer_cache) in self.blocks.iter().zip(&mut cache.layers) {
             x = block.forward(x, &step, layer_cache, self.comm.as_ref())?;
         }
@@ -820,12 +816,7 @@ impl Model {
     fn logits(&self, x: Tensor, all_positions: bool) -> Result<Tensor> {
         let len = x.dim(1)?;
         let x = if all_positions { x } else { x.narrow(1, len - 1, 1)?.contiguous()? };
-        let x = self.norm.forward(&x)?;
-        let mut logits = self.lm_head.forward(&x)?;
-        if self.vocab_parallel {
-            logits = self.comm.all_gather(&logits.contiguous()?, logits.rank() - 1)?;
-        }
-        logits = crate::layer::softcap(logits, &self.config)?;
+        let logits = decoder::logits(self, &x, &self.config)?;
         Ok(if all_positions { logits } else { logits.squeeze(1)? })
     }
 
@@ -851,74 +842,159 @@ impl Model {
     }
 }
 
-impl Block {
-    /// The layer over `x`: attention and MLP, each summed across ranks, normed after where the
-    /// family norms twice, added to the residual.
-    fn forward(&self, x: Tensor, step: &Step, cache: &mut Option<(Tensor, Tensor)>, comm: &dyn Comm) -> Result<Tensor> {
-        let h = comm.all_reduce_sum(&self.attn.forward(&self.attn_norm.forward(&x)?, step, cache)?)?;
-        let h = match &self.post_attn_norm {
-            Some(norm) => norm.forward(&h)?,
-            None => h,
-        };
-        let x = (x + h)?;
-        let h = comm.all_reduce_sum(&self.mlp.forward(&self.mlp_norm.forward(&x)?)?)?;
-        let h = match &self.post_mlp_norm {
-            Some(norm) => norm.forward(&h)?,
-            None => h,
-        };
-        Ok((x + h)?)
+/// One layer of one step as the composition (`decoder.rs`) sees it: the layer's weights,
+/// the step's positions and mask, and the layer's slot of the cache.
+struct LayerStep<'a> {
+    block: &'a Block,
+    step: &'a Step<'a>,
+    cache: &'a mut Option<(Tensor, Tensor)>,
+    comm: &'a dyn Comm,
+}
+
+impl decoder::HeadOps for Model {
+    type Error = Error;
+
+    fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.norm.forward(x)
+    }
+
+    fn project(&self, x: &Tensor) -> Result<Tensor> {
+        let logits = self.lm_head.forward(x)?;
+        if !self.vocab_parallel {
+            return Ok(logits);
+        }
+        self.comm.all_gather(&logits.contiguous()?, logits.rank() - 1)
     }
 }
 
-impl Attention {
-    fn forward(&self, x: &Tensor, step: &Step, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
-        let past = step.past;
-        let (cos, sin, mask) = match &step.kind {
-            StepKind::Tensors { local: Some(local), .. } if self.sliding => (&local.cos, &local.sin, &local.mask),
-            StepKind::Tensors { cos, sin, mask, .. } => (cos, sin, mask),
-            StepKind::Decode { rope, first, positions, slots } => {
-                return self.forward_decoding(x, past, rope, (first, positions, slots), cache);
-            }
-        };
-        let (batch, len, _) = x.dims3()?;
-        let [q, k, v] = self.qkv.forward(x)?;
-        let mut q = self.heads_of(&q, self.heads, self.q_interleaved)?;
-        let mut k = self.heads_of(&k, self.kv_heads, self.k_interleaved)?;
-        let v = self.heads_of(&v, self.kv_heads, false)?;
-        if let Some(norm) = &self.qk_norm {
-            q = norm.q.forward(&q)?;
-            k = norm.k.forward(&k)?;
+impl Block {
+    /// The layer over `x` (`decoder::layer`).
+    fn forward(&self, x: Tensor, step: &Step, cache: &mut Option<(Tensor, Tensor)>, comm: &dyn Comm) -> Result<Tensor> {
+        decoder::layer(&mut LayerStep { block: self, step, cache, comm }, &x)
+    }
+}
+
+impl LayerStep<'_> {
+    /// The rope tables and mask of this layer (its own for a sliding layer); none on the
+    /// decoding path.
+    fn frame(&self) -> Option<&TensorFrame> {
+        match &self.step.kind {
+            StepKind::Tensors(frames) => Some(frames.of_layer(self.block.attn.sliding)),
+            StepKind::Decode { .. } => None,
         }
+    }
+
+    fn frame_or_fail(&self) -> Result<&TensorFrame> {
+        self.frame().ok_or_else(|| Error::Internal("a decoding step's layer reached the tensor path".into()))
+    }
+}
+
+impl decoder::LayerOps for LayerStep<'_> {
+    type Error = Error;
+
+    fn heads(&self) -> Heads {
+        let attn = &self.block.attn;
+        Heads { query: attn.heads, key_value: attn.kv_heads, dim: attn.head_dim }
+    }
+
+    fn activation(&self) -> Activation {
+        self.block.mlp.activation
+    }
+
+    fn norm(&self, x: &Tensor, at: NormAt) -> Result<Option<Tensor>> {
+        let block = self.block;
+        let norm = match at {
+            NormAt::In(Sublayer::Attention) => Some(&block.attn_norm),
+            NormAt::Out(Sublayer::Attention) => block.post_attn_norm.as_ref(),
+            NormAt::In(Sublayer::Mlp) => Some(&block.mlp_norm),
+            NormAt::Out(Sublayer::Mlp) => block.post_mlp_norm.as_ref(),
+            NormAt::Query => block.attn.qk_norm.as_ref().map(|n| &n.q),
+            NormAt::Key => block.attn.qk_norm.as_ref().map(|n| &n.k),
+        };
+        norm.map(|norm| norm.forward(x)).transpose()
+    }
+
+    fn qkv(&self, x: &Tensor) -> Result<[Tensor; 3]> {
+        self.block.attn.qkv.forward(x)
+    }
+
+    fn gate_up(&self, x: &Tensor) -> Result<[Tensor; 2]> {
+        self.block.mlp.gate_up.forward(x)
+    }
+
+    fn out(&self, x: &Tensor, sublayer: Sublayer) -> Result<Tensor> {
+        match sublayer {
+            Sublayer::Attention => self.block.attn.o.forward(x),
+            Sublayer::Mlp => self.block.mlp.down.forward(x),
+        }
+    }
+
+    fn split_heads(&self, y: &Tensor, part: Qkv) -> Result<Tensor> {
+        let attn = &self.block.attn;
+        let interleaved = match part {
+            Qkv::Query => attn.q_interleaved,
+            Qkv::Key => attn.k_interleaved,
+            Qkv::Value => false,
+        };
+        attn.heads_of(y, self.heads().of(part), interleaved)
+    }
+
+    fn rope(&self, x: &Tensor) -> Result<Tensor> {
         // candle's fused rotary kernel (one op where the composed one launches ~8 kernels
         // for q and for k each: a GPU's decoding step is launch-bound); inference only, it
         // has no backward. Each row has its own positions: the tables are `[batch, len, dim/2]`.
-        let q = candle_nn::rotary_emb::rope(&q.contiguous()?, cos, sin)?;
-        let k = candle_nn::rotary_emb::rope(&k.contiguous()?, cos, sin)?;
-        let (k, v) = append_kv(cache, past, &k, &v)?;
+        let frame = self.frame_or_fail()?;
+        Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, &frame.cos, &frame.sin)?)
+    }
+
+    fn keys_values(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        append_kv(self.cache, self.step.past, &k, &v)
+    }
+
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let mask = self.frame_or_fail()?.mask.as_ref();
+        let attn = &self.block.attn;
+        if q.dtype() == DType::F32 && q.device().is_cpu() && crate::invariant::available() {
+            // The learner's attention, to the bit (`invariant.rs`): keys summed one by one.
+            return crate::invariant::attention(q, k, v, attn.scale as f32, mask);
+        }
         // Grouped-query attention without copying keys and values per query head: the query
         // heads that share a key/value head are folded into its rows, `[b, kv, groups·len, d]`
         // (query heads are grouped contiguously), so k and v are used as they are cached.
-        if q.dtype() == DType::F32 && q.device().is_cpu() && crate::invariant::available() {
-            // The learner's attention, to the bit (`invariant.rs`): keys summed one by one.
-            let out = crate::invariant::attention(&q, &k, &v, self.scale as f32, mask.as_ref())?;
-            let out = out.transpose(1, 2)?.reshape((batch, len, self.heads * self.head_dim))?;
-            return self.o.forward(&out);
-        }
-        let groups = self.heads / self.kv_heads;
+        let (batch, _, len, _) = q.dims4()?;
+        let groups = attn.heads / attn.kv_heads;
         let total = k.dim(2)?;
-        let q = q.reshape((batch, self.kv_heads, groups * len, self.head_dim))?;
-        let scores = (q.matmul(&k.t()?)? * self.scale)?;
-        let mut scores = scores.reshape((batch, self.heads, len, total))?;
+        let q = q.reshape((batch, attn.kv_heads, groups * len, attn.head_dim))?;
+        let scores = (q.matmul(&k.t()?)? * attn.scale)?;
+        let mut scores = scores.reshape((batch, attn.heads, len, total))?;
         if let Some(mask) = mask {
             scores = scores.broadcast_add(mask)?;
         }
         let weights = candle_nn::ops::softmax_last_dim(&scores)?;
-        let weights = weights.reshape((batch, self.kv_heads, groups * len, total))?;
-        let out = weights.matmul(&v)?.reshape((batch, self.heads, len, self.head_dim))?;
-        let out = out.transpose(1, 2)?.reshape((batch, len, self.heads * self.head_dim))?;
-        self.o.forward(&out)
+        let weights = weights.reshape((batch, attn.kv_heads, groups * len, total))?;
+        Ok(weights.matmul(v)?.reshape((batch, attn.heads, len, attn.head_dim))?)
     }
 
+    fn fused_attention(&mut self, x: &Tensor) -> Result<Option<Tensor>> {
+        match &self.step.kind {
+            StepKind::Decode { rope, first, positions, slots } => {
+                let attn = &self.block.attn;
+                attn.forward_decoding(x, self.step.past, rope, (first, positions, slots), self.cache).map(Some)
+            }
+            StepKind::Tensors(_) => Ok(None),
+        }
+    }
+
+    fn fused_mlp(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        self.block.mlp.fused(x)
+    }
+
+    fn sum_across_ranks(&self, x: Tensor) -> Result<Tensor> {
+        self.comm.all_reduce_sum(&x)
+    }
+}
+
+impl Attention {
     /// One new token per row on the CPU (f32): the projections, then the new key and value
     /// written into the cache and the attention in one op each (`decode_attention.rs`).
     fn forward_decoding(
@@ -979,10 +1055,10 @@ impl Attention {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // The CPU's decoding kernel computes silu(gate) · up in one pass over both matrices
-        // (the fused matrix's halves are contiguous views); the base's only: not with
-        // adapters or biases.
+    /// The CPU's decoding kernel computes silu(gate) · up in one pass over both matrices (the
+    /// fused matrix's halves are contiguous views); the base's only: not with adapters or
+    /// biases. `None` where it does not apply (the composition's `decoder::mlp` then runs).
+    fn fused(&self, x: &Tensor) -> Result<Option<Tensor>> {
         if let Some((gate, up)) = self.dense_gate_up()?
             && self.activation == Activation::Silu
             && decoding_kernel(x, &gate)
@@ -990,11 +1066,9 @@ impl Mlp {
             let hidden = decode_matmul::on_rows(x, gate.dim(0)?, |x2| {
                 x2.apply_op3_no_bwd(&gate.contiguous()?, &up.contiguous()?, &SwiGluMatmul)
             })?;
-            return self.down.forward(&hidden);
+            return self.down.forward(&hidden).map(Some);
         }
-        let [gate, up] = self.gate_up.forward(x)?;
-        let gate = crate::layer::gate_activation(&gate, self.activation)?;
-        self.down.forward(&(gate * up)?)
+        Ok(None)
     }
 
     /// The gate and up matrices, when both are plain dense weights without bias or adapter.

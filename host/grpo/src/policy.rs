@@ -28,7 +28,10 @@ use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use wirl_engine::Config;
+use wirl_engine::config::Activation;
+use wirl_engine::decoder::{self, Heads, LayerOps, NormAt, Sublayer};
 use wirl_engine::family::{self, EMBEDDING, FINAL_NORM, OUTPUT_WEIGHT, Projection};
+use wirl_engine::layer::Frames;
 use wirl_engine::llama::LoraPair;
 use wirl_engine::llama::{local_rope_tables, repeat_kv, rope_tables};
 use wirl_engine::lora::{Adapter, LoraSpec};
@@ -163,19 +166,6 @@ impl Net {
         // Gemma's `1 + w` (the sum carries the gradient to `w`).
         let weight = wirl_engine::layer::norm_weight(self.w(name)?, self.config.norm_offset())?;
         crate::fused::rms_norm(x, &weight, self.config.rms_norm_eps, self.fast_paths)
-    }
-
-    /// `x` through layer `l`'s norm `module` where the family has one (Gemma's sandwich).
-    fn post_norm(&self, x: Tensor, l: &str, module: Option<&str>) -> Result<Tensor> {
-        match module {
-            Some(module) => self.rms_norm(&x, &family::weight(&format!("{l}.{module}"))),
-            None => Ok(x),
-        }
-    }
-
-    /// Layer `l`'s norm `module` of `x`.
-    fn layer_norm(&self, x: &Tensor, l: &str, module: &str) -> Result<Tensor> {
-        self.rms_norm(x, &family::weight(&format!("{l}.{module}")))
     }
 
     /// The parts of `x`'s projections `declared` (of layer `l`), in order: a product per
@@ -385,9 +375,7 @@ impl Net {
 
     /// The targets' log-probabilities and, if `entropy`, each position's entropy.
     fn head_terms(&self, hidden: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
-        let hidden = self.rms_norm(hidden, FINAL_NORM)?;
-        let mut logits = self.times_transposed(&hidden, self.w(self.head_name())?)?;
-        logits = wirl_engine::layer::softcap(logits, &self.config)?;
+        let logits = decoder::logits(self, hidden, &self.config)?;
         let log_probs = crate::fused::log_softmax_last_dim(&logits, self.fast_paths)?;
         let logp = log_probs.gather(targets, D::Minus1)?.squeeze(D::Minus1)?;
         let entropy = entropy.then(|| (log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()).transpose()?;
@@ -414,20 +402,12 @@ impl Net {
         if prefix.is_empty() {
             return Ok(None);
         }
-        let ids = Tensor::from_vec(prefix.to_vec(), prefix.len(), device)?;
-        let x = self.w(EMBEDDING)?.index_select(&ids, 0)?.unsqueeze(0)?;
-        Ok(Some(self.scale_embeddings(x)?))
+        let ids = Tensor::from_vec(prefix.to_vec(), (1, prefix.len()), device)?;
+        Ok(Some(decoder::embed(self.w(EMBEDDING)?, &ids, &self.config)?))
     }
 
     fn embed_rows(&self, inputs: &Tensor) -> Result<Tensor> {
-        let (groups, width) = inputs.dims2()?;
-        let embed = self.w(EMBEDDING)?;
-        self.scale_embeddings(embed.index_select(&inputs.flatten_all()?, 0)?.reshape((groups, width, ()))?)
-    }
-
-    /// Gemma's embeddings are multiplied by `√hidden_size`.
-    fn scale_embeddings(&self, x: Tensor) -> Result<Tensor> {
-        wirl_engine::layer::scale_embeddings(x, &self.config)
+        decoder::embed(self.w(EMBEDDING)?, inputs, &self.config)
     }
 
     /// Rotary tables and masks of one group's positions, shared by every layer.
@@ -446,11 +426,7 @@ impl Net {
                 mask: wirl_engine::layer::causal_mask(width, p, window, device, dtype)?,
             })
         };
-        let local = match (&self.local_rope, self.config.window()) {
-            (Some((cos, sin)), Some(window)) => Some(part(cos, sin, Some(window))?),
-            _ => None,
-        };
-        Ok(Frame { global: part(&self.cos, &self.sin, None)?, local })
+        Frames::new(&self.config, (&self.cos, &self.sin), self.local_rope.as_ref(), part)
     }
 
     /// Decoder layer `i` over the prefix's hidden states `px` (run once; its keys and values
@@ -468,36 +444,16 @@ impl Net {
         frame: &Frame,
     ) -> Result<(Option<Tensor>, Option<KeyValues>)> {
         let Some(h) = px else { return Ok((None, None)) };
-        let l = family::layer(i);
-        let f = frame.of_layer(&self.config, i);
-        let normed = self.layer_norm(h, &l, self.config.family().norms.attention_in)?;
-        let (out, k, v) = self.attention(&normed, &l, &f.pcos, &f.psin, None, &f.prefix_mask)?;
-        let h = (h + self.attention_out(&out, &l)?)?;
-        Ok((Some((&h + self.mlp_block(&h, &l)?)?), Some((k, v))))
-    }
-
-    /// The attention's output projected, and for Gemma normed.
-    fn attention_out(&self, out: &Tensor, l: &str) -> Result<Tensor> {
-        let family = self.config.family();
-        let projected = self.linear(out, &format!("{l}.{}", family.attention_out))?;
-        self.post_norm(projected, l, family.norms.attention_out)
-    }
-
-    /// The MLP's part of a layer's residual: its norm (Gemma: before and after).
-    fn mlp_block(&self, x: &Tensor, l: &str) -> Result<Tensor> {
-        let norms = &self.config.family().norms;
-        let normed = self.layer_norm(x, l, norms.mlp_in)?;
-        self.post_norm(self.mlp(&normed, l)?, l, norms.mlp_out)
+        let f = frame.of_layer(self.config.layer_is_sliding(i));
+        let mut layer = NetLayer::new(self, i, (&f.pcos, &f.psin, &f.prefix_mask), None);
+        let h = decoder::layer(&mut layer, h)?;
+        Ok((Some(h), layer.own))
     }
 
     /// Decoder layer `i` over rows `x` that attend to the prefix's keys and values first.
     fn rows_layer(&self, i: usize, x: &Tensor, prefix_kv: Option<&KeyValues>, frame: &Frame) -> Result<Tensor> {
-        let l = family::layer(i);
-        let f = frame.of_layer(&self.config, i);
-        let normed = self.layer_norm(x, &l, self.config.family().norms.attention_in)?;
-        let (out, _, _) = self.attention(&normed, &l, &f.cos, &f.sin, prefix_kv, &f.mask)?;
-        let x = (x + self.attention_out(&out, &l)?)?;
-        &x + self.mlp_block(&x, &l)?
+        let f = frame.of_layer(self.config.layer_is_sliding(i));
+        decoder::layer(&mut NetLayer::new(self, i, (&f.cos, &f.sin, &f.mask), prefix_kv), x)
     }
 
     /// Bytes of attention intermediates that one backward through the whole forward keeps
@@ -533,62 +489,104 @@ impl Net {
         }
         values * self.cos.dtype().size_in_bytes() as u64
     }
+}
 
-    /// Attention of `x` (`[B, T, hidden]`) with keys/values of `prefix` (`[1, kv, P, dim]`)
-    /// before its own. Returns the output before `o_proj`, and this call's own k and v.
-    fn attention(
-        &self,
-        x: &Tensor,
-        l: &str,
-        cos: &Tensor,
-        sin: &Tensor,
-        prefix: Option<&KeyValues>,
-        mask: &Tensor,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (batch, len, _) = x.dims3()?;
-        let heads = self.config.num_attention_heads;
-        let kv_heads = self.config.num_kv_heads();
-        let dim = self.config.head_dim();
-        let split = |y: Tensor, h: usize| -> Result<Tensor> { y.reshape((batch, len, h, dim))?.transpose(1, 2) };
-        let family = self.config.family();
-        let [q, k, v] = self.projections(x, l, family.attention_in)?;
-        let mut q = split(q, heads)?;
-        let mut k = split(k, kv_heads)?;
-        let v = split(v, kv_heads)?.contiguous()?;
-        if let Some((q_norm, k_norm)) = family.norms.query_key {
-            // Qwen3: each head's query and key RMS-normed over head_dim before the rope.
-            q = self.layer_norm(&q, l, q_norm)?;
-            k = self.layer_norm(&k, l, k_norm)?;
-        }
-        let q = crate::fused::rope(&q, cos, sin, self.fast_paths)?;
-        let k = crate::fused::rope(&k, cos, sin, self.fast_paths)?;
-        let (keys, values) = match prefix {
-            Some((pk, pv)) => {
-                let (_, kvh, p, d) = pk.dims4()?;
-                let pk = pk.broadcast_as((batch, kvh, p, d))?;
-                let pv = pv.broadcast_as((batch, kvh, p, d))?;
-                (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?)
-            }
-            None => (k.clone(), v.clone()),
-        };
-        let scale = self.config.attention_scale();
-        if let Some(out) = crate::fused::attention(&q, &keys, &values, scale as f32, mask, self.fast_paths)? {
-            return Ok((out.transpose(1, 2)?.reshape((batch, len, heads * dim))?, k, v));
-        }
-        let groups = heads / kv_heads;
-        let keys = repeat_kv(&keys, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
-        let values = repeat_kv(&values, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
-        let scores = (self.product(&q, &keys.t()?)? * scale)?.broadcast_add(mask)?;
-        let weights = crate::fused::softmax_last_dim(&scores, self.fast_paths)?;
-        let out = self.product(&weights, &values)?.transpose(1, 2)?.reshape((batch, len, heads * dim))?;
-        Ok((out, k, v))
+impl decoder::HeadOps for Net {
+    type Error = candle_core::Error;
+
+    fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.rms_norm(x, FINAL_NORM)
     }
 
-    fn mlp(&self, x: &Tensor, l: &str) -> Result<Tensor> {
-        let family = self.config.family();
-        let [gate, up] = self.projections(x, l, family.mlp_in)?;
-        let gate = wirl_engine::layer::gate_activation(&gate, self.config.activation())?;
-        self.linear(&(gate * up)?, &format!("{l}.{}", family.mlp_out))
+    fn project(&self, x: &Tensor) -> Result<Tensor> {
+        self.times_transposed(x, self.w(self.head_name())?)
+    }
+}
+
+/// Layer `i` of a group's forward as the composition (`decoder.rs`) sees it: the policy's
+/// weights, the rope tables and mask of these positions, and the prompt's keys and values
+/// when these are a group's rows (broadcast over the group).
+struct NetLayer<'a> {
+    net: &'a Net,
+    /// The layer's weights' prefix (`model.layers.{i}`).
+    l: String,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    mask: &'a Tensor,
+    prefix: Option<&'a KeyValues>,
+    /// This call's own keys and values, after the rope: the prompt's, which its rows reuse.
+    own: Option<KeyValues>,
+}
+
+impl<'a> NetLayer<'a> {
+    fn new(net: &'a Net, i: usize, frame: (&'a Tensor, &'a Tensor, &'a Tensor), prefix: Option<&'a KeyValues>) -> Self {
+        let (cos, sin, mask) = frame;
+        NetLayer { net, l: family::layer(i), cos, sin, mask, prefix, own: None }
+    }
+
+    fn module(&self, module: &str) -> String {
+        format!("{}.{module}", self.l)
+    }
+}
+
+impl LayerOps for NetLayer<'_> {
+    type Error = candle_core::Error;
+
+    fn heads(&self) -> Heads {
+        let c = &self.net.config;
+        Heads { query: c.num_attention_heads, key_value: c.num_kv_heads(), dim: c.head_dim() }
+    }
+
+    fn activation(&self) -> Activation {
+        self.net.config.activation()
+    }
+
+    fn norm(&self, x: &Tensor, at: NormAt) -> Result<Option<Tensor>> {
+        let Some(module) = self.net.config.family().norms.at(at) else { return Ok(None) };
+        self.net.rms_norm(x, &family::weight(&self.module(module))).map(Some)
+    }
+
+    fn qkv(&self, x: &Tensor) -> Result<[Tensor; 3]> {
+        self.net.projections(x, &self.l, self.net.config.family().attention_in)
+    }
+
+    fn gate_up(&self, x: &Tensor) -> Result<[Tensor; 2]> {
+        self.net.projections(x, &self.l, self.net.config.family().mlp_in)
+    }
+
+    fn out(&self, x: &Tensor, sublayer: Sublayer) -> Result<Tensor> {
+        let family = self.net.config.family();
+        let module = match sublayer {
+            Sublayer::Attention => family.attention_out,
+            Sublayer::Mlp => family.mlp_out,
+        };
+        self.net.linear(x, &self.module(module))
+    }
+
+    fn rope(&self, x: &Tensor) -> Result<Tensor> {
+        crate::fused::rope(x, self.cos, self.sin, self.net.fast_paths)
+    }
+
+    fn keys_values(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        self.own = Some((k.clone(), v.clone()));
+        let Some((pk, pv)) = self.prefix else { return Ok((k, v)) };
+        let (batch, kvh, p, d) = (k.dim(0)?, pk.dim(1)?, pk.dim(2)?, pk.dim(3)?);
+        let pk = pk.broadcast_as((batch, kvh, p, d))?;
+        let pv = pv.broadcast_as((batch, kvh, p, d))?;
+        Ok((Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?))
+    }
+
+    fn attend(&self, q: &Tensor, keys: &Tensor, values: &Tensor) -> Result<Tensor> {
+        let (net, scale) = (self.net, self.net.config.attention_scale());
+        if let Some(out) = crate::fused::attention(q, keys, values, scale as f32, self.mask, net.fast_paths)? {
+            return Ok(out);
+        }
+        let groups = self.heads().query / self.heads().key_value;
+        let keys = repeat_kv(keys, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
+        let values = repeat_kv(values, groups).map_err(candle_core::Error::wrap)?.contiguous()?;
+        let scores = (net.product(q, &keys.t()?)? * scale)?.broadcast_add(self.mask)?;
+        let weights = crate::fused::softmax_last_dim(&scores, net.fast_paths)?;
+        net.product(&weights, &values)
     }
 }
 
@@ -657,19 +655,7 @@ struct FusedChunk {
 
 /// What every layer of one group's forward shares: the global layers' rope and masks, and
 /// Gemma 3's sliding layers' own.
-struct Frame {
-    global: FramePart,
-    local: Option<FramePart>,
-}
-
-impl Frame {
-    fn of_layer(&self, config: &Config, i: usize) -> &FramePart {
-        match &self.local {
-            Some(local) if config.layer_is_sliding(i) => local,
-            _ => &self.global,
-        }
-    }
-}
+type Frame = Frames<FramePart>;
 
 /// The prefix's and the rows' rotary tables and masks.
 struct FramePart {
