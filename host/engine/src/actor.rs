@@ -54,6 +54,20 @@ pub struct WeightsHold {
     pub version: u64,
 }
 
+/// The seam between a learner and whatever reads the weights it writes in place (issue 61):
+/// the learner holds the weights before its optimizer step and knows nothing of what is
+/// behind the barrier — the engine's batching actor in a trainer, nothing in a test.
+pub trait WeightsBarrier: Send + Sync {
+    /// Block until nothing reads the weights; nothing does until the returned hold drops.
+    fn hold_weights(&self) -> Result<WeightsHold>;
+}
+
+impl WeightsBarrier for EngineHandle {
+    fn hold_weights(&self) -> Result<WeightsHold> {
+        EngineHandle::hold_weights(self)
+    }
+}
+
 /// How the engine thread batches.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EngineOptions {

@@ -44,7 +44,7 @@ pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
     }
 }
 
-pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, WeightsHold};
+pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, WeightsBarrier, WeightsHold};
 pub use candle_core::{DType, Device};
 pub use comm::{Comm, Solo, ThreadComm, all_gather_bytes};
 #[cfg(feature = "mpi")]

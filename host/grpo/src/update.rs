@@ -16,7 +16,7 @@ use crate::positions::Part;
 use candle_core::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::{Comm, EngineHandle, Solo, WeightMirror};
+use wirl_engine::{Comm, Solo, WeightMirror, WeightsBarrier};
 
 /// One group as the learner sees it: the prompt once, its completions, and each
 /// completion's advantage.
@@ -314,15 +314,6 @@ impl Learner {
         Ok(values)
     }
 
-    /// Update the policy on `groups`. `engine`, when the policy's weights are shared with a
-    /// sampling engine, is held at its barrier for each optimizer step. `stop` is asked
-    /// between groups until the first optimizer step: `Ok(None)` then, nothing changed.
-    /// `progress(k, n)` says that group `k` of `n` is being trained on.
-    ///
-    /// Over ~80 lines on purpose: the epochs over the spans, the stop asked (and agreed by the
-    /// ranks) only before the first optimizer step, the step taken inside the engine's hold,
-    /// and the epoch means, in one loop, so that where a stop may land reads beside the one
-    /// place the weights change.
     /// Whether the engine that samples computes the learner's log-probs to the bit: it
     /// shares the learner's weights (no converted copy) and the learner computes as the
     /// engine does (`Net::computes_as_the_engine`). Then a sampler gap above 0 is a bug.
@@ -330,11 +321,20 @@ impl Learner {
         self.mirror.is_none() && self.policy.net().computes_as_the_engine()
     }
 
+    /// Update the policy on `groups`. `barrier`, when the policy's weights are shared with a
+    /// sampling engine (`WeightsBarrier`), is held for each optimizer step. `stop` is asked
+    /// between groups until the first optimizer step: `Ok(None)` then, nothing changed.
+    /// `progress(k, n)` says that group `k` of `n` is being trained on.
+    ///
+    /// Over ~80 lines on purpose: the epochs over the spans, the stop asked (and agreed by the
+    /// ranks) only before the first optimizer step, the step taken inside the engine's hold,
+    /// and the epoch means, in one loop, so that where a stop may land reads beside the one
+    /// place the weights change.
     pub fn update(
         &mut self,
         groups: &[GroupBatch],
         settings: &UpdateSettings,
-        engine: Option<&EngineHandle>,
+        barrier: Option<&dyn WeightsBarrier>,
         stop: &dyn Fn() -> bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> crate::Result<Option<UpdateStats>> {
@@ -409,7 +409,7 @@ impl Learner {
             let timer = Instant::now();
             if !grads.is_empty() {
                 // No row samples while the weights change (they are the engine's too).
-                let hold = engine.map(EngineHandle::hold_weights).transpose()?;
+                let hold = barrier.map(WeightsBarrier::hold_weights).transpose()?;
                 stats.weight_writes += u64::from(hold.is_some());
                 let update = self.optimizer.step(&grads, settings.learning_rate, settings.max_grad_norm)?;
                 if update.applied

@@ -13,7 +13,7 @@ use crate::swap::RecentGroup;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
-use wirl_engine::{FinishReason, InFlight};
+use wirl_engine::{FinishReason, InFlight, WeightsBarrier};
 use wirl_grpo::{GroupBatch, LossSettings, MemoryLimits, UpdateSettings, UpdateStats};
 use wirl_rollout::collect::{self, Episodes, Sampled};
 use wirl_rollout::{EpisodeTimes, GroupAsk, RolloutGroup, SkippedTask, TaskSource, seed_for};
@@ -891,7 +891,13 @@ impl Trainer {
                 let (tasks, allocation, tokenizer) = (&mut self.tasks, &self.allocation, &self.tokenizer);
                 scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, 0, &g, stopped))
             });
-            let update = self.learner.update(batches, &settings, Some(&self.engine), stopped, &mut progress);
+            let update = self.learner.update(
+                batches,
+                &settings,
+                Some(&self.engine as &dyn WeightsBarrier),
+                stopped,
+                &mut progress,
+            );
             let drawn = drawing.map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
             (update, drawn)
         });
