@@ -9,6 +9,7 @@
 //! reductions `invariant.rs`'s.
 
 use crate::config::{Activation, Config};
+use crate::family::Norms;
 use candle_core::Tensor;
 
 /// The two parts of a layer, each normed in, optionally normed out, added to the residual.
@@ -29,6 +30,20 @@ pub enum NormAt {
     Query,
     /// Each head's key, before the rope.
     Key,
+}
+
+impl NormAt {
+    /// The module name of the family's norm here (`None`: the family has none here).
+    pub fn module(self, norms: &Norms) -> Option<&'static str> {
+        match self {
+            NormAt::In(Sublayer::Attention) => Some(norms.attention_in),
+            NormAt::Out(Sublayer::Attention) => norms.attention_out,
+            NormAt::In(Sublayer::Mlp) => Some(norms.mlp_in),
+            NormAt::Out(Sublayer::Mlp) => norms.mlp_out,
+            NormAt::Query => norms.query_key.map(|(q, _)| q),
+            NormAt::Key => norms.query_key.map(|(_, k)| k),
+        }
+    }
 }
 
 /// The attention's three projections.

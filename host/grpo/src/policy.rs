@@ -542,7 +542,7 @@ impl LayerOps for NetLayer<'_> {
     }
 
     fn norm(&self, x: &Tensor, at: NormAt) -> Result<Option<Tensor>> {
-        let Some(module) = self.net.config.family().norms.at(at) else { return Ok(None) };
+        let Some(module) = at.module(&self.net.config.family().norms) else { return Ok(None) };
         self.net.rms_norm(x, &family::weight(&self.module(module))).map(Some)
     }
 

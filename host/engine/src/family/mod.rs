@@ -147,21 +147,6 @@ pub struct Norms {
     pub offset: f64,
 }
 
-impl Norms {
-    /// The module name of the norm at `at` (`None`: the family has none there).
-    pub fn at(&self, at: crate::decoder::NormAt) -> Option<&'static str> {
-        use crate::decoder::{NormAt, Sublayer};
-        match at {
-            NormAt::In(Sublayer::Attention) => Some(self.attention_in),
-            NormAt::Out(Sublayer::Attention) => self.attention_out,
-            NormAt::In(Sublayer::Mlp) => Some(self.mlp_in),
-            NormAt::Out(Sublayer::Mlp) => self.mlp_out,
-            NormAt::Query => self.query_key.map(|(q, _)| q),
-            NormAt::Key => self.query_key.map(|(_, k)| k),
-        }
-    }
-}
-
 /// Which layers attend through a sliding window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Windows {
