@@ -205,3 +205,38 @@ fn a_gap_names_the_token_that_differs() {
     assert_eq!((worst.token, worst.position), (11, 2), "{worst:?}");
     assert!((worst.trainer - worst.sampler - 1e-3).abs() < 1e-5 && off.max >= 9e-4, "{worst:?}");
 }
+
+/// Declining the fixed-order kernels (`WIRL_CPU_KERNELS=portable`: this machine computes as
+/// a CPU without AVX2 and FMA does, candle's ops on both sides) a run still trains: the gap
+/// is reported, above 0 and within rounding, and stops nothing (`grpo.stop_on_sampler_gap`
+/// is on by default but the sampler is not exact there). A misspelt value is refused by
+/// name before anything runs.
+#[test]
+fn without_the_fixed_order_kernels_the_gap_is_reported_not_gated() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::grpo::write_config(dir.path(), "", 2, 0.01);
+    let train = |run: &str, kernels: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .env(wirl_engine::invariant::KERNELS_VARIABLE, kernels)
+            .arg("train")
+            .arg(&config)
+            .args(["--eval-tasks", "0", "--run-dir"])
+            .arg(dir.path().join(run))
+            .output()
+            .unwrap()
+    };
+    let out = train("portable", "portable");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metrics = crate::grpo::metrics(&dir.path().join("portable"));
+    assert_eq!(metrics.len(), 2);
+    for m in &metrics {
+        let max = m["sampler_logp_diff_max"].as_f64().unwrap_or_else(|| panic!("no gap: {m}"));
+        assert!(max > 0.0 && max < 1e-3, "step {}: the gap of candle's ops is {max}", m["step"]);
+        eprintln!("step {}: candle's ops, sampler_logp_diff_max {max}", m["step"]);
+    }
+    let out = train("misspelt", "avx2");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("WIRL_CPU_KERNELS") && stderr.contains("portable"), "{stderr}");
+    assert!(!dir.path().join("misspelt").exists(), "a refused run made its directory");
+}

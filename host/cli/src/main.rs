@@ -212,6 +212,10 @@ fn main() -> ExitCode {
         tracing::debug!("candle computes on {threads} threads (RAYON_NUM_THREADS)");
     }
     let cli = Cli::parse();
+    if let Err(error) = wirl_engine::invariant::check_kernels_variable() {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
     // Code runners with `workers` start children of this binary (`wirl code-worker`).
     if let Ok(exe) = std::env::current_exe() {
         wirl_sandbox::register_worker_command(exe, &["code-worker"]);

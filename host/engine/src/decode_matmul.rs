@@ -25,7 +25,11 @@ pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+        *AVAILABLE.get_or_init(|| {
+            !crate::invariant::portable_kernels_asked()
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -19,10 +19,39 @@ use crate::decode_matmul::{self, FewRowMatmul, f32_contiguous};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor, bail};
 use rayon::prelude::*;
 
-/// Whether this CPU has the fixed-order kernels (AVX2 and FMA); without them both sides use
-/// candle's ops.
+/// Whether this CPU has the fixed-order kernels (AVX2 and FMA) and they were not declined
+/// ([`KERNELS_VARIABLE`]); without them both sides use candle's ops.
 pub fn available() -> bool {
     decode_matmul::available()
+}
+
+/// The environment variable that chooses the CPU's kernels: `portable` declines the
+/// fixed-order ones, so that this machine computes as a CPU without AVX2 does (candle's ops
+/// on both sides: the sampler's log-probs then differ from the learner's within rounding,
+/// reported and corrected, not gated); `native` or unset: the fixed-order kernels where the
+/// CPU has them. Read once, when the kernels are first asked for.
+pub const KERNELS_VARIABLE: &str = "WIRL_CPU_KERNELS";
+
+/// Whether [`KERNELS_VARIABLE`] declines the fixed-order kernels.
+pub(crate) fn portable_kernels_asked() -> bool {
+    std::env::var_os(KERNELS_VARIABLE).is_some_and(|v| v == "portable")
+}
+
+/// [`KERNELS_VARIABLE`]'s value checked: `Err` names it and what it may be (a command calls
+/// this before it computes, so that a misspelt value is not silently the default).
+pub fn check_kernels_variable() -> crate::Result<()> {
+    match std::env::var(KERNELS_VARIABLE) {
+        Err(std::env::VarError::NotPresent) => Ok(()),
+        Ok(v) if v == "portable" || v == "native" || v.is_empty() => Ok(()),
+        Ok(v) => Err(crate::Error::Config {
+            field: KERNELS_VARIABLE.into(),
+            message: format!("`{v}` is neither `native` (the default) nor `portable` (candle's ops, as without AVX2)"),
+        }),
+        Err(std::env::VarError::NotUnicode(v)) => Err(crate::Error::Config {
+            field: KERNELS_VARIABLE.into(),
+            message: format!("{v:?} is not text: set `native` or `portable`"),
+        }),
+    }
 }
 
 /// Whether `x · wᵀ` goes through [`matmul_t`]: both on the CPU, x f32, w f32 or bf16, and the
