@@ -842,15 +842,6 @@ impl Model {
     }
 }
 
-/// One layer of one step as the composition (`decoder.rs`) sees it: the layer's weights,
-/// the step's positions and mask, and the layer's slot of the cache.
-struct LayerStep<'a> {
-    block: &'a Block,
-    step: &'a Step<'a>,
-    cache: &'a mut Option<(Tensor, Tensor)>,
-    comm: &'a dyn Comm,
-}
-
 impl decoder::HeadOps for Model {
     type Error = Error;
 
@@ -867,6 +858,15 @@ impl decoder::HeadOps for Model {
     }
 }
 
+/// One layer of one step as the composition (`decoder.rs`) sees it: the layer's weights,
+/// the step's positions and mask, and the layer's slot of the cache.
+struct LayerStep<'a> {
+    block: &'a Block,
+    step: &'a Step<'a>,
+    cache: &'a mut Option<(Tensor, Tensor)>,
+    comm: &'a dyn Comm,
+}
+
 impl Block {
     /// The layer over `x` (`decoder::layer`).
     fn forward(&self, x: Tensor, step: &Step, cache: &mut Option<(Tensor, Tensor)>, comm: &dyn Comm) -> Result<Tensor> {
@@ -875,17 +875,13 @@ impl Block {
 }
 
 impl LayerStep<'_> {
-    /// The rope tables and mask of this layer (its own for a sliding layer); none on the
-    /// decoding path.
-    fn frame(&self) -> Option<&TensorFrame> {
+    /// The rope tables and mask of this layer (its own for a sliding layer). A decoding
+    /// step has none: its attention is `fused_attention`'s whole.
+    fn frame(&self) -> Result<&TensorFrame> {
         match &self.step.kind {
-            StepKind::Tensors(frames) => Some(frames.of_layer(self.block.attn.sliding)),
-            StepKind::Decode { .. } => None,
+            StepKind::Tensors(frames) => Ok(frames.of_layer(self.block.attn.sliding)),
+            StepKind::Decode { .. } => Err(Error::Internal("a decoding step's layer reached the tensor path".into())),
         }
-    }
-
-    fn frame_or_fail(&self) -> Result<&TensorFrame> {
-        self.frame().ok_or_else(|| Error::Internal("a decoding step's layer reached the tensor path".into()))
     }
 }
 
@@ -943,7 +939,7 @@ impl decoder::LayerOps for LayerStep<'_> {
         // candle's fused rotary kernel (one op where the composed one launches ~8 kernels
         // for q and for k each: a GPU's decoding step is launch-bound); inference only, it
         // has no backward. Each row has its own positions: the tables are `[batch, len, dim/2]`.
-        let frame = self.frame_or_fail()?;
+        let frame = self.frame()?;
         Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, &frame.cos, &frame.sin)?)
     }
 
@@ -952,7 +948,7 @@ impl decoder::LayerOps for LayerStep<'_> {
     }
 
     fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        let mask = self.frame_or_fail()?.mask.as_ref();
+        let mask = self.frame()?.mask.as_ref();
         let attn = &self.block.attn;
         if q.dtype() == DType::F32 && q.device().is_cpu() && crate::invariant::available() {
             // The learner's attention, to the bit (`invariant.rs`): keys summed one by one.
