@@ -203,3 +203,95 @@ pub fn logits<O: HeadOps + ?Sized>(ops: &O, x: &Tensor, config: &Config) -> Resu
     let logits = ops.project(&ops.final_norm(x)?)?;
     Ok(crate::layer::softcap(logits, config)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use std::cell::RefCell;
+
+    /// Ops that record what the composition asks of them, with a sandwich-normed family's
+    /// norms (Gemma's four, plus q/k), each op adding a mark to its input so that the result
+    /// says what was added to what.
+    struct Recording {
+        calls: RefCell<Vec<String>>,
+        sandwich: bool,
+    }
+
+    impl Recording {
+        fn note(&self, what: impl Into<String>) {
+            self.calls.borrow_mut().push(what.into());
+        }
+    }
+
+    impl LayerOps for Recording {
+        type Error = candle_core::Error;
+        fn heads(&self) -> Heads {
+            Heads { query: 2, key_value: 1, dim: 2 }
+        }
+        fn activation(&self) -> Activation {
+            Activation::Silu
+        }
+        fn norm(&self, x: &Tensor, at: NormAt) -> candle_core::Result<Option<Tensor>> {
+            if matches!(at, NormAt::Out(_)) && !self.sandwich {
+                return Ok(None);
+            }
+            self.note(format!("norm {at:?}"));
+            Ok(Some(x.clone()))
+        }
+        fn qkv(&self, x: &Tensor) -> candle_core::Result<[Tensor; 3]> {
+            self.note("qkv");
+            let (b, l, _) = x.dims3()?;
+            let q = Tensor::ones((b, l, 4), candle_core::DType::F32, x.device())?;
+            let kv = Tensor::ones((b, l, 2), candle_core::DType::F32, x.device())?;
+            Ok([q, kv.clone(), kv])
+        }
+        fn gate_up(&self, x: &Tensor) -> candle_core::Result<[Tensor; 2]> {
+            self.note("gate_up");
+            Ok([x.clone(), x.clone()])
+        }
+        fn out(&self, x: &Tensor, sublayer: Sublayer) -> candle_core::Result<Tensor> {
+            self.note(format!("out {sublayer:?}"));
+            let (b, l, _) = x.dims3()?;
+            // The hidden width is 4: a sublayer adds 1 to the residual.
+            Tensor::ones((b, l, 4), candle_core::DType::F32, x.device())
+        }
+        fn rope(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+            self.note(format!("rope {}", x.dim(1)?));
+            Ok(x.clone())
+        }
+        fn keys_values(&mut self, k: Tensor, v: Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+            self.note("keys_values");
+            Ok((k, v))
+        }
+        fn attend(&self, q: &Tensor, keys: &Tensor, _values: &Tensor) -> candle_core::Result<Tensor> {
+            self.note(format!("attend {} over {}", q.dim(1)?, keys.dim(1)?));
+            Ok(q.clone())
+        }
+        fn sum_across_ranks(&self, x: Tensor) -> candle_core::Result<Tensor> {
+            self.note("sum");
+            Ok(x)
+        }
+    }
+
+    #[test]
+    fn a_layer_norms_attends_and_adds_in_the_familys_order() {
+        let x = Tensor::zeros((1, 3, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+        for sandwich in [false, true] {
+            let mut ops = Recording { calls: RefCell::new(Vec::new()), sandwich };
+            let y = layer(&mut ops, &x).unwrap();
+            // Each sublayer's output (ones) added to the residual once.
+            assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), vec![2.0; 12]);
+            let out = |s: &str| if sandwich { vec![format!("norm Out({s})")] } else { vec![] };
+            let mut want: Vec<String> = ["norm In(Attention)", "qkv", "norm Query", "norm Key", "rope 2", "rope 1"]
+                .into_iter()
+                .chain(["keys_values", "attend 2 over 1", "out Attention", "sum"])
+                .map(String::from)
+                .collect();
+            want.extend(out("Attention"));
+            want.extend(["norm In(Mlp)", "gate_up", "out Mlp", "sum"].map(String::from));
+            want.extend(out("Mlp"));
+            assert_eq!(*ops.calls.borrow(), want, "sandwich {sandwich}");
+        }
+    }
+}
