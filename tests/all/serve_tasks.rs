@@ -401,3 +401,60 @@ fn a_config_file_sets_serve_options_and_flags_win() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("[serve]") && said.contains("max_m"), "{said}");
 }
+
+/// A task's plugin call that outlasts the server's `--timeout-s` is answered 504 at that
+/// deadline, not when the call ends (issue 58: the task endpoints had no deadline of their
+/// own, so a slow reward held its client as long as its own `deadline_ms`); the server goes
+/// on answering other tasks meanwhile, and an episode whose step passed it is closed.
+#[test]
+fn a_task_call_past_the_servers_deadline_is_answered_504() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[[tasks]]
+name = "slow"
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+[[tasks.rewards]]
+plugin = {HOSTILE:?}
+config = {{ sleep_ms = 30000 }}
+deadline_ms = 60000
+
+[[tasks]]
+name = "arithmetic"
+[tasks.environment]
+plugin = {ARITHMETIC:?}
+[[tasks.rewards]]
+plugin = {MATH_ANSWER:?}
+"#
+    );
+    let config = dir.path().join("slow.toml");
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap(), "--timeout-s", "2"]);
+    let problem = json!({"prompt": "2+3", "answer": "5"});
+    // An episode whose step (here: its one scored turn) passes the deadline is closed: the
+    // step goes on in the background, so the client could not know the episode's state.
+    let (status, episode) = server.post("/v1/episodes", &json!({"task": "slow", "problem": problem}).to_string());
+    assert_eq!(status, 201, "{episode}");
+    let step = format!("/v1/episodes/{}/step", episode["session_id"].as_str().unwrap());
+    let started = std::time::Instant::now();
+    let (status, answer) = server.post(&step, &json!({"action": "x"}).to_string());
+    let waited = started.elapsed();
+    assert_eq!(status, 504, "{answer}");
+    assert!(answer.to_string().contains("--timeout-s") && answer.to_string().contains("closed"), "{answer}");
+    // The reward sleeps 30 s; the answer came at the 2 s deadline (bounded generously).
+    assert!(waited < std::time::Duration::from_secs(20), "answered after {waited:?}");
+    let (status, answer) = server.post(&step, &json!({"action": "x"}).to_string());
+    assert_eq!(status, 404, "{answer}");
+    // The slow task's score waits for its lock (the step still sleeps) and gets its 504 too;
+    // another task is served meanwhile.
+    let (status, answer) =
+        server.post("/v1/score", &json!({"task": "slow", "problem": problem, "completions": ["x"]}).to_string());
+    assert_eq!(status, 504, "{answer}");
+    let scored = ok(
+        &server,
+        "/v1/score",
+        json!({"task": "arithmetic", "problem": problem, "completions": ["<answer>5</answer>"]}),
+    );
+    assert_eq!(scored["rewards"], json!([1.0]), "{scored}");
+}

@@ -250,13 +250,28 @@ fn served(state: &AppState) -> Result<Arc<Tasks>, ApiError> {
     })
 }
 
-/// Run blocking plugin work off the async workers.
+/// Run blocking plugin work off the async workers, answered 504 at the server's deadline.
 async fn blocking<T: Send + 'static>(
+    state: &AppState,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| {
-        ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the plugin call did not finish: {e}"))
-    })?
+    // The call itself cannot be cut from here: it ends within its plugin's own limits
+    // (`deadline_ms`, a remote task's `timeout_s`) in the background, its task's lock held
+    // until then, while the client has its answer at the server's deadline.
+    let timeout = state.config.request_timeout;
+    match tokio::time::timeout(timeout, tokio::task::spawn_blocking(work)).await {
+        Err(_) => Err(ApiError::with_status(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "the task's plugin call ran past this server's deadline of {} s (--timeout-s); it ends within its \
+                 own limits",
+                timeout.as_secs()
+            ),
+        )),
+        Ok(joined) => joined.map_err(|e| {
+            ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, format!("the plugin call did not finish: {e}"))
+        })?,
+    }
 }
 
 fn count(body: &Map<String, Value>, field: &str, default: usize, max: usize) -> Result<usize, ApiError> {
@@ -345,7 +360,7 @@ pub(crate) async fn draw(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         _ => return Err(ApiError::bad(Some("split"), "must be \"train\" or \"eval\"")),
     };
     let task = tasks.tasks[t].clone();
-    let drawn = blocking(move || {
+    let drawn = blocking(&state, move || {
         let mut task = lock(&task);
         let first = task.eval_first_index;
         let out: Vec<Drawn> = match (&mut task.loaded.source, eval) {
@@ -434,7 +449,7 @@ pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Re
             .collect::<Result<_, ApiError>>()?
     };
     let task = tasks.tasks[t].clone();
-    let results = blocking(move || {
+    let results = blocking(&state, move || {
         let mut task = lock(&task);
         let policy = task.loaded.spec.failures;
         // At once where the task's graders run programs in worker processes.
@@ -480,7 +495,7 @@ pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) 
         }
     }
     let task = tasks.tasks[t].clone();
-    let results: Vec<Scored> = blocking(move || {
+    let results: Vec<Scored> = blocking(&state, move || {
         let mut task = lock(&task);
         let policy = task.loaded.spec.failures;
         Ok(queries
@@ -535,7 +550,7 @@ pub(crate) async fn episode_reset(State(state): State<Arc<AppState>>, body: Byte
         });
     };
     let task = tasks.tasks[t].clone();
-    let session = blocking(move || {
+    let session = blocking(&state, move || {
         let mut task = lock(&task);
         let problem = match (given, &mut task.loaded.source) {
             (Some(problem), _) => problem,
@@ -632,7 +647,7 @@ pub(crate) async fn episode_step(
     };
     let session = session(&tasks, &id)?;
     let owner = tasks.clone();
-    let (reply, done) = blocking(move || {
+    let (reply, done) = blocking(&state, move || {
         let mut session = lock(&session);
         if session.done {
             return Err(ApiError::with_status(
@@ -685,7 +700,16 @@ pub(crate) async fn episode_step(
         let done = session.done;
         Ok((reply, done))
     })
-    .await?;
+    .await
+    .map_err(|error| {
+        if error.status != StatusCode::GATEWAY_TIMEOUT {
+            return error;
+        }
+        // The step goes on in the background and moves the episode on; its client cannot
+        // know where to: the episode ends here (its id answers 404 from now on).
+        tasks.close(&id);
+        ApiError { message: format!("{}; the episode is closed: reset to begin another", error.message), ..error }
+    })?;
     if done {
         // Its instance is freed now; the id answers 404 from here on.
         tasks.close(&id);
