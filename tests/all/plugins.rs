@@ -127,3 +127,36 @@ fn arithmetic_knobs_come_from_config_and_bad_ones_are_named() {
     let failure = environment.task_at(0, 0).unwrap_err();
     assert!(failure.message.contains("`kind`") && failure.message.contains("calculus"), "{failure}");
 }
+
+/// 300 threads score with a real plugin at once through a pool of 8 instance slots, five
+/// times over: every call waits its turn for a slot and scores right (issue 58). It caught
+/// a slot given back before its store's instance was freed (wasmtime drops a store's data
+/// first): then a call now and then failed "maximum concurrent limit of 8" (4 of 300 in one
+/// burst). The race is one of timing: without the fix about one run of this test in three
+/// failed; with it, none of seven.
+#[test]
+fn three_hundred_threads_share_eight_instance_slots_and_all_score() {
+    let (sandbox, _cache) =
+        crate::sandbox_with(wirl_sandbox::SandboxSettings { max_instances: 8, ..Default::default() });
+    let plugin = load(&sandbox, MATH_ANSWER);
+    let right = task("t", Some("42"));
+    for round in 0..5 {
+        let rewards: Vec<Result<f32, String>> = std::thread::scope(|scope| {
+            let calls: Vec<_> = (0..300)
+                .map(|i| {
+                    let (plugin, right) = (plugin.clone(), &right);
+                    scope.spawn(move || {
+                        let mut reward = RewardPlugin::new(plugin).map_err(|e| e.to_string())?;
+                        let completion = if i % 2 == 0 { "<answer>42</answer>" } else { "<answer>41</answer>" };
+                        reward.score(right, completion).map(|s| s.reward).map_err(|f| f.to_string())
+                    })
+                })
+                .collect();
+            calls.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        let failed: Vec<_> = rewards.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(failed.is_empty(), "round {round}: {} of 300 failed, such as {:?}", failed.len(), failed.first());
+        let rewards: Vec<f32> = rewards.into_iter().map(Result::unwrap).collect();
+        assert!(rewards.iter().enumerate().all(|(i, &r)| r == if i % 2 == 0 { 1.0 } else { 0.0 }), "{rewards:?}");
+    }
+}

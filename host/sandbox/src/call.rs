@@ -118,8 +118,6 @@ pub(crate) struct HostState {
     /// Where an agent's `inference` import generates; none for other worlds.
     pub(crate) inference: Option<Arc<dyn crate::inference::InferenceHost>>,
     pub(crate) interrupt: Interrupter,
-    /// The pool's slot this store holds, given back with it.
-    pub(crate) slot: Option<crate::slots::Slot>,
     /// A code run's working directory, measured as the program runs; none for others.
     pub(crate) workdir: Option<crate::workdir::WorkdirWatch>,
 }
@@ -182,7 +180,6 @@ impl HostState {
             stdout,
             stderr,
             runner,
-            slot: None,
             workdir: None,
         }
     }

@@ -5,7 +5,6 @@ use crate::call::{self, CallStats, Failure, HostState};
 use crate::plugin::{Instances, Plugin};
 use crate::{Description, Error, Result, StepResult, Task, World};
 use std::sync::Arc;
-use wasmtime::Store;
 use wasmtime::component::ResourceAny;
 
 /// An environment plugin ready to produce tasks and run episodes.
@@ -86,7 +85,7 @@ impl EnvironmentPlugin {
 /// One running episode, with its own instance.
 pub struct Episode {
     plugin: Arc<Plugin>,
-    store: Store<HostState>,
+    store: crate::plugin::SlottedStore,
     bindings: Bindings,
     episode: ResourceAny,
 }

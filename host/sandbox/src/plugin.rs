@@ -96,6 +96,30 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
+/// A store with the pool's instance slot it was made under. The slot is given back only
+/// after the store is gone: wasmtime drops a store's data before it frees the store's
+/// instances, so a slot kept in the data came free while the pooling allocator still
+/// counted the instance, and a call that took it failed "maximum concurrent limit"
+/// (4 of 300 threads on 8 slots, `plugins::three_hundred_threads_...`). Fields drop in
+/// order: the store, then the slot.
+pub(crate) struct SlottedStore {
+    store: Store<HostState>,
+    _slot: crate::slots::Slot,
+}
+
+impl std::ops::Deref for SlottedStore {
+    type Target = Store<HostState>;
+    fn deref(&self) -> &Store<HostState> {
+        &self.store
+    }
+}
+
+impl std::ops::DerefMut for SlottedStore {
+    fn deref_mut(&mut self) -> &mut Store<HostState> {
+        &mut self.store
+    }
+}
+
 impl Plugin {
     pub fn name(&self) -> &str {
         &self.spec.name
@@ -148,7 +172,7 @@ impl Plugin {
     }
 
     /// A fresh store with this plugin's capabilities, limits and guards; armed for a call.
-    pub(crate) fn new_store(&self) -> Result<Store<HostState>, Failure> {
+    pub(crate) fn new_store(&self) -> Result<SlottedStore, Failure> {
         self.new_store_with(&self.spec.limits, None)
     }
 
@@ -159,7 +183,7 @@ impl Plugin {
         &self,
         limits: &Limits,
         workdir: Option<&crate::Workdir>,
-    ) -> Result<Store<HostState>, Failure> {
+    ) -> Result<SlottedStore, Failure> {
         self.new_store_reading(limits, workdir, "")
     }
 
@@ -170,7 +194,7 @@ impl Plugin {
         limits: &Limits,
         workdir: Option<&crate::Workdir>,
         stdin: &str,
-    ) -> Result<Store<HostState>, Failure> {
+    ) -> Result<SlottedStore, Failure> {
         // Waited for as part of the call: a full pool slows calls down, it does not fail them.
         let slot = self.slots.take(limits.deadline(), &self.interrupt).map_err(|no| match no {
             crate::slots::NoSlot::Interrupted => Failure {
@@ -222,11 +246,10 @@ impl Plugin {
         state.workdir = workdir.cloned().map(crate::workdir::WorkdirWatch::new);
         state.wasi_p1 = wasi_p1;
         let mut store = Store::new(&self.engine, state);
-        store.data_mut().slot = Some(slot);
         store.limiter(|state| &mut state.limiter);
         call::install_deadline_check(&mut store, self.epoch_tick_ms);
         call::arm(&mut store, limits, self.epoch_tick_ms, self.fuel_enabled);
-        Ok(store)
+        Ok(SlottedStore { store, _slot: slot })
     }
 
     /// Arm a store for the next call.
@@ -287,7 +310,7 @@ fn log_prints(plugin: &str, stream: &str, text: &str) {
 /// trap leaves it in an unknown state.
 pub(crate) struct Instances<B> {
     pub(crate) plugin: Arc<Plugin>,
-    reused: Option<(Store<HostState>, B)>,
+    reused: Option<(SlottedStore, B)>,
     pub(crate) last: crate::CallStats,
 }
 
