@@ -437,13 +437,11 @@ plugin = {MATH_ANSWER:?}
     let (status, episode) = server.post("/v1/episodes", &json!({"task": "slow", "problem": problem}).to_string());
     assert_eq!(status, 201, "{episode}");
     let step = format!("/v1/episodes/{}/step", episode["session_id"].as_str().unwrap());
-    let started = std::time::Instant::now();
+    // The reward sleeps 30 s within its 60 s deadline: without the server's own deadline
+    // this answered 200 when the sleep ended; a 504 is the deadline's answer.
     let (status, answer) = server.post(&step, &json!({"action": "x"}).to_string());
-    let waited = started.elapsed();
     assert_eq!(status, 504, "{answer}");
     assert!(answer.to_string().contains("--timeout-s") && answer.to_string().contains("closed"), "{answer}");
-    // The reward sleeps 30 s; the answer came at the 2 s deadline (bounded generously).
-    assert!(waited < std::time::Duration::from_secs(20), "answered after {waited:?}");
     let (status, answer) = server.post(&step, &json!({"action": "x"}).to_string());
     assert_eq!(status, 404, "{answer}");
     // The slow task's score waits for its lock (the step still sleeps) and gets its 504 too;

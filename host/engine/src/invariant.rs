@@ -43,14 +43,13 @@ pub fn check_kernels_variable() -> crate::Result<()> {
     match std::env::var(KERNELS_VARIABLE) {
         Err(std::env::VarError::NotPresent) => Ok(()),
         Ok(v) if v == "portable" || v == "native" || v.is_empty() => Ok(()),
-        Ok(v) => Err(crate::Error::Config {
-            field: KERNELS_VARIABLE.into(),
-            message: format!("`{v}` is neither `native` (the default) nor `portable` (candle's ops, as without AVX2)"),
-        }),
-        Err(std::env::VarError::NotUnicode(v)) => Err(crate::Error::Config {
-            field: KERNELS_VARIABLE.into(),
-            message: format!("{v:?} is not text: set `native` or `portable`"),
-        }),
+        Ok(v) => Err(crate::Error::Input(format!(
+            "the environment variable {KERNELS_VARIABLE} is `{v}`: set `native` (the default) or `portable` \
+             (candle's ops, as on a CPU without AVX2), or unset it"
+        ))),
+        Err(std::env::VarError::NotUnicode(v)) => Err(crate::Error::Input(format!(
+            "the environment variable {KERNELS_VARIABLE} is {v:?}, not text: set `native` or `portable`, or unset it"
+        ))),
     }
 }
 
