@@ -176,25 +176,36 @@ def write_gemma3_gguf(model, path):
     writer.close()
 
 
+def chosen(families):
+    """The families named on the command line (all of `families` without names)."""
+    names = sys.argv[1:] or list(families)
+    unknown = [f for f in names if f not in families]
+    if unknown:
+        sys.exit(f"unknown families {unknown}: choose from {list(families)}")
+    return names
+
+
+def save(model, name, reference):
+    """`model` as transformers saves it in `tests/fixtures/NAME/` (without the generation
+    config wirl's tests do not read), with `reference` as its `reference.json`."""
+    out = os.path.join(ROOT, "tests", "fixtures", name)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    path = os.path.join(out, "generation_config.json")
+    if os.path.exists(path):
+        os.remove(path)
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump(reference, f)
+    return out
+
+
 def main():
     torch.manual_seed(0)
-    chosen = sys.argv[1:] or list(FAMILIES)
-    unknown = [f for f in chosen if f not in FAMILIES]
-    if unknown:
-        sys.exit(f"unknown families {unknown}: choose from {list(FAMILIES)}")
-    for family in chosen:
+    for family in chosen(FAMILIES):
         build = FAMILIES[family]
         model = build().eval()
         randomize(model)
-        out = os.path.join(ROOT, "tests", "fixtures", f"tiny-{family}")
-        os.makedirs(out, exist_ok=True)
-        model.save_pretrained(out, safe_serialization=True)
-        for extra in ("generation_config.json",):
-            path = os.path.join(out, extra)
-            if os.path.exists(path):
-                os.remove(path)
-        with open(os.path.join(out, "reference.json"), "w") as f:
-            json.dump(reference(model), f)
+        out = save(model, f"tiny-{family}", reference(model))
         if family == "gemma3":
             write_gemma3_gguf(model, os.path.join(out, "model.gguf"))
         print(family, "->", out, file=sys.stderr)

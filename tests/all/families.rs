@@ -31,8 +31,13 @@ pub(crate) struct GreedyCase {
 
 /// The family's fixture model in a temporary directory, with the tests' tokenizer beside it.
 pub(crate) fn tiny(family: &str) -> (tempfile::TempDir, Reference) {
-    let fixture =
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(format!("tiny-{family}"));
+    fixture_model(&format!("tiny-{family}"))
+}
+
+/// The model of `tests/fixtures/NAME/` (as transformers saved it) in a temporary directory,
+/// with the tests' tokenizer beside it, and its `reference.json`.
+pub(crate) fn fixture_model<R: serde::de::DeserializeOwned>(name: &str) -> (tempfile::TempDir, R) {
+    let fixture = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name);
     let dir = tempfile::tempdir().unwrap();
     for file in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();

@@ -26,6 +26,7 @@ mod plugins;
 mod precision;
 mod ranks;
 mod reference;
+mod reward_models;
 mod ruby;
 mod runtime;
 mod sandbox;

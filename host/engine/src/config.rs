@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::family::Activation;
-use crate::family::{self, Family, Sizes, Windows};
+use crate::family::{self, Family, Head, Sizes, Windows};
 
 /// The fields of `config.json` this engine reads. Unknown fields are ignored (HF configs
 /// carry many); missing required ones are an error naming the field.
@@ -89,6 +89,10 @@ pub struct Config {
     /// read: any value loads (early Llama conversions wrote -1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pad_token_id: Option<serde_json::Value>,
+    /// A sequence classifier's labels by index (transformers writes `id2label`, and reads
+    /// their count as `num_labels`): how many scores its `score` head gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id2label: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The most positions the engine runs a model over, whatever its config claims: rope
@@ -197,9 +201,19 @@ impl Config {
         1.0 / scalar.unwrap_or(self.head_dim() as f64).sqrt()
     }
 
-    /// The cap of the logits' soft-capping (Gemma's key: ignored for other families).
+    /// The cap of the logits' soft-capping (Gemma's key: ignored for other families, and for
+    /// a classifier's scores, which transformers does not cap).
     pub fn logit_softcap(&self) -> Option<f64> {
-        self.final_logit_softcapping.filter(|_| self.family().gemma_scaling)
+        self.final_logit_softcapping.filter(|_| self.family().gemma_scaling && self.classifier_labels().is_none())
+    }
+
+    /// How many scores the checkpoint's head gives when it is a sequence classifier
+    /// (`architectures` names a `...ForSequenceClassification`: a `score` head read at a
+    /// text's last token, as reward models are), `None` for a causal language model. The
+    /// count is `id2label`'s, two without one (transformers' default `num_labels`).
+    pub fn classifier_labels(&self) -> Option<usize> {
+        let classifier = self.architectures.iter().any(|a| a.ends_with("ForSequenceClassification"));
+        classifier.then(|| self.id2label.as_ref().map_or(2, serde_json::Map::len))
     }
 
     /// Norms after attention and after the MLP as well as before each (Gemma's four).
@@ -249,7 +263,10 @@ impl Config {
             heads: self.num_attention_heads,
             kv_heads: self.num_kv_heads(),
             head_dim: self.head_dim(),
-            tied_output: self.tie_word_embeddings,
+            head: match self.classifier_labels() {
+                Some(labels) => Head::Scores { labels },
+                None => Head::Vocabulary { tied: self.tie_word_embeddings },
+            },
             qkv_bias: self.qkv_bias(),
         }
     }
@@ -322,6 +339,9 @@ impl Config {
         within("num_key_value_heads", self.num_kv_heads(), MAX_HEADS)?;
         within("head_dim", self.head_dim(), MAX_HEAD_DIM)?;
         within("max_position_embeddings", self.max_position_embeddings, MAX_CLAIMED_CONTEXT)?;
+        if let Some(labels) = self.classifier_labels() {
+            within("id2label's count of labels", labels, MAX_VOCAB)?;
+        }
         if let Some(types) = &self.layer_types
             && types.len() != self.num_hidden_layers
         {
@@ -502,7 +522,11 @@ impl Config {
             layer = layer.saturating_add(head_dim.saturating_mul(2));
         }
         let embeddings = vocab.saturating_mul(hidden);
-        let head = if self.tie_word_embeddings { 0 } else { embeddings };
+        let head = match self.sizes().head {
+            Head::Vocabulary { tied: true } => 0,
+            Head::Vocabulary { tied: false } => embeddings,
+            Head::Scores { labels } => n(labels).saturating_mul(hidden),
+        };
         [embeddings, n(self.num_hidden_layers).saturating_mul(layer), hidden, head]
             .into_iter()
             .fold(0, u64::saturating_add)

@@ -30,6 +30,7 @@ pub mod memory_budget;
 mod output;
 pub mod prefix_cache;
 pub mod request;
+pub mod reward_model;
 pub mod sampling;
 mod scheduler;
 pub mod tokenizer;
@@ -57,6 +58,7 @@ pub use llama::{KvCache, Model};
 pub use load::{LoadOptions, LoadedModel, WeightMirror, load};
 pub use output::TextPiece;
 pub use request::{Completion, FinishReason, GenerateRequest, RequestId};
+pub use reward_model::RewardModel;
 pub use sampling::Sampling;
 pub use tokenizer::{ChatMessage, TemplateVars, TextStream, Tokenizer, check_template_vars};
 

@@ -632,9 +632,13 @@ impl Model {
         let dtype = embed.dtype();
         let blocks = (0..config.num_hidden_layers).map(|i| shard.block(source, i)).collect::<Result<Vec<_>>>()?;
         let norm = Norm::load(source, family::FINAL_NORM, config)?;
-        let vocab_parallel = size > 1 && config.vocab_size.is_multiple_of(size);
+        let classifier = config.classifier_labels().is_some();
+        let vocab_parallel = size > 1 && config.vocab_size.is_multiple_of(size) && !classifier;
         let head_split = if vocab_parallel { Split::Rows } else { Split::Whole };
-        let lm_head = if source.contains(family::OUTPUT_WEIGHT) && !config.tie_word_embeddings {
+        let lm_head = if classifier {
+            // A classifier's few scores: the whole head on every rank.
+            shard.linear(source, family::SCORE, false, Split::Whole)?
+        } else if source.contains(family::OUTPUT_WEIGHT) && !config.tie_word_embeddings {
             shard.linear(source, family::OUTPUT, false, head_split)?
         } else {
             // Tied embeddings: the output projection is the embedding table.

@@ -87,9 +87,47 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
     if let Some(adapter) = &options.adapter {
         return load_adapted(path, adapter, options);
     }
-    let (config, tokenizer, mut source) = open(path, options)?;
+    let (config, tokenizer, mut source) = open(path, options, Kind::LanguageModel)?;
     let model = Model::load_shard(&config, source.as_mut(), &options.device, options.comm.clone())?;
     Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
+}
+
+/// Load the sequence classifier at `path` (a reward model: [`crate::reward_model`]); a
+/// language model is refused.
+pub fn load_classifier(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let (config, tokenizer, mut source) = open(path, options, Kind::Classifier)?;
+    let model = Model::load_shard(&config, source.as_mut(), &options.device, options.comm.clone())?;
+    Ok(LoadedModel { model, tokenizer, config, path: path.to_path_buf() })
+}
+
+/// What a caller needs the checkpoint to be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A language model: it generates, and trains as a policy.
+    LanguageModel,
+    /// A sequence classifier: it scores texts.
+    Classifier,
+}
+
+/// Refuse a checkpoint whose head is not the one `wanted` (`classifier`: it is a sequence
+/// classifier, of `architectures`), before its weights are read.
+fn check_head(path: &Path, architectures: &[String], classifier: bool, wanted: Kind) -> Result<()> {
+    let message = match wanted {
+        Kind::LanguageModel if classifier => format!(
+            "{} is a sequence classifier ({}: a `score` head, no vocabulary logits): it scores texts and cannot \
+             generate or train as a policy. Use it as a reward: `[[rewards]] model = \"{}\"`",
+            path.display(),
+            architectures.join(", "),
+            path.display()
+        ),
+        Kind::Classifier if !classifier => format!(
+            "{} is not a sequence classifier (its config.json's `architectures` names no \
+             `...ForSequenceClassification`): a reward model is one, saved with its `score` head",
+            path.display()
+        ),
+        _ => return Ok(()),
+    };
+    Err(Error::Config { field: "architectures".into(), message })
 }
 
 /// The model at `path` with the LoRA adapter at `adapter` merged into its dense weights (each
@@ -120,7 +158,7 @@ fn load_adapted(path: &Path, adapter: &Path, options: &LoadOptions) -> Result<Lo
 /// head too, which the trainer's fused head reads in f32.
 pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, HashMap<String, Tensor>)> {
     let options = LoadOptions { quantized: false, ..options.clone() };
-    let (config, tokenizer, mut source) = open(path, &options)?;
+    let (config, tokenizer, mut source) = open(path, &options, Kind::LanguageModel)?;
     let dtype = options.dense_dtype();
     let mut tensors = HashMap::new();
     for name in config.tensor_names() {
@@ -141,10 +179,12 @@ pub fn load_tensors(path: &Path, options: &LoadOptions) -> Result<(Config, Token
 }
 
 /// The config, tokenizer and weights of the model at `path`, not yet assembled.
-fn open(path: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
+fn open(path: &Path, options: &LoadOptions, wanted: Kind) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
     if path.is_dir() {
-        open_hf_dir(path, options)
+        open_hf_dir(path, options, wanted)
     } else if path.is_file() {
+        // A GGUF file holds a language model.
+        check_head(path, &[], false, wanted)?;
         let (config, tokenizer, mut source) = open_gguf(path, &options.device, options.quantized)?;
         source.dtype = options.dense_dtype();
         source.matrix_dtype = options.matrix_dtype();
@@ -327,8 +367,9 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
         .map_err(|e| Error::Format { file: path.display().to_string(), message: format!("not valid JSON: {e}") })
 }
 
-fn open_hf_dir(dir: &Path, options: &LoadOptions) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
+fn open_hf_dir(dir: &Path, options: &LoadOptions, wanted: Kind) -> Result<(Config, Tokenizer, Box<dyn WeightSource>)> {
     let config = read_config(dir)?;
+    check_head(dir, &config.architectures, config.classifier_labels().is_some(), wanted)?;
 
     let index = dir.join("model.safetensors.index.json");
     let shards: Vec<PathBuf> = if index.exists() {
@@ -598,6 +639,8 @@ pub fn config_from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> std::re
             .and_then(|v| v.to_u32().ok())
             .map(crate::config::EosTokenId::One),
         pad_token_id: metadata.get("tokenizer.ggml.padding_token_id").and_then(|v| v.to_u32().ok()).map(Into::into),
+        // A GGUF file holds a language model.
+        id2label: None,
     };
     if gemma {
         gemma3_fixed_choices(&mut config, metadata, &number)?;

@@ -39,10 +39,21 @@ pub struct Sizes {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    /// The output head is the embedding table (no `lm_head.weight`).
-    pub tied_output: bool,
+    /// What the last layer's states are projected to.
+    pub head: Head,
     /// q, k and v carry biases (the config's `attention_bias`, else the family's).
     pub qkv_bias: bool,
+}
+
+/// What a checkpoint's head projects the last layer's states to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// The vocabulary's logits, by `lm_head` (`tied`: by the embedding table, no
+    /// `lm_head.weight`): a causal language model.
+    Vocabulary { tied: bool },
+    /// `labels` scores, by `score` (no bias): a sequence classifier (transformers'
+    /// `...ForSequenceClassification`, a reward model), read at a text's last token.
+    Scores { labels: usize },
 }
 
 pub use gemma3::GEMMA3;
@@ -63,6 +74,10 @@ pub const FINAL_NORM: &str = "model.norm.weight";
 pub const OUTPUT: &str = "lm_head";
 /// The output head's matrix, `[vocab, hidden]`.
 pub const OUTPUT_WEIGHT: &str = "lm_head.weight";
+/// A sequence classifier's head module (instead of `lm_head`).
+pub const SCORE: &str = "score";
+/// A sequence classifier's head matrix, `[labels, hidden]`.
+pub const SCORE_WEIGHT: &str = "score.weight";
 
 /// The prefix of layer `i`'s tensors (`model.layers.{i}`).
 pub fn layer(i: usize) -> String {
@@ -274,8 +289,10 @@ impl Family {
             }
         }
         names.push(FINAL_NORM.into());
-        if !sizes.tied_output {
-            names.push(OUTPUT_WEIGHT.into());
+        match sizes.head {
+            Head::Vocabulary { tied: true } => {}
+            Head::Vocabulary { tied: false } => names.push(OUTPUT_WEIGHT.into()),
+            Head::Scores { .. } => names.push(SCORE_WEIGHT.into()),
         }
         names
     }
@@ -289,6 +306,9 @@ impl Family {
         }
         if name == FINAL_NORM {
             return Some(vec![hidden]);
+        }
+        if let (SCORE_WEIGHT, Head::Scores { labels }) = (name, sizes.head) {
+            return Some(vec![labels, hidden]);
         }
         let (_, within) = name.strip_prefix("model.layers.")?.split_once('.')?;
         if let Some(module) = within.strip_suffix(".bias") {
@@ -347,7 +367,7 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 16,
-            tied_output: false,
+            head: Head::Vocabulary { tied: false },
             qkv_bias: family.qkv_bias,
         }
     }
