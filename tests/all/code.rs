@@ -735,7 +735,7 @@ mod workers {
     fn groups_scored_at_once_get_the_verdicts_of_groups_scored_one_by_one() {
         wirl_sandbox::register_worker_command(env!("CARGO_BIN_EXE_wirl"), &["code-worker"]);
         let scorers = |workers: usize| {
-            let reward = wirl_rollout::RewardSpec {
+            let source = wirl_rollout::RewardSource::Plugin {
                 plugin: wirl_rollout::PluginRef {
                     path: HUMANEVAL_GRADER.into(),
                     stored: None,
@@ -743,7 +743,6 @@ mod workers {
                     deadline_ms: Some(60_000),
                     memory_mib: None,
                 },
-                weight: 1.0,
                 code_runner: Some(wirl_rollout::CodeRunnerRef {
                     path: PYTHON_HUMANEVAL_RUNNER.into(),
                     stored: None,
@@ -752,6 +751,7 @@ mod workers {
                     workers,
                 }),
             };
+            let reward = wirl_rollout::RewardSpec { source, weight: 1.0 };
             wirl_rollout::Scorers::load(sandbox(), &[reward]).unwrap()
         };
         let (mut one_by_one, mut at_once) = (scorers(0), scorers(2));

@@ -5,6 +5,7 @@
 //! text ending in the padding id read where transformers reads it.
 
 use serde::Deserialize;
+use std::path::Path;
 use wirl_engine::{ChatMessage, LoadOptions, RewardModel};
 
 #[derive(Deserialize)]
@@ -107,4 +108,124 @@ fn a_classifier_is_no_policy_and_a_language_model_no_reward_model() {
     let (policy, _) = crate::families::tiny("qwen3");
     let error = RewardModel::load(policy.path(), &LoadOptions::default()).err().unwrap().to_string();
     assert!(error.contains("is not a sequence classifier"), "{error}");
+}
+
+/// A reward model's directory beside the tiny policy of `grpo::write_config`: the tiny Qwen3
+/// classifier with the policy's own tokenizer (its words, its chat template).
+fn reward_model_beside(dir: &Path) -> std::path::PathBuf {
+    let fixture = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny-reward-qwen3"));
+    crate::grpo::write_config(dir, "", 1, 0.01);
+    let reward = dir.join("reward-model");
+    std::fs::create_dir_all(&reward).unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(file), reward.join(file)).unwrap();
+    }
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(dir.join("model").join(file), reward.join(file)).unwrap();
+    }
+    reward
+}
+
+/// A training config on the tiny policy whose tasks are dataset prompts (known to the test)
+/// and whose rewards are `rewards` (TOML).
+fn dataset_config(dir: &Path, rewards: &str) -> std::path::PathBuf {
+    let config = crate::grpo::write_config(dir, "", 1, 0.01);
+    let prompts: String = [5, 9, 13, 21]
+        .iter()
+        .map(|w| {
+            let prompt = format!("w{w}{} w3zzz", "z".repeat(w % 8));
+            let row = serde_json::json!({"id": format!("p{w}"), "messages": [{"role": "user", "content": prompt}], "answer": "1"});
+            row.to_string() + "\n"
+        })
+        .collect();
+    std::fs::write(dir.join("train.jsonl"), prompts).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let (start, end) = (text.find("[environment]").unwrap(), text.find("[sampling]").unwrap());
+    std::fs::write(
+        &config,
+        format!("{}[dataset]\ntrain = \"train.jsonl\"\n\n{rewards}\n{}", &text[..start], &text[end..]),
+    )
+    .unwrap();
+    config
+}
+
+/// `[[rewards]] model = DIR` in a training run: each completion's reward is the reward
+/// model's score of the prompt and the completion (here beside a plugin, weighted), the same
+/// value the engine's `RewardModel` gives that conversation; nothing failed.
+#[test]
+fn a_training_run_is_rewarded_by_a_reward_model_beside_a_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let reward_dir = reward_model_beside(dir.path());
+    let rewards = format!(
+        "[[rewards]]\nmodel = {reward_dir:?}\nweight = 0.5\n\n[[rewards]]\nplugin = \"builtin:math-answer\"\nweight = 0\n"
+    );
+    let config = dataset_config(dir.path(), &rewards);
+    let run = dir.path().join("run");
+    let out = crate::grpo::train(&config, &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let model = RewardModel::load(&reward_dir, &LoadOptions::default()).unwrap();
+    let prompts: std::collections::BTreeMap<String, String> = std::fs::read_to_string(dir.path().join("train.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            (row["id"].as_str().unwrap().to_string(), row["messages"][0]["content"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let rollouts = crate::grpo::rollouts(&run);
+    let scored: Vec<&serde_json::Value> = rollouts.iter().filter(|r| r.get("completion").is_some()).collect();
+    assert_eq!(scored.len(), 12, "two prompts of six");
+    let mut distinct = std::collections::BTreeSet::new();
+    for rollout in scored {
+        assert_eq!(rollout["status"], "ok", "{rollout}");
+        assert_eq!(rollout["failures"], serde_json::json!([]), "{rollout}");
+        let id = rollout["task"].as_str().unwrap();
+        let prompt = prompts.get(id).unwrap_or_else(|| panic!("the prompt of task {id}"));
+        let messages = [ChatMessage { role: "user".into(), content: prompt.clone() }];
+        let ids = model.conversation_ids(&messages, rollout["completion"].as_str().unwrap()).unwrap();
+        let expected = 0.5 * model.score(&[ids]).unwrap().remove(0).unwrap()[0];
+        let reward = rollout["reward"].as_f64().unwrap() as f32;
+        assert!((reward - expected).abs() < 1e-4, "reward {reward}, the reward model's {expected}: {rollout}");
+        distinct.insert(reward.to_bits());
+    }
+    assert!(distinct.len() > 1, "every completion scored alike");
+    // The run's manifest keeps the reward model: the run resumes with it.
+    let resumed = crate::grpo::resume(&run, 2);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let rollouts = crate::grpo::rollouts(&run);
+    let second: Vec<_> = rollouts.iter().filter(|r| r["step"] == 2 && r.get("completion").is_some()).collect();
+    assert_eq!(second.len(), 12);
+    assert!(second.iter().all(|r| r["status"] == "ok" && r["reward"].as_f64().unwrap() != 0.0), "{second:?}");
+}
+
+/// A reward model's keys are checked with the config: a reward is a plugin or a model, a
+/// model takes none of a plugin's settings, its directory exists, its label is one it has.
+#[test]
+fn reward_model_config_errors_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let reward_dir = reward_model_beside(dir.path());
+    let run = dir.path().join("run");
+    let cases = [
+        (
+            format!("[[rewards]]\nmodel = {reward_dir:?}\nplugin = \"builtin:math-answer\""),
+            "names both a `plugin` and a `model`",
+        ),
+        ("[[rewards]]\nweight = 1".to_string(), "names no `plugin` and no `model`"),
+        (
+            format!("[[rewards]]\nmodel = {reward_dir:?}\ndeadline_ms = 10"),
+            "`rewards[0].deadline_ms` is a plugin's setting",
+        ),
+        ("[[rewards]]\nplugin = \"builtin:math-answer\"\nlabel = 1".to_string(), "`rewards[0].label`"),
+        ("[[rewards]]\nmodel = \"train.jsonl\"".to_string(), "is not a directory"),
+        (format!("[[rewards]]\nmodel = {reward_dir:?}\nlabel = 1"), "label 1 is not one of its 1 scores"),
+        (format!("[[rewards]]\nmodel = {:?}", dir.path().join("model")), "is not a sequence classifier"),
+    ];
+    for (rewards, expected) in cases {
+        let config = dataset_config(dir.path(), &rewards);
+        let out = crate::grpo::train(&config, &run);
+        assert!(!out.status.success(), "{rewards}");
+        let error = String::from_utf8_lossy(&out.stderr);
+        assert!(error.contains(expected), "expected `{expected}` in: {error}");
+        assert!(!run.join("metrics.jsonl").exists());
+    }
 }

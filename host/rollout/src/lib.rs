@@ -43,5 +43,5 @@ pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
 pub use score::{FailurePolicy, OnFailure, Scored, Status};
 pub use scorer::Scorers;
 pub use source::TaskSource;
-pub use spec::{CodeRunnerRef, PluginRef, RewardSpec, SourceSpec};
+pub use spec::{CodeRunnerRef, PluginRef, RewardModelRef, RewardSource, RewardSpec, SourceSpec};
 pub use task::{LoadedTask, TaskSpec};

@@ -1,16 +1,125 @@
-//! The reward plugins of a task, scoring groups of completions: every plugin's weighted
-//! reward summed; a failing call is recorded by kind and scores `failure_reward` for that
-//! plugin.
+//! The rewards of a task — plugins and reward models — scoring groups of completions: every
+//! reward weighted and summed; a failing call is recorded by kind and scores
+//! `failure_reward` for that reward.
 
 use crate::score::{FailurePolicy, OnFailure, Scored, Status};
-use crate::spec::RewardSpec;
+use crate::spec::{RewardSource, RewardSpec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use wirl_sandbox::{Plugin, RewardPlugin, Sandbox, Task, printable};
+use wirl_engine::{ChatMessage, LoadOptions, RewardModel};
+use wirl_sandbox::{Failure, FailureKind, Plugin, RewardPlugin, Sandbox, Score, Task, printable};
 
-/// The reward plugins of a run, with their weights.
+/// One reward's scorer.
+enum Scorer {
+    Plugin(RewardPlugin),
+    /// A reward model, shared by the task's lanes (its weights are only read); `label`: which
+    /// of its scores is the reward.
+    Model {
+        model: Arc<RewardModel>,
+        label: usize,
+    },
+}
+
+impl Scorer {
+    fn load(sandbox: &Sandbox, source: &RewardSource) -> crate::error::Result<Self> {
+        match source {
+            RewardSource::Plugin { .. } => {
+                let spec = source.plugin_spec().expect("a plugin's source");
+                Ok(Scorer::Plugin(RewardPlugin::new(sandbox.load(spec)?)?))
+            }
+            RewardSource::Model(reference) => {
+                let model = RewardModel::load(&reference.path, &LoadOptions::default())?;
+                if reference.label >= model.labels() {
+                    return Err(crate::error::invalid!(
+                        "reward model {}: label {} is not one of its {} scores (id2label; label counts from 0)",
+                        reference.path.display(),
+                        reference.label,
+                        model.labels()
+                    ));
+                }
+                Ok(Scorer::Model { model: Arc::new(model), label: reference.label })
+            }
+        }
+    }
+
+    /// Its name in notes and parts: the plugin's, or the model directory's.
+    fn name(&self) -> String {
+        match self {
+            Scorer::Plugin(plugin) => plugin.plugin().name().to_string(),
+            Scorer::Model { model, .. } => model
+                .path()
+                .file_name()
+                .map_or_else(|| model.path().display().to_string(), |n| n.to_string_lossy().into()),
+        }
+    }
+
+    /// Another scorer of the same reward, for another thread.
+    fn another(&self) -> crate::error::Result<Self> {
+        Ok(match self {
+            Scorer::Plugin(plugin) => Scorer::Plugin(RewardPlugin::new(plugin.plugin().clone())?),
+            Scorer::Model { model, label } => Scorer::Model { model: model.clone(), label: *label },
+        })
+    }
+
+    fn score_group(&mut self, task: &Task, completions: &[String]) -> Vec<Result<Score, Failure>> {
+        match self {
+            Scorer::Plugin(plugin) => plugin.score_group(task, completions),
+            Scorer::Model { model, label } => score_with_model(model, *label, task, completions),
+        }
+    }
+}
+
+/// Each completion scored by `model` as the task's conversation with the completion as the
+/// assistant's turn. A completion the model cannot read (past its context) fails alone, as a
+/// plugin's `err`; a failed forward fails the group as the host's failure, never a 0.
+fn score_with_model(
+    model: &RewardModel,
+    label: usize,
+    task: &Task,
+    completions: &[String],
+) -> Vec<Result<Score, Failure>> {
+    let messages: Vec<ChatMessage> =
+        task.messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
+    let mut verdicts: Vec<Result<Score, Failure>> = Vec::with_capacity(completions.len());
+    let mut texts: Vec<(usize, Vec<u32>)> = Vec::new();
+    for (i, completion) in completions.iter().enumerate() {
+        match model.conversation_ids(&messages, completion) {
+            Ok(ids) => {
+                texts.push((i, ids));
+                verdicts.push(Err(Failure::guest(String::new())));
+            }
+            Err(error) => verdicts.push(Err(Failure::guest(wirl_engine::error_chain(&error)))),
+        }
+    }
+    let ids: Vec<Vec<u32>> = texts.iter().map(|(_, ids)| ids.clone()).collect();
+    let scored = match model.score(&ids) {
+        Ok(scored) => scored,
+        Err(error) => {
+            let message = format!("reward model {}: {}", model.path().display(), wirl_engine::error_chain(&error));
+            return completions
+                .iter()
+                .map(|_| Err(Failure { kind: FailureKind::Infrastructure, message: message.clone() }))
+                .collect();
+        }
+    };
+    for ((i, _), scores) in texts.iter().zip(scored) {
+        verdicts[*i] = match scores {
+            Ok(scores) if scores[label].is_finite() => {
+                Ok(Score { reward: scores[label], parts: Vec::new(), note: None })
+            }
+            Ok(scores) => Err(Failure {
+                kind: FailureKind::NonFinite,
+                message: format!("the reward model's score is {}", scores[label]),
+            }),
+            Err(refused) => Err(Failure::guest(refused.to_string())),
+        };
+    }
+    verdicts
+}
+
+/// The rewards of a task (plugins and reward models), with their weights.
 pub struct Scorers {
-    plugins: Vec<(RewardPlugin, f32)>,
+    plugins: Vec<(Scorer, f32)>,
     /// A remote task's: its server scores (its reward plugins, not these).
     remote: Option<crate::remote::RemoteTasks>,
     /// Each plugin's name in notes and namespaced parts: its file's name, with `#2`, `#3`
@@ -22,16 +131,16 @@ pub struct Scorers {
 }
 
 impl Scorers {
-    /// Load the reward plugins (a grader with its code runner).
+    /// Load the rewards: plugins (a grader with its code runner) and reward models.
     pub fn load(sandbox: &Sandbox, specs: &[RewardSpec]) -> crate::error::Result<Self> {
         let mut plugins = Vec::new();
         for reward in specs {
-            plugins.push((RewardPlugin::new(sandbox.load(reward.spec())?)?, reward.weight));
+            plugins.push((Scorer::load(sandbox, &reward.source)?, reward.weight));
         }
         let mut labels: Vec<String> = Vec::new();
-        for (plugin, _) in &plugins {
-            let name = plugin.plugin().name();
-            let taken = labels.iter().filter(|l| *l == name || l.starts_with(&format!("{name}#"))).count();
+        for (scorer, _) in &plugins {
+            let name = scorer.name();
+            let taken = labels.iter().filter(|l| **l == name || l.starts_with(&format!("{name}#"))).count();
             labels.push(if taken == 0 { name.to_string() } else { format!("{name}#{}", taken + 1) });
         }
         Ok(Scorers { plugins, labels, remote: None, lanes: Vec::new() })
@@ -55,9 +164,12 @@ impl Scorers {
         }
     }
 
-    /// The loaded plugins, in config order.
+    /// The loaded plugins, in config order (not the reward models).
     pub fn plugins(&self) -> impl Iterator<Item = &Arc<Plugin>> {
-        self.plugins.iter().map(|(p, _)| p.plugin())
+        self.plugins.iter().filter_map(|(scorer, _)| match scorer {
+            Scorer::Plugin(plugin) => Some(plugin.plugin()),
+            Scorer::Model { .. } => None,
+        })
     }
 
     /// How many groups [`Scorers::score_groups`] scores at once: the most worker processes
@@ -114,7 +226,7 @@ impl Scorers {
         let plugins = self
             .plugins
             .iter()
-            .map(|(plugin, weight)| Ok((RewardPlugin::new(plugin.plugin().clone())?, *weight)))
+            .map(|(scorer, weight)| Ok((scorer.another()?, *weight)))
             .collect::<crate::error::Result<_>>()?;
         Ok(Scorers { plugins, labels: self.labels.clone(), remote: None, lanes: Vec::new() })
     }

@@ -59,18 +59,34 @@ pub struct CodeRunnerRef {
     pub workers: usize,
 }
 
-/// A reward plugin (or a grader with its code runner) and its weight in the sum.
+/// What gives a reward, and its weight in the sum.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RewardSpec {
-    pub plugin: PluginRef,
+    pub source: RewardSource,
     pub weight: f32,
-    pub code_runner: Option<CodeRunnerRef>,
 }
 
-impl RewardSpec {
-    pub fn spec(&self) -> PluginSpec {
-        let mut spec = self.plugin.spec();
-        if let Some(runner) = &self.code_runner {
+/// A reward plugin (a grader with its code runner), or a reward model.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RewardSource {
+    Plugin { plugin: PluginRef, code_runner: Option<CodeRunnerRef> },
+    Model(RewardModelRef),
+}
+
+/// A reward model (a sequence classifier's directory: `wirl_engine::RewardModel`), and which
+/// of its scores is the reward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RewardModelRef {
+    pub path: PathBuf,
+    pub label: usize,
+}
+
+impl RewardSource {
+    /// The sandbox's spec of a plugin (with its code runner's); `None` for a reward model.
+    pub fn plugin_spec(&self) -> Option<PluginSpec> {
+        let RewardSource::Plugin { plugin, code_runner } = self else { return None };
+        let mut spec = plugin.spec();
+        if let Some(runner) = code_runner {
             let mut limits = Limits::code_runner();
             limits.deadline_ms = runner.deadline_ms.unwrap_or(limits.deadline_ms);
             limits.memory_bytes = runner.memory_mib.map_or(limits.memory_bytes, |mib| mib << 20);
@@ -80,7 +96,7 @@ impl RewardSpec {
                 ..plugin_spec(&runner.path, runner.stored.as_deref())
             }));
         }
-        spec
+        Some(spec)
     }
 }
 

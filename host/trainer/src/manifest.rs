@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use wirl_rollout::SourceSpec;
 use wirl_rollout::dataset::FileFingerprint;
+use wirl_rollout::{RewardSource, SourceSpec};
 
 /// The largest plugin file kept (the sandbox loads none larger).
 const MAX_PLUGIN_BYTES: u64 = 256 << 20;
@@ -149,8 +149,9 @@ pub fn history(run_dir: &Path) -> crate::error::Result<Vec<Manifest>> {
 pub fn references(tasks: &TaskSet) -> Vec<PathBuf> {
     let mut all: Vec<PathBuf> = Vec::new();
     let rewards = |rewards: &[crate::config::RewardSection], all: &mut Vec<PathBuf>| {
+        // Reward models are directories of weights, not plugins: not kept by sha256.
         for reward in rewards {
-            all.push(reward.plugin.clone());
+            all.extend(reward.plugin.clone());
             all.extend(reward.code_runner.as_ref().map(|r| r.plugin.clone()));
         }
     };
@@ -188,9 +189,11 @@ fn plugin_slots(task: &mut TaskSpec) -> Vec<(&Path, &mut Option<PathBuf>)> {
         SourceSpec::Dataset { .. } | SourceSpec::Remote(_) | SourceSpec::OpenEnv { .. } => {}
     }
     for reward in &mut task.rewards {
-        slots.push((reward.plugin.path.as_path(), &mut reward.plugin.stored));
-        if let Some(runner) = &mut reward.code_runner {
-            slots.push((runner.path.as_path(), &mut runner.stored));
+        if let RewardSource::Plugin { plugin, code_runner } = &mut reward.source {
+            slots.push((plugin.path.as_path(), &mut plugin.stored));
+            if let Some(runner) = code_runner {
+                slots.push((runner.path.as_path(), &mut runner.stored));
+            }
         }
     }
     slots

@@ -155,7 +155,8 @@ impl TrainConfig {
             rewards: &'a mut [RewardSection],
         ) {
             for reward in rewards {
-                paths.push(&mut reward.plugin);
+                paths.extend(reward.plugin.as_mut());
+                paths.extend(reward.model.as_mut());
                 paths.extend(reward.code_runner.as_mut().map(|r| &mut r.plugin));
             }
             paths.extend(environment.map(|e| &mut e.plugin));

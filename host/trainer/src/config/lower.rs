@@ -235,16 +235,30 @@ impl TaskView<'_> {
     fn reward_specs(&self) -> Vec<RewardSpec> {
         self.rewards
             .iter()
-            .map(|reward| RewardSpec {
-                plugin: plugin_ref(&reward.plugin, &reward.config, reward.deadline_ms, reward.memory_mib),
-                weight: reward.weight,
-                code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
-                    path: runner.plugin.clone(),
-                    stored: None,
-                    deadline_ms: runner.deadline_ms,
-                    memory_mib: runner.memory_mib,
-                    workers: runner.workers,
-                }),
+            .map(|reward| {
+                let source = match (&reward.plugin, &reward.model) {
+                    (_, Some(model)) => {
+                        RewardSource::Model(RewardModelRef { path: model.clone(), label: reward.label.unwrap_or(0) })
+                    }
+                    // Validation made sure one is given: a missing one reads as an empty path,
+                    // which loading names.
+                    (plugin, None) => RewardSource::Plugin {
+                        plugin: plugin_ref(
+                            plugin.as_deref().unwrap_or(Path::new("")),
+                            &reward.config,
+                            reward.deadline_ms,
+                            reward.memory_mib,
+                        ),
+                        code_runner: reward.code_runner.as_ref().map(|runner| CodeRunnerRef {
+                            path: runner.plugin.clone(),
+                            stored: None,
+                            deadline_ms: runner.deadline_ms,
+                            memory_mib: runner.memory_mib,
+                            workers: runner.workers,
+                        }),
+                    },
+                };
+                RewardSpec { source, weight: reward.weight }
             })
             .collect()
     }

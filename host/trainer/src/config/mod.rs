@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, KlEstimator, LossKind, Schedule};
 use wirl_rollout::{
-    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, OnFailure, PluginRef, RewardSpec, SamplingSpec,
-    SourceSpec,
+    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, OnFailure, PluginRef, RewardModelRef,
+    RewardSource, RewardSpec, SamplingSpec, SourceSpec,
 };
 
 /// The default run, embedded so that `wirl train` needs no file.
@@ -462,7 +462,16 @@ pub struct ColumnsSection {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RewardSection {
-    pub plugin: PathBuf,
+    /// A reward plugin: a component file or `builtin:NAME` (or `model` instead).
+    #[serde(default)]
+    pub plugin: Option<PathBuf>,
+    /// A reward model: the directory of a sequence classifier (`...ForSequenceClassification`,
+    /// as transformers saves it) that the engine runs over each completion (or `plugin`).
+    #[serde(default)]
+    pub model: Option<PathBuf>,
+    /// Which of a reward model's scores is the reward (default 0: reward models have one).
+    #[serde(default)]
+    pub label: Option<usize>,
     #[serde(default = "one")]
     pub weight: f32,
     #[serde(default)]

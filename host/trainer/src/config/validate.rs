@@ -452,6 +452,20 @@ impl Files<'_> {
             ),
         }
     }
+
+    /// A reward model's directory (what is in it, loading checks: the config, the weights).
+    fn model_dir(&self, key: &str, path: &Path) -> crate::error::Result<()> {
+        let (origin, relative_to) = (self.origin, self.relative_to);
+        if path.is_dir() || !self.plugins_on_disk {
+            return Ok(());
+        }
+        bail!(
+            "{origin}: `{key}`: {} is not a directory: a reward model is a sequence classifier's directory as \
+             transformers saves it (config.json, model.safetensors, tokenizer.json; relative paths are from \
+             {relative_to})",
+            path.display()
+        )
+    }
 }
 
 /// ` of `tasks[1].name` = "…"` for a `[[tasks]]` entry; empty for the single-source keys.
@@ -623,12 +637,49 @@ fn check_task_scoring(files: &Files<'_>, view: &TaskView<'_>) -> crate::error::R
     }
     for (i, reward) in view.rewards.iter().enumerate() {
         let rkey = &view.rewards_key;
-        files.plugin(&format!("{rkey}[{i}].plugin"), &reward.plugin)?;
+        check_reward_kind(origin, &format!("{rkey}[{i}]"), reward)?;
+        match (&reward.plugin, &reward.model) {
+            (Some(plugin), _) => files.plugin(&format!("{rkey}[{i}].plugin"), plugin)?,
+            (None, Some(model)) => files.model_dir(&format!("{rkey}[{i}].model"), model)?,
+            (None, None) => unreachable!("check_reward_kind refuses a reward with neither"),
+        }
         if let Some(runner) = &reward.code_runner {
             files.plugin(&format!("{rkey}[{i}].code_runner.plugin"), &runner.plugin)?;
         }
     }
     Ok(())
+}
+
+/// A reward is a plugin or a model, and a model's reward takes none of a plugin's keys.
+fn check_reward_kind(origin: &str, key: &str, reward: &RewardSection) -> crate::error::Result<()> {
+    match (&reward.plugin, &reward.model) {
+        (Some(_), Some(_)) => bail!(
+            "{origin}: `{key}` names both a `plugin` and a `model`: a reward is one or the other (two rewards are \
+             two [[rewards]] tables)"
+        ),
+        (None, None) => bail!(
+            "{origin}: `{key}` names no `plugin` and no `model`: give a reward plugin (`plugin = \"builtin:NAME\"` \
+             or a .wasm file) or a reward model's directory (`model = \"DIR\"`)"
+        ),
+        (Some(_), None) if reward.label.is_some() => {
+            bail!("{origin}: `{key}.label` picks a reward model's score: a plugin has none (remove it)")
+        }
+        (None, Some(_)) => {
+            let plugin_keys = [
+                ("config", !reward.config.is_empty()),
+                ("deadline_ms", reward.deadline_ms.is_some()),
+                ("memory_mib", reward.memory_mib.is_some()),
+                ("code_runner", reward.code_runner.is_some()),
+            ];
+            if let Some((name, _)) = plugin_keys.iter().find(|(_, given)| *given) {
+                bail!(
+                    "{origin}: `{key}.{name}` is a plugin's setting, and this reward is a model (`model`): remove it"
+                );
+            }
+            Ok(())
+        }
+        (Some(_), None) => Ok(()),
+    }
 }
 
 /// Completions per held-out task for pass@k: far past any k reported.
