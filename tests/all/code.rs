@@ -764,7 +764,9 @@ mod workers {
                 (task, vec![right, "    return None\n".into(), "    while True: pass\n".into()])
             })
             .into();
-        let groups: Vec<(&Task, &[String])> = texts.iter().map(|(task, texts)| (task, texts.as_slice())).collect();
+        let outside = wirl_sandbox::Progress::OUTSIDE_TRAINING;
+        let groups: Vec<(&Task, &[String], _)> =
+            texts.iter().map(|(task, texts)| (task, texts.as_slice(), outside)).collect();
         let policy = wirl_rollout::FailurePolicy::default();
         let verdicts = |scored: Vec<Vec<wirl_rollout::Scored>>| -> Vec<Vec<(f32, Option<String>)>> {
             scored

@@ -76,7 +76,8 @@ fn an_installed_wirl_runs_the_default_job_and_its_plugins_from_an_empty_folder()
 
     let version = String::from_utf8(wirl.run(&["--version"]).stdout).unwrap();
     assert!(version.starts_with(&format!("wirl {}", env!("CARGO_PKG_VERSION"))), "{version}");
-    assert!(version.contains(&format!("wit: wirl:rl@{}", wirl_sandbox::WIT_VERSION)), "{version}");
+    let spoken: Vec<String> = wirl_sandbox::WIT_VERSIONS.iter().map(|v| format!("wirl:rl@{v}")).collect();
+    assert!(version.contains(&format!("wit: {}", spoken.join(" "))), "{version}");
     assert!(version.contains("features: cpu"), "{version}");
     let completions = String::from_utf8(wirl.run(&["completions", "bash"]).stdout).unwrap();
     assert!(completions.contains("_wirl()") && completions.contains("train"), "bash completions");

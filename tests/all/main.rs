@@ -35,6 +35,7 @@ mod serve;
 mod serve_tasks;
 mod trainer;
 mod untrusted;
+mod wit_versions;
 
 use std::sync::Arc;
 

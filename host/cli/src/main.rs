@@ -114,14 +114,14 @@ enum Command {
     CodeWorker,
 }
 
-/// `wirl --version`: the version, the WIT package wirl hosts (plugins built against another
-/// major are refused) and the engine's devices in this build.
+/// `wirl --version`: the version, the WIT package versions wirl hosts (plugins built against
+/// others are refused) and the engine's devices in this build.
 const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     "\nwit: wirl:rl@",
-    // wirl_sandbox::WIT_VERSION, spelled out because `concat!` takes literals; a test checks
+    // wirl_sandbox::WIT_VERSIONS, spelled out because `concat!` takes literals; a test checks
     // the two agree.
-    "0.1.0",
+    "0.1.0 wirl:rl@0.2.0",
     "\nfeatures: cpu",
     cuda_feature!(),
     mpi_feature!(),

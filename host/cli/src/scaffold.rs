@@ -44,10 +44,18 @@ const WIT: [(&str, &str); 6] = [
     ("worlds.wit", include_str!("../../../wit/worlds.wit")),
 ];
 
+/// `wirl:rl@0.2.0` (wit/0.2.0/), beside it.
+const WIT_V0_2: [(&str, &str); 3] = [
+    ("reward.wit", include_str!("../../../wit/0.2.0/reward.wit")),
+    ("types.wit", include_str!("../../../wit/0.2.0/types.wit")),
+    ("worlds.wit", include_str!("../../../wit/0.2.0/worlds.wit")),
+];
+
 /// The Rust SDK's sources (plugins/sdk/src).
-const RUST_SDK: [(&str, &str); 5] = [
+const RUST_SDK: [(&str, &str); 6] = [
     ("lib.rs", include_str!("../../../plugins/sdk/src/lib.rs")),
     ("reward.rs", include_str!("../../../plugins/sdk/src/reward.rs")),
+    ("reward_v0_2.rs", include_str!("../../../plugins/sdk/src/reward_v0_2.rs")),
     ("environment.rs", include_str!("../../../plugins/sdk/src/environment.rs")),
     ("agent.rs", include_str!("../../../plugins/sdk/src/agent.rs")),
     ("grader.rs", include_str!("../../../plugins/sdk/src/grader.rs")),
@@ -161,7 +169,11 @@ fn checkout_files(lang: Language) -> Files {
 
 /// A standalone project's files, the command that builds it and the component it builds.
 fn standalone_files(lang: Language, module: &str) -> anyhow::Result<(Files, &'static str, String)> {
-    let wit = |under: &str| WIT.map(|(file, text)| (format!("{under}wit/{file}"), Content::Copy(text.to_string())));
+    let wit = |under: &str| {
+        let v0_1 = WIT.map(|(file, text)| (format!("{under}wit/{file}"), Content::Copy(text.to_string())));
+        let v0_2 = WIT_V0_2.map(|(file, text)| (format!("{under}wit/0.2.0/{file}"), Content::Copy(text.to_string())));
+        v0_1.into_iter().chain(v0_2)
+    };
     let template = |file: &str, text: &str| (file.to_string(), Content::Template(text.to_string()));
     let copy = |file: &str, text: &str| (file.to_string(), Content::Copy(text.to_string()));
     Ok(match lang {
@@ -181,8 +193,7 @@ fn standalone_files(lang: Language, module: &str) -> anyhow::Result<(Files, &'st
             ];
             // In wirl's tree the SDK reads the WIT two folders up; here it sits beside it.
             for (file, text) in RUST_SDK {
-                files
-                    .push(copy(&format!("wirl-sdk/src/{file}"), &text.replace("path: \"../../wit\"", "path: \"wit\"")));
+                files.push(copy(&format!("wirl-sdk/src/{file}"), &text.replace("path: \"../../wit", "path: \"wit")));
             }
             files.extend(wit("wirl-sdk/"));
             (files, "cargo build --release", format!("target/wasm32-wasip2/release/{module}.wasm"))
@@ -250,12 +261,15 @@ mod tests {
         let mut wit: Vec<&str> = WIT.iter().map(|(f, _)| *f).collect();
         wit.sort();
         assert_eq!(listed("wit", ".wit"), wit, "every file of wit/ is in WIT");
+        let mut wit: Vec<&str> = WIT_V0_2.iter().map(|(f, _)| *f).collect();
+        wit.sort();
+        assert_eq!(listed("wit/0.2.0", ".wit"), wit, "every file of wit/0.2.0/ is in WIT_V0_2");
         let mut sdk: Vec<&str> = RUST_SDK.iter().map(|(f, _)| *f).collect();
         sdk.sort();
         assert_eq!(listed("plugins/sdk/src", ".rs"), sdk, "every file of plugins/sdk/src is in RUST_SDK");
         for (file, text) in RUST_SDK {
             if text.contains("wit_bindgen::generate!") {
-                assert!(text.contains("path: \"../../wit\""), "{file}: the rewrite of the WIT path must apply");
+                assert!(text.contains("path: \"../../wit"), "{file}: the rewrite of the WIT path must apply");
             }
         }
     }

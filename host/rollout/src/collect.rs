@@ -20,7 +20,7 @@ use crate::task::LoadedTask;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 use wirl_engine::{EngineHandle, Finished, GenerateRequest, InFlight, Tokenizer};
-use wirl_sandbox::Task;
+use wirl_sandbox::{Progress, Task};
 
 /// One group to roll: a problem of task `task` (an index into the tasks the stages are
 /// given), its prompt's ids, how many samples and how they are sampled.
@@ -33,6 +33,9 @@ pub struct GroupAsk {
     pub sampling: SamplingSpec,
     /// Seeds its samples and its episode's later turns.
     pub seed: u64,
+    /// Where the run stands, told to 0.2.0 reward plugins (outside training unless
+    /// [`GroupAsk::at`] says otherwise).
+    pub progress: Progress,
 }
 
 impl GroupAsk {
@@ -46,7 +49,20 @@ impl GroupAsk {
         run_seed: u64,
         slot: u64,
     ) -> Self {
-        GroupAsk { task, problem, prompt, size, sampling, seed: seed_for(run_seed, slot) }
+        GroupAsk {
+            task,
+            problem,
+            prompt,
+            size,
+            sampling,
+            seed: seed_for(run_seed, slot),
+            progress: Progress::OUTSIDE_TRAINING,
+        }
+    }
+
+    /// The same group, asked at training step `progress`.
+    pub fn at(self, progress: Progress) -> Self {
+        GroupAsk { progress, ..self }
     }
 
     /// The engine's request for the group's first turn.
@@ -170,7 +186,8 @@ pub fn receive(
                     let started = Instant::now();
                     let owner = &mut tasks[ask.task];
                     let texts: Vec<String> = trajectories.iter().map(|t| t.text.clone()).collect();
-                    sampled.scored[i] = Some(owner.scorers.score_group(&ask.problem, &texts, owner.spec.failures));
+                    sampled.scored[i] =
+                        Some(owner.scorers.score_group(&ask.problem, &texts, owner.spec.failures, ask.progress));
                     sampled.score_s += started.elapsed().as_secs_f64();
                 }
                 sampled.generated[i] = Some(trajectories);
@@ -231,8 +248,11 @@ pub fn score_rest(tasks: &mut [LoadedTask], asks: &[GroupAsk], sampled: &mut Sam
             .iter()
             .map(|&i| sampled.generated[i].iter().flatten().map(|trajectory| trajectory.text.clone()).collect())
             .collect();
-        let groups: Vec<(&Task, &[String])> =
-            members.iter().zip(&texts).map(|(&i, texts)| (&asks[i].problem, texts.as_slice())).collect();
+        let groups: Vec<(&Task, &[String], Progress)> = members
+            .iter()
+            .zip(&texts)
+            .map(|(&i, texts)| (&asks[i].problem, texts.as_slice(), asks[i].progress))
+            .collect();
         let owner = &mut tasks[t];
         for (i, scores) in members.iter().zip(owner.scorers.score_groups(&groups, owner.spec.failures)) {
             sampled.scored[*i] = Some(scores);

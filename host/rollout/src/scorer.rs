@@ -7,7 +7,7 @@ use crate::spec::{RewardSource, RewardSpec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use wirl_engine::{ChatMessage, LoadOptions, RewardModel};
-use wirl_sandbox::{Failure, FailureKind, Plugin, RewardPlugin, Sandbox, Score, Task, printable};
+use wirl_sandbox::{Failure, FailureKind, Plugin, Progress, RewardPlugin, Sandbox, Score, Task, printable};
 
 /// One reward's scorer.
 enum Scorer {
@@ -61,9 +61,9 @@ impl Scorer {
         })
     }
 
-    fn score_group(&mut self, task: &Task, completions: &[String]) -> Vec<Result<Score, Failure>> {
+    fn score_group(&mut self, task: &Task, completions: &[String], progress: Progress) -> Vec<Result<Score, Failure>> {
         match self {
-            Scorer::Plugin(plugin) => plugin.score_group(task, completions),
+            Scorer::Plugin(plugin) => plugin.score_group_at(task, completions, progress),
             Scorer::Model { model, label } => score_with_model(model, *label, task, completions),
         }
     }
@@ -182,10 +182,13 @@ impl Scorers {
     /// the plugins' code runners have worker processes, as many groups are scored at once
     /// (a grader sends its programs one at a time, so one group cannot use more than one
     /// worker), each thread with instances of its own; one after another otherwise.
-    pub fn score_groups(&mut self, groups: &[(&Task, &[String])], policy: FailurePolicy) -> Vec<Vec<Scored>> {
+    pub fn score_groups(&mut self, groups: &[(&Task, &[String], Progress)], policy: FailurePolicy) -> Vec<Vec<Scored>> {
         let lanes = self.parallelism().min(groups.len());
         if lanes <= 1 || self.remote.is_some() {
-            return groups.iter().map(|(task, completions)| self.score_group(task, completions, policy)).collect();
+            return groups
+                .iter()
+                .map(|(task, completions, progress)| self.score_group(task, completions, policy, *progress))
+                .collect();
         }
         while self.lanes.len() + 1 < lanes {
             match self.another() {
@@ -204,8 +207,8 @@ impl Scorers {
                 let mut done = Vec::new();
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((task, completions)) = groups.get(i) else { return done };
-                    done.push((i, scorers.score_group(task, completions, policy)));
+                    let Some((task, completions, progress)) = groups.get(i) else { return done };
+                    done.push((i, scorers.score_group(task, completions, policy, *progress)));
                 }
             };
             let handles: Vec<_> =
@@ -235,9 +238,16 @@ impl Scorers {
         self.plugins.iter().map(|(_, weight)| *weight).collect()
     }
 
-    /// Score one group: every plugin's weighted reward summed. A failing call is recorded
-    /// (its kind, its message in the notes) and handled by `policy`.
-    pub fn score_group(&mut self, task: &Task, completions: &[String], policy: FailurePolicy) -> Vec<Scored> {
+    /// Score one group at the run's `progress` (which 0.2.0 plugins are told): every
+    /// plugin's weighted reward summed. A failing call is recorded (its kind, its message in
+    /// the notes) and handled by `policy`.
+    pub fn score_group(
+        &mut self,
+        task: &Task,
+        completions: &[String],
+        policy: FailurePolicy,
+        progress: Progress,
+    ) -> Vec<Scored> {
         if let Some(remote) = &self.remote {
             return remote.score_group(task, completions, policy);
         }
@@ -248,7 +258,7 @@ impl Scorers {
         let mut scored: Vec<Scored> = completions.iter().map(|_| Scored::default()).collect();
         let mut given: Vec<Vec<(String, String, f32)>> = completions.iter().map(|_| Vec::new()).collect();
         for ((plugin, weight), name) in self.plugins.iter_mut().zip(&self.labels) {
-            let verdicts = plugin.score_group(task, completions);
+            let verdicts = plugin.score_group(task, completions, progress);
             for ((out, parts), verdict) in scored.iter_mut().zip(&mut given).zip(verdicts) {
                 match verdict {
                     Ok(score) => {

@@ -55,6 +55,22 @@ pub(crate) mod agent_world {
     });
 }
 
+/// `wirl:rl@0.2.0`'s reward world (`wit/0.2.0/`): a group at a time, with the run's
+/// progress. Its `types` are 0.1.0's, unchanged, so they are the same Rust types: a 0.2.0
+/// plugin reads and returns the values a 0.1.0 one does. Its `config` is its own interface
+/// (0.2.0's name), linked beside 0.1.0's.
+pub(crate) mod reward_world_v0_2 {
+    wasmtime::component::bindgen!({
+        world: "reward-plugin",
+        path: "../../wit/0.2.0",
+        exports: { default: async },
+        additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+        with: {
+            "wirl:rl/types": super::reward_world::wirl::rl::types,
+        },
+    });
+}
+
 pub(crate) mod code_runner_world {
     wasmtime::component::bindgen!({
         world: "code-runner-plugin",
@@ -67,6 +83,12 @@ pub use agent_world::exports::wirl::rl::agent::{Rollout, RolloutGroup as AgentRo
 pub use environment_world::exports::wirl::rl::environment::{Description, StepResult};
 pub use grader_world::wirl::rl::code_runner::{Limits as RunLimits, Outcome, Program, Termination};
 pub use reward_world::wirl::rl::types::{Completion, FinishReason, Message, Sampling, Score, Task};
+pub use reward_world_v0_2::wirl::rl::run::Progress;
+
+impl Progress {
+    /// Outside training: step 0 of 0.
+    pub const OUTSIDE_TRAINING: Progress = Progress { step: 0, steps: 0 };
+}
 
 impl Message {
     pub fn new(role: &str, content: impl Into<String>) -> Self {

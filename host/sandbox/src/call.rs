@@ -197,6 +197,13 @@ impl config::Host for HostState {
     }
 }
 
+/// 0.2.0's `config`: the same settings under its own interface name.
+impl crate::bindings::reward_world_v0_2::wirl::rl::config::Host for HostState {
+    fn get(&mut self, key: String) -> Option<String> {
+        config::Host::get(self, key)
+    }
+}
+
 /// Denies memory growth past the plugin's limit and remembers that it did, so that the
 /// trap that usually follows (an allocation failure aborts) is reported as `memory`.
 pub(crate) struct MemoryGuard {

@@ -34,8 +34,8 @@ mod world;
 
 pub use agent::AgentPlugin;
 pub use bindings::{
-    AgentRolloutGroup, Completion, Description, FinishReason, Message, Outcome, Program, Rollout, RolloutRequest,
-    RunLimits, Sampling, Score, StepResult, Task, Termination,
+    AgentRolloutGroup, Completion, Description, FinishReason, Message, Outcome, Program, Progress, Rollout,
+    RolloutRequest, RunLimits, Sampling, Score, StepResult, Task, Termination,
 };
 pub use call::{CallStats, Failure, FailureKind, Interrupter};
 pub use code_runner::{CodeRunnerPlugin, RunnerFailure};
@@ -47,7 +47,7 @@ pub use reward::RewardPlugin;
 pub use sandbox::Sandbox;
 pub use workdir::{Usage as WorkdirUsage, Workdir, inside as inside_workdir};
 pub use workers::{MAX_WORKERS, register_worker_command, serve_code_worker};
-pub use world::{WIT_PACKAGE, WIT_VERSION, World};
+pub use world::{WIT_PACKAGE, WIT_VERSION, WIT_VERSIONS, World};
 
 use std::path::PathBuf;
 

@@ -1,7 +1,9 @@
 //! Typed calls into a reward plugin.
 
+use crate::bindings::Progress;
 use crate::bindings::grader_world::{GraderPlugin, GraderPluginPre};
 use crate::bindings::reward_world::{RewardPlugin as Bindings, RewardPluginPre};
+use crate::bindings::reward_world_v0_2::{RewardPlugin as BindingsV0_2, RewardPluginPre as RewardPluginPreV0_2};
 use crate::call::{CallStats, Failure, FailureKind, HostState};
 use crate::plugin::{Instances, Plugin};
 use crate::{Error, Result, Score, Task, World};
@@ -16,15 +18,17 @@ pub struct RewardPlugin {
     instances: Instances<Scorer>,
 }
 
-/// The two worlds that export `wirl:rl/reward`.
+/// The worlds that export `wirl:rl/reward`: 0.1.0's reward and grader, 0.2.0's reward.
 enum Pre {
     Reward(RewardPluginPre<HostState>),
     Grader(GraderPluginPre<HostState>),
+    RewardV0_2(RewardPluginPreV0_2<HostState>),
 }
 
 enum Scorer {
     Reward(Bindings),
     Grader(GraderPlugin),
+    RewardV0_2(BindingsV0_2),
 }
 
 type Verdict = Result<Score, String>;
@@ -34,6 +38,7 @@ impl Pre {
         match self {
             Pre::Reward(pre) => pre.instantiate_async(store).await.map(Scorer::Reward),
             Pre::Grader(pre) => pre.instantiate_async(store).await.map(Scorer::Grader),
+            Pre::RewardV0_2(pre) => pre.instantiate_async(store).await.map(Scorer::RewardV0_2),
         }
     }
 }
@@ -43,18 +48,31 @@ impl Scorer {
         match self {
             Scorer::Reward(b) => b.wirl_rl_reward().call_score_completion(store, task, completion).await,
             Scorer::Grader(b) => b.wirl_rl_reward().call_score_completion(store, task, completion).await,
+            // 0.2.0 scores groups only: a group of one.
+            Scorer::RewardV0_2(b) => {
+                let completions = [completion.to_string()];
+                let mut verdicts =
+                    b.wirl_rl_reward().call_score_group(store, task, &completions, Progress::OUTSIDE_TRAINING).await?;
+                match verdicts.len() {
+                    1 => Ok(verdicts.remove(0)),
+                    n => Ok(Err(format!("returned {n} scores for a group of 1 completion"))),
+                }
+            }
         }
     }
 
+    /// The group's verdicts; 0.1.0's worlds are not told `progress`.
     async fn score_group(
         &self,
         store: &mut Store<HostState>,
         task: &Task,
         completions: &[String],
+        progress: Progress,
     ) -> wasmtime::Result<Vec<Verdict>> {
         match self {
             Scorer::Reward(b) => b.wirl_rl_reward().call_score_group(store, task, completions).await,
             Scorer::Grader(b) => b.wirl_rl_reward().call_score_group(store, task, completions).await,
+            Scorer::RewardV0_2(b) => b.wirl_rl_reward().call_score_group(store, task, completions, progress).await,
         }
     }
 }
@@ -99,8 +117,9 @@ impl RewardPlugin {
         }
         let refused =
             |e: wasmtime::Error| Error::Refused { path: plugin.path().to_path_buf(), reason: format!("{e:#}") };
-        let pre = match plugin.world() {
-            World::GraderPlugin => Pre::Grader(GraderPluginPre::new(plugin.component()?).map_err(refused)?),
+        let pre = match (plugin.world(), crate::world::compatible_version(plugin.wit_version())) {
+            (World::GraderPlugin, _) => Pre::Grader(GraderPluginPre::new(plugin.component()?).map_err(refused)?),
+            (_, Some("0.2.0")) => Pre::RewardV0_2(RewardPluginPreV0_2::new(plugin.component()?).map_err(refused)?),
             _ => Pre::Reward(RewardPluginPre::new(plugin.component()?).map_err(refused)?),
         };
         Ok(RewardPlugin { pre, instances: Instances::new(plugin) })
@@ -135,13 +154,25 @@ impl RewardPlugin {
         }
     }
 
-    /// Score the completions of one group in one call. A failed call fails every completion
-    /// with the same verdict.
+    /// Score the completions of one group in one call, outside training
+    /// ([`Progress::OUTSIDE_TRAINING`]). A failed call fails every completion with the same
+    /// verdict.
     pub fn score_group(&mut self, task: &Task, completions: &[String]) -> Vec<Result<Score, Failure>> {
+        self.score_group_at(task, completions, Progress::OUTSIDE_TRAINING)
+    }
+
+    /// [`score_group`](Self::score_group) at the run's `progress`, which a 0.2.0 plugin is
+    /// told (a 0.1.0 plugin is not: its world has no such argument).
+    pub fn score_group_at(
+        &mut self,
+        task: &Task,
+        completions: &[String],
+        progress: Progress,
+    ) -> Vec<Result<Score, Failure>> {
         let pre = &self.pre;
         let verdicts = self.instances.call(
             async |store| pre.instantiate(store).await,
-            async |store, scorer| scorer.score_group(store, task, completions).await,
+            async |store, scorer| scorer.score_group(store, task, completions, progress).await,
         );
         let verdicts = verdicts.and_then(|verdicts| {
             let bytes: usize = verdicts.iter().map(|v| v.as_ref().map_or_else(String::len, Score::text_bytes)).sum();

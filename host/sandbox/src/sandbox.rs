@@ -3,6 +3,7 @@
 use crate::bindings::agent_world::wirl::rl::inference;
 use crate::bindings::grader_world::wirl::rl::code_runner;
 use crate::bindings::reward_world::wirl::rl::config;
+use crate::bindings::reward_world_v0_2::wirl::rl::config as config_v0_2;
 use crate::call::{HostState, Interrupter};
 use crate::limits::SandboxSettings;
 use crate::plugin::{Plugin, PluginSpec, Prepared};
@@ -62,6 +63,8 @@ impl Sandbox {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Error::Engine(e.into()))?;
         config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(|e| Error::Engine(e.into()))?;
+        config_v0_2::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(e.into()))?;
         code_runner::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(e.into()))?;

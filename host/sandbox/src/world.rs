@@ -4,8 +4,11 @@ use std::fmt;
 
 /// The WIT package this host implements.
 pub const WIT_PACKAGE: &str = "wirl:rl";
-/// Its version. Components built against any `0.1.x` load; other majors are refused.
+/// The first version, frozen (`wit/`). Components built against any `0.1.x` load.
 pub const WIT_VERSION: &str = "0.1.0";
+/// The versions this host speaks, each in its own directory (`wit/`, `wit/0.2.0/`): a
+/// component is linked against the one it was built for. Other versions are refused.
+pub const WIT_VERSIONS: [&str; 2] = [WIT_VERSION, "0.2.0"];
 
 /// The worlds of `wirl:rl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -58,36 +61,42 @@ pub(crate) fn parse_interface_name(name: &str) -> Option<InterfaceName<'_>> {
     Some(InterfaceName { package, interface, version })
 }
 
-/// Whether a component built against `version` of `wirl:rl` works with this host: the same
-/// major version, or for 0.x the same minor (semver's rule for pre-1.0 versions).
-pub(crate) fn compatible_version(version: &str) -> bool {
+/// Which of [`WIT_VERSIONS`] a component built against `version` of `wirl:rl` is linked
+/// against: the one of the same major version, or for 0.x the same minor (semver's rule for
+/// pre-1.0 versions). `None`: this host does not speak it.
+pub(crate) fn compatible_version(version: &str) -> Option<&'static str> {
     let parse = |v: &str| -> Option<(u64, u64)> {
         let mut parts = v.split('.');
         Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
     };
-    match (parse(version), parse(WIT_VERSION)) {
-        (Some((major, minor)), Some((our_major, our_minor))) => {
-            major == our_major && (major != 0 || minor == our_minor)
-        }
-        _ => false,
-    }
+    let (major, minor) = parse(version)?;
+    WIT_VERSIONS.into_iter().find(|ours| {
+        parse(ours).is_some_and(|(our_major, our_minor)| major == our_major && (major != 0 || minor == our_minor))
+    })
+}
+
+/// The versions this host speaks, for messages: `wirl:rl@0.1.0 and @0.2.0`.
+fn spoken() -> String {
+    format!("{WIT_PACKAGE}@{}", WIT_VERSIONS.join(" and @"))
 }
 
 /// Decide the world from a component's exports and imports (as interface names).
 pub(crate) fn detect_world(exports: &[String], imports: &[String]) -> Result<World, String> {
     let mut ours = Vec::new();
+    let mut linked = None;
     for name in exports {
         if let Some(parsed) = parse_interface_name(name)
             && parsed.package == WIT_PACKAGE
         {
             let version = parsed.version.unwrap_or("(unversioned)");
-            if !compatible_version(version) {
+            let Some(ours_version) = compatible_version(version) else {
                 return Err(format!(
-                    "it was built for {WIT_PACKAGE}@{version}, but this wirl speaks \
-                     {WIT_PACKAGE}@{WIT_VERSION}; rebuild it against the wit/ directory of this \
-                     wirl version"
+                    "it was built for {WIT_PACKAGE}@{version}, but this wirl speaks {}; rebuild it against \
+                     the wit/ directory of this wirl version",
+                    spoken()
                 ));
-            }
+            };
+            linked = Some(ours_version);
             ours.push(parsed.interface);
         }
     }
@@ -104,7 +113,8 @@ pub(crate) fn detect_world(exports: &[String], imports: &[String]) -> Result<Wor
             let shown = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
             return Err(format!(
                 "it exports no {WIT_PACKAGE} interface (it exports {shown}); a wirl plugin exports \
-                 one of reward, environment, agent or code-runner from {WIT_PACKAGE}@{WIT_VERSION}"
+                 one of reward, environment, agent or code-runner from {}",
+                spoken()
             ));
         }
         several => {
@@ -114,6 +124,13 @@ pub(crate) fn detect_world(exports: &[String], imports: &[String]) -> Result<Wor
             ));
         }
     };
+    if linked != Some(WIT_VERSION) && world != World::RewardPlugin {
+        return Err(format!(
+            "it is a {world} of {WIT_PACKAGE}@{}, which holds only the reward-plugin world so far: build it \
+             against {WIT_PACKAGE}@{WIT_VERSION} (wit/)",
+            linked.unwrap_or("?")
+        ));
+    }
     Ok(world)
 }
 
@@ -135,10 +152,17 @@ mod tests {
     }
 
     #[test]
-    fn other_major_versions_are_refused() {
-        assert!(compatible_version("0.1.0") && compatible_version("0.1.9"));
-        assert!(!compatible_version("0.2.0") && !compatible_version("1.0.0") && !compatible_version("x"));
+    fn each_version_links_against_its_own_and_others_are_refused() {
+        assert_eq!(compatible_version("0.1.0"), Some("0.1.0"));
+        assert_eq!(compatible_version("0.1.9"), Some("0.1.0"));
+        assert_eq!(compatible_version("0.2.3"), Some("0.2.0"));
+        for other in ["0.3.0", "1.0.0", "x"] {
+            assert_eq!(compatible_version(other), None, "{other}");
+        }
         let err = detect_world(&names(&["wirl:rl/reward@2.0.0"]), &[]).unwrap_err();
-        assert!(err.contains("wirl:rl@2.0.0") && err.contains("rebuild"), "{err}");
+        assert!(err.contains("wirl:rl@2.0.0") && err.contains("@0.1.0 and @0.2.0") && err.contains("rebuild"), "{err}");
+        assert_eq!(detect_world(&names(&["wirl:rl/reward@0.2.0"]), &[]), Ok(World::RewardPlugin));
+        let err = detect_world(&names(&["wirl:rl/environment@0.2.0"]), &[]).unwrap_err();
+        assert!(err.contains("only the reward-plugin world"), "{err}");
     }
 }

@@ -32,7 +32,7 @@ use wirl_engine::FinishReason;
 use wirl_engine::sampling::rules;
 use wirl_rollout::collect;
 use wirl_rollout::{GroupAsk, LoadedTask, RolloutGroup, SamplingSpec, Scored, Status, TaskSource};
-use wirl_sandbox::{Message, StepResult, Task, printable};
+use wirl_sandbox::{Message, Progress, StepResult, Task, printable};
 
 /// One task of the served config, loaded through the task runtime (as `wirl train` and
 /// `wirl eval` load it), with what serving adds.
@@ -453,7 +453,8 @@ pub(crate) async fn score(State(state): State<Arc<AppState>>, body: Bytes) -> Re
         let mut task = lock(&task);
         let policy = task.loaded.spec.failures;
         // At once where the task's graders run programs in worker processes.
-        let asked: Vec<(&Task, &[String])> = groups.iter().map(|(p, c)| (p, c.as_slice())).collect();
+        let asked: Vec<(&Task, &[String], Progress)> =
+            groups.iter().map(|(p, c)| (p, c.as_slice(), Progress::OUTSIDE_TRAINING)).collect();
         Ok(task.loaded.scorers.score_groups(&asked, policy))
     })
     .await?;
@@ -510,7 +511,7 @@ pub(crate) async fn get_reward(State(state): State<Arc<AppState>>, body: Bytes) 
                     answer: labels.as_ref().map(|l| l[i].clone()),
                     metadata: None,
                 };
-                task.loaded.scorers.score_group(&problem, &[response], policy).remove(0)
+                task.loaded.scorers.score_group(&problem, &[response], policy, Progress::OUTSIDE_TRAINING).remove(0)
             })
             .collect())
     })
@@ -665,8 +666,11 @@ pub(crate) async fn episode_step(
             None => {
                 let mut task = lock(&task);
                 let policy = task.loaded.spec.failures;
-                let score =
-                    task.loaded.scorers.score_group(&session.problem, std::slice::from_ref(&action), policy).remove(0);
+                let score = task
+                    .loaded
+                    .scorers
+                    .score_group(&session.problem, std::slice::from_ref(&action), policy, Progress::OUTSIDE_TRAINING)
+                    .remove(0);
                 let step = EpisodeStep {
                     reward: usable_reward(&score),
                     score: Some(ScoreInfo::of(&score)),

@@ -647,7 +647,9 @@ impl Swapper {
         let (mut old_sum, mut new_sum, mut both) = (0f32, 0f32, 0usize);
         let pass = task.spec.pass_reward;
         for (problem, completions, old) in recent {
-            let scored = task.scorers.score_group(&problem, &completions, task.spec.failures);
+            // A trial of the staged set, not a training step's scoring.
+            let progress = wirl_sandbox::Progress::OUTSIDE_TRAINING;
+            let scored = task.scorers.score_group(&problem, &completions, task.spec.failures, progress);
             for (new, old) in scored.iter().zip(old) {
                 check.calls += 1;
                 if !new.failures.is_empty() {

@@ -967,7 +967,8 @@ fn draw_tasks(
         for (problem, prompt) in tasks.into_iter().zip(prompts) {
             let slot = base + place * grpo.prompts_per_step as u64 + drawn.picked.len() as u64;
             let sampling = task.spec.sampling;
-            drawn.picked.push(GroupAsk::new(t, problem, prompt, group_size, sampling, grpo.seed, slot));
+            let progress = wirl_sandbox::Progress { step: step as u64 + 1, steps: grpo.steps as u64 };
+            drawn.picked.push(GroupAsk::new(t, problem, prompt, group_size, sampling, grpo.seed, slot).at(progress));
         }
         drawn.skipped.extend(skipped.into_iter().map(|skip| (t, skip)));
     }

@@ -94,6 +94,9 @@ macro_rules! shared_helpers {
 #[cfg(feature = "reward")]
 pub mod reward;
 
+#[cfg(feature = "reward-v0-2")]
+pub mod reward_v0_2;
+
 #[cfg(feature = "grader")]
 pub mod grader;
 
