@@ -36,6 +36,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PluginError", m.py().get_type::<PluginError>())?;
     m.add("WIT_PACKAGE", wirl_sandbox::WIT_PACKAGE)?;
     m.add("WIT_VERSION", wirl_sandbox::WIT_VERSION)?;
+    m.add("WIT_VERSIONS", wirl_sandbox::WIT_VERSIONS.to_vec())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<reward::NativeReward>()?;
     m.add_class::<runner::NativeCodeRunner>()?;

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use serde::Deserialize;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use wirl_sandbox::{Interrupter, Limits, Plugin, PluginSpec, RewardPlugin, Task};
+use wirl_sandbox::{Interrupter, Limits, Plugin, PluginSpec, Progress, RewardPlugin, Task};
 
 /// The largest per-call memory a plugin may be given, in MiB: the sandbox's slot size.
 const MAX_MEMORY_MIB: u64 = 4096;
@@ -171,12 +171,14 @@ impl NativeReward {
     }
 
     /// Score a batch given as a JSON array of `{"task": {...}, "completion": "..."}`, on
-    /// the handle's threads without the GIL.
-    fn score(&self, py: Python<'_>, batch_json: &str) -> PyResult<Vec<Scored>> {
+    /// the handle's threads without the GIL, at training step `step` of `steps` (0 of 0:
+    /// outside training), which a `wirl:rl@0.2.0` plugin is told.
+    #[pyo3(signature = (batch_json, step=0, steps=0))]
+    fn score(&self, py: Python<'_>, batch_json: &str, step: u64, steps: u64) -> PyResult<Vec<Scored>> {
         let items: Vec<Item> = serde_json::from_str(batch_json)
             .map_err(|e| PyValueError::new_err(format!("a batch must be a list of {{task, completion}}: {e}")))?;
         let (plugin, interrupter) = self.current()?;
-        self.score_items(py, &plugin, &interrupter, &items)
+        self.score_items(py, &plugin, &interrupter, &items, Progress { step, steps })
     }
 }
 
@@ -199,6 +201,7 @@ impl NativeReward {
         plugin: &Arc<Plugin>,
         interrupter: &Interrupter,
         items: &[Item],
+        progress: Progress,
     ) -> PyResult<Vec<Scored>> {
         let take = || {
             let idle = self.state.lock().unwrap_or_else(|e| e.into_inner()).idle.pop();
@@ -210,7 +213,7 @@ impl NativeReward {
         let give_back = |handle: RewardPlugin| self.state.lock().unwrap_or_else(|e| e.into_inner()).idle.push(handle);
         parallel(py, interrupter, items, self.threads, take, give_back, |handle, item| {
             let started = Instant::now();
-            let verdict = handle.score(&item.task, &item.completion);
+            let verdict = handle.score_at(&item.task, &item.completion, progress);
             let micros = started.elapsed().as_micros() as u64;
             match verdict {
                 Ok(score) => (

@@ -242,3 +242,29 @@ with mp.get_context("fork").Pool(2) as pool:
     )
     assert done.returncode == 0, done.stderr
     assert "[([None], 'deadline'), ([4.0], 'ok')]" in done.stdout
+
+
+def test_a_0_2_0_plugin_is_told_the_step_trl_trains():
+    """A wirl:rl@0.2.0 reward (the step-aware test guest: reward = scale × step) learns the step
+    from ``trainer_state`` as TRL passes it, or from ``score(step=, steps=)``; outside
+    training it is 0 of 0. A 0.1.0 reward scores the same either way."""
+    from conftest import rust_plugin
+
+    reward = wirl.Reward(rust_plugin("step_aware"), config={"scale": 2})
+
+    class State:
+        global_step, max_steps = 4, 10
+
+    got = reward(prompts=["a", "b"], completions=["x", "y"], trainer_state=State())
+    assert got == [10.0, 10.0], "step 5 (4 finished) times 2"
+    assert reward.last_scores[0].parts == {"step": 5.0, "steps": 10.0, "group": 1.0}
+    assert reward(prompts=["a"], completions=["x"]) == [0.0]
+    for state in (object(), type("S", (), {"global_step": -1, "max_steps": 3})(), type("S", (), {"global_step": True, "max_steps": 3})()):
+        assert reward(prompts=["a"], completions=["x"], trainer_state=state) == [0.0]
+    (score,) = reward.score([{"id": "t", "messages": []}], ["x"], step=3, steps=7)
+    assert (score.reward, score.parts["steps"]) == (6.0, 7.0)
+    for bad in (-1, 2**70, 1.5, "3", None):
+        with pytest.raises((ValueError, TypeError)):
+            reward.score([{"id": "t", "messages": []}], ["x"], step=bad, steps=7)
+    old = wirl.Reward("builtin:math-answer")
+    assert old(prompts=["1+1?"], completions=["<answer>2</answer>"], answer=[2], trainer_state=State()) == [1.0]

@@ -17,7 +17,7 @@ next call works. Calls run on threads of their own with the GIL released.
 """
 
 from . import _native
-from ._native import WIT_PACKAGE, WIT_VERSION, PluginError
+from ._native import WIT_PACKAGE, WIT_VERSION, WIT_VERSIONS, PluginError
 from .code import LANGUAGES, CodeRunner, RunResult, code_tests_grader, humaneval_grader, plugin_path, run_code, run_python
 from .environment import Environment, Episode, StepResult
 from .reward import AsyncReward, Reward, Score
@@ -37,6 +37,7 @@ __all__ = [
     "StepResult",
     "WIT_PACKAGE",
     "WIT_VERSION",
+    "WIT_VERSIONS",
     "builtins",
     "code_tests_grader",
     "humaneval_grader",

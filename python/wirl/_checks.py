@@ -56,6 +56,12 @@ def whole(value, name, low, high, *, optional=True):
     return value
 
 
+def progress(step, steps):
+    """A training run's ``step`` of ``steps``, each a whole number (0 of 0: outside
+    training)."""
+    return whole(step, "step", 0, 2**62, optional=False), whole(steps, "steps", 0, 2**62, optional=False)
+
+
 def finite(value, name):
     """A finite number, as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -3,6 +3,7 @@ from typing import Optional, Sequence
 
 WIT_PACKAGE: str
 WIT_VERSION: str
+WIT_VERSIONS: list[str]
 VERSION: str
 
 class PluginError(Exception): ...
@@ -37,7 +38,7 @@ class NativeReward:
         code_memory_mib: Optional[int] = None,
         threads: Optional[int] = None,
     ) -> None: ...
-    def score(self, batch_json: str) -> list[_Scored]: ...
+    def score(self, batch_json: str, step: int = 0, steps: int = 0) -> list[_Scored]: ...
 
 class NativeCodeRunner:
     sha256: str

@@ -186,9 +186,12 @@ class Reward:
 
     # -- scoring -------------------------------------------------------------------------
 
-    def score(self, tasks, completions):
+    def score(self, tasks, completions, *, step=0, steps=0):
         """Score ``completions[i]`` for ``tasks[i]`` (wirl's task records: ``id``,
-        ``messages``, ``answer``, ``metadata``; dicts or JSON text). One :class:`Score` each."""
+        ``messages``, ``answer``, ``metadata``; dicts or JSON text). One :class:`Score` each.
+        ``step`` of ``steps`` is where the training run stands (0 of 0: outside training),
+        told to a ``wirl:rl@0.2.0`` plugin (a 0.1.0 plugin is not)."""
+        step, steps = _checks.progress(step, steps)
         tasks = _checks.batch(tasks, "tasks")
         completions = _checks.batch(completions, "completions")
         if len(tasks) != len(completions):
@@ -206,7 +209,7 @@ class Reward:
                 "metadata": task.get("metadata") if isinstance(task.get("metadata"), (str, type(None))) else json.dumps(task["metadata"]),
             }
             items.append({"task": task, "completion": _completion_text(completion, index)})
-        scores = [Score(*s) for s in self._native.score(json.dumps(items))]
+        scores = [Score(*s) for s in self._native.score(json.dumps(items), step, steps)]
         self.last_scores = scores
         return scores
 
@@ -240,7 +243,8 @@ class Reward:
                     "metadata": _metadata(row, prompt),
                 }
             )
-        scores = self.score(tasks, completions)
+        step, steps = _trl_progress(columns.get("trainer_state"))
+        scores = self.score(tasks, completions, step=step, steps=steps)
         return [self._weighted(s) for s in scores]
 
     def _weighted(self, score):
@@ -351,6 +355,15 @@ def _restore(cls, state):
     unchanged(args["plugin"], "reward", sha256, reward.sha256)
     unchanged(args["code_runner"], "reward's code runner", runner_sha256, reward.code_runner_sha256)
     return reward
+
+
+def _trl_progress(state):
+    """Where a TRL run stands, from the ``trainer_state`` TRL passes reward functions: the
+    step being trained (``global_step`` counts the finished ones) of ``max_steps``; 0 of 0
+    without one, or with values that are not counts."""
+    step, steps = getattr(state, "global_step", None), getattr(state, "max_steps", None)
+    counts = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for v in (step, steps))
+    return (step + 1, steps) if counts else (0, 0)
 
 
 def unchanged(reference, what, then, now):

@@ -44,15 +44,20 @@ impl Pre {
 }
 
 impl Scorer {
-    async fn score(&self, store: &mut Store<HostState>, task: &Task, completion: &str) -> wasmtime::Result<Verdict> {
+    async fn score(
+        &self,
+        store: &mut Store<HostState>,
+        task: &Task,
+        completion: &str,
+        progress: Progress,
+    ) -> wasmtime::Result<Verdict> {
         match self {
             Scorer::Reward(b) => b.wirl_rl_reward().call_score_completion(store, task, completion).await,
             Scorer::Grader(b) => b.wirl_rl_reward().call_score_completion(store, task, completion).await,
             // 0.2.0 scores groups only: a group of one.
             Scorer::RewardV0_2(b) => {
                 let completions = [completion.to_string()];
-                let mut verdicts =
-                    b.wirl_rl_reward().call_score_group(store, task, &completions, Progress::OUTSIDE_TRAINING).await?;
+                let mut verdicts = b.wirl_rl_reward().call_score_group(store, task, &completions, progress).await?;
                 match verdicts.len() {
                     1 => Ok(verdicts.remove(0)),
                     n => Ok(Err(format!("returned {n} scores for a group of 1 completion"))),
@@ -134,12 +139,18 @@ impl RewardPlugin {
         self.instances.last
     }
 
-    /// Score one completion.
+    /// Score one completion, outside training ([`Progress::OUTSIDE_TRAINING`]).
     pub fn score(&mut self, task: &Task, completion: &str) -> Result<Score, Failure> {
+        self.score_at(task, completion, Progress::OUTSIDE_TRAINING)
+    }
+
+    /// [`score`](Self::score) at the run's `progress`, which a 0.2.0 plugin is told (as a
+    /// group of one).
+    pub fn score_at(&mut self, task: &Task, completion: &str, progress: Progress) -> Result<Score, Failure> {
         let pre = &self.pre;
         let verdict = self.instances.call(
             async |store| pre.instantiate(store).await,
-            async |store, scorer| scorer.score(store, task, completion).await,
+            async |store, scorer| scorer.score(store, task, completion, progress).await,
         )?;
         let plugin = &self.instances.plugin;
         match verdict {
