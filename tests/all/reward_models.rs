@@ -229,3 +229,55 @@ fn reward_model_config_errors_name_the_key() {
         assert!(!run.join("metrics.jsonl").exists());
     }
 }
+
+/// Reward model directories someone else made, refused by what is wrong with them before a
+/// forward runs: no labels, a head that does not match its labels, no weights.
+#[test]
+fn a_broken_reward_model_is_refused_naming_what_is_wrong() {
+    let edit_config = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let (dir, _) = tiny("qwen3");
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut config);
+        std::fs::write(&path, config.to_string()).unwrap();
+        dir
+    };
+    let load =
+        |dir: &tempfile::TempDir| RewardModel::load(dir.path(), &LoadOptions::default()).err().unwrap().to_string();
+    let no_labels = edit_config(&|c| c["id2label"] = serde_json::json!({}));
+    assert!(load(&no_labels).contains("id2label's count of labels is 0"), "{}", load(&no_labels));
+    let two_labels = edit_config(&|c| c["id2label"] = serde_json::json!({"0": "bad", "1": "good"}));
+    let error = load(&two_labels);
+    assert!(error.contains("score.weight") && error.contains("[2, 32]"), "{error}");
+    let no_weights = edit_config(&|_| {});
+    std::fs::remove_file(no_weights.path().join("model.safetensors")).unwrap();
+    assert!(load(&no_weights).contains("weights file missing"), "{}", load(&no_weights));
+}
+
+/// A completion far past the reward model's context fails alone in a group (the plugin-style
+/// `guest_error`, masked by the task's `on_failure`), its neighbours scored.
+#[test]
+fn a_completion_past_the_reward_models_context_fails_alone_in_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let reward_dir = reward_model_beside(dir.path());
+    let (sandbox, _cache) = crate::sandbox();
+    let spec = wirl_rollout::RewardSpec {
+        source: wirl_rollout::RewardSource::Model(wirl_rollout::RewardModelRef { path: reward_dir, label: 0 }),
+        weight: 1.0,
+    };
+    let mut scorers = wirl_rollout::Scorers::load(&sandbox, &[spec]).unwrap();
+    let task = crate::task("t", None);
+    let long = "w5zzzzz ".repeat(20_000);
+    let completions = ["w9z".to_string(), long, "w13zzzzz w3zzz".to_string()];
+    let scored = scorers.score_group(
+        &task,
+        &completions,
+        wirl_rollout::FailurePolicy::default(),
+        wirl_sandbox::Progress::OUTSIDE_TRAINING,
+    );
+    assert_eq!(scored[1].failures, ["guest_error"], "{:?}", scored[1]);
+    assert!(scored[1].notes.values().any(|n| n.contains("past the reward model's context")), "{:?}", scored[1]);
+    for i in [0, 2] {
+        assert!(scored[i].failures.is_empty() && scored[i].reward != 0.0, "{:?}", scored[i]);
+    }
+}
