@@ -750,6 +750,7 @@ mod workers {
                     memory_mib: None,
                     workers,
                 }),
+                inference: Default::default(),
             };
             let reward = wirl_rollout::RewardSpec { source, weight: 1.0 };
             wirl_rollout::Scorers::load(sandbox(), &[reward]).unwrap()

@@ -219,6 +219,18 @@ fn reward_model_config_errors_name_the_key() {
         ("[[rewards]]\nmodel = \"train.jsonl\"".to_string(), "is not a directory"),
         (format!("[[rewards]]\nmodel = {reward_dir:?}\nlabel = 1"), "label 1 is not one of its 1 scores"),
         (format!("[[rewards]]\nmodel = {:?}", dir.path().join("model")), "is not a sequence classifier"),
+        (
+            format!("[[rewards]]\nmodel = {reward_dir:?}\ninference_calls = 2"),
+            "`rewards[0].inference_calls` is a plugin's",
+        ),
+        (
+            "[[rewards]]\nplugin = \"builtin:math-answer\"\ninference_tokens = 0".to_string(),
+            "`rewards[0].inference_tokens` = 0",
+        ),
+        (
+            "[[rewards]]\nplugin = \"builtin:math-answer\"\ninference_calls = 100000".to_string(),
+            "`rewards[0].inference_calls` = 100000",
+        ),
     ];
     for (rewards, expected) in cases {
         let config = dataset_config(dir.path(), &rewards);

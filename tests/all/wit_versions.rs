@@ -5,7 +5,7 @@
 use crate::sandbox;
 use wirl_rollout::{FailurePolicy, PluginRef, RewardSource, RewardSpec, Scorers};
 use wirl_sandbox::{Progress, World};
-use wirl_test_artifacts::{EXACT_MATCH, STEP_AWARE};
+use wirl_test_artifacts::{EXACT_MATCH, JUDGE, STEP_AWARE};
 
 fn reward(path: &str, config: serde_json::Value) -> RewardSpec {
     let plugin = PluginRef {
@@ -15,7 +15,8 @@ fn reward(path: &str, config: serde_json::Value) -> RewardSpec {
         deadline_ms: None,
         memory_mib: None,
     };
-    RewardSpec { source: RewardSource::Plugin { plugin, code_runner: None }, weight: 1.0 }
+    let inference = Default::default();
+    RewardSpec { source: RewardSource::Plugin { plugin, code_runner: None, inference }, weight: 1.0 }
 }
 
 #[test]
@@ -74,4 +75,104 @@ fn a_step_aware_reward_changes_with_the_step_of_a_training_run() {
             rollout["plugins"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
         assert!(names.contains(&"step_aware") && names.contains(&"hostile"), "{names:?}");
     }
+}
+
+/// A 0.2.0 judge (`plugins/tests/judge`) asks the engine about each completion of a group in
+/// one call, within its `[[rewards]]` budget: its replies are the engine's own greedy
+/// replies, cut at each conversation's share of the tokens; a budget too small for one token
+/// each is refused to the plugin (its completions fail, naming `inference_tokens`), and
+/// without an engine (`wirl score`) the call is refused too — never a 0.
+#[test]
+fn a_0_2_0_judge_asks_the_engine_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), false);
+    let loaded = wirl_engine::load(dir.path(), &wirl_engine::LoadOptions::default()).unwrap();
+    let context = loaded.config.context();
+    let tokenizer = std::sync::Arc::new(loaded.tokenizer);
+    let (handle, _thread) =
+        wirl_engine::EngineHandle::spawn(std::sync::Arc::new(loaded.model), tokenizer.clone()).unwrap();
+    let engine = wirl_rollout::RewardEngine { handle: handle.clone(), tokenizer: tokenizer.clone(), context, seed: 3 };
+    let (sandbox, _cache) = sandbox();
+    let judge = |tokens: u64| {
+        let mut spec = reward(JUDGE, serde_json::json!({"max_tokens": 6}));
+        if let RewardSource::Plugin { inference, .. } = &mut spec.source {
+            *inference = wirl_rollout::InferenceBudget { calls: 2, tokens };
+        }
+        Scorers::load(&sandbox, &[spec]).unwrap()
+    };
+    let mut task = crate::task("t", None);
+    task.messages = vec![wirl_sandbox::Message::new("user", "w5 w6")];
+    let completions: Vec<String> = ["w7", "w8 w9", "w10"].map(String::from).to_vec();
+    let policy = FailurePolicy::default();
+    let progress = Progress { step: 1, steps: 1 };
+
+    // 9 tokens for 3 conversations: 3 each, though the judge asked for 6.
+    let mut scorers = judge(9);
+    scorers.set_engine(Some(engine.clone()));
+    let scored = scorers.score_group(&task, &completions, policy, progress);
+    for (completion, score) in completions.iter().zip(&scored) {
+        assert!(score.failures.is_empty(), "{score:?}");
+        let conversation = wirl_sandbox::Task {
+            messages: vec![wirl_sandbox::Message::new("user", format!("w5 w6 {completion}"))],
+            ..crate::task("judged", None)
+        };
+        let prompt = wirl_rollout::prompt_ids(&tokenizer, &conversation).unwrap();
+        let sampling = wirl_engine::Sampling { max_tokens: 3, temperature: 0.0, ..Default::default() };
+        let request = wirl_engine::GenerateRequest { prompt, n: 1, sampling };
+        let theirs = handle.generate_blocking(request).unwrap().remove(0);
+        assert!(theirs.tokens.len() <= 3);
+        assert_eq!(score.notes["judge"], theirs.text, "the judge's reply is the engine's greedy reply");
+        assert_eq!(score.reward, theirs.text.split_whitespace().count() as f32);
+    }
+    assert!(scored.iter().any(|s| s.reward > 0.0), "the engine said nothing: {scored:?}");
+
+    let mut starved = judge(2);
+    starved.set_engine(Some(engine));
+    for score in starved.score_group(&task, &completions, policy, progress) {
+        assert_eq!(score.failures, ["guest_error"], "{score:?}");
+        assert!(score.notes["judge"].contains("inference_tokens"), "{score:?}");
+    }
+    let mut unplugged = judge(9);
+    for score in unplugged.score_group(&task, &completions, policy, progress) {
+        assert_eq!(score.failures, ["guest_error"], "{score:?}");
+        assert!(score.notes["judge"].contains("no model to call here"), "{score:?}");
+    }
+}
+
+/// In `wirl train` a 0.2.0 judge reaches the engine being trained (every rollout judged, none
+/// failed); `wirl score`, which has no model, refuses its calls with the reason.
+#[test]
+fn a_judge_scores_a_training_run_and_wirl_score_says_it_has_no_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "\n[[rewards]]\nplugin = {JUDGE:?}\ninference_tokens = 60\nconfig = {{ max_tokens = 4 }}\nweight = 0.1\n"
+    );
+    let config = crate::grpo::write_config(dir.path(), &extra, 1, 0.01);
+    let run = dir.path().join("run");
+    let out = crate::grpo::train(&config, &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rollouts = crate::grpo::rollouts(&run);
+    let scored: Vec<_> = rollouts.iter().filter(|r| r.get("completion").is_some()).collect();
+    assert_eq!(scored.len(), 12);
+    for rollout in &scored {
+        assert_eq!(rollout["failures"], serde_json::json!([]), "{rollout}");
+        let words = rollout["parts"]["judge_words"].as_f64().unwrap();
+        assert!(words <= 4.0, "cut at its max_tokens: {rollout}");
+    }
+    assert!(scored.iter().any(|r| r["parts"]["judge_words"].as_f64().unwrap() > 0.0));
+
+    let line = r#"{"task": {"id": "q", "messages": [], "answer": null}, "completion": "w5"}"#;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
+        .args(["score", "--plugin", JUDGE])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(line.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("guest_error") && stdout.contains("no model to call here"), "{stdout}");
 }

@@ -45,7 +45,8 @@ const WIT: [(&str, &str); 6] = [
 ];
 
 /// `wirl:rl@0.2.0` (wit/0.2.0/), beside it.
-const WIT_V0_2: [(&str, &str); 3] = [
+const WIT_V0_2: [(&str, &str); 4] = [
+    ("inference.wit", include_str!("../../../wit/0.2.0/inference.wit")),
     ("reward.wit", include_str!("../../../wit/0.2.0/reward.wit")),
     ("types.wit", include_str!("../../../wit/0.2.0/types.wit")),
     ("worlds.wit", include_str!("../../../wit/0.2.0/worlds.wit")),

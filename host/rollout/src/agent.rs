@@ -40,6 +40,27 @@ struct Generation {
     weights_version: u64,
 }
 
+/// Whose budget an [`EngineInference`] keeps, as its refusals say it.
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    who: &'static str,
+    calls: &'static str,
+    tokens: &'static str,
+}
+
+impl Budget {
+    const AGENT: Budget = Budget {
+        who: "this agent",
+        calls: "agent.max_generate_calls per rollout",
+        tokens: "agent.max_tokens per rollout",
+    };
+    const REWARD: Budget = Budget {
+        who: "this reward",
+        calls: "inference_calls of its [[rewards]] entry, per scoring call",
+        tokens: "inference_tokens of its [[rewards]] entry, per scoring call",
+    };
+}
+
 #[derive(Default)]
 struct Ledgers {
     generations: HashMap<u64, Generation>,
@@ -59,6 +80,8 @@ pub struct EngineInference {
     limits: AgentLimits,
     /// Conversations one `generate` call may carry ([`EngineInference::with_max_conversations`]).
     max_conversations: usize,
+    /// Whose budget it is, in refusals: the caller and its two config keys.
+    budget: Budget,
     ledgers: Mutex<Ledgers>,
 }
 
@@ -80,8 +103,16 @@ impl EngineInference {
             seed,
             limits,
             max_conversations: MAX_CONVERSATIONS_PER_CALL,
+            budget: Budget::AGENT,
             ledgers: Mutex::default(),
         }
+    }
+
+    /// Refusals name a reward plugin's budget (`inference_calls`, `inference_tokens` of its
+    /// `[[rewards]]` entry), not an agent's: the host of a judge's calls.
+    pub fn for_reward(mut self) -> Self {
+        self.budget = Budget::REWARD;
+        self
     }
 
     /// At most `max` conversations a call (default [`MAX_CONVERSATIONS_PER_CALL`]).
@@ -190,15 +221,14 @@ impl EngineInference {
             ledgers.calls += 1;
             if ledgers.calls > self.limits.generate_calls {
                 return Err(format!(
-                    "this agent made more than {} generate calls for its rollouts (agent.max_generate_calls per \
-                     rollout)",
-                    self.limits.generate_calls
+                    "{} made more than {} generate calls ({})",
+                    self.budget.who, self.limits.generate_calls, self.budget.calls
                 ));
             }
             if ledgers.tokens >= self.limits.tokens {
                 return Err(format!(
-                    "this agent generated its {} tokens (agent.max_tokens per rollout)",
-                    self.limits.tokens
+                    "{} generated its {} tokens ({})",
+                    self.budget.who, self.limits.tokens, self.budget.tokens
                 ));
             }
             ledgers.calls
@@ -225,8 +255,9 @@ impl EngineInference {
         let share = usize::try_from(left / conversations.len() as u64).unwrap_or(usize::MAX);
         if share == 0 {
             return Err(format!(
-                "{} conversations in one call, {left} tokens left of agent.max_tokens: not one token each",
-                conversations.len()
+                "{} conversations in one call, {left} tokens left ({}): not one token each",
+                conversations.len(),
+                self.budget.tokens
             ));
         }
         Ok(Some((call, (sampling.max_tokens as usize).min(self.sampling.max_tokens).min(share))))

@@ -2,30 +2,61 @@
 //! reward weighted and summed; a failing call is recorded by kind and scores
 //! `failure_reward` for that reward.
 
+use crate::agent::EngineInference;
+use crate::group::SamplingSpec;
 use crate::score::{FailurePolicy, OnFailure, Scored, Status};
+use crate::spec::{AgentLimits, InferenceBudget};
 use crate::spec::{RewardSource, RewardSpec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use wirl_engine::{ChatMessage, LoadOptions, RewardModel};
+use wirl_engine::{ChatMessage, EngineHandle, LoadOptions, RewardModel, Tokenizer};
+use wirl_sandbox::InferenceHost;
 use wirl_sandbox::{Failure, FailureKind, Plugin, Progress, RewardPlugin, Sandbox, Score, Task, printable};
+
+/// The model a 0.2.0 reward's `inference.generate` reaches in a training run: the engine
+/// being trained (an LLM judge that is the policy), each scoring call with a fresh budget.
+#[derive(Clone)]
+pub struct RewardEngine {
+    pub handle: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub context: usize,
+    /// The run's seed: a judge's samples are seeded by it and the call's number.
+    pub seed: u64,
+}
+
+impl RewardEngine {
+    /// The host of one scoring call (call number `call`) within `budget`.
+    fn host(&self, budget: InferenceBudget, call: u64) -> Arc<dyn InferenceHost> {
+        let cap = SamplingSpec {
+            max_tokens: usize::try_from(budget.tokens).unwrap_or(usize::MAX),
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+        };
+        let limits = AgentLimits { generate_calls: budget.calls, tokens: budget.tokens };
+        let seed = crate::seed::seed_for(self.seed, call ^ (1 << 61));
+        Arc::new(
+            EngineInference::new(self.handle.clone(), self.tokenizer.clone(), self.context, cap, seed, limits)
+                .for_reward(),
+        )
+    }
+}
 
 /// One reward's scorer.
 enum Scorer {
-    Plugin(RewardPlugin),
+    /// A plugin, with what one of its calls may ask of the model.
+    Plugin(RewardPlugin, InferenceBudget),
     /// A reward model, shared by the task's lanes (its weights are only read); `label`: which
     /// of its scores is the reward.
-    Model {
-        model: Arc<RewardModel>,
-        label: usize,
-    },
+    Model { model: Arc<RewardModel>, label: usize },
 }
 
 impl Scorer {
     fn load(sandbox: &Sandbox, source: &RewardSource) -> crate::error::Result<Self> {
         match source {
-            RewardSource::Plugin { .. } => {
+            RewardSource::Plugin { inference, .. } => {
                 let spec = source.plugin_spec().expect("a plugin's source");
-                Ok(Scorer::Plugin(RewardPlugin::new(sandbox.load(spec)?)?))
+                Ok(Scorer::Plugin(RewardPlugin::new(sandbox.load(spec)?)?, *inference))
             }
             RewardSource::Model(reference) => {
                 let model = RewardModel::load(&reference.path, &LoadOptions::default())?;
@@ -45,7 +76,7 @@ impl Scorer {
     /// Its name in notes and parts: the plugin's, or the model directory's.
     fn name(&self) -> String {
         match self {
-            Scorer::Plugin(plugin) => plugin.plugin().name().to_string(),
+            Scorer::Plugin(plugin, _) => plugin.plugin().name().to_string(),
             Scorer::Model { model, .. } => model
                 .path()
                 .file_name()
@@ -56,14 +87,26 @@ impl Scorer {
     /// Another scorer of the same reward, for another thread.
     fn another(&self) -> crate::error::Result<Self> {
         Ok(match self {
-            Scorer::Plugin(plugin) => Scorer::Plugin(RewardPlugin::new(plugin.plugin().clone())?),
+            Scorer::Plugin(plugin, budget) => Scorer::Plugin(RewardPlugin::new(plugin.plugin().clone())?, *budget),
             Scorer::Model { model, label } => Scorer::Model { model: model.clone(), label: *label },
         })
     }
 
-    fn score_group(&mut self, task: &Task, completions: &[String], progress: Progress) -> Vec<Result<Score, Failure>> {
+    /// The group's verdicts; a plugin's `inference` reaches `engine` (none: an error to it).
+    fn score_group(
+        &mut self,
+        task: &Task,
+        completions: &[String],
+        progress: Progress,
+        engine: Option<(&RewardEngine, u64)>,
+    ) -> Vec<Result<Score, Failure>> {
         match self {
-            Scorer::Plugin(plugin) => plugin.score_group_at(task, completions, progress),
+            Scorer::Plugin(plugin, budget) => {
+                plugin.set_inference(engine.map(|(engine, call)| engine.host(*budget, call)));
+                let verdicts = plugin.score_group_at(task, completions, progress);
+                plugin.set_inference(None);
+                verdicts
+            }
             Scorer::Model { model, label } => score_with_model(model, *label, task, completions),
         }
     }
@@ -128,6 +171,9 @@ pub struct Scorers {
     /// Instances of the same plugins for the further threads of [`Scorers::score_groups`],
     /// made when first needed.
     lanes: Vec<Scorers>,
+    /// What 0.2.0 plugins' `inference` reaches ([`Scorers::set_engine`]); none outside a
+    /// training run.
+    engine: Option<RewardEngine>,
 }
 
 impl Scorers {
@@ -143,7 +189,7 @@ impl Scorers {
             let taken = labels.iter().filter(|l| **l == name || l.starts_with(&format!("{name}#"))).count();
             labels.push(if taken == 0 { name.to_string() } else { format!("{name}#{}", taken + 1) });
         }
-        Ok(Scorers { plugins, labels, remote: None, lanes: Vec::new() })
+        Ok(Scorers { plugins, labels, remote: None, lanes: Vec::new(), engine: None })
     }
 
     /// The scorers of a task from `source`: a remote task's server, else the plugins of
@@ -159,15 +205,26 @@ impl Scorers {
                 labels: Vec::new(),
                 remote: Some((**remote).clone()),
                 lanes: Vec::new(),
+                engine: None,
             }),
             _ => Self::load(sandbox, specs),
         }
     }
 
+    /// Let 0.2.0 plugins' `inference.generate` reach `engine` (a training run's engine:
+    /// LLM judges), each scoring call within its `[[rewards]]` entry's budget; `None`: such a
+    /// call is an error to the plugin.
+    pub fn set_engine(&mut self, engine: Option<RewardEngine>) {
+        for lane in &mut self.lanes {
+            lane.set_engine(engine.clone());
+        }
+        self.engine = engine;
+    }
+
     /// The loaded plugins, in config order (not the reward models).
     pub fn plugins(&self) -> impl Iterator<Item = &Arc<Plugin>> {
         self.plugins.iter().filter_map(|(scorer, _)| match scorer {
-            Scorer::Plugin(plugin) => Some(plugin.plugin()),
+            Scorer::Plugin(plugin, _) => Some(plugin.plugin()),
             Scorer::Model { .. } => None,
         })
     }
@@ -231,7 +288,13 @@ impl Scorers {
             .iter()
             .map(|(scorer, weight)| Ok((scorer.another()?, *weight)))
             .collect::<crate::error::Result<_>>()?;
-        Ok(Scorers { plugins, labels: self.labels.clone(), remote: None, lanes: Vec::new() })
+        Ok(Scorers {
+            plugins,
+            labels: self.labels.clone(),
+            remote: None,
+            lanes: Vec::new(),
+            engine: self.engine.clone(),
+        })
     }
 
     fn weights(&self) -> Vec<f32> {
@@ -257,8 +320,11 @@ impl Scorers {
         };
         let mut scored: Vec<Scored> = completions.iter().map(|_| Scored::default()).collect();
         let mut given: Vec<Vec<(String, String, f32)>> = completions.iter().map(|_| Vec::new()).collect();
-        for ((plugin, weight), name) in self.plugins.iter_mut().zip(&self.labels) {
-            let verdicts = plugin.score_group(task, completions, progress);
+        for (index, ((plugin, weight), name)) in self.plugins.iter_mut().zip(&self.labels).enumerate() {
+            // A judge's samples are seeded by the problem, the step and the reward: the same
+            // whichever thread or batch scores the group.
+            let call = task_hash(&task.id) ^ (progress.step << 40) ^ index as u64;
+            let verdicts = plugin.score_group(task, completions, progress, self.engine.as_ref().map(|e| (e, call)));
             for ((out, parts), verdict) in scored.iter_mut().zip(&mut given).zip(verdicts) {
                 match verdict {
                     Ok(score) => {
@@ -298,6 +364,11 @@ impl Scorers {
         }
         scored
     }
+}
+
+/// A stable hash of a task's id (FNV-1a), for seeds.
+fn task_hash(id: &str) -> u64 {
+    id.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Merge the parts that each plugin gave one completion: names given by one plugin stay

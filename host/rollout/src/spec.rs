@@ -66,11 +66,28 @@ pub struct RewardSpec {
     pub weight: f32,
 }
 
-/// A reward plugin (a grader with its code runner), or a reward model.
+/// A reward plugin (a grader with its code runner; a 0.2.0 plugin with what it may ask the
+/// model), or a reward model.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RewardSource {
-    Plugin { plugin: PluginRef, code_runner: Option<CodeRunnerRef> },
+    Plugin { plugin: PluginRef, code_runner: Option<CodeRunnerRef>, inference: InferenceBudget },
     Model(RewardModelRef),
+}
+
+/// What one scoring call of a 0.2.0 reward plugin may ask of the model through its
+/// `inference` import (an LLM judge): `generate` calls, and tokens generated in all. Each
+/// conversation of a call gets at most its share of the tokens left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InferenceBudget {
+    pub calls: u64,
+    pub tokens: u64,
+}
+
+impl Default for InferenceBudget {
+    /// A group judged in a call or two: 8 calls, 8,192 tokens.
+    fn default() -> Self {
+        InferenceBudget { calls: 8, tokens: 8192 }
+    }
 }
 
 /// A reward model (a sequence classifier's directory: `wirl_engine::RewardModel`), and which
@@ -84,7 +101,7 @@ pub struct RewardModelRef {
 impl RewardSource {
     /// The sandbox's spec of a plugin (with its code runner's); `None` for a reward model.
     pub fn plugin_spec(&self) -> Option<PluginSpec> {
-        let RewardSource::Plugin { plugin, code_runner } = self else { return None };
+        let RewardSource::Plugin { plugin, code_runner, .. } = self else { return None };
         let mut spec = plugin.spec();
         if let Some(runner) = code_runner {
             let mut limits = Limits::code_runner();

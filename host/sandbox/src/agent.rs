@@ -17,13 +17,36 @@ impl inference::Host for HostState {
         conversations: Vec<Vec<Message>>,
         sampling: Sampling,
     ) -> Result<Vec<Completion>, String> {
-        let Some(host) = self.inference.clone() else {
-            return Err("this agent was loaded without an inference host".into());
-        };
-        // The engine's time is not the agent's: its deadline waits.
-        let _paused = self.paused.pause();
-        host.generate(conversations, sampling).await
+        generate_for_plugin(self, conversations, sampling).await
     }
+}
+
+/// 0.2.0's `inference` (a judge's): the same call.
+impl crate::bindings::reward_world_v0_2::wirl::rl::inference::Host for HostState {
+    async fn generate(
+        &mut self,
+        conversations: Vec<Vec<Message>>,
+        sampling: Sampling,
+    ) -> Result<Vec<Completion>, String> {
+        generate_for_plugin(self, conversations, sampling).await
+    }
+}
+
+/// A plugin's `inference.generate`: through the host this call was given (an agent's, a
+/// judge's budget), the plugin's deadline paused while the engine works.
+async fn generate_for_plugin(
+    state: &mut HostState,
+    conversations: Vec<Vec<Message>>,
+    sampling: Sampling,
+) -> Result<Vec<Completion>, String> {
+    let Some(host) = state.inference.clone() else {
+        return Err("no model to call here: inference is given to agents, and to rewards in a training run \
+                    (`wirl train`), not to `wirl score` or a reward without an engine"
+            .into());
+    };
+    // The engine's time is not the plugin's: its deadline waits.
+    let _paused = state.paused.pause();
+    host.generate(conversations, sampling).await
 }
 
 /// An agent plugin ready to produce rollouts.

@@ -64,6 +64,8 @@ pub(crate) mod reward_world_v0_2 {
         world: "reward-plugin",
         path: "../../wit/0.2.0",
         exports: { default: async },
+        // A judge's generation is awaited: the reward's deadline pauses while the engine works.
+        imports: { "wirl:rl/inference.generate": async },
         additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
         with: {
             "wirl:rl/types": super::reward_world::wirl::rl::types,

@@ -5,6 +5,7 @@ use crate::bindings::grader_world::{GraderPlugin, GraderPluginPre};
 use crate::bindings::reward_world::{RewardPlugin as Bindings, RewardPluginPre};
 use crate::bindings::reward_world_v0_2::{RewardPlugin as BindingsV0_2, RewardPluginPre as RewardPluginPreV0_2};
 use crate::call::{CallStats, Failure, FailureKind, HostState};
+use crate::inference::InferenceHost;
 use crate::plugin::{Instances, Plugin};
 use crate::{Error, Result, Score, Task, World};
 use std::sync::Arc;
@@ -16,6 +17,9 @@ use wasmtime::Store;
 pub struct RewardPlugin {
     pre: Pre,
     instances: Instances<Scorer>,
+    /// What a 0.2.0 plugin's `inference.generate` reaches in the next call (a judge's
+    /// budget for that call); none: such a call is an error.
+    inference: Option<Arc<dyn InferenceHost>>,
 }
 
 /// The worlds that export `wirl:rl/reward`: 0.1.0's reward and grader, 0.2.0's reward.
@@ -127,11 +131,17 @@ impl RewardPlugin {
             (_, Some("0.2.0")) => Pre::RewardV0_2(RewardPluginPreV0_2::new(plugin.component()?).map_err(refused)?),
             _ => Pre::Reward(RewardPluginPre::new(plugin.component()?).map_err(refused)?),
         };
-        Ok(RewardPlugin { pre, instances: Instances::new(plugin) })
+        Ok(RewardPlugin { pre, instances: Instances::new(plugin), inference: None })
     }
 
     pub fn plugin(&self) -> &Arc<Plugin> {
         &self.instances.plugin
+    }
+
+    /// Where the next calls' `inference.generate` goes (0.2.0 plugins: an LLM judge's
+    /// model, through a host that bounds what one call may generate); `None`: nowhere.
+    pub fn set_inference(&mut self, host: Option<Arc<dyn InferenceHost>>) {
+        self.inference = host;
     }
 
     /// Time spent instantiating and calling in the last call.
@@ -147,10 +157,13 @@ impl RewardPlugin {
     /// [`score`](Self::score) at the run's `progress`, which a 0.2.0 plugin is told (as a
     /// group of one).
     pub fn score_at(&mut self, task: &Task, completion: &str, progress: Progress) -> Result<Score, Failure> {
-        let pre = &self.pre;
+        let (pre, inference) = (&self.pre, self.inference.clone());
         let verdict = self.instances.call(
             async |store| pre.instantiate(store).await,
-            async |store, scorer| scorer.score(store, task, completion, progress).await,
+            async |store, scorer| {
+                store.data_mut().inference = inference;
+                scorer.score(store, task, completion, progress).await
+            },
         )?;
         let plugin = &self.instances.plugin;
         match verdict {
@@ -180,10 +193,13 @@ impl RewardPlugin {
         completions: &[String],
         progress: Progress,
     ) -> Vec<Result<Score, Failure>> {
-        let pre = &self.pre;
+        let (pre, inference) = (&self.pre, self.inference.clone());
         let verdicts = self.instances.call(
             async |store| pre.instantiate(store).await,
-            async |store, scorer| scorer.score_group(store, task, completions, progress).await,
+            async |store, scorer| {
+                store.data_mut().inference = inference;
+                scorer.score_group(store, task, completions, progress).await
+            },
         );
         let verdicts = verdicts.and_then(|verdicts| {
             let bytes: usize = verdicts.iter().map(|v| v.as_ref().map_or_else(String::len, Score::text_bytes)).sum();

@@ -4,6 +4,7 @@ use crate::bindings::agent_world::wirl::rl::inference;
 use crate::bindings::grader_world::wirl::rl::code_runner;
 use crate::bindings::reward_world::wirl::rl::config;
 use crate::bindings::reward_world_v0_2::wirl::rl::config as config_v0_2;
+use crate::bindings::reward_world_v0_2::wirl::rl::inference as inference_v0_2;
 use crate::call::{HostState, Interrupter};
 use crate::limits::SandboxSettings;
 use crate::plugin::{Plugin, PluginSpec, Prepared};
@@ -65,6 +66,8 @@ impl Sandbox {
         config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(e.into()))?;
         config_v0_2::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(|e| Error::Engine(e.into()))?;
+        inference_v0_2::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(e.into()))?;
         code_runner::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(|e| Error::Engine(e.into()))?;

@@ -107,13 +107,23 @@ pub fn evaluate(
     // Every group goes through the batching actor, first turns and episodes alike.
     let (engine, _thread) =
         wirl_engine::EngineHandle::spawn_with(Arc::new(loaded.model), tokenizer.clone(), config.engine_options())?;
-    let engine = Engine { handle: &engine, tokenizer: &tokenizer, context };
     let sandbox = Sandbox::new(SandboxSettings::default())?;
     let mut tasks = config
         .tasks
         .iter()
         .map(|spec| LoadedTask::load(&sandbox, spec, &tokenizer))
         .collect::<wirl_rollout::Result<Vec<_>>>()?;
+    // 0.2.0 rewards that judge with the model call the one evaluated.
+    let for_rewards = wirl_rollout::RewardEngine {
+        handle: engine.clone(),
+        tokenizer: tokenizer.clone(),
+        context,
+        seed: config.grpo.seed,
+    };
+    for task in &mut tasks {
+        task.scorers.set_engine(Some(for_rewards.clone()));
+    }
+    let engine = Engine { handle: &engine, tokenizer: &tokenizer, context };
     // Every task's held-out problems, in task order; one whose prompt does not fit the
     // context is left out, as in training. Agent tasks make their own.
     let (problems, left_out) = wirl_rollout::collect::held_out_asks(

@@ -189,7 +189,7 @@ fn plugin_slots(task: &mut TaskSpec) -> Vec<(&Path, &mut Option<PathBuf>)> {
         SourceSpec::Dataset { .. } | SourceSpec::Remote(_) | SourceSpec::OpenEnv { .. } => {}
     }
     for reward in &mut task.rewards {
-        if let RewardSource::Plugin { plugin, code_runner } = &mut reward.source {
+        if let RewardSource::Plugin { plugin, code_runner, .. } = &mut reward.source {
             slots.push((plugin.path.as_path(), &mut plugin.stored));
             if let Some(runner) = code_runner {
                 slots.push((runner.path.as_path(), &mut runner.stored));

@@ -1,5 +1,6 @@
 //! The `reward-plugin` world of `wirl:rl@0.2.0` (`wit/0.2.0/`): score a group of completions
-//! at once, knowing where the training run stands (annealed or curriculum-shaped rewards).
+//! at once, knowing where the training run stands (annealed or curriculum-shaped rewards),
+//! and asking the model when a reward needs one ([`generate`]: an LLM judge).
 //!
 //! ```ignore
 //! use wirl_sdk::reward_v0_2::{Progress, Reward, Score, Task};
@@ -38,6 +39,16 @@ pub mod bindings {
 shared_helpers!(self::bindings);
 
 pub use bindings::wirl::rl::run::Progress;
+pub use bindings::wirl::rl::types::{Completion, FinishReason, Sampling};
+
+/// One completion per conversation from the model (an LLM judge's verdicts): in a training
+/// run, the model being trained, within this reward's budget per scoring call
+/// (`inference_calls`, `inference_tokens` of its `[[rewards]]` entry). `Err` when the host
+/// refuses: the budget is spent, a conversation does not fit the context, or there is no
+/// model to call (`wirl score`).
+pub fn generate(conversations: &[Vec<Message>], sampling: &Sampling) -> Result<Vec<Completion>, String> {
+    bindings::wirl::rl::inference::generate(conversations, sampling)
+}
 
 #[doc(hidden)]
 pub use bindings::exports::wirl::rl::reward::Guest as __Guest;

@@ -256,6 +256,10 @@ impl TaskView<'_> {
                             memory_mib: runner.memory_mib,
                             workers: runner.workers,
                         }),
+                        inference: InferenceBudget {
+                            calls: reward.inference_calls.unwrap_or(InferenceBudget::default().calls),
+                            tokens: reward.inference_tokens.unwrap_or(InferenceBudget::default().tokens),
+                        },
                     },
                 };
                 RewardSpec { source, weight: reward.weight }

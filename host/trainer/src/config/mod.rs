@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, KlEstimator, LossKind, Schedule};
 use wirl_rollout::{
-    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, OnFailure, PluginRef, RewardModelRef,
-    RewardSource, RewardSpec, SamplingSpec, SourceSpec,
+    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, InferenceBudget, OnFailure, PluginRef,
+    RewardModelRef, RewardSource, RewardSpec, SamplingSpec, SourceSpec,
 };
 
 /// The default run, embedded so that `wirl train` needs no file.
@@ -483,6 +483,14 @@ pub struct RewardSection {
     /// For a grader: the interpreter its programs run in.
     #[serde(default)]
     pub code_runner: Option<CodeRunnerSection>,
+    /// For a `wirl:rl@0.2.0` plugin that calls the model (an LLM judge): `generate` calls per
+    /// scoring call (default 8).
+    #[serde(default)]
+    pub inference_calls: Option<u64>,
+    /// Tokens it may generate per scoring call, all its conversations together (default
+    /// 8,192): a judge that rambles is cut there.
+    #[serde(default)]
+    pub inference_tokens: Option<u64>,
 }
 
 /// The code-runner component of a grader, with the most one program may use.

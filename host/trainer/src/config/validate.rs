@@ -670,6 +670,8 @@ fn check_reward_kind(origin: &str, key: &str, reward: &RewardSection) -> crate::
                 ("deadline_ms", reward.deadline_ms.is_some()),
                 ("memory_mib", reward.memory_mib.is_some()),
                 ("code_runner", reward.code_runner.is_some()),
+                ("inference_calls", reward.inference_calls.is_some()),
+                ("inference_tokens", reward.inference_tokens.is_some()),
             ];
             if let Some((name, _)) = plugin_keys.iter().find(|(_, given)| *given) {
                 bail!(
@@ -681,6 +683,12 @@ fn check_reward_kind(origin: &str, key: &str, reward: &RewardSection) -> crate::
         (Some(_), None) => Ok(()),
     }
 }
+
+/// A reward's `generate` calls per scoring call: a group's completions judged one by one,
+/// several times over.
+const MAX_INFERENCE_CALLS: u64 = 1 << 12;
+/// A reward's tokens per scoring call: a long judgement of each of a large group.
+const MAX_INFERENCE_TOKENS: u64 = 1 << 22;
 
 /// Completions per held-out task for pass@k: far past any k reported.
 const MAX_EVAL_SAMPLES: usize = 1024;
@@ -717,6 +725,20 @@ fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> crate::error::Result
                 view.rewards_key,
                 reward.weight
             );
+        }
+        for (name, value, max) in [
+            ("inference_calls", reward.inference_calls, MAX_INFERENCE_CALLS),
+            ("inference_tokens", reward.inference_tokens, MAX_INFERENCE_TOKENS),
+        ] {
+            if let Some(value) = value
+                && !(1..=max).contains(&value)
+            {
+                bail!(
+                    "{origin}: `{}[{i}].{name}` = {value}: it must be between 1 and {max} (what one scoring call of \
+                     the reward may ask of the model)",
+                    view.rewards_key
+                );
+            }
         }
         if let Some(runner) = &reward.code_runner
             && runner.workers > wirl_sandbox::MAX_WORKERS

@@ -129,6 +129,7 @@ impl Trainer {
         let stop = self.control.clone();
         let stopped = move || stop.is_stopped();
         let mut clock = Clock::default();
+        self.give_rewards_the_engine();
 
         let Some((drawn, lagged)) = self.draw(step, &stopped, &mut clock)? else {
             return self.abandon();
@@ -649,6 +650,21 @@ impl Trainer {
     }
 
     /// The engine as the rolling path calls it.
+    /// Let the tasks' `wirl:rl@0.2.0` rewards call the engine being trained (LLM judges),
+    /// each scoring call within its reward's budget. Set every step, so that tasks swapped in
+    /// meanwhile have it too.
+    fn give_rewards_the_engine(&mut self) {
+        let engine = wirl_rollout::RewardEngine {
+            handle: self.engine.clone(),
+            tokenizer: self.tokenizer.clone(),
+            context: self.model_config.context(),
+            seed: self.config.grpo.seed,
+        };
+        for task in &mut self.tasks {
+            task.scorers.set_engine(Some(engine.clone()));
+        }
+    }
+
     fn rolling_engine(&self) -> collect::Engine<'_> {
         collect::Engine { handle: &self.engine, tokenizer: &self.tokenizer, context: self.model_config.context() }
     }
