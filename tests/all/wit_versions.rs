@@ -176,3 +176,30 @@ fn a_judge_scores_a_training_run_and_wirl_score_says_it_has_no_model() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("guest_error") && stdout.contains("no model to call here"), "{stdout}");
 }
+
+/// `wirl serve --config` with a model: a served task's 0.2.0 judge asks the served model
+/// (`/v1/score` answers with its verdicts, none failed).
+#[test]
+fn a_served_tasks_judge_asks_the_served_model() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::engine::write_tiny_model(dir.path(), false);
+    let config = dir.path().join("served.toml");
+    let text = format!(
+        "[[tasks]]\nname = \"judged\"\n[tasks.dataset]\ntrain = \"tasks.jsonl\"\n[[tasks.rewards]]\nplugin = {JUDGE:?}\n\
+         inference_tokens = 8\nconfig = {{ max_tokens = 2 }}\n"
+    );
+    std::fs::write(&config, text).unwrap();
+    std::fs::write(
+        dir.path().join("tasks.jsonl"),
+        "{\"id\": \"u\", \"messages\": [{\"role\": \"user\", \"content\": \"w5\"}]}\n",
+    )
+    .unwrap();
+    let server = crate::serve::Server::start_model(dir.path(), &["--config", config.to_str().unwrap()]);
+    let body = serde_json::json!({"task": "judged", "problem": {"prompt": "w5 w6"}, "completions": ["w7", "w8"]});
+    let (status, scored) = server.post("/v1/score", &body.to_string());
+    assert_eq!(status, 200, "{scored}");
+    for score in scored["scores"].as_array().unwrap() {
+        assert_eq!(score["failures"], serde_json::json!([]), "{scored}");
+        assert!(score["parts"]["judge_words"].as_f64().unwrap() <= 2.0, "{scored}");
+    }
+}

@@ -315,7 +315,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         tokenizer.set_template_vars(model.chat_template_kwargs.clone())?;
     }
     let tokenizer = Arc::new(tokenizer);
-    let served = match &run {
+    let mut served = match &run {
         Some(run) => served_tasks(run, &tokenizer)?,
         None => Vec::new(),
     };
@@ -332,6 +332,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let models =
         std::iter::once(loaded.model).chain(shards.into_iter().map(|shard| shard.model)).map(Arc::new).collect();
     let (engine, _threads) = wirl_engine::EngineHandle::spawn_ranks(models, tokenizer.clone(), options_engine)?;
+    // The served tasks' 0.2.0 rewards that judge with the model ask the one served.
+    if let Some(run) = &run {
+        let for_rewards = wirl_rollout::RewardEngine {
+            handle: engine.clone(),
+            tokenizer: tokenizer.clone(),
+            context,
+            seed: run.grpo.seed,
+        };
+        for task in &mut served {
+            task.loaded.scorers.set_engine(Some(for_rewards.clone()));
+        }
+    }
     let weights_dir = match &weights_dir {
         Some(dir) if !dir.is_dir() => bail!("--weights-dir {}: not a directory", dir.display()),
         Some(dir) => Some(dir.canonicalize().with_context(|| format!("--weights-dir {}", dir.display()))?),
