@@ -148,11 +148,16 @@ fn a_judge_scores_a_training_run_and_wirl_score_says_it_has_no_model() {
         "\n[[rewards]]\nplugin = {JUDGE:?}\ninference_tokens = 60\nconfig = {{ max_tokens = 4 }}\nweight = 0.1\n"
     );
     let config = crate::grpo::write_config(dir.path(), &extra, 1, 0.01);
+    // The held-out evaluations (before the first step and after the last) judge too.
+    let text = std::fs::read_to_string(&config).unwrap().replace("tasks = 0", "tasks = 2");
+    std::fs::write(&config, text).unwrap();
     let run = dir.path().join("run");
     let out = crate::grpo::train(&config, &run);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("no model to call here"), "a judge went without the engine: {stderr}");
     let rollouts = crate::grpo::rollouts(&run);
-    let scored: Vec<_> = rollouts.iter().filter(|r| r.get("completion").is_some()).collect();
+    let scored: Vec<_> = rollouts.iter().filter(|r| r.get("completion").is_some() && r["step"] != 0).collect();
     assert_eq!(scored.len(), 12);
     for rollout in &scored {
         assert_eq!(rollout["failures"], serde_json::json!([]), "{rollout}");

@@ -591,6 +591,8 @@ impl Trainer {
         }
         let context = self.model_config.context();
         let first = self.config.eval.first_index;
+        // Before the first step too: a judge scores the held-out answers with the model.
+        self.give_rewards_the_engine();
         // Those left out were logged; the summary's figures are over the rest.
         let (asks, _left_out) = wirl_rollout::collect::held_out_asks(
             &mut self.tasks,

@@ -653,7 +653,7 @@ impl Trainer {
     /// Let the tasks' `wirl:rl@0.2.0` rewards call the engine being trained (LLM judges),
     /// each scoring call within its reward's budget. Set every step, so that tasks swapped in
     /// meanwhile have it too.
-    fn give_rewards_the_engine(&mut self) {
+    pub(super) fn give_rewards_the_engine(&mut self) {
         let engine = wirl_rollout::RewardEngine {
             handle: self.engine.clone(),
             tokenizer: self.tokenizer.clone(),
