@@ -293,3 +293,13 @@ fn a_completion_past_the_reward_models_context_fails_alone_in_its_group() {
         assert!(scored[i].failures.is_empty() && scored[i].reward != 0.0, "{:?}", scored[i]);
     }
 }
+
+/// A reward model without a chat template is refused when it loads (it reads every
+/// completion through its own template), not as a failure of every completion later.
+#[test]
+fn a_reward_model_without_a_chat_template_is_refused_at_load() {
+    let (dir, _) = tiny("llama");
+    std::fs::write(dir.path().join("tokenizer_config.json"), r#"{"eos_token": "</s>"}"#).unwrap();
+    let error = RewardModel::load(dir.path(), &LoadOptions::default()).err().unwrap().to_string();
+    assert!(error.contains("has no chat template"), "{error}");
+}

@@ -36,10 +36,20 @@ impl RewardModel {
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
         let loaded = load::load_classifier(path, options)?;
         let config = &loaded.config;
-        let labels = config.classifier_labels().ok_or_else(|| Error::Config {
-            field: "architectures".into(),
-            message: format!("{} is not a sequence classifier", path.display()),
-        })?;
+        let labels = config
+            .classifier_labels()
+            .ok_or_else(|| Error::Internal(format!("{} loaded as a classifier without labels", path.display())))?;
+        // It reads each completion through its own template: without one it could score nothing.
+        if loaded.tokenizer.chat_template().is_none() {
+            return Err(Error::Config {
+                field: "chat_template".into(),
+                message: format!(
+                    "the reward model {} has no chat template (tokenizer_config.json's `chat_template`): it is \
+                     fed the conversation through its own template",
+                    path.display()
+                ),
+            });
+        }
         Ok(RewardModel {
             pad: pad_id(config),
             labels,
@@ -72,16 +82,6 @@ impl RewardModel {
     /// model's card asks it to be fed), every message's text escaped so that none becomes a
     /// control token.
     pub fn conversation_ids(&self, messages: &[ChatMessage], completion: &str) -> Result<Vec<u32>> {
-        if self.tokenizer.chat_template().is_none() {
-            return Err(Error::Config {
-                field: "chat_template".into(),
-                message: format!(
-                    "the reward model {} has no chat template (tokenizer_config.json's `chat_template`): it is \
-                     fed the conversation through its own template",
-                    self.path.display()
-                ),
-            });
-        }
         let escaped =
             |role: &str, content: &str| ChatMessage { role: role.into(), content: self.tokenizer.escape(content) };
         let mut conversation: Vec<ChatMessage> = messages.iter().map(|m| escaped(&m.role, &m.content)).collect();

@@ -124,17 +124,17 @@ fn score_with_model(
     let messages: Vec<ChatMessage> =
         task.messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
     let mut verdicts: Vec<Result<Score, Failure>> = Vec::with_capacity(completions.len());
-    let mut texts: Vec<(usize, Vec<u32>)> = Vec::new();
+    let (mut indices, mut ids): (Vec<usize>, Vec<Vec<u32>>) = (Vec::new(), Vec::new());
     for (i, completion) in completions.iter().enumerate() {
         match model.conversation_ids(&messages, completion) {
-            Ok(ids) => {
-                texts.push((i, ids));
+            Ok(text) => {
+                indices.push(i);
+                ids.push(text);
                 verdicts.push(Err(Failure::guest(String::new())));
             }
             Err(error) => verdicts.push(Err(Failure::guest(wirl_engine::error_chain(&error)))),
         }
     }
-    let ids: Vec<Vec<u32>> = texts.iter().map(|(_, ids)| ids.clone()).collect();
     let scored = match model.score(&ids) {
         Ok(scored) => scored,
         Err(error) => {
@@ -145,8 +145,8 @@ fn score_with_model(
                 .collect();
         }
     };
-    for ((i, _), scores) in texts.iter().zip(scored) {
-        verdicts[*i] = match scores {
+    for (i, scores) in indices.into_iter().zip(scored) {
+        verdicts[i] = match scores {
             Ok(scores) if scores[label].is_finite() => {
                 Ok(Score { reward: scores[label], parts: Vec::new(), note: None })
             }
