@@ -61,6 +61,26 @@ fn reward_models_of_each_family_score_as_transformers_does() {
     }
 }
 
+/// Read a few positions at a time through the cache (the last step a single token, the
+/// decoding path), a batch scores as in one forward: within 1e-5, and of transformers.
+#[test]
+fn texts_read_in_chunks_score_as_in_one_forward() {
+    for family in FAMILIES {
+        let (dir, reference) = tiny(family);
+        let whole = RewardModel::load(dir.path(), &LoadOptions::default()).unwrap();
+        let texts: Vec<Vec<u32>> = reference.texts.iter().map(|t| t.ids.clone()).collect();
+        let expected: Vec<Vec<f32>> = whole.score(&texts).unwrap().into_iter().map(Result::unwrap).collect();
+        for chunk in [1, 2, 3] {
+            let chunked = RewardModel::load(dir.path(), &LoadOptions::default()).unwrap().with_prefill_chunk(chunk);
+            let got: Vec<Vec<f32>> = chunked.score(&texts).unwrap().into_iter().map(Result::unwrap).collect();
+            let gap = worst(&got, &expected);
+            assert!(gap < 1e-5, "{family}, {chunk} at a time: max gap {gap}");
+            let gap = worst(&got, &reference.batch);
+            assert!(gap < 1e-4, "{family}, {chunk} at a time: max |wirl − transformers| = {gap}");
+        }
+    }
+}
+
 #[test]
 fn a_text_ending_in_the_padding_id_is_read_at_the_token_before() {
     let (dir, reference) = tiny("qwen3");

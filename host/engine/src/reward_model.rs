@@ -16,9 +16,12 @@ use crate::{Error, Refused, Result};
 use candle_core::Tensor;
 use std::path::{Path, PathBuf};
 
-/// The most tokens (rows × the longest row) one forward of a batch holds: the prefill's mask
-/// and activations grow with it.
+/// The most tokens (rows × the longest row) one batch holds.
 pub const BATCH_TOKENS: usize = 8192;
+/// A batch is read this many positions at a time through the key/value cache: attention's
+/// scores and mask grow with positions read × positions seen, which in one forward of a
+/// long text (its square) would be gigabytes.
+pub const PREFILL_CHUNK: usize = 512;
 
 /// A loaded reward model.
 pub struct RewardModel {
@@ -28,6 +31,8 @@ pub struct RewardModel {
     /// The padding id (`pad_token_id`) transformers skips at a text's end.
     pad: Option<u32>,
     labels: usize,
+    /// Positions read per forward ([`PREFILL_CHUNK`]).
+    chunk: usize,
 }
 
 impl RewardModel {
@@ -56,7 +61,15 @@ impl RewardModel {
             model: loaded.model,
             tokenizer: loaded.tokenizer,
             path: path.to_path_buf(),
+            chunk: PREFILL_CHUNK,
         })
+    }
+
+    /// Read batches `chunk` positions at a time (at least 1) instead of [`PREFILL_CHUNK`]:
+    /// less memory, more forwards; the scores are the same.
+    pub fn with_prefill_chunk(mut self, chunk: usize) -> Self {
+        self.chunk = chunk.max(1);
+        self
     }
 
     /// How many scores it gives a text (its `id2label`'s count).
@@ -138,7 +151,8 @@ impl RewardModel {
         Ok(&ids[..end])
     }
 
-    /// One batch: rows left-padded to `longest`, the head's output at the last position.
+    /// One batch: rows left-padded to `longest`, read `chunk` positions at a time through the
+    /// cache; the head's output at the last position.
     fn forward(&self, spans: &[&[u32]], longest: usize) -> Result<Vec<Vec<f32>>> {
         let pads: Vec<usize> = spans.iter().map(|span| longest - span.len()).collect();
         let ids: Vec<u32> = spans
@@ -147,7 +161,13 @@ impl RewardModel {
             .flat_map(|(span, &pad)| std::iter::repeat_n(0, pad).chain(span.iter().copied()))
             .collect();
         let tokens = Tensor::from_vec(ids, (spans.len(), longest), self.model.device())?;
-        let scores = self.model.forward(&tokens, &pads, &mut self.model.new_cache(), false)?;
+        let mut cache = self.model.new_cache();
+        let mut scores = None;
+        for start in (0..longest).step_by(self.chunk) {
+            let read = tokens.narrow(1, start, self.chunk.min(longest - start))?;
+            scores = Some(self.model.forward(&read, &pads, &mut cache, false)?);
+        }
+        let scores = scores.ok_or_else(|| Error::Internal("a batch of empty texts".into()))?;
         Ok(scores.to_dtype(candle_core::DType::F32)?.to_vec2()?)
     }
 }
