@@ -69,6 +69,7 @@ fn the_generic_path_updates_as_the_fast_path_does() {
         prompt: (0..10).map(|i| (i * 3 % 60 + 2) as u32).collect(),
         completions: vec![vec![3, 9, 27, 17], vec![5, 6], vec![44, 1, 8]],
         advantages: vec![1.0, -0.5, 0.25],
+        token_advantages: Vec::new(),
         trainable: Vec::new(),
         sampler_logprobs: Vec::new(),
         sampler_lag: 0,

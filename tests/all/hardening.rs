@@ -663,6 +663,7 @@ fn micro_batches_update_the_weights_as_the_whole_group_does() {
         prompt,
         completions,
         advantages: vec![1.0, -0.5, 0.25, -0.75],
+        token_advantages: Vec::new(),
         trainable: Vec::new(),
         sampler_logprobs,
         sampler_lag: 0,
@@ -738,6 +739,7 @@ fn rows_of_many_groups_in_one_pass_update_as_group_by_group() {
             prompt,
             completions,
             advantages,
+            token_advantages: Vec::new(),
             trainable: Vec::new(),
             sampler_logprobs,
             sampler_lag: lag,
@@ -864,6 +866,7 @@ fn lagged_groups_carry_the_truncated_importance_weight() {
             prompt: prompt.clone(),
             completions: completions.clone(),
             advantages: vec![1.0, -0.5, 0.75, -1.25],
+            token_advantages: Vec::new(),
             trainable: Vec::new(),
             sampler_logprobs: completions
                 .iter()

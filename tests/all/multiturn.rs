@@ -75,28 +75,8 @@ fn the_ledger_of_a_three_turn_episode_trains_on_exactly_the_sampled_tokens() {
     };
     let task = tasks.training(0).unwrap();
     let prompt = wirl_rollout::fitting_prompt(&tokenizer, &task, 8, 1024).unwrap();
-    let sampling = SamplingSpec { max_tokens: 8, temperature: 1.0, top_p: 1.0, top_k: 0 };
-    let request = wirl_engine::GenerateRequest { prompt: prompt.clone(), n: 3, sampling: sampling.seeded(7) };
-    let first: Vec<Trajectory> = engine
-        .generate_all_until(vec![request], || false)
-        .unwrap()
-        .remove(0)
-        .unwrap()
-        .into_iter()
-        .map(Into::into)
-        .collect();
     let TaskSource::Environment { plugin, .. } = &tasks else { unreachable!() };
-    let group = EpisodeGroup {
-        environment: plugin,
-        task: &task,
-        prompt: &prompt,
-        first,
-        sampling,
-        seed: 5,
-        max_turns: 3,
-        failures: FailurePolicy::default(),
-    };
-    let run = run_episodes(&engine, &tokenizer, 1024, vec![group], &|| false).unwrap().unwrap();
+    let run = three_turn_episodes(&engine, &tokenizer, plugin, &task, &prompt, 3, (7, 5));
     assert_eq!(run.times.turns, 3 * 2, "two turns after the first, for each of 3 episodes");
     for outcome in &run.groups[0] {
         let t = &outcome.trajectory;
@@ -139,6 +119,40 @@ fn the_ledger_of_a_three_turn_episode_trains_on_exactly_the_sampled_tokens() {
 }
 
 /// A tokenizer of the tiny model's vocabulary with `template` as its chat template.
+/// `n` episodes of `task` of up to three turns (8 tokens each, temperature 1), their first
+/// turns sampled with `seeds.0` and the later ones with `seeds.1`.
+fn three_turn_episodes(
+    engine: &wirl_engine::EngineHandle,
+    tokenizer: &Tokenizer,
+    environment: &wirl_sandbox::EnvironmentPlugin,
+    task: &wirl_sandbox::Task,
+    prompt: &[u32],
+    n: usize,
+    seeds: (u64, u64),
+) -> wirl_rollout::EpisodeRun {
+    let sampling = SamplingSpec { max_tokens: 8, temperature: 1.0, top_p: 1.0, top_k: 0 };
+    let request = wirl_engine::GenerateRequest { prompt: prompt.to_vec(), n, sampling: sampling.seeded(seeds.0) };
+    let first: Vec<Trajectory> = engine
+        .generate_all_until(vec![request], || false)
+        .unwrap()
+        .remove(0)
+        .unwrap()
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    let group = EpisodeGroup {
+        environment,
+        task,
+        prompt,
+        first,
+        sampling,
+        seed: seeds.1,
+        max_turns: 3,
+        failures: FailurePolicy::default(),
+    };
+    run_episodes(engine, tokenizer, 1024, vec![group], &|| false).unwrap().unwrap()
+}
+
 fn tokenizer_with_template(template: &str) -> Tokenizer {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_model(dir.path(), false);
@@ -225,4 +239,118 @@ fn a_template_that_is_not_append_only_is_refused() {
     let rewriting = "{% for m in messages %}{{ m.role }}: {% if m.role == 'assistant' %}{{ m.content | upper }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
     let error = wirl_rollout::check_template(&tokenizer_with_template(rewriting)).unwrap_err().to_string();
     assert!(error.contains("renders the model's reply"), "{error}");
+}
+
+/// Episodes of a `wirl:rl@0.2.0` environment that rewards turns (`plugins/tests/turn-rewards`:
+/// each turn the episode goes on from earns its reply's length, but the turn numbered
+/// `silent`): the episode's score carries one reward per model turn (0 for the silent turn
+/// and for the last, whose reward is the outcome), and the ledger knows where each turn's
+/// tokens start, the model's first and the environment's after.
+#[test]
+fn turn_rewards_of_a_0_2_0_environment_are_kept_per_turn_with_their_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model_with_context(dir.path(), 1024);
+    let (_policy, engine, tokenizer) = policy_and_engine(dir.path());
+    let (sandbox, _cache) = crate::sandbox_with(SandboxSettings::default());
+    let mut spec = PluginSpec::new(wirl_test_artifacts::TURN_REWARDS);
+    spec.config.insert("turns".into(), 3.into());
+    spec.config.insert("silent".into(), 1.into());
+    spec.config.insert("outcome".into(), 0.25.into());
+    let plugin = wirl_sandbox::EnvironmentPlugin::new(sandbox.load(spec).unwrap()).unwrap();
+    assert_eq!(plugin.plugin().wit_version(), "0.2.0");
+    let task = wirl_sandbox::Task {
+        id: "t/0".into(),
+        messages: vec![wirl_sandbox::Message::new("user", "Say something.")],
+        answer: None,
+        metadata: None,
+    };
+    let prompt = wirl_rollout::fitting_prompt(&tokenizer, &task, 8, 1024).unwrap();
+    let run = three_turn_episodes(&engine, &tokenizer, &plugin, &task, &prompt, 4, (3, 9));
+    let mut first_rewards = Vec::new();
+    for outcome in &run.groups[0] {
+        let (t, score) = (&outcome.trajectory, &outcome.score);
+        assert_eq!((t.turns, score.reward), (3, 0.25), "{:?}", score.notes);
+        // The model's replies are the conversation's assistant messages, in order.
+        let replies: Vec<&str> =
+            t.conversation.iter().filter(|m| m.role == "assistant").map(|m| m.content.as_str()).collect();
+        assert_eq!(score.turn_rewards, [replies[0].chars().count() as f32, 0.0, 0.0], "{replies:?}");
+        first_rewards.push(score.turn_rewards[0]);
+        // Each turn's span starts with the model's tokens and ends with the environment's
+        // answer (the last turn's with the model's).
+        let spans = t.turn_spans();
+        assert_eq!(spans.len(), 3);
+        assert_eq!(spans[0].start, 0);
+        assert_eq!(spans[2].end, t.tokens.len());
+        for (k, span) in spans.iter().enumerate() {
+            assert!(t.trainable[span.start], "turn {k} starts with a model token");
+            let model: Vec<u32> = span.clone().filter(|&i| t.trainable[i]).map(|i| t.tokens[i]).collect();
+            let ran = span.clone().skip_while(|&i| t.trainable[i]).all(|i| !t.trainable[i]);
+            assert!(ran, "turn {k}: the model's tokens, then the environment's");
+            let text = tokenizer.decode(&model, true).unwrap();
+            assert_eq!(text.trim(), replies[k].trim(), "turn {k}'s tokens are its reply");
+        }
+    }
+    assert!(first_rewards.iter().any(|&r| r != first_rewards[0]), "the samples' replies differ: {first_rewards:?}");
+}
+
+/// Turn rewards train: the turn-rewards environment's outcome is the same for every episode
+/// (a 0.1.0 environment's groups would carry no signal, and nothing would train), but its
+/// turns' rewards differ, so its groups are kept and the update moves the weights; with
+/// `quiet = true` (no turn rewards) the same run keeps no group. The rollouts record each
+/// episode's turn rewards.
+#[test]
+fn a_run_learns_from_turn_rewards_when_the_outcome_says_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    write_tiny_model_with_context(&model, 1024);
+    let train = |name: &str, quiet: bool| {
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[model]
+path = {model:?}
+
+[[tasks]]
+name = "turns"
+max_turns = 3
+[tasks.environment]
+plugin = {plugin:?}
+config = {{ turns = 3, quiet = {quiet} }}
+
+[sampling]
+max_tokens = 6
+
+[grpo]
+steps = 2
+prompts_per_step = 2
+group_size = 4
+learning_rate = 0.01
+beta = 0.0
+seed = 3
+"#,
+                plugin = wirl_test_artifacts::TURN_REWARDS,
+            ),
+        )
+        .unwrap();
+        let run = dir.path().join(name);
+        let out = crate::grpo::train(&config, &run);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        (crate::grpo::metrics(&run), crate::grpo::rollouts(&run))
+    };
+    let (metrics, rollouts) = train("rewarded", false);
+    let kept: u64 = metrics.iter().map(|m| m["groups_kept"].as_u64().unwrap()).sum();
+    assert!(kept > 0, "groups told apart by their turns train: {metrics:?}");
+    assert!(metrics.iter().any(|m| m["grad_norm"].as_f64().unwrap() > 0.0), "{metrics:?}");
+    for rollout in rollouts.iter().filter(|r| r.get("completion").is_some()) {
+        let turn_rewards = rollout["turn_rewards"].as_array().unwrap_or_else(|| panic!("{rollout}"));
+        assert_eq!(turn_rewards.len(), 3, "{rollout}");
+        assert_eq!(rollout["reward"], 0.0);
+    }
+    let (metrics, rollouts) = train("quiet", true);
+    let kept: u64 = metrics.iter().map(|m| m["groups_kept"].as_u64().unwrap()).sum();
+    assert_eq!(kept, 0, "equal outcomes and no turn rewards carry no signal: {metrics:?}");
+    assert!(rollouts.iter().all(|r| r.get("turn_rewards").is_none()));
 }

@@ -182,6 +182,7 @@ fn a_gap_names_the_token_that_differs() {
         prompt: prompt.clone(),
         completions: completions.clone(),
         advantages: vec![1.0, -1.0],
+        token_advantages: Vec::new(),
         trainable: Vec::new(),
         sampler_logprobs,
         sampler_lag: 0,

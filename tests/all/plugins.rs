@@ -96,8 +96,9 @@ fn arithmetic_tasks_are_deterministic_few_shot_and_graded_right() {
     let answer: i64 = task.answer.clone().unwrap().parse().unwrap();
     let mut episode = environment.start_episode(&task).unwrap();
     match episode.step(&format!("<answer>{}</answer>", answer + 5)).unwrap() {
-        wirl_sandbox::StepResult::Continue(messages) => {
-            assert!(messages[0].content.contains("too high"), "{messages:?}")
+        wirl_sandbox::StepResult::Continue { messages, reward } => {
+            assert!(messages[0].content.contains("too high"), "{messages:?}");
+            assert_eq!(reward, None, "a 0.1.0 environment's turns carry no reward");
         }
         other => panic!("{other:?}"),
     }

@@ -236,6 +236,7 @@ fn a_bf16_inference_copy_follows_the_trainers_updates() {
         prompt: ids.clone(),
         completions: vec![vec![3, 9, 27], vec![5, 6]],
         advantages: vec![1.0, -1.0],
+        token_advantages: Vec::new(),
         trainable: Vec::new(),
         sampler_logprobs: Vec::new(),
         sampler_lag: 0,

@@ -15,6 +15,7 @@ fn groups() -> Vec<GroupBatch> {
             prompt: (0..6 + g).map(|i| (i * 3 + g * 7) % 60 + 2).collect(),
             completions: vec![vec![3 + g, 9, 27], vec![5, 6 + g], vec![44, 1, 8, 10 + g]],
             advantages: vec![1.0 - g as f32 * 0.3, -0.5, 0.25 + g as f32 * 0.1],
+            token_advantages: Vec::new(),
             trainable: Vec::new(),
             sampler_logprobs: Vec::new(),
             sampler_lag: 0,

@@ -5,6 +5,7 @@
 //! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
 
 pub mod correction;
+pub mod credit;
 pub mod device_check;
 mod fused;
 pub mod grads;
@@ -16,6 +17,7 @@ mod positions;
 pub mod update;
 
 pub use correction::{CorrectionMode, RolloutCorrection};
+pub use credit::turn_advantages;
 pub use grads::Gradients;
 pub use loss::{
     AdaptiveKl, AdvantageMode, Aggregation, KlEstimate, KlEstimator, LossKind, LossParts, LossSettings,

@@ -25,6 +25,10 @@ pub struct GroupBatch {
     pub prompt: Vec<u32>,
     pub completions: Vec<Vec<u32>>,
     pub advantages: Vec<f32>,
+    /// Per completion, per token: added to the completion's advantage at that token (a
+    /// multi-turn episode's turn rewards, credited to their turn's tokens). Empty: none,
+    /// every token of a completion has its advantage.
+    pub token_advantages: Vec<Vec<f32>>,
     /// Per completion, per token: trained on (the model's) or not (a multi-turn ledger's
     /// environment tokens, context only). Empty: every token is trained on.
     pub trainable: Vec<Vec<bool>>,
@@ -103,6 +107,7 @@ impl GroupBatch {
             prompt: self.prompt.clone(),
             completions: pick(&self.completions, rows),
             advantages: pick(&self.advantages, rows),
+            token_advantages: pick(&self.token_advantages, rows),
             trainable: pick(&self.trainable, rows),
             sampler_logprobs: pick(&self.sampler_logprobs, rows),
             sampler_lag: self.sampler_lag,
@@ -124,6 +129,21 @@ impl GroupBatch {
             values.extend(std::iter::repeat_n(0f32, width - logprobs.len()));
         }
         Ok(Some(Tensor::from_vec(values, (self.completions.len(), width), device)?))
+    }
+
+    /// Each row's advantage at each token as a `[G, width]` tensor (the per-token terms
+    /// added to the row's own, 0 past its end), or as `[G]` when there are no per-token terms.
+    fn advantages_tensor(&self, width: usize, device: &candle_core::Device) -> candle_core::Result<Tensor> {
+        let rows = self.advantages.len();
+        if self.token_advantages.is_empty() {
+            return Tensor::from_vec(self.advantages.clone(), rows, device);
+        }
+        let mut values = Vec::with_capacity(rows * width);
+        for (r, &advantage) in self.advantages.iter().enumerate() {
+            let terms = self.token_advantages.get(r).map_or(&[][..], Vec::as_slice);
+            values.extend((0..width).map(|i| advantage + terms.get(i).copied().unwrap_or(0.0)));
+        }
+        Tensor::from_vec(values, (rows, width), device)
     }
 
     /// The group as the policy trains it: the head only where a token carries loss.
@@ -643,6 +663,7 @@ fn pack(groups: &[GroupBatch], rows: usize) -> Vec<GroupBatch> {
                 prompt: first[..shared].to_vec(),
                 completions: Vec::with_capacity(pass.len()),
                 advantages: Vec::with_capacity(pass.len()),
+                token_advantages: Vec::new(),
                 trainable: Vec::with_capacity(pass.len()),
                 sampler_logprobs: Vec::new(),
                 sampler_lag,
@@ -651,6 +672,12 @@ fn pack(groups: &[GroupBatch], rows: usize) -> Vec<GroupBatch> {
                 let (own, completion) = (&group.prompt[shared..], &group.completions[*index]);
                 batch.completions.push(own.iter().chain(completion).copied().collect());
                 batch.advantages.push(group.advantages[*index]);
+                // Per-token terms where any row of the pass has them (0 for the rest).
+                if pass.iter().any(|r| !r.group.token_advantages.is_empty()) {
+                    let mut terms = group.token_advantages.get(*index).cloned().unwrap_or_default();
+                    terms.resize(completion.len(), 0.0);
+                    batch.token_advantages.push(std::iter::repeat_n(0.0, own.len()).chain(terms).collect());
+                }
                 // An empty mask trains every token; a row without one, none (as `Kept` reads them).
                 let mut mask = if group.trainable.is_empty() {
                     vec![true; completion.len()]
@@ -742,7 +769,9 @@ impl LossInputs<'_> {
                 .transpose()?,
             _ => None,
         };
-        let advantages = Tensor::from_vec(group.advantages.clone(), lengths.len(), device)?;
+        // `[G]`, or `[G, width]` with per-token terms; a row's weight is `[G, width]` either way.
+        let advantages = group.advantages_tensor(width, device)?;
+        let by_token = if advantages.rank() == 1 { advantages.unsqueeze(1)? } else { advantages.clone() };
         let old_logp = match &self.old[k] {
             Some(old) => old.clone(),
             None => token_stats.logp.detach(),
@@ -754,7 +783,7 @@ impl LossInputs<'_> {
                 let active = weights.gt(0.0)?.to_dtype(weights.dtype())?;
                 let (weight, cut) = settings.rollout_correction.weights(&old_logp, behaviour, &active)?;
                 let tokens = active.sum_all()?.to_scalar::<f32>()?;
-                (weight.broadcast_mul(&advantages.unsqueeze(1)?)?, Some((cut, tokens)))
+                (weight.broadcast_mul(&by_token)?, Some((cut, tokens)))
             }
             Some(behaviour) => {
                 let ratio = (&old_logp - behaviour)?.exp()?;
@@ -764,7 +793,7 @@ impl LossInputs<'_> {
                     .sum_all()?
                     .to_scalar::<f32>()?;
                 let tokens = active.sum_all()?.to_scalar::<f32>()?;
-                (weight.broadcast_mul(&advantages.unsqueeze(1)?)?, Some((cut, tokens)))
+                (weight.broadcast_mul(&by_token)?, Some((cut, tokens)))
             }
             None => (advantages, None),
         };
@@ -831,6 +860,7 @@ mod tests {
             prompt: vec![1; prompt],
             completions: lengths.iter().map(|&n| vec![2; n]).collect(),
             advantages: (0..lengths.len()).map(|i| i as f32).collect(),
+            token_advantages: Vec::new(),
             trainable: Vec::new(),
             sampler_logprobs: Vec::new(),
             sampler_lag: 0,
@@ -907,6 +937,31 @@ mod tests {
         assert_eq!(passes.len(), 2);
         assert!(passes.iter().all(|p| p.sampler_logprobs.is_empty()));
         assert_eq!(passes.iter().map(|p| p.sampler_lag).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn per_token_advantages_travel_with_their_tokens() {
+        use super::pack;
+        // b's rows carry turn terms; a's none (0 in a pass with b), and each row's advantage
+        // is added at every token.
+        let a = GroupBatch { prompt: vec![1, 1, 7], ..group(0, &[2]) };
+        let mut b = GroupBatch { prompt: vec![1, 1, 9, 9], ..group(0, &[3, 1]) };
+        b.token_advantages = vec![vec![0.5, 0.5, -2.0], vec![3.0]];
+        let passes = pack(&[a.clone(), b.clone()], 64);
+        assert_eq!(passes.len(), 1);
+        let pass = &passes[0];
+        // Sorted by length (stable): a's row (1 + 2), b's short row (2 + 1), b's long row (2 + 3).
+        assert_eq!(pass.completions, [vec![7, 2, 2], vec![9, 9, 2], vec![9, 9, 2, 2, 2]]);
+        assert_eq!(pass.token_advantages, [vec![0.0; 3], vec![0.0, 0.0, 3.0], vec![0.0, 0.0, 0.5, 0.5, -2.0]]);
+        let device = candle_core::Device::Cpu;
+        let tensor = pass.advantages_tensor(5, &device).unwrap().to_vec2::<f32>().unwrap();
+        // Row advantages: a's 0; b's short row 1, its long row 0.
+        assert_eq!(tensor[0], [0.0; 5]);
+        assert_eq!(tensor[1], [1.0, 1.0, 4.0, 1.0, 1.0]);
+        assert_eq!(tensor[2], [0.0, 0.0, 0.5, 0.5, -2.0]);
+        // Without terms: one advantage per row; a micro-batch keeps its rows' terms.
+        assert_eq!(pack(&[a], 64)[0].advantages_tensor(5, &device).unwrap().rank(), 1);
+        assert_eq!(b.subset(&[1]).token_advantages, [vec![3.0]]);
     }
 
     #[test]

@@ -196,6 +196,7 @@ impl EngineInference {
             finish: FinishReason::Stop,
             weights_version: g.weights_version,
             turns: g.turns,
+            turn_starts: Vec::new(),
             conversation: Vec::new(),
         };
         Ok((g.tokens[..p].to_vec(), trajectory))

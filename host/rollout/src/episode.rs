@@ -205,6 +205,8 @@ struct Live {
     /// How many of `conversation`'s messages are the task's prompt.
     prompt_messages: usize,
     trajectory: Trajectory,
+    /// Each model turn's own reward so far (0.2.0 environments'; none for a turn given none).
+    turn_rewards: Vec<Option<f32>>,
     outcome: Option<Result<wirl_sandbox::Score, (String, String)>>,
 }
 
@@ -318,12 +320,20 @@ impl Live {
         let mut trajectory = first.clone();
         trajectory.trainable = vec![true; trajectory.tokens.len()];
         trajectory.turns = 1;
+        trajectory.turn_starts = vec![0];
         let (episode, outcome) = match started {
             Ok(episode) => (Some(episode), None),
             Err(failure) => (None, Some(Err(failure))),
         };
         let conversation = group.task.messages.clone();
-        Live { episode, prompt_messages: conversation.len(), conversation, trajectory, outcome }
+        Live {
+            episode,
+            prompt_messages: conversation.len(),
+            conversation,
+            trajectory,
+            turn_rewards: Vec::new(),
+            outcome,
+        }
     }
 
     /// The environment's answer to `reply` (`stepped`: what its step gave, none when the
@@ -346,7 +356,10 @@ impl Live {
                 self.outcome = Some(Ok(score));
                 return Ok(None);
             }
-            Ok(StepResult::Continue(messages)) => messages,
+            Ok(StepResult::Continue { messages, reward }) => {
+                self.turn_rewards.push(reward);
+                messages
+            }
             Err(failure) => {
                 self.outcome = Some(Err(failure));
                 return Ok(None);
@@ -413,6 +426,7 @@ impl Live {
         };
         let t = &mut self.trajectory;
         t.turns += 1;
+        t.turn_starts.push(t.tokens.len());
         t.trainable.extend(std::iter::repeat_n(true, completion.tokens.len()));
         t.logprobs.extend_from_slice(&completion.logprobs);
         t.tokens.extend_from_slice(&completion.tokens);
@@ -472,6 +486,12 @@ fn finish(live: Live, environment: &str, policy: FailurePolicy) -> EpisodeOutcom
     trajectory.conversation = conversation.split_off(live.prompt_messages.min(conversation.len()));
     trajectory.conversation.push(Message { role: "assistant".into(), content: trajectory.text.clone() });
     let mut score = Scored::default();
+    // Turns' own rewards, one per model turn (the last one's is the outcome alone), when any
+    // turn had one.
+    if live.turn_rewards.iter().any(Option::is_some) {
+        score.turn_rewards = live.turn_rewards.iter().map(|r| r.unwrap_or(0.0)).collect();
+        score.turn_rewards.resize(trajectory.turns, 0.0);
+    }
     let failure = match live.outcome {
         Some(Ok(s)) if s.reward.is_finite() && s.parts.iter().all(|(_, v)| v.is_finite()) => {
             score.reward = s.reward;

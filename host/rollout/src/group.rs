@@ -24,6 +24,10 @@ pub struct Trajectory {
     pub trainable: Vec<bool>,
     /// Model turns in it.
     pub turns: usize,
+    /// For an episode: where each model turn starts in `tokens` (the first at 0), so that a
+    /// turn's own reward is credited to its tokens. Empty for a single turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_starts: Vec<usize>,
     /// For an episode: the messages after the prompt (each model turn, the environment's
     /// answers), as the template rendered them. Empty for a single turn.
     pub conversation: Vec<Message>,
@@ -39,6 +43,7 @@ impl From<Completion> for Trajectory {
             weights_version: c.weights_version,
             trainable: Vec::new(),
             turns: 1,
+            turn_starts: Vec::new(),
             conversation: Vec::new(),
         }
     }
@@ -55,8 +60,16 @@ impl Trajectory {
             weights_version: 0,
             trainable: Vec::new(),
             turns: 0,
+            turn_starts: Vec::new(),
             conversation: Vec::new(),
         }
+    }
+
+    /// Each model turn's span of `tokens` (a turn's own tokens and the environment's answer
+    /// after it, up to the next turn's start), for an episode whose turns are known.
+    pub fn turn_spans(&self) -> Vec<std::ops::Range<usize>> {
+        let ends = self.turn_starts.iter().skip(1).copied().chain([self.tokens.len()]);
+        self.turn_starts.iter().zip(ends).map(|(&start, end)| start.min(end)..end).collect()
     }
 
     /// Tokens the model sampled (for a multi-turn ledger, not the environment's).

@@ -458,6 +458,8 @@ impl OpenEnvEpisode {
         }
         let text = observation_text(&answer, &self.spec)
             .map_err(|why| remote(format!("OpenEnv server {}: step: {why}", self.spec.url)))?;
-        Ok(StepResult::Continue(vec![Message::new("user", text)]))
+        // The step's reward is in the return the episode ends with (OpenEnv's return), not
+        // credited to its turn: what a server's step reward means is the server's own.
+        Ok(StepResult::Continue { messages: vec![Message::new("user", text)], reward: None })
     }
 }

@@ -267,5 +267,5 @@ fn verdict(score: &Value, policy: FailurePolicy) -> Scored {
         .as_object()
         .map(|n| n.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
         .unwrap_or_default();
-    Scored { status, reward, parts, failures, notes }
+    Scored { status, reward, parts, failures, notes, turn_rewards: Vec::new() }
 }

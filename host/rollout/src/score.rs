@@ -57,6 +57,11 @@ pub struct Scored {
     pub failures: Vec<String>,
     /// Each plugin's note, or its failure (`kind: message`), by plugin name.
     pub notes: BTreeMap<String, String>,
+    /// For an episode of a `wirl:rl@0.2.0` environment that rewards turns: each model turn's
+    /// own reward, in order (0 for a turn given none; the last turn's outcome is `reward`).
+    /// Empty: no turn had one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_rewards: Vec<f32>,
 }
 
 impl Scored {
@@ -74,6 +79,7 @@ impl Scored {
             parts: BTreeMap::new(),
             failures: vec![kind.to_string()],
             notes: BTreeMap::from([(by.to_string(), note)]),
+            turn_rewards: Vec::new(),
         }
     }
 }

@@ -73,6 +73,21 @@ pub(crate) mod reward_world_v0_2 {
     });
 }
 
+/// `wirl:rl@0.2.0`'s environment world: 0.1.0's, with a reward per turn the episode goes on
+/// from. Types as 0.1.0's, `config` as 0.2.0's reward world's.
+pub(crate) mod environment_world_v0_2 {
+    wasmtime::component::bindgen!({
+        world: "environment-plugin",
+        path: "../../wit/0.2.0",
+        exports: { default: async },
+        additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+        with: {
+            "wirl:rl/types": super::reward_world::wirl::rl::types,
+            "wirl:rl/config": super::reward_world_v0_2::wirl::rl::config,
+        },
+    });
+}
+
 pub(crate) mod code_runner_world {
     wasmtime::component::bindgen!({
         world: "code-runner-plugin",
@@ -82,10 +97,40 @@ pub(crate) mod code_runner_world {
 }
 
 pub use agent_world::exports::wirl::rl::agent::{Rollout, RolloutGroup as AgentRolloutGroup, RolloutRequest};
-pub use environment_world::exports::wirl::rl::environment::{Description, StepResult};
+pub use environment_world::exports::wirl::rl::environment::Description;
 pub use grader_world::wirl::rl::code_runner::{Limits as RunLimits, Outcome, Program, Termination};
 pub use reward_world::wirl::rl::types::{Completion, FinishReason, Message, Sampling, Score, Task};
 pub use reward_world_v0_2::wirl::rl::run::Progress;
+
+/// What follows a model turn in an episode, whichever version the environment speaks.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum StepResult {
+    /// The episode goes on: `messages` are appended and the model replies again. `reward`:
+    /// the turn's own reward (0.2.0 environments; 0.1.0's and OpenEnv's give none).
+    Continue { messages: Vec<Message>, reward: Option<f32> },
+    /// The episode is over, with its outcome's score.
+    Done(Score),
+}
+
+impl From<environment_world::exports::wirl::rl::environment::StepResult> for StepResult {
+    fn from(step: environment_world::exports::wirl::rl::environment::StepResult) -> Self {
+        use environment_world::exports::wirl::rl::environment::StepResult as V0_1;
+        match step {
+            V0_1::Continue(messages) => StepResult::Continue { messages, reward: None },
+            V0_1::Done(score) => StepResult::Done(score),
+        }
+    }
+}
+
+impl From<environment_world_v0_2::exports::wirl::rl::environment::StepResult> for StepResult {
+    fn from(step: environment_world_v0_2::exports::wirl::rl::environment::StepResult) -> Self {
+        use environment_world_v0_2::exports::wirl::rl::environment::StepResult as V0_2;
+        match step {
+            V0_2::Continue(turn) => StepResult::Continue { messages: turn.messages, reward: turn.reward },
+            V0_2::Done(score) => StepResult::Done(score),
+        }
+    }
+}
 
 impl Progress {
     /// Outside training: step 0 of 0.

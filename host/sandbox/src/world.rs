@@ -124,10 +124,10 @@ pub(crate) fn detect_world(exports: &[String], imports: &[String]) -> Result<Wor
             ));
         }
     };
-    if linked != Some(WIT_VERSION) && world != World::RewardPlugin {
+    if linked != Some(WIT_VERSION) && !matches!(world, World::RewardPlugin | World::EnvironmentPlugin) {
         return Err(format!(
-            "it is a {world} of {WIT_PACKAGE}@{}, which holds only the reward-plugin world so far: build it \
-             against {WIT_PACKAGE}@{WIT_VERSION} (wit/)",
+            "it is a {world} of {WIT_PACKAGE}@{}, which holds only the reward-plugin and environment-plugin \
+             worlds so far: build it against {WIT_PACKAGE}@{WIT_VERSION} (wit/)",
             linked.unwrap_or("?")
         ));
     }
@@ -162,7 +162,8 @@ mod tests {
         let err = detect_world(&names(&["wirl:rl/reward@2.0.0"]), &[]).unwrap_err();
         assert!(err.contains("wirl:rl@2.0.0") && err.contains("@0.1.0 and @0.2.0") && err.contains("rebuild"), "{err}");
         assert_eq!(detect_world(&names(&["wirl:rl/reward@0.2.0"]), &[]), Ok(World::RewardPlugin));
-        let err = detect_world(&names(&["wirl:rl/environment@0.2.0"]), &[]).unwrap_err();
-        assert!(err.contains("only the reward-plugin world"), "{err}");
+        assert_eq!(detect_world(&names(&["wirl:rl/environment@0.2.0"]), &[]), Ok(World::EnvironmentPlugin));
+        let err = detect_world(&names(&["wirl:rl/agent@0.2.0"]), &[]).unwrap_err();
+        assert!(err.contains("only the reward-plugin and environment-plugin worlds"), "{err}");
     }
 }

@@ -311,6 +311,7 @@ mod tests {
             parts: BTreeMap::from([("correct".to_string(), 0.1), ("format".to_string(), 1.0)]),
             failures: vec!["deadline".into()],
             notes: BTreeMap::from([("math".to_string(), "extracted 42".to_string())]),
+            turn_rewards: Vec::new(),
         }
     }
 

@@ -679,10 +679,12 @@ pub(crate) async fn episode_step(
                 serde_json::to_value(step)
             }
             Some(episode) => match episode.step(&action) {
-                Ok(StepResult::Continue(messages)) if turns < max_turns => {
-                    serde_json::to_value(EpisodeStep::plain(&messages, false, turns))
+                // A 0.2.0 environment's turn reward is the step's reward, as OpenEnv's steps
+                // carry theirs (a client sums them with the outcome's into the return).
+                Ok(StepResult::Continue { messages, reward }) if turns < max_turns => {
+                    serde_json::to_value(EpisodeStep { reward, ..EpisodeStep::plain(&messages, false, turns) })
                 }
-                Ok(StepResult::Continue(messages)) => serde_json::to_value(EpisodeStep {
+                Ok(StepResult::Continue { messages, .. }) => serde_json::to_value(EpisodeStep {
                     failure: Some(format!("max_turns: the episode did not end within {max_turns} model turns")),
                     truncated: Some(true),
                     ..EpisodeStep::plain(&messages, true, turns)

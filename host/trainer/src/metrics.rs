@@ -197,6 +197,10 @@ pub struct RolloutRecord {
     pub completion: String,
     pub tokens: usize,
     pub reward: f32,
+    /// An episode's turn rewards, one per model turn (a `wirl:rl@0.2.0` environment's; 0 for
+    /// a turn given none), credited to their turns' tokens; absent when no turn had one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_rewards: Vec<f32>,
     pub parts: BTreeMap<String, f32>,
     pub failures: Vec<String>,
     pub notes: BTreeMap<String, String>,

@@ -91,11 +91,106 @@ macro_rules! shared_helpers {
     };
 }
 
+/// An environment world's traits (`Environment`, `Episode`) over its own generated types,
+/// expanded once per version's module (0.1.0's and 0.2.0's differ in `StepResult`).
+#[cfg(any(feature = "environment", feature = "environment-v0-2"))]
+macro_rules! environment_traits {
+    () => {
+        /// A task source. `task` must be deterministic in `(seed, index)` and the configuration.
+        pub trait Environment {
+            /// Name, size and whether episodes are implemented.
+            fn describe() -> Description;
+
+            /// The task at `index` for `seed`.
+            fn task(seed: u64, index: u64) -> Result<Task, String>;
+
+            /// Begin a multi-turn episode of `task`. The default says that this environment is
+            /// single-turn: its tasks are scored by a reward plugin.
+            fn start_episode(task: Task) -> Result<Box<dyn Episode>, String> {
+                let _ = task;
+                Err("this environment has no episodes: score its tasks with a reward plugin".into())
+            }
+        }
+
+        /// The state of one running episode.
+        pub trait Episode {
+            /// Take the model's reply; say whether the episode goes on or is done.
+            fn step(&mut self, reply: String) -> Result<StepResult, String>;
+        }
+
+        /// Holds an episode behind the `&self` that resource methods get; an episode that
+        /// failed to start keeps its error and reports it on the first step.
+        #[doc(hidden)]
+        pub struct EpisodeCell(pub core::cell::RefCell<Result<Box<dyn Episode>, String>>);
+
+        impl EpisodeCell {
+            pub fn step(&self, reply: String) -> Result<StepResult, String> {
+                match &mut *self.0.borrow_mut() {
+                    Ok(episode) => episode.step(reply),
+                    Err(reason) => Err(reason.clone()),
+                }
+            }
+        }
+    };
+}
+
+/// What `register_environment!` and `register_environment_v0_2!` expand to: `$ty`'s
+/// `Environment` (of this crate's module `$world`) exported through that module's bindings'
+/// export macro `$export`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __register_environment {
+    ($ty:ty, $world:ident, $export:ident) => {
+        // Native builds (the plugin's unit tests) get no component exports, only a use of
+        // the implementation so that it does not read as dead code.
+        #[cfg(not(target_family = "wasm"))]
+        const _: () = {
+            let _ = <$ty as $crate::$world::Environment>::describe;
+            let _ = <$ty as $crate::$world::Environment>::task;
+            let _ = <$ty as $crate::$world::Environment>::start_episode;
+        };
+        #[cfg(target_family = "wasm")]
+        const _: () = {
+            #[doc(hidden)]
+            struct __WirlEnvironmentExport;
+
+            #[doc(hidden)]
+            struct __WirlEpisode($crate::$world::EpisodeCell);
+
+            impl $crate::$world::__Guest for __WirlEnvironmentExport {
+                type Episode = __WirlEpisode;
+                fn describe() -> $crate::$world::Description {
+                    <$ty as $crate::$world::Environment>::describe()
+                }
+                fn task_at(seed: u64, index: u64) -> Result<$crate::$world::Task, String> {
+                    <$ty as $crate::$world::Environment>::task(seed, index)
+                }
+            }
+
+            impl $crate::$world::__GuestEpisode for __WirlEpisode {
+                fn new(task: $crate::$world::Task) -> Self {
+                    __WirlEpisode($crate::$world::EpisodeCell(::core::cell::RefCell::new(
+                        <$ty as $crate::$world::Environment>::start_episode(task),
+                    )))
+                }
+                fn step(&self, reply: String) -> Result<$crate::$world::StepResult, String> {
+                    self.0.step(reply)
+                }
+            }
+
+    $crate::$world::bindings::$export!(__WirlEnvironmentExport with_types_in $crate::$world::bindings);
+        };
+    };
+}
+
 #[cfg(feature = "reward")]
 pub mod reward;
 
 #[cfg(feature = "reward-v0-2")]
 pub mod reward_v0_2;
+
+#[cfg(feature = "environment-v0-2")]
+pub mod environment_v0_2;
 
 #[cfg(feature = "grader")]
 pub mod grader;

@@ -104,6 +104,24 @@ struct Advantaged {
 /// advantages whiten over the step).
 type Signal = Option<(Vec<usize>, Vec<f32>)>;
 
+/// The turn terms of a group's `usable` episodes (per episode, per model turn), when any of
+/// them had turn rewards (`wirl:rl@0.2.0` environments); an episode given none has 0 for
+/// each of its turns. See `wirl_grpo::credit`.
+fn turn_terms(group: &RolloutGroup, usable: &[usize], mode: wirl_grpo::AdvantageMode) -> Option<Vec<Vec<f32>>> {
+    if usable.iter().all(|&i| group.scores[i].turn_rewards.is_empty()) {
+        return None;
+    }
+    let rewards: Vec<Vec<f32>> = usable
+        .iter()
+        .map(|&i| {
+            let mut rewards = group.scores[i].turn_rewards.clone();
+            rewards.resize(group.trajectories[i].turn_starts.len(), 0.0);
+            rewards
+        })
+        .collect();
+    Some(wirl_grpo::turn_advantages(&rewards, mode))
+}
+
 /// This rank's (or, summed, the step's) completions whose rewards carry the KL penalty: the
 /// sum of each one's mean estimate per token, and how many.
 #[derive(Clone, Copy, Debug, Default)]
@@ -325,8 +343,12 @@ impl Trainer {
                 group.scores[i].reward + shaping
             })
             .collect();
-        // REINFORCE++ whitens over the step: a group of equal rewards trains too.
-        (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0])).then_some((usable, rewards))
+        // REINFORCE++ whitens over the step: a group of equal rewards trains too. So does one
+        // whose episodes' turn rewards tell its turns apart.
+        let turns_differ =
+            || turn_terms(group, &usable, g.advantage).is_some_and(|terms| terms.iter().flatten().any(|&a| a != 0.0));
+        (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0]) || turns_differ())
+            .then_some((usable, rewards))
     }
 
     /// The KL in the reward (verl's `use_kl_in_reward`), on the groups that train: whether a
@@ -744,7 +766,13 @@ impl Trainer {
                 let g = &self.config.grpo;
                 // An extra draw sampled with this step's weights, after any lag's.
                 let sampler_lag = if draw == 0 { sampler_lag } else { 0 };
-                let advantages = wirl_grpo::group_advantages(&rewards, g.advantage)?;
+                let turns = turn_terms(group, &usable, g.advantage);
+                let advantages = match (wirl_grpo::group_advantages(&rewards, g.advantage), &turns) {
+                    (Some(advantages), _) => advantages,
+                    // Equal outcomes, turns told apart by their own rewards.
+                    (None, Some(_)) => vec![0.0; rewards.len()],
+                    (None, None) => return None,
+                };
                 kept_of_task[t] += 1;
                 let multi_turn = usable.iter().any(|&i| !group.trajectories[i].trainable.is_empty());
                 let truncated = |i: usize| g.mask_truncated && group.trajectories[i].finish == FinishReason::Length;
@@ -752,6 +780,23 @@ impl Trainer {
                     prompt: group.prompt.clone(),
                     completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
                     advantages,
+                    // Each turn's term on its tokens (the environment's after it carry no loss).
+                    token_advantages: turns
+                        .map(|terms| {
+                            usable
+                                .iter()
+                                .zip(terms)
+                                .map(|(&i, terms)| {
+                                    let t = &group.trajectories[i];
+                                    let mut by_token = vec![0.0; t.tokens.len()];
+                                    for (span, term) in t.turn_spans().into_iter().zip(terms) {
+                                        by_token[span].fill(term);
+                                    }
+                                    by_token
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                     // A multi-turn ledger's model turns; a truncated completion's none.
                     trainable: if multi_turn || usable.iter().any(|&i| truncated(i)) {
                         usable
@@ -965,6 +1010,7 @@ impl Trainer {
                     // The model's tokens (a multi-turn ledger's environment tokens left out).
                     tokens: trajectory.model_tokens(),
                     reward: score.reward,
+                    turn_rewards: score.turn_rewards.clone(),
                     parts: score.parts.clone(),
                     failures: score.failures.clone(),
                     notes: score.notes.clone(),
