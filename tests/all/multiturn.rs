@@ -291,6 +291,20 @@ fn turn_rewards_of_a_0_2_0_environment_are_kept_per_turn_with_their_tokens() {
         }
     }
     assert!(first_rewards.iter().any(|&r| r != first_rewards[0]), "the samples' replies differ: {first_rewards:?}");
+
+    // A turn reward that is not a number fails its episode (masked, by default), never a reward.
+    let mut spec = PluginSpec::new(wirl_test_artifacts::TURN_REWARDS);
+    spec.config.insert("nan".into(), 1.into());
+    let plugin = wirl_sandbox::EnvironmentPlugin::new(sandbox.load(spec).unwrap()).unwrap();
+    let run = three_turn_episodes(&engine, &tokenizer, &plugin, &task, &prompt, 2, (3, 9));
+    for outcome in &run.groups[0] {
+        let score = &outcome.score;
+        assert_eq!(score.status, wirl_rollout::Status::Masked, "{score:?}");
+        assert_eq!(score.failures, ["non_finite"], "{score:?}");
+        let note = &score.notes["turn_rewards"];
+        assert!(note.contains("turn reward of NaN"), "{note}");
+        assert_eq!(outcome.trajectory.turns, 2, "the episode ended at the NaN");
+    }
 }
 
 /// Turn rewards train: the turn-rewards environment's outcome is the same for every episode

@@ -1,7 +1,7 @@
 //! A `wirl:rl@0.2.0` environment whose episodes last `turns` model turns (config, default 3)
 //! and reward each turn the episode goes on from with its reply's length in characters (none
 //! for the turn numbered `silent`, from 0, if the config names one, and for every turn with
-//! `quiet = true`); the outcome is the
+//! `quiet = true`; NaN for the turn numbered `nan`, a hostile value); the outcome is the
 //! config's `outcome` (default 0) for every episode. What a test needs to see turn rewards
 //! reach the trainer and be credited to their turn's tokens while the outcome says nothing.
 
@@ -14,6 +14,7 @@ struct Counting {
     turns: u64,
     silent: Option<u64>,
     quiet: bool,
+    nan: Option<u64>,
     outcome: f32,
 }
 
@@ -37,6 +38,7 @@ impl Environment for TurnRewards {
             turns: config::get_or("turns", 3)?,
             silent: config::get("silent")?,
             quiet: config::get_or("quiet", false)?,
+            nan: config::get("nan")?,
             outcome: config::get_or("outcome", 0.0)?,
         }))
     }
@@ -52,6 +54,8 @@ impl Episode for Counting {
         let next = Turn::new(vec![Message::user("Say more.")]);
         Ok(StepResult::Continue(if self.quiet || self.silent == Some(turn) {
             next
+        } else if self.nan == Some(turn) {
+            next.reward(f32::NAN)
         } else {
             next.reward(reply.chars().count() as f32)
         }))
