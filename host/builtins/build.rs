@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The built-in plugins: package name in plugins/rust, as the workspace builds them.
-const BUILTINS: [&str; 4] = ["arithmetic", "math-answer", "math-verify", "code-tests"];
+const BUILTINS: [&str; 5] = ["arithmetic", "math-answer", "math-verify", "code-tests", "judge"];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());

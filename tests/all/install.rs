@@ -5,7 +5,7 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use wirl_test_artifacts::{ARITHMETIC, CODE_TESTS, MATH_ANSWER, MATH_VERIFY};
+use wirl_test_artifacts::{ARITHMETIC, CODE_TESTS, JUDGE, MATH_ANSWER, MATH_VERIFY};
 
 struct Installed {
     _root: tempfile::TempDir,
@@ -93,6 +93,11 @@ fn an_installed_wirl_runs_the_default_job_and_its_plugins_from_an_empty_folder()
     assert_eq!(by_name("builtin:math-verify")["sha256"], sha256_of(MATH_VERIFY));
     assert_eq!(by_name("builtin:code-tests")["sha256"], sha256_of(CODE_TESTS));
     assert_eq!(by_name("builtin:code-tests")["world"], "grader-plugin");
+    assert_eq!(by_name("builtin:judge")["sha256"], sha256_of(JUDGE));
+    assert_eq!(
+        (&by_name("builtin:judge")["world"], &by_name("builtin:judge")["wit_version"]),
+        (&"reward-plugin".into(), &"0.2.0".into())
+    );
 
     // One (shrunk) step of the default job: the run goes under ./runs, nowhere else.
     wirl.run(&[

@@ -16,6 +16,7 @@ mod hardening;
 mod hostile;
 mod hotswap;
 mod install;
+mod judge;
 mod languages;
 mod lora;
 mod mpi;

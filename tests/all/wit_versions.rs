@@ -5,7 +5,7 @@
 use crate::sandbox;
 use wirl_rollout::{FailurePolicy, PluginRef, RewardSource, RewardSpec, Scorers};
 use wirl_sandbox::{Progress, World};
-use wirl_test_artifacts::{EXACT_MATCH, JUDGE, STEP_AWARE};
+use wirl_test_artifacts::{EXACT_MATCH, STEP_AWARE, WORD_JUDGE};
 
 fn reward(path: &str, config: serde_json::Value) -> RewardSpec {
     let plugin = PluginRef {
@@ -77,7 +77,7 @@ fn a_step_aware_reward_changes_with_the_step_of_a_training_run() {
     }
 }
 
-/// A 0.2.0 judge (`plugins/tests/judge`) asks the engine about each completion of a group in
+/// A 0.2.0 judge (`plugins/tests/word-judge`) asks the engine about each completion of a group in
 /// one call, within its `[[rewards]]` budget: its replies are the engine's own greedy
 /// replies, cut at each conversation's share of the tokens; a budget too small for one token
 /// each is refused to the plugin (its completions fail, naming `inference_tokens`), and
@@ -94,7 +94,7 @@ fn a_0_2_0_judge_asks_the_engine_within_its_budget() {
     let engine = wirl_rollout::RewardEngine { handle: handle.clone(), tokenizer: tokenizer.clone(), context, seed: 3 };
     let (sandbox, _cache) = sandbox();
     let judge = |tokens: u64| {
-        let mut spec = reward(JUDGE, serde_json::json!({"max_tokens": 6}));
+        let mut spec = reward(WORD_JUDGE, serde_json::json!({"max_tokens": 6}));
         if let RewardSource::Plugin { inference, .. } = &mut spec.source {
             *inference = wirl_rollout::InferenceBudget { calls: 2, tokens };
         }
@@ -121,7 +121,7 @@ fn a_0_2_0_judge_asks_the_engine_within_its_budget() {
         let request = wirl_engine::GenerateRequest { prompt, n: 1, sampling };
         let theirs = handle.generate_blocking(request).unwrap().remove(0);
         assert!(theirs.tokens.len() <= 3);
-        assert_eq!(score.notes["judge"], theirs.text, "the judge's reply is the engine's greedy reply");
+        assert_eq!(score.notes["word_judge"], theirs.text, "the judge's reply is the engine's greedy reply");
         assert_eq!(score.reward, theirs.text.split_whitespace().count() as f32);
     }
     assert!(scored.iter().any(|s| s.reward > 0.0), "the engine said nothing: {scored:?}");
@@ -130,12 +130,12 @@ fn a_0_2_0_judge_asks_the_engine_within_its_budget() {
     starved.set_engine(Some(engine));
     for score in starved.score_group(&task, &completions, policy, progress) {
         assert_eq!(score.failures, ["guest_error"], "{score:?}");
-        assert!(score.notes["judge"].contains("inference_tokens"), "{score:?}");
+        assert!(score.notes["word_judge"].contains("inference_tokens"), "{score:?}");
     }
     let mut unplugged = judge(9);
     for score in unplugged.score_group(&task, &completions, policy, progress) {
         assert_eq!(score.failures, ["guest_error"], "{score:?}");
-        assert!(score.notes["judge"].contains("no model to call here"), "{score:?}");
+        assert!(score.notes["word_judge"].contains("no model to call here"), "{score:?}");
     }
 }
 
@@ -145,7 +145,7 @@ fn a_0_2_0_judge_asks_the_engine_within_its_budget() {
 fn a_judge_scores_a_training_run_and_wirl_score_says_it_has_no_model() {
     let dir = tempfile::tempdir().unwrap();
     let extra = format!(
-        "\n[[rewards]]\nplugin = {JUDGE:?}\ninference_tokens = 60\nconfig = {{ max_tokens = 4 }}\nweight = 0.1\n"
+        "\n[[rewards]]\nplugin = {WORD_JUDGE:?}\ninference_tokens = 60\nconfig = {{ max_tokens = 4 }}\nweight = 0.1\n"
     );
     let config = crate::grpo::write_config(dir.path(), &extra, 1, 0.01);
     // The held-out evaluations (before the first step and after the last) judge too.
@@ -168,7 +168,7 @@ fn a_judge_scores_a_training_run_and_wirl_score_says_it_has_no_model() {
 
     let line = r#"{"task": {"id": "q", "messages": [], "answer": null}, "completion": "w5"}"#;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
-        .args(["score", "--plugin", JUDGE])
+        .args(["score", "--plugin", WORD_JUDGE])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -190,7 +190,7 @@ fn a_served_tasks_judge_asks_the_served_model() {
     crate::engine::write_tiny_model(dir.path(), false);
     let config = dir.path().join("served.toml");
     let text = format!(
-        "[[tasks]]\nname = \"judged\"\n[tasks.dataset]\ntrain = \"tasks.jsonl\"\n[[tasks.rewards]]\nplugin = {JUDGE:?}\n\
+        "[[tasks]]\nname = \"judged\"\n[tasks.dataset]\ntrain = \"tasks.jsonl\"\n[[tasks.rewards]]\nplugin = {WORD_JUDGE:?}\n\
          inference_tokens = 8\nconfig = {{ max_tokens = 2 }}\n"
     );
     std::fs::write(&config, text).unwrap();

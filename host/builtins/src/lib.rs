@@ -1,7 +1,7 @@
 //! The plugins that travel inside the `wirl` binary: the default job's environment
 //! (`arithmetic`) and reward (`math-answer`), Math-Verify's judgement of math answers
-//! (`math-verify`) and the stdin/stdout judging of code tasks (`code-tests`, a grader that
-//! runs programs in the code runner its config names), compiled from `plugins/rust/` by this crate's
+//! (`math-verify`), the stdin/stdout judging of code tasks (`code-tests`, a grader that
+//! runs programs in the code runner its config names) and an LLM judge (`judge`), compiled from `plugins/rust/` by this crate's
 //! build script. A config or a command names one as `builtin:NAME` wherever it takes a
 //! plugin file, so the default job, `wirl eval` and `wirl score` need no checkout.
 //!
@@ -55,7 +55,7 @@ impl Builtin {
     }
 }
 
-const ALL: [Builtin; 4] = [
+const ALL: [Builtin; 5] = [
     Builtin {
         name: "arithmetic",
         about: "environment: arithmetic problems (chain sums, mixed operations) with the peers' few-shot prompt",
@@ -79,6 +79,12 @@ const ALL: [Builtin; 4] = [
         about: "grader: 1 when the completion's program prints the expected output on every stdin/stdout test case (CodeContests, APPS, LiveCodeBench); needs a code runner",
         source: "plugins/rust/code-tests",
         bytes: include_bytes!(concat!(env!("OUT_DIR"), "/code_tests.wasm")),
+    },
+    Builtin {
+        name: "judge",
+        about: "reward (wirl:rl@0.2.0): an LLM judge — the model grades each completion (or ranks the group) from a prompt template, its verdict read by a rule from config",
+        source: "plugins/rust/judge",
+        bytes: include_bytes!(concat!(env!("OUT_DIR"), "/judge.wasm")),
     },
 ];
 

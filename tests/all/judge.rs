@@ -1,0 +1,241 @@
+//! `builtin:judge`: the prompts it renders from its template, the verdicts it reads from the
+//! model's replies by its rule, one completion at a time and the group ranked in one call,
+//! and every way a reply or a config can fail (each a failed completion that says why, never
+//! a 0). The model here is a scripted inference host that records what it was asked; the
+//! judge against the real engine is `a_judge_built_in_scores_a_training_run`.
+
+use std::sync::{Arc, Mutex};
+use wirl_sandbox::{Completion, FinishReason, InferenceHost, Message, Progress, RewardPlugin, Sampling, Task};
+
+/// A model that answers each conversation with the next of its scripted replies (cycling),
+/// and remembers the conversations and sampling it was given.
+struct Scripted {
+    replies: Vec<(String, FinishReason)>,
+    asked: Mutex<Vec<(Vec<Message>, Sampling)>>,
+}
+
+impl Scripted {
+    fn new(replies: &[&str]) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            replies: replies.iter().map(|r| (r.to_string(), FinishReason::Stop)).collect(),
+            asked: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn cut(reply: &str) -> Arc<Scripted> {
+        Arc::new(Scripted { replies: vec![(reply.to_string(), FinishReason::Length)], asked: Mutex::new(Vec::new()) })
+    }
+
+    fn asked(&self) -> Vec<(Vec<Message>, Sampling)> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+impl InferenceHost for Scripted {
+    fn generate(
+        &self,
+        conversations: Vec<Vec<Message>>,
+        sampling: Sampling,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<Completion>, String>> + Send + '_>> {
+        let mut asked = self.asked.lock().unwrap();
+        let start = asked.len();
+        let replies = (0..conversations.len())
+            .map(|i| {
+                let (text, finish_reason) = self.replies[(start + i) % self.replies.len()].clone();
+                Completion { text, finish_reason, generation: 0 }
+            })
+            .collect();
+        asked.extend(conversations.into_iter().map(|c| (c, sampling.clone())));
+        Box::pin(std::future::ready(Ok(replies)))
+    }
+}
+
+/// `builtin:judge` with `config`, its model `model`.
+fn judge(config: serde_json::Value, model: Arc<Scripted>) -> RewardPlugin {
+    let (sandbox, _cache) = crate::sandbox();
+    let mut spec = wirl_builtins::spec(std::path::Path::new("builtin:judge")).unwrap();
+    for (key, value) in config.as_object().unwrap() {
+        spec.config.insert(key.clone(), value.clone());
+    }
+    let mut plugin = RewardPlugin::new(sandbox.load(spec).unwrap()).unwrap();
+    plugin.set_inference(Some(model));
+    plugin
+}
+
+fn task(answer: Option<&str>) -> Task {
+    Task {
+        id: "capital".into(),
+        messages: vec![Message::new("system", "Be brief."), Message::new("user", "What is the capital of France?")],
+        answer: answer.map(str::to_string),
+        metadata: None,
+    }
+}
+
+fn completions(texts: &[&str]) -> Vec<String> {
+    texts.iter().map(|t| t.to_string()).collect()
+}
+
+/// The judge's reward of each completion, or its failure's message.
+fn scored(plugin: &mut RewardPlugin, task: &Task, texts: &[&str]) -> Vec<Result<(f32, f32), String>> {
+    plugin
+        .score_group_at(task, &completions(texts), Progress { step: 1, steps: 2 })
+        .into_iter()
+        .map(|r| r.map(|s| (s.reward, s.parts[0].1)).map_err(|f| f.message))
+        .collect()
+}
+
+#[test]
+fn each_completion_is_judged_in_its_own_conversation_by_the_default_template() {
+    let model = Scripted::new(&["Paris is right. Score: 9", "Wrong city.\nScore: 2.5", "score = 4 ... Score: **10**"]);
+    let mut plugin = judge(serde_json::json!({}), model.clone());
+    let verdicts = scored(&mut plugin, &task(Some("Paris")), &["Paris", "Lyon", "It is Paris."]);
+    // 0..10 onto 0..1, the last `Score:` of a reply; the raw verdict as the `judge` part.
+    assert_eq!(verdicts, [Ok((0.9, 9.0)), Ok((0.25, 2.5)), Ok((1.0, 10.0))]);
+    let asked = model.asked();
+    assert_eq!(asked.len(), 3, "one conversation per completion, in one call");
+    for ((conversation, sampling), completion) in asked.iter().zip(["Paris", "Lyon", "It is Paris."]) {
+        assert_eq!(conversation.len(), 1, "no system message unless configured");
+        let prompt = &conversation[0].content;
+        assert_eq!(conversation[0].role, "user");
+        assert!(prompt.contains("[Task]\nWhat is the capital of France?\n"), "{prompt}");
+        assert!(prompt.contains("[Reference answer]\nParis\n"), "{prompt}");
+        assert!(prompt.contains(&format!("[Response]\n{completion}\n")), "{prompt}");
+        assert!(!prompt.contains("Be brief."), "{{question}} is the last user message: {prompt}");
+        assert_eq!((sampling.max_tokens, sampling.temperature), (512, 0.0));
+    }
+    // Without a reference answer, the template without one.
+    let model = Scripted::new(&["Score: 5"]);
+    let mut plugin = judge(serde_json::json!({}), model.clone());
+    assert_eq!(scored(&mut plugin, &task(None), &["Paris"]), [Ok((0.5, 5.0))]);
+    assert!(!model.asked()[0].0[0].content.contains("Reference"));
+}
+
+#[test]
+fn a_configured_template_system_rule_labels_and_sampling_are_used() {
+    let model = Scripted::new(&["VERDICT: Yes", "verdict: no", "Verdict: maybe"]);
+    let config = serde_json::json!({
+        "template": "Q: {question}\nAll: {conversation}\nRef: {answer}\nA: {completion}\n{{literal}}",
+        "system": "You are a strict grader.",
+        "pattern": "(?i)verdict:\\s*(\\w+)",
+        "labels": {"YES": 1.0, "no": -0.5},
+        "max_tokens": 32,
+        "temperature": 0.7,
+        "stop": ["\n\n"],
+    });
+    let mut plugin = judge(config, model.clone());
+    let verdicts = scored(&mut plugin, &task(Some("Paris")), &["Paris", "Rome", "Nice"]);
+    assert_eq!(verdicts[..2], [Ok((1.0, 1.0)), Ok((-0.5, -0.5))], "labels are their own values, any case");
+    let error = verdicts[2].as_ref().unwrap_err();
+    assert!(
+        error.contains("`maybe` is none of the labels") && error.contains("the judge said: Verdict: maybe"),
+        "{error}"
+    );
+    let (conversation, sampling) = &model.asked()[0];
+    assert_eq!(conversation[0], Message::new("system", "You are a strict grader."));
+    assert_eq!(
+        conversation[1].content,
+        "Q: What is the capital of France?\nAll: system: Be brief.\n\nuser: What is the capital of France?\nRef: Paris\n\
+         A: Paris\n{literal}"
+    );
+    assert_eq!((sampling.max_tokens, sampling.temperature, sampling.stop.clone()), (32, 0.7, vec!["\n\n".to_string()]));
+}
+
+#[test]
+fn group_mode_ranks_the_group_in_one_call() {
+    let model = Scripted::new(&["Comparing them...\n[1]: 8\n[2]: 3\n- [3] = 10\n[2]: 4\n[9]: 1"]);
+    let mut plugin = judge(serde_json::json!({"mode": "group"}), model.clone());
+    let verdicts = scored(&mut plugin, &task(Some("Paris")), &["Paris", "Lyon", "Paris, France"]);
+    // Per response the last verdict; one it was not asked about is ignored.
+    assert_eq!(verdicts, [Ok((0.8, 8.0)), Ok((0.4, 4.0)), Ok((1.0, 10.0))]);
+    let asked = model.asked();
+    assert_eq!(asked.len(), 1, "one conversation shows the whole group");
+    let prompt = &asked[0].0[0].content;
+    assert!(prompt.starts_with("Below are 3 responses"), "{prompt}");
+    assert!(prompt.contains("[1]\nParis\n\n[2]\nLyon\n\n[3]\nParis, France\n"), "{prompt}");
+    assert_eq!(asked[0].1.max_tokens, 1024);
+    // A response the ranking leaves out fails alone.
+    let model = Scripted::new(&["[1]: 8\n[3]: 6"]);
+    let mut plugin = judge(serde_json::json!({"mode": "group"}), model);
+    let verdicts = scored(&mut plugin, &task(None), &["a", "b", "c"]);
+    assert_eq!((verdicts[0].clone(), verdicts[2].clone()), (Ok((0.8, 8.0)), Ok((0.6, 6.0))));
+    assert!(verdicts[1].as_ref().unwrap_err().contains("gives response [2] no verdict"), "{verdicts:?}");
+}
+
+#[test]
+fn an_unreadable_verdict_fails_its_completion_and_says_why() {
+    // No verdict at all; a verdict outside the range; a reply cut at max_tokens.
+    let model = Scripted::new(&["I think it is fine.", "Score: 11", "Score: 7"]);
+    let mut plugin = judge(serde_json::json!({}), model);
+    let verdicts = scored(&mut plugin, &task(None), &["a", "b", "c"]);
+    let error = verdicts[0].as_ref().unwrap_err();
+    assert!(error.contains("no verdict matching") && error.contains("the judge said: I think it is fine."), "{error}");
+    assert!(verdicts[1].as_ref().unwrap_err().contains("outside the range [0, 10]"), "{verdicts:?}");
+    assert_eq!(verdicts[2], Ok((0.7, 7.0)));
+    let mut rambling = judge(serde_json::json!({"max_tokens": 8}), Scripted::cut(&"blah ".repeat(400)));
+    let error = scored(&mut rambling, &task(None), &["a"]).remove(0).unwrap_err();
+    assert!(error.contains("cut at max_tokens = 8"), "{error}");
+    assert!(error.len() < 1000, "the reply is shown cut short: {} bytes", error.len());
+    // A custom range maps onto 0..1.
+    let mut five = judge(serde_json::json!({"range": [1, 5]}), Scripted::new(&["Score: 4"]));
+    assert_eq!(scored(&mut five, &task(None), &["a"]), [Ok((0.75, 4.0))]);
+}
+
+#[test]
+fn a_bad_config_fails_every_completion_naming_the_key() {
+    let cases = [
+        (serde_json::json!({"mode": "pairs"}), "config key `mode`: \"pairs\" is not a mode"),
+        (serde_json::json!({"template": "{question} {answr}"}), "unknown field `{answr}`"),
+        (serde_json::json!({"template": "{question}"}), "never shows the judged text: put {completion}"),
+        (serde_json::json!({"template": "{completions}"}), "`{completions}` is not a field of mode \"each\""),
+        (serde_json::json!({"mode": "group", "template": "{completion}"}), "is not a field of mode \"group\""),
+        (serde_json::json!({"template": "{completion"}), "never closed"),
+        (serde_json::json!({"template": "} {completion}"}), "a lone `}`"),
+        (serde_json::json!({"pattern": "score: ("}), "config key `pattern`: not a regular expression"),
+        (serde_json::json!({"pattern": "score: \\d+"}), "it needs a group"),
+        (serde_json::json!({"mode": "group", "pattern": "(\\d+)"}), "needs two groups"),
+        (serde_json::json!({"range": [5, 1]}), "config key `range`"),
+        (serde_json::json!({"max_tokens": 0}), "config key `max_tokens`"),
+        (serde_json::json!({"max_tokens": -3}), "config key `max_tokens`"),
+        (serde_json::json!({"temperature": 1e9}), "config key `temperature`"),
+        (serde_json::json!({"labels": {"yes": "one"}}), "config key `labels`"),
+    ];
+    for (config, expected) in cases {
+        let model = Scripted::new(&["Score: 5"]);
+        let mut plugin = judge(config.clone(), model.clone());
+        for verdict in scored(&mut plugin, &task(None), &["a", "b"]) {
+            let error = verdict.unwrap_err();
+            assert!(error.contains(expected), "{config}: {error}");
+        }
+        assert!(model.asked().is_empty(), "{config}: the model was asked before the config was read");
+    }
+    // {answer} on a task without one.
+    let mut plugin = judge(serde_json::json!({"template": "{answer} {completion}"}), Scripted::new(&["Score: 5"]));
+    let error = scored(&mut plugin, &task(None), &["a"]).remove(0).unwrap_err();
+    assert!(error.contains("task `capital` has no reference answer"), "{error}");
+}
+
+/// `builtin:judge` in `wirl train` on the tiny model (a context of 64 tokens: the template is
+/// the completion alone): it asks the engine being trained about each completion. The tiny
+/// model's replies are not verdicts, so each completion fails as
+/// unreadable (masked, the default) — recorded with the judge's words, never scored 0.
+#[test]
+fn a_judge_built_in_scores_a_training_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "\n[[rewards]]\nplugin = \"builtin:judge\"\nconfig = { max_tokens = 4, template = \"{completion}\" }\n";
+    let config = crate::grpo::write_config(dir.path(), extra, 1, 0.01);
+    let run = dir.path().join("run");
+    let out = crate::grpo::train(&config, &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rollouts = crate::grpo::rollouts(&run);
+    let scored: Vec<_> = rollouts.iter().filter(|r| r.get("completion").is_some()).collect();
+    assert!(!scored.is_empty());
+    for rollout in scored {
+        let note = rollout["notes"]["judge"].as_str().unwrap_or_else(|| panic!("{rollout}"));
+        if rollout["failures"].as_array().unwrap().is_empty() {
+            assert!(rollout["parts"].get("judge").is_some(), "{rollout}");
+        } else {
+            assert!(note.contains("no verdict matching") || note.contains("outside the range"), "{note}");
+            assert!(!note.contains("no model to call here"), "the judge had the engine: {note}");
+        }
+    }
+}
