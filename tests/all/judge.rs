@@ -238,4 +238,15 @@ fn a_judge_built_in_scores_a_training_run() {
             assert!(!note.contains("no model to call here"), "the judge had the engine: {note}");
         }
     }
+    // The step counts the judge's calls, tokens and wait, and its line shows their share.
+    let metrics = crate::grpo::metrics(&run);
+    let step = &metrics[0];
+    // One call per group of the step (prompts_per_step = 2), each 6 replies of at most 4 tokens.
+    assert_eq!(step["judge_calls"], 2, "{step}");
+    let tokens = step["judge_tokens"].as_u64().unwrap();
+    assert!((1..=2 * 6 * 4).contains(&tokens), "{step}");
+    let waited = step["time_s"]["judge"].as_f64().unwrap();
+    assert!(waited > 0.0 && waited <= step["time_s"]["total"].as_f64().unwrap() * 2.0, "{step}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("% of the step, 2 calls,"), "{stderr}");
 }

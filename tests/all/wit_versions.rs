@@ -91,7 +91,13 @@ fn a_0_2_0_judge_asks_the_engine_within_its_budget() {
     let tokenizer = std::sync::Arc::new(loaded.tokenizer);
     let (handle, _thread) =
         wirl_engine::EngineHandle::spawn(std::sync::Arc::new(loaded.model), tokenizer.clone()).unwrap();
-    let engine = wirl_rollout::RewardEngine { handle: handle.clone(), tokenizer: tokenizer.clone(), context, seed: 3 };
+    let engine = wirl_rollout::RewardEngine {
+        handle: handle.clone(),
+        tokenizer: tokenizer.clone(),
+        context,
+        seed: 3,
+        usage: Default::default(),
+    };
     let (sandbox, _cache) = sandbox();
     let judge = |tokens: u64| {
         let mut spec = reward(WORD_JUDGE, serde_json::json!({"max_tokens": 6}));

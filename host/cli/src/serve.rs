@@ -339,6 +339,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             tokenizer: tokenizer.clone(),
             context,
             seed: run.grpo.seed,
+            usage: Default::default(),
         };
         for task in &mut served {
             task.loaded.scorers.set_engine(Some(for_rewards.clone()));

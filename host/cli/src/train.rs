@@ -555,8 +555,18 @@ impl Observer for Terminal {
                 } else {
                     format!("reward {:.3}  pass {:.3}", m.reward_mean, m.pass_rate)
                 };
+                // LLM judges' calls to the engine: their wait, its share of the step, their tokens.
+                let judge = match m.judge_calls {
+                    0 => String::new(),
+                    calls => format!(
+                        " (judge {:.2}s, {:.0}% of the step, {calls} calls, {} tokens)",
+                        m.time_s.judge,
+                        100.0 * m.time_s.judge / m.time_s.total.max(1e-9),
+                        m.judge_tokens
+                    ),
+                };
                 eprintln!(
-                    "step {:>3}/{steps}  {figures}  loss {:+.4}  {kl}  len {:.1}{draws}  | gen {:.1}s score {:.2}s train {:.1}s | ETA {eta_s:.0}s",
+                    "step {:>3}/{steps}  {figures}  loss {:+.4}  {kl}  len {:.1}{draws}  | gen {:.1}s score {:.2}s{judge} train {:.1}s | ETA {eta_s:.0}s",
                     m.step, m.loss, m.completion_tokens_mean, m.time_s.generate, m.time_s.score, m.time_s.train,
                 );
                 if m.trajectories_scored == 0 {

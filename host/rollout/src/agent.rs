@@ -69,6 +69,45 @@ struct Ledgers {
     next: u64,
 }
 
+/// What calls to the model through [`EngineInference`]s cost, summed until taken: an LLM
+/// judge's share of a step (its rewards' calls all count into one).
+#[derive(Debug, Default)]
+pub struct InferenceUsage {
+    calls: std::sync::atomic::AtomicU64,
+    tokens: std::sync::atomic::AtomicU64,
+    waited_ns: std::sync::atomic::AtomicU64,
+}
+
+/// [`InferenceUsage`]'s figures since it was last taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct InferenceFigures {
+    /// `generate` calls the engine answered.
+    pub calls: u64,
+    /// Tokens it generated for them.
+    pub tokens: u64,
+    /// Seconds the callers waited for it (calls made side by side each count their wait).
+    pub waited_s: f64,
+}
+
+impl InferenceUsage {
+    fn add(&self, tokens: u64, waited: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.calls.fetch_add(1, Relaxed);
+        self.tokens.fetch_add(tokens, Relaxed);
+        self.waited_ns.fetch_add(u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// The figures so far, and from 0 again.
+    pub fn take(&self) -> InferenceFigures {
+        use std::sync::atomic::Ordering::Relaxed;
+        InferenceFigures {
+            calls: self.calls.swap(0, Relaxed),
+            tokens: self.tokens.swap(0, Relaxed),
+            waited_s: self.waited_ns.swap(0, Relaxed) as f64 * 1e-9,
+        }
+    }
+}
+
 /// The engine behind an agent's `inference.generate`, for one `rollouts` call.
 pub struct EngineInference {
     engine: EngineHandle,
@@ -83,6 +122,8 @@ pub struct EngineInference {
     /// Whose budget it is, in refusals: the caller and its two config keys.
     budget: Budget,
     ledgers: Mutex<Ledgers>,
+    /// Where the calls' cost is counted ([`EngineInference::counting`]); none: nowhere.
+    usage: Option<Arc<InferenceUsage>>,
 }
 
 impl EngineInference {
@@ -105,6 +146,7 @@ impl EngineInference {
             max_conversations: MAX_CONVERSATIONS_PER_CALL,
             budget: Budget::AGENT,
             ledgers: Mutex::default(),
+            usage: None,
         }
     }
 
@@ -112,6 +154,12 @@ impl EngineInference {
     /// `[[rewards]]` entry), not an agent's: the host of a judge's calls.
     pub fn for_reward(mut self) -> Self {
         self.budget = Budget::REWARD;
+        self
+    }
+
+    /// Count the calls' tokens and waits into `usage`.
+    pub fn counting(mut self, usage: Arc<InferenceUsage>) -> Self {
+        self.usage = Some(usage);
         self
     }
 
@@ -362,7 +410,12 @@ impl InferenceHost for EngineInference {
                 return Ok(Vec::new());
             };
             let (requests, prompts) = self.requests(&conversations, &sampling, call, max_tokens)?;
+            let asked = std::time::Instant::now();
             let results = self.engine.generate_all(requests).await;
+            if let Some(usage) = &self.usage {
+                let tokens: usize = results.iter().flatten().flatten().map(|c| c.tokens.len()).sum();
+                usage.add(tokens as u64, asked.elapsed());
+            }
             self.record(conversations, prompts, results)
         })
     }

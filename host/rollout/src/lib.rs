@@ -27,7 +27,7 @@ pub mod source;
 pub mod spec;
 pub mod task;
 
-pub use agent::{AgentCall, AgentLimits, EngineInference, agent_groups};
+pub use agent::{AgentCall, AgentLimits, EngineInference, InferenceFigures, InferenceUsage, agent_groups};
 pub use collect::{Engine, GroupAsk, RollError, collect_groups};
 pub use dataset::{Columns, Dataset, DatasetSpec};
 pub use episode::{

@@ -2,7 +2,7 @@
 //! reward weighted and summed; a failing call is recorded by kind and scores
 //! `failure_reward` for that reward.
 
-use crate::agent::EngineInference;
+use crate::agent::{EngineInference, InferenceUsage};
 use crate::group::SamplingSpec;
 use crate::score::{FailurePolicy, OnFailure, Scored, Status};
 use crate::spec::{AgentLimits, InferenceBudget};
@@ -22,6 +22,8 @@ pub struct RewardEngine {
     pub context: usize,
     /// The run's seed: a judge's samples are seeded by it and the call's number.
     pub seed: u64,
+    /// Where every scoring call's use of the engine is counted (a judge's share of a step).
+    pub usage: Arc<InferenceUsage>,
 }
 
 impl RewardEngine {
@@ -37,7 +39,8 @@ impl RewardEngine {
         let seed = crate::seed::seed_for(self.seed, call ^ (1 << 61));
         Arc::new(
             EngineInference::new(self.handle.clone(), self.tokenizer.clone(), self.context, cap, seed, limits)
-                .for_reward(),
+                .for_reward()
+                .counting(self.usage.clone()),
         )
     }
 }

@@ -119,6 +119,7 @@ pub fn evaluate(
         tokenizer: tokenizer.clone(),
         context,
         seed: config.grpo.seed,
+        usage: Default::default(),
     };
     for task in &mut tasks {
         task.scorers.set_engine(Some(for_rewards.clone()));

@@ -98,6 +98,12 @@ pub struct StepMetrics {
     pub prompt_positions_cached: u64,
     #[serde(default)]
     pub prompt_positions_computed: u64,
+    /// Calls 0.2.0 rewards (LLM judges) made to the engine in the step, and the tokens it
+    /// generated for them; their wait is `time_s.judge`.
+    #[serde(default)]
+    pub judge_calls: u64,
+    #[serde(default)]
+    pub judge_tokens: u64,
     pub time_s: StepTimes,
     /// The same figures per task of the mixture, by task name.
     pub tasks: BTreeMap<String, TaskMetrics>,
@@ -168,6 +174,9 @@ pub struct StepTimes {
     pub agents: f64,
     /// Reward plugins' calls, overlapped with generation or not.
     pub score: f64,
+    /// Of the rewards' calls, the time their calls to the engine (LLM judges) waited for it,
+    /// summed over the calls (calls made side by side each count their own wait).
+    pub judge: f64,
     /// Drawing the step's tasks (0 when they were drawn during the previous update).
     pub draw: f64,
     pub train: f64,

@@ -92,6 +92,8 @@ pub struct Trainer {
     peak_rss: Option<u64>,
     /// The engine's prompt positions (from its prefix cache, computed) at the last record.
     prompt_positions_seen: (u64, u64),
+    /// What rewards (LLM judges) asked of the engine since it was last taken.
+    reward_inference: Arc<wirl_rollout::InferenceUsage>,
     /// The next step, begun during this one's update.
     ahead: Option<Ahead>,
     /// The KL in the reward's β where it adapts (`grpo.kl_target`), a resumed run's as its
@@ -250,6 +252,7 @@ impl Trainer {
             weights_written: 0,
             peak_rss: None,
             prompt_positions_seen: (0, 0),
+            reward_inference: Default::default(),
             ahead: None,
             reward_kl,
             sandbox,

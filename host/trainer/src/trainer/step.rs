@@ -87,6 +87,8 @@ struct Measured {
     /// Prompt positions the engine took from its prefix cache, and computed, since the
     /// previous step's record.
     prompt_positions: (u64, u64),
+    /// What the step's rewards asked of the engine (LLM judges).
+    rewards_inference: wirl_rollout::InferenceFigures,
 }
 
 /// The learner's batches, and per task how many groups were kept and how many could not be.
@@ -148,6 +150,8 @@ impl Trainer {
         let stopped = move || stop.is_stopped();
         let mut clock = Clock::default();
         self.give_rewards_the_engine();
+        // This step's judges only (not a held-out evaluation's before it).
+        self.reward_inference.take();
 
         let Some((drawn, lagged)) = self.draw(step, &stopped, &mut clock)? else {
             return self.abandon();
@@ -220,6 +224,7 @@ impl Trainer {
             episodes: episode_times,
             started,
             prompt_positions: (now.0 - seen.0, now.1 - seen.1),
+            rewards_inference: self.reward_inference.take(),
         };
         let mut metrics = self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured);
         metrics.draws = draws;
@@ -681,6 +686,7 @@ impl Trainer {
             tokenizer: self.tokenizer.clone(),
             context: self.model_config.context(),
             seed: self.config.grpo.seed,
+            usage: self.reward_inference.clone(),
         };
         for task in &mut self.tasks {
             task.scorers.set_engine(Some(engine.clone()));
@@ -1149,12 +1155,15 @@ impl Trainer {
             episode_tokens: measured.episodes.tokens,
             prompt_positions_cached: measured.prompt_positions.0,
             prompt_positions_computed: measured.prompt_positions.1,
+            judge_calls: measured.rewards_inference.calls,
+            judge_tokens: measured.rewards_inference.tokens,
             time_s: StepTimes {
                 generate: measured.clock.generate,
                 episodes: measured.clock.episodes,
                 episodes_host: measured.episodes.host_s,
                 agents: measured.clock.agents,
                 score: measured.clock.score,
+                judge: measured.rewards_inference.waited_s,
                 draw: measured.clock.draw,
                 train: measured.clock.train,
                 total: measured.started.elapsed().as_secs_f64(),
