@@ -16,6 +16,11 @@ the plugin's settings from the wirl config.
 
 Build with scripts/build-plugins (componentize-py; this directory is on the module path).
 Only the standard library that the plugin imports at module level is in the component.
+
+A plugin whose first line names `wirl:rl@0.2.0` (`# wirl-world: reward-plugin@0.2.0`) is
+built against wit/0.2.0: the same functions, and also `progress()` (the training step its
+group is scored at, 0 of 0 outside training) and `generate(conversations, ...)` (the model:
+an LLM judge, within its `[[rewards]]` entry's budget).
 """
 
 import json
@@ -27,7 +32,22 @@ from wit_world import exports
 from wit_world.imports import config as _config
 from wit_world.imports.types import Message, Score, Task
 
-__all__ = ["Message", "Reward", "Score", "Task", "Unscorable", "config", "reward"]
+try:  # wirl:rl@0.2.0's reward world: the run's progress and the model.
+    from wit_world.imports import inference as _inference
+    from wit_world.imports.run import Progress
+    from wit_world.imports.types import Sampling
+
+    WIT_VERSION = "0.2.0"
+except ImportError:
+    _inference = None
+    Progress = None
+    Sampling = None
+    WIT_VERSION = "0.1.0"
+
+__all__ = [
+    "Message", "Reward", "Score", "Task", "Unscorable", "WIT_VERSION", "config", "generate", "progress", "reward",
+    "reward_group",
+]
 
 
 class Unscorable(Exception):
@@ -55,6 +75,33 @@ def config(key: str, default=_MISSING):
         return json.loads(text)
     except ValueError as e:
         raise Unscorable(f"config key `{key}`: {e} (value: {text})")
+
+
+_progress = None
+
+
+def progress():
+    """Where the run stands for the group being scored (`step`, `steps`; both 0 outside
+    training). wirl:rl@0.2.0 plugins only."""
+    if WIT_VERSION != "0.2.0":
+        raise Unscorable("progress() needs wirl:rl@0.2.0: name `reward-plugin@0.2.0` on the wirl-world line")
+    return _progress
+
+
+def generate(conversations, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+             min_p: float = 0.0, stop=(), seed: Optional[int] = None):
+    """One completion of the model per conversation (a list of `Message`s ending where the
+    model writes the next assistant turn): an LLM judge's verdicts. In `wirl train` the model
+    being trained, within the budget of this reward's `[[rewards]]` entry; raises
+    `Unscorable` with the host's reason when refused (budget spent, no model here).
+    wirl:rl@0.2.0 plugins only."""
+    if _inference is None:
+        raise Unscorable("generate() needs wirl:rl@0.2.0: name `reward-plugin@0.2.0` on the wirl-world line")
+    sampling = Sampling(max_tokens, float(temperature), float(top_p), top_k, float(min_p), list(stop), seed)
+    try:
+        return _inference.generate([list(c) for c in conversations], sampling)
+    except Err as refused:
+        raise Unscorable(f"the model: {refused.value}")
 
 
 _scorer: Optional[Callable[[Task, str], Score]] = None
@@ -98,7 +145,9 @@ class Reward(exports.Reward):
         except Exception as error:
             raise Err(_reason(error))
 
-    def score_group(self, task: Task, completions: List[str]) -> List[Result[Score, str]]:
+    def score_group(self, task: Task, completions: List[str], progress=None) -> List[Result[Score, str]]:
+        global _progress
+        _progress = progress  # 0.2.0 tells the step; 0.1.0 calls without it
         if _group_scorer is not None:
             try:
                 return [Ok(score) for score in _group_scorer(task, completions)]
