@@ -14,6 +14,7 @@
 //!   sandbox's [`Interrupter`]) and is raised once every thread has stopped.
 
 mod environment;
+mod inference;
 mod reward;
 mod runner;
 

@@ -1,5 +1,6 @@
 //! `NativeReward`: a reward (or grader) plugin scoring batches on threads of its own.
 
+use crate::inference::{OpenAiInference, OpenAiServer};
 use crate::{Loaded, default_threads, parallel, plugin_error, spec_of};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -34,6 +35,9 @@ pub struct NativeReward {
     spec: PluginSpec,
     threads: usize,
     state: Mutex<State>,
+    /// Where a 0.2.0 plugin's `inference.generate` goes (an LLM judge's model); none: such a
+    /// call is refused to the plugin with the reason.
+    inference: Option<Arc<OpenAiServer>>,
 }
 
 /// Limits from the keyword arguments, each checked and named when out of range.
@@ -91,7 +95,7 @@ fn config_from(json: Option<&str>) -> PyResult<serde_json::Map<String, serde_jso
 #[pymethods]
 impl NativeReward {
     #[new]
-    #[pyo3(signature = (plugin, config_json=None, deadline_ms=None, memory_mib=None, fuel=None, reuse_instance=false, code_runner=None, code_workers=0, code_deadline_ms=None, code_memory_mib=None, threads=None))]
+    #[pyo3(signature = (plugin, config_json=None, deadline_ms=None, memory_mib=None, fuel=None, reuse_instance=false, code_runner=None, code_workers=0, code_deadline_ms=None, code_memory_mib=None, threads=None, inference_url=None, inference_model=None, inference_api_key=None, inference_calls=8, inference_tokens=8192, inference_timeout_ms=120_000))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -106,7 +110,29 @@ impl NativeReward {
         code_deadline_ms: Option<u64>,
         code_memory_mib: Option<u64>,
         threads: Option<usize>,
+        inference_url: Option<&str>,
+        inference_model: Option<String>,
+        inference_api_key: Option<String>,
+        inference_calls: u64,
+        inference_tokens: u64,
+        inference_timeout_ms: u64,
     ) -> PyResult<Self> {
+        let inference = match inference_url {
+            None => None,
+            Some(url) => {
+                if inference_calls == 0 || inference_tokens == 0 || inference_timeout_ms == 0 {
+                    return Err(PyValueError::new_err(
+                        "inference_calls, inference_tokens and inference_timeout_ms must be at least 1",
+                    ));
+                }
+                let model = inference_model;
+                let timeout = std::time::Duration::from_millis(inference_timeout_ms);
+                let server =
+                    OpenAiServer::new(url, model, inference_api_key, timeout, inference_calls, inference_tokens)
+                        .map_err(PyValueError::new_err)?;
+                Some(Arc::new(server))
+            }
+        };
         let mut spec = plugin_spec(plugin, config_json, deadline_ms, memory_mib, fuel)?;
         spec.limits.reuse_instance = reuse_instance;
         if let Some(runner) = code_runner {
@@ -138,7 +164,7 @@ impl NativeReward {
             )));
         }
         let first = RewardPlugin::new(loaded.plugin.clone()).map_err(plugin_error)?;
-        Ok(NativeReward { spec, threads, state: Mutex::new(State { loaded, idle: vec![first] }) })
+        Ok(NativeReward { spec, threads, state: Mutex::new(State { loaded, idle: vec![first] }), inference })
     }
 
     /// The plugin's name (its file's stem, or the built-in's).
@@ -213,7 +239,14 @@ impl NativeReward {
         let give_back = |handle: RewardPlugin| self.state.lock().unwrap_or_else(|e| e.into_inner()).idle.push(handle);
         parallel(py, interrupter, items, self.threads, take, give_back, |handle, item| {
             let started = Instant::now();
+            // Each scoring call with a budget of its own, as in `wirl train`.
+            handle.set_inference(
+                self.inference
+                    .clone()
+                    .map(|server| Arc::new(OpenAiInference::new(server)) as Arc<dyn wirl_sandbox::InferenceHost>),
+            );
             let verdict = handle.score_at(&item.task, &item.completion, progress);
+            handle.set_inference(None);
             let micros = started.elapsed().as_micros() as u64;
             match verdict {
                 Ok(score) => (

@@ -37,6 +37,12 @@ class NativeReward:
         code_deadline_ms: Optional[int] = None,
         code_memory_mib: Optional[int] = None,
         threads: Optional[int] = None,
+        inference_url: Optional[str] = None,
+        inference_model: Optional[str] = None,
+        inference_api_key: Optional[str] = None,
+        inference_calls: int = 8,
+        inference_tokens: int = 8192,
+        inference_timeout_ms: int = 120000,
     ) -> None: ...
     def score(self, batch_json: str, step: int = 0, steps: int = 0) -> list[_Scored]: ...
 

@@ -130,6 +130,15 @@ class Reward:
     The dataset's ``answer_column`` is the reference answer, an ``id`` column the task id, a
     ``metadata`` column the plugin's metadata (else the row's other columns, as JSON).
     A batch is scored on ``threads`` threads (default: the cores) without the GIL.
+
+    A ``wirl:rl@0.2.0`` judge (``"builtin:judge"``, or a plugin that calls ``generate``)
+    asks the model at ``inference_url``, an OpenAI-compatible server (``wirl serve``, vLLM,
+    SGLang: its ``http://…/v1`` base), as ``inference_model`` (default: the first model the
+    server lists at ``/v1/models``), with ``inference_api_key`` if
+    it needs one. Each completion's scoring may make ``inference_calls`` calls (default 8)
+    generating ``inference_tokens`` tokens in all (8192), each request within
+    ``inference_timeout_s`` (120). Without a URL such a call is refused to the plugin, and
+    its completions fail with the reason.
     """
 
     def __init__(
@@ -150,6 +159,12 @@ class Reward:
         answer_column="answer",
         name=None,
         failed_score=0.0,
+        inference_url=None,
+        inference_model=None,
+        inference_api_key=None,
+        inference_calls=8,
+        inference_tokens=8192,
+        inference_timeout_s=120.0,
     ):
         plugin = _checks.reference(plugin, "plugin")
         if code_runner is not None:
@@ -168,7 +183,15 @@ class Reward:
             "code_deadline_ms": _checks.whole(code_deadline_ms, "code_deadline_ms", 1, _checks.MAX_DEADLINE_MS),
             "code_memory_mib": _checks.whole(code_memory_mib, "code_memory_mib", 1, _checks.MAX_MEMORY_MIB),
             "threads": _checks.whole(threads, "threads", 1, _checks.MAX_THREADS),
+            "inference_url": _checks.text_or_none(inference_url, "inference_url"),
+            "inference_model": _checks.text_or_none(inference_model, "inference_model"),
+            "inference_api_key": _checks.text_or_none(inference_api_key, "inference_api_key"),
+            "inference_calls": _checks.whole(inference_calls, "inference_calls", 1, 10_000, optional=False),
+            "inference_tokens": _checks.whole(inference_tokens, "inference_tokens", 1, 2**31, optional=False),
+            "inference_timeout_s": _checks.finite(inference_timeout_s, "inference_timeout_s"),
         }
+        if not 0 < self._args["inference_timeout_s"] <= 3600:
+            raise ValueError(f"inference_timeout_s must be from 0 to 3600 seconds, not {inference_timeout_s}")
         self.weight = _checks.finite(weight, "weight")
         self.failed_score = _checks.finite(failed_score, "failed_score")
         self.answer_column = _checks.text_or_none(answer_column, "answer_column")
@@ -338,6 +361,12 @@ def _load(args):
         code_deadline_ms=args["code_deadline_ms"],
         code_memory_mib=args["code_memory_mib"],
         threads=args["threads"],
+        inference_url=args["inference_url"],
+        inference_model=args["inference_model"],
+        inference_api_key=args["inference_api_key"],
+        inference_calls=args["inference_calls"],
+        inference_tokens=args["inference_tokens"],
+        inference_timeout_ms=max(1, round(args["inference_timeout_s"] * 1000)),
     )
 
 
