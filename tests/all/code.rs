@@ -751,6 +751,7 @@ mod workers {
                     workers,
                 }),
                 inference: Default::default(),
+                judge: Default::default(),
             };
             let reward = wirl_rollout::RewardSpec { source, weight: 1.0 };
             wirl_rollout::Scorers::load(sandbox(), &[reward]).unwrap()

@@ -297,3 +297,57 @@ fn a_python_judge_asks_the_model_as_the_rust_one_does() {
     let mut math = RewardPlugin::new(crate::load(&sandbox, wirl_test_artifacts::PYTHON_MATH_ANSWER)).unwrap();
     assert_eq!(math.score(&task, "<answer>4</answer>").unwrap().reward, 1.0);
 }
+
+/// `judge_model = "initial"`: the judge is the model the run started from, frozen, while the
+/// policy learns. Two runs of three steps at a high learning rate: with the initial model,
+/// every judge reply of every step is the starting model's greedy reply to the judge's
+/// prompt; with the policy (the default), some reply of a later step is not (the weights
+/// moved). The judge's template is the completion alone, so the prompt is known here.
+#[test]
+fn a_frozen_initial_judge_does_not_drift_with_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let judged = |judge_model: &str| {
+        let extra = format!(
+            "\n[[rewards]]\nplugin = \"builtin:judge\"\njudge_model = \"{judge_model}\"\nconfig = {{ max_tokens = 4, \
+             template = \"{{completion}}\" }}\n"
+        );
+        let config = crate::grpo::write_config(dir.path(), &extra, 3, 0.5);
+        // Failures (the tiny model's replies are no verdicts) must still train: reward them.
+        let text = std::fs::read_to_string(&config).unwrap().replace("seed = 3", "seed = 3\non_failure = \"reward\"");
+        std::fs::write(&config, text).unwrap();
+        let run = dir.path().join(format!("run-{judge_model}"));
+        let out = crate::grpo::train(&config, &run);
+        assert!(out.status.success(), "{judge_model}: {}", String::from_utf8_lossy(&out.stderr));
+        crate::grpo::rollouts(&run)
+            .into_iter()
+            .filter(|r| r.get("completion").is_some())
+            .map(|r| {
+                let note = r["notes"]["judge"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+                let reply = note.split_once("; the judge said: ").unwrap_or_else(|| panic!("{note}")).1.to_string();
+                (r["step"].as_u64().unwrap(), r["completion"].as_str().unwrap().to_string(), reply)
+            })
+            .collect::<Vec<_>>()
+    };
+    // The starting model's greedy replies, as the judge asks: the completion as the user's turn.
+    let start = |model_dir: &std::path::Path| {
+        let loaded = wirl_engine::load(model_dir, &wirl_engine::LoadOptions::default()).unwrap();
+        let tokenizer = Arc::new(loaded.tokenizer);
+        let (handle, _thread) = wirl_engine::EngineHandle::spawn(Arc::new(loaded.model), tokenizer.clone()).unwrap();
+        move |completion: &str| {
+            let task = Task { messages: vec![Message::new("user", completion)], ..crate::task("judged", None) };
+            let prompt = wirl_rollout::prompt_ids(&tokenizer, &task).unwrap();
+            let sampling = wirl_engine::Sampling { max_tokens: 4, temperature: 0.0, ..Default::default() };
+            handle.generate_blocking(wirl_engine::GenerateRequest { prompt, n: 1, sampling }).unwrap().remove(0).text
+        }
+    };
+    let frozen = judged("initial");
+    let greedy = start(&dir.path().join("model"));
+    for (step, completion, reply) in &frozen {
+        assert_eq!(reply.trim(), greedy(completion).trim(), "step {step}: the frozen judge's reply to {completion:?}");
+    }
+    assert!(frozen.iter().any(|(step, ..)| *step == 3));
+    let drifting = judged("policy");
+    let moved =
+        drifting.iter().filter(|(step, completion, reply)| *step > 1 && reply.trim() != greedy(completion).trim());
+    assert!(moved.count() > 0, "the policy judge drifted with the weights: {drifting:?}");
+}

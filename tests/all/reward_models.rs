@@ -251,6 +251,15 @@ fn reward_model_config_errors_name_the_key() {
             "[[rewards]]\nplugin = \"builtin:math-answer\"\ninference_calls = 100000".to_string(),
             "`rewards[0].inference_calls` = 100000",
         ),
+        (
+            format!("[[rewards]]\nmodel = {reward_dir:?}\njudge_model = \"initial\""),
+            "`rewards[0].judge_model` is a plugin's",
+        ),
+        ("[[rewards]]\nplugin = \"builtin:judge\"\njudge_model = \"inital\"".to_string(), "`rewards[0].judge_model`: "),
+        (
+            format!("[[rewards]]\nplugin = \"builtin:judge\"\njudge_model = {:?}", dir.path().join("train.jsonl")),
+            "judge_model = \"",
+        ),
     ];
     for (rewards, expected) in cases {
         let config = dataset_config(dir.path(), &rewards);

@@ -16,7 +16,10 @@ fn reward(path: &str, config: serde_json::Value) -> RewardSpec {
         memory_mib: None,
     };
     let inference = Default::default();
-    RewardSpec { source: RewardSource::Plugin { plugin, code_runner: None, inference }, weight: 1.0 }
+    RewardSpec {
+        source: RewardSource::Plugin { plugin, code_runner: None, inference, judge: Default::default() },
+        weight: 1.0,
+    }
 }
 
 #[test]

@@ -43,5 +43,7 @@ pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
 pub use score::{FailurePolicy, OnFailure, Scored, Status};
 pub use scorer::{RewardEngine, Scorers};
 pub use source::TaskSource;
-pub use spec::{CodeRunnerRef, InferenceBudget, PluginRef, RewardModelRef, RewardSource, RewardSpec, SourceSpec};
+pub use spec::{
+    CodeRunnerRef, InferenceBudget, JudgeModel, PluginRef, RewardModelRef, RewardSource, RewardSpec, SourceSpec,
+};
 pub use task::{LoadedTask, TaskSpec};

@@ -6,7 +6,7 @@ use crate::agent::{EngineInference, InferenceUsage};
 use crate::group::SamplingSpec;
 use crate::score::{FailurePolicy, OnFailure, Scored, Status};
 use crate::spec::{AgentLimits, InferenceBudget};
-use crate::spec::{RewardSource, RewardSpec};
+use crate::spec::{JudgeModel, RewardSource, RewardSpec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use wirl_engine::{ChatMessage, EngineHandle, LoadOptions, RewardModel, Tokenizer};
@@ -45,10 +45,53 @@ impl RewardEngine {
     }
 }
 
-/// One reward's scorer.
+/// Where 0.2.0 rewards' `inference` goes: the engine being trained (`JudgeModel::Policy`)
+/// and the run's other judge models, each with an engine of its own.
+#[derive(Clone, Default)]
+struct Engines {
+    policy: Option<RewardEngine>,
+    judges: BTreeMap<JudgeModel, RewardEngine>,
+}
+
+impl Engines {
+    /// The host of one scoring call of a reward judging with `judge`, within `budget`: the
+    /// engine, or a refusal saying why there is none.
+    fn host(&self, judge: &JudgeModel, budget: InferenceBudget, call: u64) -> Option<Arc<dyn InferenceHost>> {
+        let engine = match judge {
+            JudgeModel::Policy => self.policy.as_ref(),
+            other => self.judges.get(other),
+        };
+        match (engine, judge) {
+            (Some(engine), _) => Some(engine.host(budget, call)),
+            // No engine at all (`wirl score`): the sandbox's own refusal says so.
+            (None, _) if self.policy.is_none() => None,
+            (None, judge) => Some(Arc::new(Refusal(format!(
+                "judge_model = \"{judge}\" is not loaded here: judge models are loaded when a run or an evaluation \
+                 starts (a task swapped in later, or `wirl serve`, has the served model only)"
+            )))),
+        }
+    }
+}
+
+/// An `inference` that refuses every call with its reason.
+struct Refusal(String);
+
+impl InferenceHost for Refusal {
+    fn generate(
+        &self,
+        _conversations: Vec<Vec<wirl_sandbox::Message>>,
+        _sampling: wirl_sandbox::Sampling,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<wirl_sandbox::Completion>, String>> + Send + '_>> {
+        Box::pin(std::future::ready(Err(self.0.clone())))
+    }
+}
+
+/// One reward's scorer (a few per task: the plugin's size next to a model's pointer matters
+/// not).
+#[allow(clippy::large_enum_variant)]
 enum Scorer {
-    /// A plugin, with what one of its calls may ask of the model.
-    Plugin(RewardPlugin, InferenceBudget),
+    /// A plugin, with what one of its calls may ask of the model, and which model.
+    Plugin(RewardPlugin, InferenceBudget, JudgeModel),
     /// A reward model, shared by the task's lanes (its weights are only read); `label`: which
     /// of its scores is the reward.
     Model { model: Arc<RewardModel>, label: usize },
@@ -57,9 +100,9 @@ enum Scorer {
 impl Scorer {
     fn load(sandbox: &Sandbox, source: &RewardSource) -> crate::error::Result<Self> {
         match source {
-            RewardSource::Plugin { inference, .. } => {
+            RewardSource::Plugin { inference, judge, .. } => {
                 let spec = source.plugin_spec().expect("a plugin's source");
-                Ok(Scorer::Plugin(RewardPlugin::new(sandbox.load(spec)?)?, *inference))
+                Ok(Scorer::Plugin(RewardPlugin::new(sandbox.load(spec)?)?, *inference, judge.clone()))
             }
             RewardSource::Model(reference) => {
                 let model = RewardModel::load(&reference.path, &LoadOptions::default())?;
@@ -79,7 +122,7 @@ impl Scorer {
     /// Its name in notes and parts: the plugin's, or the model directory's.
     fn name(&self) -> String {
         match self {
-            Scorer::Plugin(plugin, _) => plugin.plugin().name().to_string(),
+            Scorer::Plugin(plugin, ..) => plugin.plugin().name().to_string(),
             Scorer::Model { model, .. } => model
                 .path()
                 .file_name()
@@ -90,22 +133,25 @@ impl Scorer {
     /// Another scorer of the same reward, for another thread.
     fn another(&self) -> crate::error::Result<Self> {
         Ok(match self {
-            Scorer::Plugin(plugin, budget) => Scorer::Plugin(RewardPlugin::new(plugin.plugin().clone())?, *budget),
+            Scorer::Plugin(plugin, budget, judge) => {
+                Scorer::Plugin(RewardPlugin::new(plugin.plugin().clone())?, *budget, judge.clone())
+            }
             Scorer::Model { model, label } => Scorer::Model { model: model.clone(), label: *label },
         })
     }
 
-    /// The group's verdicts; a plugin's `inference` reaches `engine` (none: an error to it).
+    /// The group's verdicts; a plugin's `inference` reaches its judge's engine of `engines`
+    /// (none: an error to it), seeded by `call`.
     fn score_group(
         &mut self,
         task: &Task,
         completions: &[String],
         progress: Progress,
-        engine: Option<(&RewardEngine, u64)>,
+        (engines, call): (&Engines, u64),
     ) -> Vec<Result<Score, Failure>> {
         match self {
-            Scorer::Plugin(plugin, budget) => {
-                plugin.set_inference(engine.map(|(engine, call)| engine.host(*budget, call)));
+            Scorer::Plugin(plugin, budget, judge) => {
+                plugin.set_inference(engines.host(judge, *budget, call));
                 let verdicts = plugin.score_group_at(task, completions, progress);
                 plugin.set_inference(None);
                 verdicts
@@ -174,9 +220,9 @@ pub struct Scorers {
     /// Instances of the same plugins for the further threads of [`Scorers::score_groups`],
     /// made when first needed.
     lanes: Vec<Scorers>,
-    /// What 0.2.0 plugins' `inference` reaches ([`Scorers::set_engine`]); none outside a
-    /// training run.
-    engine: Option<RewardEngine>,
+    /// What 0.2.0 plugins' `inference` reaches ([`Scorers::set_engine`],
+    /// [`Scorers::set_judges`]); none outside a training run.
+    engines: Engines,
 }
 
 impl Scorers {
@@ -192,7 +238,7 @@ impl Scorers {
             let taken = labels.iter().filter(|l| **l == name || l.starts_with(&format!("{name}#"))).count();
             labels.push(if taken == 0 { name.to_string() } else { format!("{name}#{}", taken + 1) });
         }
-        Ok(Scorers { plugins, labels, remote: None, lanes: Vec::new(), engine: None })
+        Ok(Scorers { plugins, labels, remote: None, lanes: Vec::new(), engines: Engines::default() })
     }
 
     /// The scorers of a task from `source`: a remote task's server, else the plugins of
@@ -208,7 +254,7 @@ impl Scorers {
                 labels: Vec::new(),
                 remote: Some((**remote).clone()),
                 lanes: Vec::new(),
-                engine: None,
+                engines: Engines::default(),
             }),
             _ => Self::load(sandbox, specs),
         }
@@ -221,13 +267,33 @@ impl Scorers {
         for lane in &mut self.lanes {
             lane.set_engine(engine.clone());
         }
-        self.engine = engine;
+        self.engines.policy = engine;
+    }
+
+    /// The engines of the run's other judge models (`judge_model = "initial"` or a path),
+    /// by model; a reward judging with one not here is refused, saying so.
+    pub fn set_judges(&mut self, judges: &BTreeMap<JudgeModel, RewardEngine>) {
+        for lane in &mut self.lanes {
+            lane.set_judges(judges);
+        }
+        self.engines.judges = judges.clone();
+    }
+
+    /// The judge models of this task's rewards other than the policy.
+    pub fn judge_models(&self) -> BTreeSet<JudgeModel> {
+        self.plugins
+            .iter()
+            .filter_map(|(scorer, _)| match scorer {
+                Scorer::Plugin(_, _, judge) if *judge != JudgeModel::Policy => Some(judge.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The loaded plugins, in config order (not the reward models).
     pub fn plugins(&self) -> impl Iterator<Item = &Arc<Plugin>> {
         self.plugins.iter().filter_map(|(scorer, _)| match scorer {
-            Scorer::Plugin(plugin, _) => Some(plugin.plugin()),
+            Scorer::Plugin(plugin, ..) => Some(plugin.plugin()),
             Scorer::Model { .. } => None,
         })
     }
@@ -296,7 +362,7 @@ impl Scorers {
             labels: self.labels.clone(),
             remote: None,
             lanes: Vec::new(),
-            engine: self.engine.clone(),
+            engines: self.engines.clone(),
         })
     }
 
@@ -327,7 +393,7 @@ impl Scorers {
             // A judge's samples are seeded by the problem, the step and the reward: the same
             // whichever thread or batch scores the group.
             let call = task_hash(&task.id) ^ (progress.step << 40) ^ index as u64;
-            let verdicts = plugin.score_group(task, completions, progress, self.engine.as_ref().map(|e| (e, call)));
+            let verdicts = plugin.score_group(task, completions, progress, (&self.engines, call));
             for ((out, parts), verdict) in scored.iter_mut().zip(&mut given).zip(verdicts) {
                 match verdict {
                     Ok(score) => {

@@ -70,8 +70,30 @@ pub struct RewardSpec {
 /// model), or a reward model.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RewardSource {
-    Plugin { plugin: PluginRef, code_runner: Option<CodeRunnerRef>, inference: InferenceBudget },
+    Plugin { plugin: PluginRef, code_runner: Option<CodeRunnerRef>, inference: InferenceBudget, judge: JudgeModel },
     Model(RewardModelRef),
+}
+
+/// Which model a 0.2.0 reward plugin's `inference` reaches (an LLM judge's).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JudgeModel {
+    /// The model being trained, as it is at each step.
+    #[default]
+    Policy,
+    /// The model the run started from, frozen: a judge that does not drift with the policy.
+    Initial,
+    /// Another model (an HF directory or a GGUF file), loaded once for the run.
+    Path(PathBuf),
+}
+
+impl std::fmt::Display for JudgeModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JudgeModel::Policy => f.write_str("policy"),
+            JudgeModel::Initial => f.write_str("initial"),
+            JudgeModel::Path(path) => write!(f, "{}", path.display()),
+        }
+    }
 }
 
 /// What one scoring call of a 0.2.0 reward plugin may ask of the model through its

@@ -121,8 +121,18 @@ pub fn evaluate(
         seed: config.grpo.seed,
         usage: Default::default(),
     };
+    let judges = crate::judges::load_judges(
+        &tasks,
+        model,
+        &options.device,
+        config.engine_options(),
+        config.grpo.seed,
+        &for_rewards.usage,
+        observer,
+    )?;
     for task in &mut tasks {
         task.scorers.set_engine(Some(for_rewards.clone()));
+        task.scorers.set_judges(&judges);
     }
     let engine = Engine { handle: &engine, tokenizer: &tokenizer, context };
     // Every task's held-out problems, in task order; one whose prompt does not fit the

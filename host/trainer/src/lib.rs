@@ -11,6 +11,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod eval;
+pub mod judges;
 pub mod manifest;
 pub mod metrics;
 pub mod observer;

@@ -94,6 +94,8 @@ pub struct Trainer {
     prompt_positions_seen: (u64, u64),
     /// What rewards (LLM judges) asked of the engine since it was last taken.
     reward_inference: Arc<wirl_rollout::InferenceUsage>,
+    /// The engines of the rewards' judge models other than the policy (`judge_model`).
+    judges: std::collections::BTreeMap<wirl_rollout::JudgeModel, wirl_rollout::RewardEngine>,
     /// The next step, begun during this one's update.
     ahead: Option<Ahead>,
     /// The KL in the reward's β where it adapts (`grpo.kl_target`), a resumed run's as its
@@ -199,6 +201,16 @@ impl Trainer {
             warn_moved_allocation(&config, &allocation.groups);
         }
         let tasks = load_tasks(&sandbox, &config, &allocation.groups, &tokenizer)?;
+        let reward_inference = Arc::new(wirl_rollout::InferenceUsage::default());
+        let judges = crate::judges::load_judges(
+            &tasks,
+            model,
+            &device,
+            config.engine_options(),
+            config.grpo.seed,
+            &reward_inference,
+            observer,
+        )?;
         let swapper = Arc::new(Swapper::new(
             base,
             run_dir,
@@ -252,7 +264,8 @@ impl Trainer {
             weights_written: 0,
             peak_rss: None,
             prompt_positions_seen: (0, 0),
-            reward_inference: Default::default(),
+            reward_inference,
+            judges,
             ahead: None,
             reward_kl,
             sandbox,

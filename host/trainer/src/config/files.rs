@@ -158,6 +158,9 @@ impl TrainConfig {
                 paths.extend(reward.plugin.as_mut());
                 paths.extend(reward.model.as_mut());
                 paths.extend(reward.code_runner.as_mut().map(|r| &mut r.plugin));
+                paths.extend(
+                    reward.judge_model.as_mut().filter(|p| !super::JUDGE_WORDS.iter().any(|w| p.as_os_str() == *w)),
+                );
             }
             paths.extend(environment.map(|e| &mut e.plugin));
             if let Some(dataset) = dataset {

@@ -260,6 +260,12 @@ impl TaskView<'_> {
                             calls: reward.inference_calls.unwrap_or(InferenceBudget::default().calls),
                             tokens: reward.inference_tokens.unwrap_or(InferenceBudget::default().tokens),
                         },
+                        judge: match reward.judge_model.as_deref() {
+                            None => JudgeModel::Policy,
+                            Some(path) if path.as_os_str() == "policy" => JudgeModel::Policy,
+                            Some(path) if path.as_os_str() == "initial" => JudgeModel::Initial,
+                            Some(path) => JudgeModel::Path(path.to_path_buf()),
+                        },
                     },
                 };
                 RewardSpec { source, weight: reward.weight }

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, KlEstimator, LossKind, Schedule};
 use wirl_rollout::{
-    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, InferenceBudget, OnFailure, PluginRef,
+    AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, InferenceBudget, JudgeModel, OnFailure, PluginRef,
     RewardModelRef, RewardSource, RewardSpec, SamplingSpec, SourceSpec,
 };
 
@@ -491,7 +491,15 @@ pub struct RewardSection {
     /// 8,192): a judge that rambles is cut there.
     #[serde(default)]
     pub inference_tokens: Option<u64>,
+    /// The model its calls reach: `"policy"` (default: the model being trained), `"initial"`
+    /// (the model the run started from, frozen), or another model's path (an HF directory
+    /// or a GGUF file), loaded once for the run.
+    #[serde(default)]
+    pub judge_model: Option<PathBuf>,
 }
+
+/// `judge_model`'s words: not paths.
+pub const JUDGE_WORDS: [&str; 2] = ["policy", "initial"];
 
 /// The code-runner component of a grader, with the most one program may use.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

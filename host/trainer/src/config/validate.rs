@@ -453,6 +453,20 @@ impl Files<'_> {
         }
     }
 
+    /// A judge model: one of `JUDGE_WORDS`, or a model's directory or GGUF file.
+    fn judge_model(&self, key: &str, path: &Path) -> crate::error::Result<()> {
+        let (origin, relative_to) = (self.origin, self.relative_to);
+        let word = super::JUDGE_WORDS.iter().any(|w| path.as_os_str() == *w);
+        if word || path.is_dir() || path.is_file() || !self.plugins_on_disk {
+            return Ok(());
+        }
+        bail!(
+            "{origin}: `{key}`: {} is neither \"policy\" (the model being trained), \"initial\" (the model the run \
+             started from, frozen) nor a model's directory or GGUF file (relative paths are from {relative_to})",
+            path.display()
+        )
+    }
+
     /// A reward model's directory (what is in it, loading checks: the config, the weights).
     fn model_dir(&self, key: &str, path: &Path) -> crate::error::Result<()> {
         let (origin, relative_to) = (self.origin, self.relative_to);
@@ -646,6 +660,9 @@ fn check_task_scoring(files: &Files<'_>, view: &TaskView<'_>) -> crate::error::R
         if let Some(runner) = &reward.code_runner {
             files.plugin(&format!("{rkey}[{i}].code_runner.plugin"), &runner.plugin)?;
         }
+        if let Some(judge) = &reward.judge_model {
+            files.judge_model(&format!("{rkey}[{i}].judge_model"), judge)?;
+        }
     }
     Ok(())
 }
@@ -672,6 +689,7 @@ fn check_reward_kind(origin: &str, key: &str, reward: &RewardSection) -> crate::
                 ("code_runner", reward.code_runner.is_some()),
                 ("inference_calls", reward.inference_calls.is_some()),
                 ("inference_tokens", reward.inference_tokens.is_some()),
+                ("judge_model", reward.judge_model.is_some()),
             ];
             if let Some((name, _)) = plugin_keys.iter().find(|(_, given)| *given) {
                 bail!(

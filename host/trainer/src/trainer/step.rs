@@ -690,6 +690,7 @@ impl Trainer {
         };
         for task in &mut self.tasks {
             task.scorers.set_engine(Some(engine.clone()));
+            task.scorers.set_judges(&self.judges);
         }
     }
 
