@@ -8,6 +8,7 @@ mod code;
 mod code_tests;
 mod datasets;
 mod devices;
+mod distill;
 mod engine;
 mod escape;
 mod families;

@@ -542,6 +542,11 @@ impl Observer for Terminal {
                     (Some(kl), Some(beta)) => format!("kl(reward) {kl:.5} β {beta:.4}"),
                     _ => format!("kl {:.5}", m.kl),
                 };
+                // Under `[distill]`: the student's reverse KL to its teacher.
+                let kl = match m.distill_kl {
+                    Some(teacher) => format!("{kl}  kl(teacher) {teacher:.4}"),
+                    None => kl,
+                };
                 // Under dynamic sampling a step that drew again generated that many times the
                 // groups: say so, and how many of them trained.
                 let draws = match m.draws {

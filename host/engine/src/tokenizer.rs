@@ -272,6 +272,25 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// How `other` reads token ids differently from this tokenizer (a teacher's against its
+    /// student's): the first difference found, or `None` when every id is the same token.
+    pub fn differs_from(&self, other: &Tokenizer) -> Option<String> {
+        let (ours, theirs) = (self.inner.get_vocab(true), other.inner.get_vocab(true));
+        if ours.len() != theirs.len() {
+            return Some(format!("{} tokens against {}", theirs.len(), ours.len()));
+        }
+        let mut ours: Vec<(&String, &u32)> = ours.iter().collect();
+        ours.sort_by_key(|(_, id)| **id);
+        for (token, id) in ours {
+            match theirs.get(token) {
+                Some(their) if their == id => {}
+                Some(their) => return Some(format!("token {token:?} is id {their} there and {id} here")),
+                None => return Some(format!("token {token:?} (id {id} here) is not in it")),
+            }
+        }
+        None
+    }
+
     /// Ids that end generation: the tokenizer's EOS plus any given by the model config.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids

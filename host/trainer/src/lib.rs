@@ -9,6 +9,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod control;
+pub mod distill;
 pub mod error;
 pub mod eval;
 pub mod judges;

@@ -46,6 +46,10 @@ pub struct StepMetrics {
     pub kl_coef: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward_kl: Option<f64>,
+    /// Under `[distill]`: the student's reverse KL to the teacher, log π_student − log
+    /// π_teacher of each sampled token, the mean over this rank's trained tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill_kl: Option<f64>,
     /// Written as a string when not finite (JSON has no NaN).
     #[serde(with = "finite_or_string")]
     pub grad_norm: f64,

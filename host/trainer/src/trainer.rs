@@ -96,6 +96,8 @@ pub struct Trainer {
     reward_inference: Arc<wirl_rollout::InferenceUsage>,
     /// The engines of the rewards' judge models other than the policy (`judge_model`).
     judges: std::collections::BTreeMap<wirl_rollout::JudgeModel, wirl_rollout::RewardEngine>,
+    /// On-policy distillation's teacher (`[distill]`).
+    teacher: Option<crate::distill::Teacher>,
     /// The next step, begun during this one's update.
     ahead: Option<Ahead>,
     /// The KL in the reward's β where it adapts (`grpo.kl_target`), a resumed run's as its
@@ -201,6 +203,10 @@ impl Trainer {
             warn_moved_allocation(&config, &allocation.groups);
         }
         let tasks = load_tasks(&sandbox, &config, &allocation.groups, &tokenizer)?;
+        let teacher = match &config.distill {
+            Some(section) => Some(crate::distill::Teacher::load(section, &tokenizer, &device, observer)?),
+            None => None,
+        };
         let reward_inference = Arc::new(wirl_rollout::InferenceUsage::default());
         let judges = crate::judges::load_judges(
             &tasks,
@@ -266,6 +272,7 @@ impl Trainer {
             prompt_positions_seen: (0, 0),
             reward_inference,
             judges,
+            teacher,
             ahead: None,
             reward_kl,
             sandbox,

@@ -143,6 +143,7 @@ impl TrainConfig {
             eval: EvalSection::default(),
             swap: SwapSection::default(),
             lora: None,
+            distill: None,
         }
     }
 
@@ -169,6 +170,7 @@ impl TrainConfig {
             }
         }
         let mut paths: Vec<&mut PathBuf> = Vec::new();
+        paths.extend(self.distill.as_mut().map(|d| &mut d.teacher));
         of(&mut paths, self.environment.as_mut(), self.dataset.as_mut(), &mut self.rewards);
         for task in &mut self.tasks {
             of(&mut paths, task.environment.as_mut(), task.dataset.as_mut(), &mut task.rewards);

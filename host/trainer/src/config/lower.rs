@@ -171,6 +171,7 @@ impl TrainConfig {
             grpo: self.grpo.clone(),
             eval: self.eval.clone(),
             lora: self.lora.clone(),
+            distill: self.distill.clone(),
         })
     }
 }

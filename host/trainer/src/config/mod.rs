@@ -55,6 +55,31 @@ pub struct TrainConfig {
     /// Train LoRA adapters on a frozen base instead of every weight (absent: every weight).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSection>,
+    /// On-policy distillation from a teacher model (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<DistillSection>,
+}
+
+/// `[distill]`: on-policy distillation. The teacher reads each sampled completion; each
+/// token's advantage gains `weight × (log π_teacher − log π_student)` (the per-token reverse
+/// KL's negative: tokens the teacher finds likelier than the student are reinforced), alone
+/// (`rewards = false`) or added to the rewards' advantages.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DistillSection {
+    /// The teacher: an HF model directory or a GGUF file whose tokenizer is the student's.
+    pub teacher: PathBuf,
+    /// The KL term's weight (default 1).
+    #[serde(default = "one_f64")]
+    pub weight: f64,
+    /// Whether the rewards' advantages are kept beside the KL term (default true); false:
+    /// distillation alone, every group trained whatever its rewards.
+    #[serde(default = "yes")]
+    pub rewards: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `[lora]`: the adapters a run trains, in PEFT's terms (its checkpoints are PEFT adapter
@@ -777,6 +802,8 @@ pub struct RunConfig {
     pub eval: EvalSection,
     /// LoRA adapters to train instead of every weight.
     pub lora: Option<LoraSection>,
+    /// On-policy distillation's teacher and weights.
+    pub distill: Option<DistillSection>,
 }
 
 /// A task of the run, validated (the task runtime's own type: train, eval and serve load it alike).

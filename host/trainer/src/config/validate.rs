@@ -46,6 +46,9 @@ impl TrainConfig {
                 check_task_scoring(&files, &view)?;
             }
         }
+        if let Some(distill) = &self.distill {
+            files.teacher("distill.teacher", &distill.teacher)?;
+        }
         self.check_numbers(origin)
     }
 
@@ -87,6 +90,15 @@ impl TrainConfig {
         self.check_sapo(origin)?;
         self.check_unread_keys(origin)?;
         self.check_lora(origin)?;
+        if let Some(distill) = &self.distill
+            && !(distill.weight.is_finite() && distill.weight > 0.0 && distill.weight <= MAX_REWARD_SCALE)
+        {
+            bail!(
+                "{origin}: `distill.weight` = {}: it must be a number above 0, at most 1e6 (the KL term's weight in \
+                 each token's advantage)",
+                distill.weight
+            );
+        }
         check_sampling(origin, "sampling.", &self.sampling.clone().into())?;
         let views = self.task_views();
         self.check_generation_lag(origin, &views)?;
@@ -451,6 +463,18 @@ impl Files<'_> {
                 path.display()
             ),
         }
+    }
+
+    /// A distillation teacher: a model's directory or GGUF file.
+    fn teacher(&self, key: &str, path: &Path) -> crate::error::Result<()> {
+        let (origin, relative_to) = (self.origin, self.relative_to);
+        if path.is_dir() || path.is_file() || !self.plugins_on_disk {
+            return Ok(());
+        }
+        bail!(
+            "{origin}: `{key}`: {} is not a model's directory or GGUF file (relative paths are from {relative_to})",
+            path.display()
+        )
     }
 
     /// A judge model: one of `JUDGE_WORDS`, or a model's directory or GGUF file.

@@ -100,6 +100,8 @@ struct Advantaged {
     sampler_lag: u64,
     /// Under `grpo.kl_in_reward`: the KL of the completions whose rewards it shaped.
     reward_kl: RewardKl,
+    /// Under `[distill]`: the student's reverse KL to the teacher over the trained tokens.
+    distill: Option<crate::distill::DistillFigures>,
 }
 
 /// A group's signal: its usable trajectories and their rewards, where they differ (or the
@@ -197,6 +199,7 @@ impl Trainer {
         };
         self.check_sampler_gap(step, &update)?;
         let reward_kl = self.adapt_reward_kl(advantaged.reward_kl)?;
+        let distill = advantaged.distill;
         // Rank 0 records and measures every rank's groups.
         let (groups, advantaged) = match self.gather(&groups)? {
             Some(all) => {
@@ -229,6 +232,7 @@ impl Trainer {
         let mut metrics = self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured);
         metrics.draws = draws;
         (metrics.kl_coef, metrics.reward_kl) = reward_kl.unzip();
+        metrics.distill_kl = distill.filter(|d| d.tokens > 0).map(|d| d.kl_sum / d.tokens as f64);
         Ok(Some(metrics))
     }
 
@@ -352,7 +356,9 @@ impl Trainer {
         // whose episodes' turn rewards tell its turns apart.
         let turns_differ =
             || turn_terms(group, &usable, g.advantage).is_some_and(|terms| terms.iter().flatten().any(|&a| a != 0.0));
-        (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0]) || turns_differ())
+        // Distillation's KL term is a signal in every group.
+        let distilling = self.teacher.is_some();
+        (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0]) || distilling || turns_differ())
             .then_some((usable, rewards))
     }
 
@@ -776,8 +782,10 @@ impl Trainer {
                 let turns = turn_terms(group, &usable, g.advantage);
                 let advantages = match (wirl_grpo::group_advantages(&rewards, g.advantage), &turns) {
                     (Some(advantages), _) => advantages,
-                    // Equal outcomes, turns told apart by their own rewards.
+                    // Equal outcomes, turns told apart by their own rewards; or distillation's
+                    // tokens told apart by the teacher.
                     (None, Some(_)) => vec![0.0; rewards.len()],
+                    (None, None) if self.teacher.is_some() => vec![0.0; rewards.len()],
                     (None, None) => return None,
                 };
                 kept_of_task[t] += 1;
@@ -832,7 +840,18 @@ impl Trainer {
             })
             .collect();
         self.whiten(&mut batches, gathered)?;
-        Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag, reward_kl })
+        // The teacher's pass: for the groups this rank trains (not rank 0's record of all).
+        let mut distill = None;
+        if let (Some(teacher), false) = (&self.teacher, gathered) {
+            let mut figures = crate::distill::DistillFigures::default();
+            for batch in &mut batches {
+                let of_batch = teacher.credit(batch)?;
+                figures.kl_sum += of_batch.kl_sum;
+                figures.tokens += of_batch.tokens;
+            }
+            distill = Some(figures);
+        }
+        Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag, reward_kl, distill })
     }
 
     /// Per group (`signal`: whether it has one), whether it may train: all of them, or under
@@ -1128,6 +1147,7 @@ impl Trainer {
             clip_fraction: update.clip_fraction,
             kl_coef: None,
             reward_kl: None,
+            distill_kl: None,
             grad_norm: update.grad_norm,
             updates_skipped: update.updates_skipped,
             groups_recomputed: update.groups_recomputed,
