@@ -45,7 +45,8 @@ const WIT: [(&str, &str); 6] = [
 ];
 
 /// `wirl:rl@0.2.0` (wit/0.2.0/), beside it.
-const WIT_V0_2: [(&str, &str); 4] = [
+const WIT_V0_2: [(&str, &str); 5] = [
+    ("environment.wit", include_str!("../../../wit/0.2.0/environment.wit")),
     ("inference.wit", include_str!("../../../wit/0.2.0/inference.wit")),
     ("reward.wit", include_str!("../../../wit/0.2.0/reward.wit")),
     ("types.wit", include_str!("../../../wit/0.2.0/types.wit")),
@@ -53,11 +54,12 @@ const WIT_V0_2: [(&str, &str); 4] = [
 ];
 
 /// The Rust SDK's sources (plugins/sdk/src).
-const RUST_SDK: [(&str, &str); 6] = [
+const RUST_SDK: [(&str, &str); 7] = [
     ("lib.rs", include_str!("../../../plugins/sdk/src/lib.rs")),
     ("reward.rs", include_str!("../../../plugins/sdk/src/reward.rs")),
     ("reward_v0_2.rs", include_str!("../../../plugins/sdk/src/reward_v0_2.rs")),
     ("environment.rs", include_str!("../../../plugins/sdk/src/environment.rs")),
+    ("environment_v0_2.rs", include_str!("../../../plugins/sdk/src/environment_v0_2.rs")),
     ("agent.rs", include_str!("../../../plugins/sdk/src/agent.rs")),
     ("grader.rs", include_str!("../../../plugins/sdk/src/grader.rs")),
 ];

@@ -10,6 +10,9 @@ if [ ! -x "$venv/bin/componentize-py" ]; then
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "componentize-py==$componentize_py_version"
 fi
-"$venv/bin/componentize-py" -d wit -w reward-plugin componentize -p . app -o {module}.wasm.tmp >/dev/null
+# The WIT version app.py's first line names (`# wirl-world: reward-plugin@0.2.0`: wit/0.2.0).
+version=$(sed -n '1s%^# wirl-world: *[a-z-]*@\([0-9.]*\).*%\1%p' app.py)
+wit=wit${version:+/$version}
+"$venv/bin/componentize-py" -d "$wit" -w reward-plugin componentize -p . app -o {module}.wasm.tmp >/dev/null
 mv {module}.wasm.tmp {module}.wasm
 echo "built $(pwd)/{module}.wasm" >&2
