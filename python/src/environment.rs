@@ -108,8 +108,8 @@ pub struct NativeEpisode(Mutex<Episode>);
 
 #[pymethods]
 impl NativeEpisode {
-    /// Give the model's reply: the step result as JSON (`{"Continue": [messages]}` or
-    /// `{"Done": score}`); a failed call ends the episode.
+    /// Give the model's reply: the step result as JSON (`{"Continue": {"messages": [...],
+    /// "reward": r or null}}` or `{"Done": score}`); a failed call ends the episode.
     fn step(&self, py: Python<'_>, reply: &str) -> PyResult<Answer<String>> {
         py.detach(|| {
             let mut episode = self.0.lock().unwrap_or_else(|e| e.into_inner());

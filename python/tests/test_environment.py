@@ -32,6 +32,23 @@ def test_episode_steps_to_a_score():
         episode.step("more")
 
 
+def test_a_0_2_0_environment_rewards_its_turns():
+    # plugins/tests/turn-rewards: each turn the episode goes on from earns its reply's length
+    # (none for the turn `silent`); the outcome is its config's.
+    environment = wirl.Environment(rust_plugin("turn_rewards"), {"turns": 3, "silent": 1, "outcome": 0.5})
+    episode = environment.start(environment.task(0))
+    first = episode.step("four")
+    assert (first.done, first.reward, [m["content"] for m in first.messages]) == (False, 4.0, ["Say more."])
+    assert episode.step("and more").reward is None
+    last = episode.step("done")
+    assert (last.done, last.score.reward, last.reward) == (True, 0.5, None)
+    # A 0.1.0 environment's turns carry none.
+    arithmetic = wirl.Environment("builtin:arithmetic", {"attempts": 2})
+    task = arithmetic.task(0)
+    wrong = arithmetic.start(task).step(f"<answer>{int(task['answer']) + 1}</answer>")
+    assert (wrong.done, wrong.reward) == (False, None)
+
+
 def test_failing_environment_names_its_verdict():
     environment = wirl.Environment(rust_plugin("hostile_environment"), {"fail_mod": 2})
     assert environment.task(2)["answer"] == "1"

@@ -10,19 +10,22 @@ __all__ = ["Environment", "Episode", "StepResult"]
 
 class StepResult:
     """What followed a reply: ``done`` with its ``score`` (a :class:`wirl.Score`), or the
-    ``messages`` the model sees next (tool output, the user's next turn)."""
+    ``messages`` the model sees next (tool output, the user's next turn) and the ``reward`` of
+    the turn just taken (a ``wirl:rl@0.2.0`` environment's turn reward; None when it gives
+    none, and always from a 0.1.0 environment)."""
 
-    __slots__ = ("done", "messages", "score")
+    __slots__ = ("done", "messages", "score", "reward")
 
-    def __init__(self, done, messages, score):
+    def __init__(self, done, messages, score, reward=None):
         self.done = done
         self.messages = messages
         self.score = score
+        self.reward = reward
 
     def __repr__(self):
         if self.done:
             return f"StepResult(done, score={self.score!r})"
-        return f"StepResult(continue, messages={self.messages!r})"
+        return f"StepResult(continue, messages={self.messages!r}, reward={self.reward!r})"
 
 
 class Episode:
@@ -52,7 +55,8 @@ class Episode:
             score = result["Done"]
             self.done = True
             return StepResult(True, [], Score(score["reward"], "ok", "", score["parts"], score["note"], 0))
-        return StepResult(False, result["Continue"], None)
+        turn = result["Continue"]
+        return StepResult(False, turn["messages"], None, turn["reward"])
 
 
 class Environment:
