@@ -251,12 +251,12 @@ fn a_judge_built_in_scores_a_training_run() {
     assert!(stderr.contains("% of the step, 2 calls,"), "{stderr}");
 }
 
-/// A 0.2.0 judge written in Python (`plugins/python/word-judge`, built against wit/0.2.0 by
-/// its `reward-plugin@0.2.0` line) asks the model as its Rust twin does — the same
-/// conversations, the same rewards — and reads the step it is scored at; a 0.1.0 Python
-/// plugin built with the same helper still scores as before.
+/// A 0.2.0 judge written in Python and in JavaScript (`plugins/{python,js}/word-judge`, built
+/// against wit/0.2.0 by their `reward-plugin@0.2.0` line) asks the model as its Rust twin
+/// does — the same conversations, the same rewards — and reads the step it is scored at; a
+/// 0.1.0 plugin of each language, built with the same helpers, still scores as before.
 #[test]
-fn a_python_judge_asks_the_model_as_the_rust_one_does() {
+fn python_and_javascript_judges_ask_the_model_as_the_rust_one_does() {
     let (sandbox, _cache) = crate::sandbox();
     let replies = ["one two three", "", "a b"];
     let mut task = crate::task("t", Some("4"));
@@ -265,7 +265,9 @@ fn a_python_judge_asks_the_model_as_the_rust_one_does() {
     let progress = Progress { step: 3, steps: 7 };
     let mut asked = Vec::new();
     let mut verdicts = Vec::new();
-    for path in [wirl_test_artifacts::WORD_JUDGE, wirl_test_artifacts::PYTHON_WORD_JUDGE] {
+    let judges =
+        [wirl_test_artifacts::WORD_JUDGE, wirl_test_artifacts::PYTHON_WORD_JUDGE, wirl_test_artifacts::JS_WORD_JUDGE];
+    for path in judges {
         let plugin = crate::load(&sandbox, path);
         assert_eq!(plugin.wit_version(), "0.2.0", "{path}");
         let mut plugin = RewardPlugin::new(plugin).unwrap();
@@ -278,24 +280,29 @@ fn a_python_judge_asks_the_model_as_the_rust_one_does() {
     }
     let conversations =
         |asked: &[(Vec<Message>, Sampling)]| -> Vec<Vec<Message>> { asked.iter().map(|(c, _)| c.clone()).collect() };
-    assert_eq!(conversations(&asked[0]), conversations(&asked[1]), "the same prompts");
-    assert_eq!(asked[1][0].1.max_tokens, 6);
-    assert_eq!(asked[1][0].1.temperature, 0.0);
-    let (rust, python) = (&verdicts[0], &verdicts[1]);
-    for (r, p) in rust.iter().zip(python) {
-        assert_eq!((r.reward, &r.note), (p.reward, &p.note));
+    let rust = &verdicts[0];
+    for (other, verdicts) in asked.iter().zip(&verdicts).skip(1) {
+        assert_eq!(conversations(&asked[0]), conversations(other), "the same prompts");
+        assert_eq!((other[0].1.max_tokens, other[0].1.temperature), (6, 0.0));
+        for (r, o) in rust.iter().zip(verdicts) {
+            assert_eq!((r.reward, &r.note), (o.reward, &o.note));
+        }
+        assert_eq!(verdicts.iter().map(|s| s.reward).collect::<Vec<_>>(), [3.0, 0.0, 2.0]);
+        assert!(verdicts.iter().all(|s| s.parts.contains(&("step".to_string(), 3.0))), "{verdicts:?}");
     }
-    assert_eq!(python.iter().map(|s| s.reward).collect::<Vec<_>>(), [3.0, 0.0, 2.0]);
-    assert!(python.iter().all(|s| s.parts.contains(&("step".to_string(), 3.0))), "{python:?}");
     // Without a model, the call is refused to the plugin and it fails every completion.
-    let mut unplugged = RewardPlugin::new(crate::load(&sandbox, wirl_test_artifacts::PYTHON_WORD_JUDGE)).unwrap();
-    for verdict in unplugged.score_group_at(&task, &texts, progress) {
-        let failure = verdict.unwrap_err();
-        assert!(failure.message.contains("no model to call here"), "{failure}");
+    for path in &judges[1..] {
+        let mut unplugged = RewardPlugin::new(crate::load(&sandbox, path)).unwrap();
+        for verdict in unplugged.score_group_at(&task, &texts, progress) {
+            let failure = verdict.unwrap_err();
+            assert!(failure.message.contains("no model to call here"), "{path}: {failure}");
+        }
     }
-    // The 0.1.0 Python plugins share the helper.
-    let mut math = RewardPlugin::new(crate::load(&sandbox, wirl_test_artifacts::PYTHON_MATH_ANSWER)).unwrap();
-    assert_eq!(math.score(&task, "<answer>4</answer>").unwrap().reward, 1.0);
+    // The 0.1.0 plugins share the helpers.
+    for path in [wirl_test_artifacts::PYTHON_MATH_ANSWER, wirl_test_artifacts::JS_MATH_ANSWER] {
+        let mut math = RewardPlugin::new(crate::load(&sandbox, path)).unwrap();
+        assert_eq!(math.score(&task, "<answer>4</answer>").unwrap().reward, 1.0, "{path}");
+    }
 }
 
 /// `judge_model = "initial"`: the judge is the model the run started from, frozen, while the

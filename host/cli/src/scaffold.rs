@@ -218,6 +218,8 @@ fn standalone_files(lang: Language, module: &str) -> anyhow::Result<(Files, &'st
             let mut files = vec![
                 template("app.js", include_str!("../templates/js-app.js")),
                 copy("wirl.js", include_str!("../../../plugins/js/sdk/wirl.js")),
+                copy("wirl_shared.js", include_str!("../../../plugins/js/sdk/wirl_shared.js")),
+                copy("wirl_v0_2.js", include_str!("../../../plugins/js/sdk/wirl_v0_2.js")),
                 copy(".gitignore", "*.wasm\n"),
                 template(
                     "build.sh",

@@ -12,7 +12,10 @@ if [ ! -x "$prefix/node_modules/.bin/componentize-js" ]; then
         "@bytecodealliance/componentize-js@$componentize_js_version" >&2)
 fi
 # Only the WASI features a reward needs; http and fetch-event would add wasi:http imports.
-"$prefix/node_modules/.bin/componentize-js" app.js --wit wit -n reward-plugin -d http -d fetch-event \
+# The WIT version app.js's first line names (`// wirl-world: reward-plugin@0.2.0`: wit/0.2.0).
+version=$(sed -n '1s%^// wirl-world: *[a-z-]*@\([0-9.]*\).*%\1%p' app.js)
+wit=wit${version:+/$version}
+"$prefix/node_modules/.bin/componentize-js" app.js --wit "$wit" -n reward-plugin -d http -d fetch-event \
     -o {module}.wasm.tmp >/dev/null
 mv {module}.wasm.tmp {module}.wasm
 echo "built $(pwd)/{module}.wasm" >&2

@@ -15,33 +15,12 @@
 // metadata }` (absent options are `undefined`).
 
 import { get } from "wirl:rl/config@0.1.0";
+import { Unscorable, configFrom, reason, score } from "./wirl_shared.js";
 
-/** Thrown with the reason when a completion cannot be scored. */
-export class Unscorable extends Error {}
-
-/** A score: a reward, named parts (`{ correct: 1 }`, in insertion order) and a note. */
-export function score(reward, { parts = {}, note } = {}) {
-  return { reward, parts: Object.entries(parts), note };
-}
+export { Unscorable, score };
 
 /** The plugin's setting `key` (parsed from its JSON text), or `fallback` when absent. */
-export function config(key, fallback) {
-  const text = get(key);
-  if (text === undefined || text === null) {
-    if (fallback === undefined) throw new Unscorable(`config key \`${key}\` is not set`);
-    return fallback;
-  }
-  try {
-    return JSON.parse(text);
-  } catch (e) {
-    throw new Unscorable(`config key \`${key}\`: ${e.message} (value: ${text})`);
-  }
-}
-
-function reason(error) {
-  if (error instanceof Unscorable) return error.message;
-  return `${error?.name ?? "Error"}: ${error?.message ?? String(error)}`;
-}
+export const config = configFrom(get);
 
 /**
  * The `reward` export from `scoreOne(task, completion) -> score`, and optionally
