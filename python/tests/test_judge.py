@@ -16,8 +16,10 @@ class Scripted:
     """An OpenAI-compatible server answering each chat completion with the next reply (cycling),
     or with ``replies(body)`` when it is a function (requests come from several threads)."""
 
-    def __init__(self, replies, status=200, finish_reason="stop"):
+    def __init__(self, replies, status=200, finish_reason="stop", raw=None, hang=False):
         self.replies = replies if callable(replies) else list(replies)
+        # Released when the server closes: a hanging handler ends with the test.
+        self.released = threading.Event()
         self.asked = []
         self.headers = []
         scripted = self
@@ -27,7 +29,12 @@ class Scripted:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 scripted.asked.append((self.path, body))
                 scripted.headers.append({"authorization": self.headers.get("authorization")})
-                if status != 200:
+                if hang:
+                    scripted.released.wait(60)
+                    return
+                if raw is not None:
+                    answer = None
+                elif status != 200:
                     answer = {"error": {"message": "the judge is overloaded"}}
                 else:
                     if callable(scripted.replies):
@@ -38,7 +45,7 @@ class Scripted:
                         "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}],
                         "usage": {"completion_tokens": len(text.split())},
                     }
-                data = json.dumps(answer).encode()
+                data = raw if raw is not None else json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
@@ -58,11 +65,13 @@ class Scripted:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def close(self):
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -145,6 +154,26 @@ def test_every_failure_is_the_completions_with_the_reason(server):
     reward = wirl.Reward("builtin:judge")
     assert reward(prompts=PROMPTS[:1], completions=["4"]) == [None]
     assert "no model to call here" in reward.last_scores[0].message
+
+
+def test_a_hostile_server_fails_the_completion_and_never_hangs_it(server):
+    # Answers that are not a chat completion.
+    for raw, expected in [
+        (b"<html>not json</html>", "the answer is not JSON"),
+        (b'{"choices": []}', "no choices[0].message.content"),
+        (b'{"choices": [{"message": {"content": 7}}]}', "no choices[0].message.content"),
+        (b"[" * 100_000, "the answer is not JSON"),
+    ]:
+        hostile = server(["unused"], raw=raw)
+        reward = wirl.Reward("builtin:judge", inference_url=hostile.url, inference_model="m")
+        assert reward(prompts=PROMPTS[:1], completions=["4"]) == [None]
+        assert expected in reward.last_scores[0].message, reward.last_scores[0].message
+    # A server that never answers: each completion fails at the timeout, in parallel.
+    silent = server(["unused"], hang=True)
+    reward = wirl.Reward("builtin:judge", inference_url=silent.url, inference_model="m", inference_timeout_s=1)
+    assert reward(prompts=PROMPTS, completions=["4", "6"]) == [None, None]
+    for score in reward.last_scores:
+        assert score.verdict == "guest_error" and "timeout" in score.message.lower(), score.message
 
 
 @pytest.mark.parametrize(

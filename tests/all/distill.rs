@@ -63,6 +63,13 @@ fn a_teacher_is_refused_when_its_tokenizer_or_its_settings_are_wrong() {
         assert!(!run.join("metrics.jsonl").exists());
     };
     refused("[distill]\nteacher = \"nowhere\"", "`distill.teacher`");
+    // A FIFO where the teacher should be is refused before anything opens it (a read would block).
+    let fifo = dir.path().join("fifo.gguf");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    refused("[distill]\nteacher = \"fifo.gguf\"", "is not a model's directory or GGUF file");
+    // The judge's model likewise.
+    let judged = "[[rewards]]\nplugin = \"builtin:judge\"\njudge_model = \"fifo.gguf\"";
+    refused(judged, "`rewards[1].judge_model`");
     refused("[distill]\nteacher = \"teacher\"\nweight = 0", "`distill.weight` = 0");
     refused("[distill]\nteacher = \"teacher\"\nweight = nan", "`distill.weight` = NaN");
     refused("[distill]\nteacher = \"teacher\"\nrewards = \"no\"", "expected a boolean");

@@ -138,10 +138,6 @@ impl Template {
         Ok(Template(pieces))
     }
 
-    fn uses(&self, field: Field) -> bool {
-        self.0.contains(&Piece::Field(field))
-    }
-
     /// The prompt for `task` and `judged` (one completion, or the group's).
     fn render(&self, task: &Task, judged: &[String]) -> Result<String, String> {
         let mut out = String::new();
@@ -380,9 +376,6 @@ impl Reward for Judge {
             Ok(settings) => settings,
             Err(error) => return fail(error),
         };
-        if settings.template.uses(Field::Answer) && task.answer.is_none() {
-            return fail(format!("the template shows {{answer}} but task `{}` has no reference answer", task.id));
-        }
         match settings.mode {
             Mode::Each => {
                 let prompts: Result<Vec<Vec<Message>>, String> = completions
