@@ -154,6 +154,13 @@ def test_every_failure_is_the_completions_with_the_reason(server):
     reward = wirl.Reward("builtin:judge")
     assert reward(prompts=PROMPTS[:1], completions=["4"]) == [None]
     assert "no model to call here" in reward.last_scores[0].message
+    # Log-probs of given text: a chat API gives them only of what it samples.
+    listening = server(["Score: 5"])
+    reward = wirl.Reward("builtin:judge", {"read": "probability", "labels": {"Yes": 1, "No": 0}},
+                         inference_url=listening.url)
+    assert reward(prompts=PROMPTS[:1], completions=["4"]) == [None]
+    assert "no log-probs of given text" in reward.last_scores[0].message, reward.last_scores[0].message
+    assert listening.asked == [], "nothing was sent"
 
 
 def test_a_hostile_server_fails_the_completion_and_never_hangs_it(server):

@@ -12,18 +12,30 @@ use wirl_sandbox::{Completion, FinishReason, InferenceHost, Message, Progress, R
 struct Scripted {
     replies: Vec<(String, FinishReason)>,
     asked: Mutex<Vec<(Vec<Message>, Sampling)>>,
+    /// The log-prob of each reply `logprobs` is asked about (one token each), by its text;
+    /// a reply not here: refused.
+    likelihoods: Vec<(String, f32)>,
+    scored: Mutex<Vec<wirl_sandbox::ReplyToScore>>,
 }
 
 impl Scripted {
     fn new(replies: &[&str]) -> Arc<Scripted> {
         Arc::new(Scripted {
             replies: replies.iter().map(|r| (r.to_string(), FinishReason::Stop)).collect(),
-            asked: Mutex::new(Vec::new()),
+            ..Scripted::default()
         })
     }
 
     fn cut(reply: &str) -> Arc<Scripted> {
-        Arc::new(Scripted { replies: vec![(reply.to_string(), FinishReason::Length)], asked: Mutex::new(Vec::new()) })
+        Arc::new(Scripted { replies: vec![(reply.to_string(), FinishReason::Length)], ..Scripted::default() })
+    }
+
+    /// A model that gives each of these replies this log-prob.
+    fn likely(likelihoods: &[(&str, f32)]) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            likelihoods: likelihoods.iter().map(|(w, l)| (w.to_string(), *l)).collect(),
+            ..Scripted::default()
+        })
     }
 
     fn asked(&self) -> Vec<(Vec<Message>, Sampling)> {
@@ -31,7 +43,37 @@ impl Scripted {
     }
 }
 
+impl Default for Scripted {
+    fn default() -> Self {
+        Scripted {
+            replies: vec![(String::new(), FinishReason::Stop)],
+            asked: Mutex::new(Vec::new()),
+            likelihoods: Vec::new(),
+            scored: Mutex::new(Vec::new()),
+        }
+    }
+}
+
 impl InferenceHost for Scripted {
+    fn logprobs(
+        &self,
+        replies: Vec<wirl_sandbox::ReplyToScore>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<wirl_sandbox::ReplyLogprobs>, String>> + Send + '_>> {
+        let scored = replies
+            .iter()
+            .map(|asked| {
+                let (_, logprob) = self
+                    .likelihoods
+                    .iter()
+                    .find(|(word, _)| *word == asked.reply)
+                    .ok_or_else(|| format!("no likelihood scripted for {:?}", asked.reply))?;
+                Ok(wirl_sandbox::ReplyLogprobs { tokens: vec![asked.reply.clone()], logprobs: vec![*logprob] })
+            })
+            .collect();
+        self.scored.lock().unwrap().extend(replies);
+        Box::pin(std::future::ready(scored))
+    }
+
     fn generate(
         &self,
         conversations: Vec<Vec<Message>>,
@@ -138,6 +180,50 @@ fn a_configured_template_system_rule_labels_and_sampling_are_used() {
          A: Paris\n{literal}"
     );
     assert_eq!((sampling.max_tokens, sampling.temperature, sampling.stop.clone()), (32, 0.7, vec!["\n\n".to_string()]));
+}
+
+/// `read = "probability"`: no reply is sampled; each completion's reward is the labels'
+/// values weighted by the model's probability of each label as its whole reply, all of a
+/// group's asked in one call; the default prompt names the labels.
+#[test]
+fn a_probability_judge_weighs_the_labels_by_the_models_probability_of_each() {
+    let model = Scripted::likely(&[("Yes", 0.6f32.ln()), ("No", 0.2f32.ln())]);
+    let config = serde_json::json!({"read": "probability", "labels": {"Yes": 1.0, "No": 0.0}});
+    let mut plugin = judge(config, model.clone());
+    let scored =
+        plugin.score_group_at(&task(Some("Paris")), &completions(&["Paris", "Lyon"]), Progress::OUTSIDE_TRAINING);
+    for score in &scored {
+        let score = score.as_ref().unwrap();
+        assert!((score.reward - 0.75).abs() < 1e-6, "{score:?}");
+        let mass = score.parts.iter().find(|(name, _)| name == "label_mass").unwrap().1;
+        assert!((mass - 0.8).abs() < 1e-6, "{score:?}");
+        assert!(score.note.as_deref().unwrap().contains("P(Yes) = 0.6000"), "{score:?}");
+    }
+    assert!(model.asked().is_empty(), "nothing sampled");
+    let asked = model.scored.lock().unwrap().clone();
+    assert_eq!(asked.len(), 4, "every label of every completion, in one call");
+    let prompt = &asked[0].conversation[0].content;
+    assert!(prompt.contains("[Response]\nParis\n") && prompt.contains("[Reference answer]\nParis"), "{prompt}");
+    assert!(prompt.contains("Reply with one word, \"No\" or \"Yes\""), "{prompt}");
+    assert_eq!(asked.iter().map(|a| a.reply.as_str()).collect::<Vec<_>>(), ["No", "Yes", "No", "Yes"]);
+    assert!(asked[2].conversation[0].content.contains("[Response]\nLyon\n"));
+
+    // Refusals and bad configs fail every completion with the reason.
+    let refusing = Scripted::likely(&[("Yes", -1.0)]);
+    let mut plugin = judge(serde_json::json!({"read": "probability", "labels": {"Yes": 1, "No": 0}}), refusing);
+    let failure = plugin.score(&task(None), "Paris").unwrap_err();
+    assert!(failure.message.contains("no likelihood scripted for \"No\""), "{failure}");
+    for (config, expected) in [
+        (serde_json::json!({"read": "probability", "labels": {"Yes": 1}}), "at least two labels"),
+        (serde_json::json!({"read": "probability"}), "at least two labels"),
+        (serde_json::json!({"read": "probability", "mode": "group", "labels": {"A": 1, "B": 0}}), "mode \"each\""),
+        (serde_json::json!({"read": "vibes"}), "config key `read`"),
+        (serde_json::json!({"read": "probability", "labels": {" ": 1, "No": 0}}), "is empty"),
+    ] {
+        let mut plugin = judge(config.clone(), Scripted::likely(&[]));
+        let failure = plugin.score(&task(None), "Paris").unwrap_err();
+        assert!(failure.message.contains(expected), "{config}: {failure}");
+    }
 }
 
 #[test]

@@ -19,6 +19,7 @@ mod hotswap;
 mod install;
 mod judge;
 mod languages;
+mod likelihood;
 mod lora;
 mod mpi;
 mod multiturn;

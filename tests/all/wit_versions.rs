@@ -7,7 +7,7 @@ use wirl_rollout::{FailurePolicy, PluginRef, RewardSource, RewardSpec, Scorers};
 use wirl_sandbox::{Progress, World};
 use wirl_test_artifacts::{EXACT_MATCH, STEP_AWARE, WORD_JUDGE};
 
-fn reward(path: &str, config: serde_json::Value) -> RewardSpec {
+pub(crate) fn reward(path: &str, config: serde_json::Value) -> RewardSpec {
     let plugin = PluginRef {
         path: path.into(),
         stored: None,

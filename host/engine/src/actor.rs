@@ -19,6 +19,7 @@ use crate::output::{Outcomes, Replies, Silent, TextPiece, Waiter};
 use crate::prefix_cache::{PrefixCache, PrefixStats};
 use crate::request::{Completion, GenerateRequest, RequestId, extent, validate};
 use crate::scheduler::{LaneLimits, Plan, Scheduler, share_plan};
+use crate::text_logprobs::{self, TextToScore};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -42,6 +43,10 @@ enum Message {
     /// (`held`), generate nothing until it lets go (`release` sent or dropped), then count a
     /// new weights version.
     Hold { held: oneshot::Sender<u64>, release: oneshot::Receiver<()> },
+    /// Log-probs of given texts ([`text_logprobs`](crate::text_logprobs)), computed between
+    /// two decoding steps with the weights of the moment (after the swaps and holds queued
+    /// before it). One result per text: a text refused alone is its own `Err`.
+    Logprobs { texts: Vec<TextToScore>, reply: oneshot::Sender<Vec<Result<Vec<f32>>>> },
 }
 
 /// While alive, the engine generates nothing: whoever holds it may change the model's
@@ -267,6 +272,15 @@ impl EngineHandle {
         receiver.await.map_err(|_| Error::Stopped)
     }
 
+    /// The log-probs of each of `texts`' scored tokens under the weights the engine has when
+    /// it reaches the request (between two decoding steps, after the swaps and holds sent
+    /// before it): a judge reading how likely a reply is. A tensor-parallel engine refuses.
+    pub async fn logprobs(&self, texts: Vec<TextToScore>) -> Result<Vec<Result<Vec<f32>>>> {
+        let (reply, receiver) = oneshot::channel();
+        self.sender.send(Message::Logprobs { texts, reply }).map_err(|_| Error::Stopped)?;
+        receiver.await.map_err(|_| Error::Stopped)
+    }
+
     /// Wait until the rows admitted before this call have finished, and keep the engine from
     /// generating until the returned hold is dropped. Blocks; must not be called from within
     /// an async runtime.
@@ -473,6 +487,9 @@ fn run(
             while let Ok(message) = receiver.try_recv() {
                 queue.push_back(message);
             }
+            // Log-probs of given text are answered now, between two steps, unless a swap or a
+            // hold comes first (they are then answered with the weights it leads to).
+            answer_logprobs(&mut queue, &model, ranks.is_some());
             // A group of requests becomes consecutive single requests, which join together.
             if queue.iter().any(|m| matches!(m, Message::GenerateAll { .. })) {
                 queue = queue.into_iter().flat_map(expand).collect();
@@ -635,6 +652,36 @@ fn apply<'m>(
         index == 1 || !batch.is_idle()
     });
     true
+}
+
+/// Answer each `Logprobs` message queued before the first swap or hold.
+fn answer_logprobs(queue: &mut VecDeque<Message>, model: &Model, tensor_parallel: bool) {
+    let barrier = queue.iter().position(|m| matches!(m, Message::SetModel { .. } | Message::Hold { .. }));
+    let end = barrier.unwrap_or(queue.len());
+    if !queue.iter().take(end).any(|m| matches!(m, Message::Logprobs { .. })) {
+        return;
+    }
+    let rest = queue.split_off(end);
+    for message in std::mem::take(queue) {
+        match message {
+            Message::Logprobs { texts, reply } => {
+                let results = texts
+                    .iter()
+                    .map(|text| {
+                        if tensor_parallel {
+                            return Err(Error::Input(
+                                "log-probs of given text are not served by a tensor-parallel engine".into(),
+                            ));
+                        }
+                        text_logprobs::token_logprobs(model, text, text_logprobs::CHUNK)
+                    })
+                    .collect();
+                let _ = reply.send(results);
+            }
+            other => queue.push_back(other),
+        }
+    }
+    queue.extend(rest);
 }
 
 fn expand(message: Message) -> Vec<Message> {

@@ -33,6 +33,7 @@ pub mod request;
 pub mod reward_model;
 pub mod sampling;
 mod scheduler;
+pub mod text_logprobs;
 pub mod tokenizer;
 
 /// Deterministic test inputs for the kernels' unit tests.
@@ -60,6 +61,7 @@ pub use output::TextPiece;
 pub use request::{Completion, FinishReason, GenerateRequest, RequestId};
 pub use reward_model::RewardModel;
 pub use sampling::Sampling;
+pub use text_logprobs::TextToScore;
 pub use tokenizer::{ChatMessage, TemplateVars, TextStream, Tokenizer, check_template_vars};
 
 /// Pin candle's thread count for the life of the process (unset, candle works it out again on

@@ -19,9 +19,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use wirl_engine::{EngineHandle, FinishReason, GenerateRequest, Sampling, Tokenizer};
+use wirl_engine::{EngineHandle, FinishReason, GenerateRequest, Sampling, TextToScore, Tokenizer};
 use wirl_sandbox::{
-    AgentPlugin, AgentRolloutGroup, Completion, InferenceHost, Message, RolloutRequest, Task, printable,
+    AgentPlugin, AgentRolloutGroup, Completion, InferenceHost, Message, ReplyLogprobs, ReplyToScore, RolloutRequest,
+    Task, printable,
 };
 
 /// One completion the host generated for the agent, with the ledger it came from.
@@ -265,34 +266,11 @@ impl EngineInference {
         conversations: &[Vec<Message>],
         sampling: &wirl_sandbox::Sampling,
     ) -> Result<Option<(u64, usize)>, String> {
-        let call = {
-            let mut ledgers = self.ledgers();
-            ledgers.calls += 1;
-            if ledgers.calls > self.limits.generate_calls {
-                return Err(format!(
-                    "{} made more than {} generate calls ({})",
-                    self.budget.who, self.limits.generate_calls, self.budget.calls
-                ));
-            }
-            if ledgers.tokens >= self.limits.tokens {
-                return Err(format!(
-                    "{} generated its {} tokens ({})",
-                    self.budget.who, self.limits.tokens, self.budget.tokens
-                ));
-            }
-            ledgers.calls
-        };
+        let call = self.count_call()?;
         if conversations.is_empty() {
             return Ok(None);
         }
-        if conversations.len() > self.max_conversations {
-            return Err(format!(
-                "one generate call carries {} conversations: at most {} (four per rollout asked for, at least \
-                 {MAX_CONVERSATIONS_PER_CALL})",
-                conversations.len(),
-                self.max_conversations
-            ));
-        }
+        self.check_call_size(conversations.len())?;
         for (i, conversation) in conversations.iter().enumerate() {
             check_conversation(i, conversation, self.context)?;
         }
@@ -310,6 +288,78 @@ impl EngineInference {
             ));
         }
         Ok(Some((call, (sampling.max_tokens as usize).min(self.sampling.max_tokens).min(share))))
+    }
+
+    /// Count one call (of either kind) against the budget; its number, or why it is refused
+    /// (too many calls, the tokens spent).
+    fn count_call(&self) -> Result<u64, String> {
+        let mut ledgers = self.ledgers();
+        ledgers.calls += 1;
+        if ledgers.calls > self.limits.generate_calls {
+            return Err(format!(
+                "{} made more than {} calls to the model ({})",
+                self.budget.who, self.limits.generate_calls, self.budget.calls
+            ));
+        }
+        if ledgers.tokens >= self.limits.tokens {
+            return Err(format!(
+                "{} spent its {} tokens ({})",
+                self.budget.who, self.limits.tokens, self.budget.tokens
+            ));
+        }
+        Ok(ledgers.calls)
+    }
+
+    /// Whether one call may carry `count` conversations.
+    fn check_call_size(&self, count: usize) -> Result<(), String> {
+        if count > self.max_conversations {
+            return Err(format!(
+                "one call carries {count} conversations: at most {} (four per rollout asked for, at least \
+                 {MAX_CONVERSATIONS_PER_CALL})",
+                self.max_conversations
+            ));
+        }
+        Ok(())
+    }
+
+    /// The texts of a `logprobs` call (each reply after its conversation's prompt, the reply's
+    /// special-token strings read as text), counted against the tokens left; or why not.
+    fn texts_to_score(&self, replies: &[ReplyToScore]) -> Result<Vec<TextToScore>, String> {
+        self.check_call_size(replies.len())?;
+        let mut texts = Vec::with_capacity(replies.len());
+        for (i, asked) in replies.iter().enumerate() {
+            check_conversation(i, &asked.conversation, self.context)?;
+            if asked.reply.len() > self.context.saturating_mul(MAX_BYTES_PER_TOKEN) {
+                return Err(format!("reply {i} is {} bytes: it cannot fit the model's context", asked.reply.len()));
+            }
+            let task = Task { id: String::new(), messages: asked.conversation.clone(), answer: None, metadata: None };
+            let mut ids = prompt_ids(&self.tokenizer, &task).map_err(|e| wirl_engine::error_chain(&e))?;
+            let from = ids.len();
+            let reply = self
+                .tokenizer
+                .encode(&self.tokenizer.escape(&asked.reply))
+                .map_err(|e| format!("tokenizing reply {i}: {e}"))?;
+            ids.extend(reply);
+            if ids.len() > self.context {
+                return Err(format!(
+                    "reply {i} with its conversation is {} tokens, past the model's context of {}",
+                    ids.len(),
+                    self.context
+                ));
+            }
+            texts.push(TextToScore { ids, from });
+        }
+        let scored: u64 = texts.iter().map(|t| (t.ids.len() - t.from) as u64).sum();
+        let mut ledgers = self.ledgers();
+        let left = self.limits.tokens.saturating_sub(ledgers.tokens);
+        if scored > left {
+            return Err(format!(
+                "the replies are {scored} tokens, {left} left to {} ({})",
+                self.budget.who, self.budget.tokens
+            ));
+        }
+        ledgers.tokens += scored;
+        Ok(texts)
     }
 
     /// The engine's requests for an admitted call, and each conversation's ledger prompt.
@@ -417,6 +467,42 @@ impl InferenceHost for EngineInference {
                 usage.add(tokens as u64, asked.elapsed());
             }
             self.record(conversations, prompts, results)
+        })
+    }
+
+    fn logprobs(
+        &self,
+        replies: Vec<ReplyToScore>,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<ReplyLogprobs>, String>> + Send + '_>> {
+        Box::pin(async move {
+            self.count_call()?;
+            let texts = self.texts_to_score(&replies)?;
+            let asked = std::time::Instant::now();
+            let results = self.engine.logprobs(texts.clone()).await.map_err(|e| e.to_string())?;
+            if let Some(usage) = &self.usage {
+                let tokens: usize = texts.iter().map(|t| t.ids.len() - t.from).sum();
+                usage.add(tokens as u64, asked.elapsed());
+            }
+            let mut out = Vec::with_capacity(texts.len());
+            for (i, (text, result)) in texts.iter().zip(results).enumerate() {
+                let logprobs = result.map_err(|e| format!("reply {i}: {e}"))?;
+                // Each token's text as the reply's text grows by it (a token alone may decode
+                // otherwise: a word-level tokenizer drops the space before it), so that the
+                // texts join into the reply; a token ending inside a character has "" and the
+                // next carries the character.
+                let mut stream = wirl_engine::TextStream::new();
+                let tokens = text.ids[text.from..]
+                    .iter()
+                    .map(|&id| {
+                        stream
+                            .push(&self.tokenizer, id)
+                            .map(Option::unwrap_or_default)
+                            .map_err(|e| format!("reply {i}: {e}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                out.push(ReplyLogprobs { tokens, logprobs });
+            }
+            Ok(out)
         })
     }
 }

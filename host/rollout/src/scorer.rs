@@ -84,6 +84,13 @@ impl InferenceHost for Refusal {
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<wirl_sandbox::Completion>, String>> + Send + '_>> {
         Box::pin(std::future::ready(Err(self.0.clone())))
     }
+
+    fn logprobs(
+        &self,
+        _replies: Vec<wirl_sandbox::ReplyToScore>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<wirl_sandbox::ReplyLogprobs>, String>> + Send + '_>> {
+        Box::pin(std::future::ready(Err(self.0.clone())))
+    }
 }
 
 /// One reward's scorer (a few per task: the plugin's size next to a model's pointer matters

@@ -30,6 +30,21 @@ impl crate::bindings::reward_world_v0_2::wirl::rl::inference::Host for HostState
     ) -> Result<Vec<Completion>, String> {
         generate_for_plugin(self, conversations, sampling).await
     }
+
+    async fn logprobs(&mut self, replies: Vec<crate::ReplyToScore>) -> Result<Vec<crate::ReplyLogprobs>, String> {
+        let host = inference_of(self)?;
+        let _paused = self.paused.pause();
+        host.logprobs(replies).await
+    }
+}
+
+/// The host a plugin's inference calls reach, or why there is none.
+fn inference_of(state: &HostState) -> Result<Arc<dyn InferenceHost>, String> {
+    state.inference.clone().ok_or_else(|| {
+        "no model to call here: inference is given to agents, and to rewards in a training run (`wirl train`), \
+         not to `wirl score` or a reward without an engine"
+            .into()
+    })
 }
 
 /// A plugin's `inference.generate`: through the host this call was given (an agent's, a
@@ -39,11 +54,7 @@ async fn generate_for_plugin(
     conversations: Vec<Vec<Message>>,
     sampling: Sampling,
 ) -> Result<Vec<Completion>, String> {
-    let Some(host) = state.inference.clone() else {
-        return Err("no model to call here: inference is given to agents, and to rewards in a training run \
-                    (`wirl train`), not to `wirl score` or a reward without an engine"
-            .into());
-    };
+    let host = inference_of(state)?;
     // The engine's time is not the plugin's: its deadline waits.
     let _paused = state.paused.pause();
     host.generate(conversations, sampling).await

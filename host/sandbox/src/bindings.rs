@@ -64,8 +64,8 @@ pub(crate) mod reward_world_v0_2 {
         world: "reward-plugin",
         path: "../../wit/0.2.0",
         exports: { default: async },
-        // A judge's generation is awaited: the reward's deadline pauses while the engine works.
-        imports: { "wirl:rl/inference.generate": async },
+        // A judge's calls are awaited: the reward's deadline pauses while the engine works.
+        imports: { "wirl:rl/inference.generate": async, "wirl:rl/inference.logprobs": async },
         additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
         with: {
             "wirl:rl/types": super::reward_world::wirl::rl::types,
@@ -100,6 +100,7 @@ pub use agent_world::exports::wirl::rl::agent::{Rollout, RolloutGroup as AgentRo
 pub use environment_world::exports::wirl::rl::environment::Description;
 pub use grader_world::wirl::rl::code_runner::{Limits as RunLimits, Outcome, Program, Termination};
 pub use reward_world::wirl::rl::types::{Completion, FinishReason, Message, Sampling, Score, Task};
+pub use reward_world_v0_2::wirl::rl::inference::{ReplyLogprobs, ReplyToScore};
 pub use reward_world_v0_2::wirl::rl::run::Progress;
 
 /// What follows a model turn in an episode, whichever version the environment speaks.

@@ -1,7 +1,7 @@
 //! What an agent plugin's `inference` import reaches: the host's engine, behind a trait so
 //! that the sandbox knows nothing of models (the rollout layer implements it).
 
-use crate::{Completion, Message, Sampling};
+use crate::{Completion, Message, ReplyLogprobs, ReplyToScore, Sampling};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -15,4 +15,15 @@ pub trait InferenceHost: Send + Sync {
         conversations: Vec<Vec<Message>>,
         sampling: Sampling,
     ) -> Pin<Box<dyn Future<Output = Result<Vec<Completion>, String>> + Send + '_>>;
+
+    /// The log-probs of given replies (0.2.0's `inference.logprobs`), one result per reply.
+    /// A host that cannot compute them (an OpenAI-compatible server's chat API returns
+    /// log-probs only of what it samples) keeps this refusal.
+    fn logprobs(
+        &self,
+        replies: Vec<ReplyToScore>,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<ReplyLogprobs>, String>> + Send + '_>> {
+        let _ = replies;
+        Box::pin(async { Err("this host's model gives no log-probs of given text (only of what it samples)".into()) })
+    }
 }

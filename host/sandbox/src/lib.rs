@@ -34,8 +34,8 @@ mod world;
 
 pub use agent::AgentPlugin;
 pub use bindings::{
-    AgentRolloutGroup, Completion, Description, FinishReason, Message, Outcome, Program, Progress, Rollout,
-    RolloutRequest, RunLimits, Sampling, Score, StepResult, Task, Termination,
+    AgentRolloutGroup, Completion, Description, FinishReason, Message, Outcome, Program, Progress, ReplyLogprobs,
+    ReplyToScore, Rollout, RolloutRequest, RunLimits, Sampling, Score, StepResult, Task, Termination,
 };
 pub use call::{CallStats, Failure, FailureKind, Interrupter};
 pub use code_runner::{CodeRunnerPlugin, RunnerFailure};

@@ -19,8 +19,9 @@ Only the standard library that the plugin imports at module level is in the comp
 
 A plugin whose first line names `wirl:rl@0.2.0` (`# wirl-world: reward-plugin@0.2.0`) is
 built against wit/0.2.0: the same functions, and also `progress()` (the training step its
-group is scored at, 0 of 0 outside training) and `generate(conversations, ...)` (the model:
-an LLM judge, within its `[[rewards]]` entry's budget).
+group is scored at, 0 of 0 outside training), `generate(conversations, ...)` (the model:
+an LLM judge, within its `[[rewards]]` entry's budget) and `logprobs([(conversation, reply)])`
+(how likely the model finds given replies).
 """
 
 import json
@@ -45,8 +46,8 @@ except ImportError:
     WIT_VERSION = "0.1.0"
 
 __all__ = [
-    "Message", "Reward", "Score", "Task", "Unscorable", "WIT_VERSION", "config", "generate", "progress", "reward",
-    "reward_group",
+    "Message", "Reward", "Score", "Task", "Unscorable", "WIT_VERSION", "config", "generate", "logprobs", "progress",
+    "reward", "reward_group",
 ]
 
 
@@ -100,6 +101,23 @@ def generate(conversations, max_tokens: int = 256, temperature: float = 0.0, top
     sampling = Sampling(max_tokens, float(temperature), float(top_p), top_k, float(min_p), list(stop), seed)
     try:
         return _inference.generate([list(c) for c in conversations], sampling)
+    except Err as refused:
+        raise Unscorable(f"the model: {refused.value}")
+
+
+def logprobs(replies):
+    """How likely the model finds each reply: `replies` is a list of `(conversation, reply)`
+    pairs (a conversation is a list of `Message`s; the reply is read as the assistant's next
+    turn). Returns one result per reply with `.tokens` (each token's text; they join into the
+    reply) and `.logprobs` (each token's natural-log probability). Within the same budget as
+    `generate` (the replies' tokens count as generated ones); raises `Unscorable` with the
+    host's reason when refused (the budget, the context, no model, a server that only
+    samples). wirl:rl@0.2.0 plugins only."""
+    if _inference is None:
+        raise Unscorable("logprobs() needs wirl:rl@0.2.0: name `reward-plugin@0.2.0` on the wirl-world line")
+    asked = [_inference.ReplyToScore(list(conversation), reply) for conversation, reply in replies]
+    try:
+        return _inference.logprobs(asked)
     except Err as refused:
         raise Unscorable(f"the model: {refused.value}")
 

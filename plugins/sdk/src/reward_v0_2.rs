@@ -1,6 +1,7 @@
 //! The `reward-plugin` world of `wirl:rl@0.2.0` (`wit/0.2.0/`): score a group of completions
 //! at once, knowing where the training run stands (annealed or curriculum-shaped rewards),
-//! and asking the model when a reward needs one ([`generate`]: an LLM judge).
+//! and asking the model when a reward needs one ([`generate`]: an LLM judge; [`logprobs`]:
+//! how likely it finds a given reply).
 //!
 //! ```ignore
 //! use wirl_sdk::reward_v0_2::{Progress, Reward, Score, Task};
@@ -38,6 +39,7 @@ pub mod bindings {
 
 shared_helpers!(self::bindings);
 
+pub use bindings::wirl::rl::inference::{ReplyLogprobs, ReplyToScore};
 pub use bindings::wirl::rl::run::Progress;
 pub use bindings::wirl::rl::types::{Completion, FinishReason, Sampling};
 
@@ -48,6 +50,22 @@ pub use bindings::wirl::rl::types::{Completion, FinishReason, Sampling};
 /// model to call (`wirl score`).
 pub fn generate(conversations: &[Vec<Message>], sampling: &Sampling) -> Result<Vec<Completion>, String> {
     bindings::wirl::rl::inference::generate(conversations, sampling)
+}
+
+/// How likely the model finds each reply, as the assistant's next turn after its
+/// conversation: each token's text and log-prob (a judge reading `P("Yes")`, a reference
+/// answer's likelihood). Within the same budget as [`generate`] (the replies' tokens count as
+/// generated ones); `Err` when the host refuses (the budget, the context, no model, a host
+/// that samples only, as an OpenAI-compatible server).
+pub fn logprobs(replies: &[ReplyToScore]) -> Result<Vec<ReplyLogprobs>, String> {
+    bindings::wirl::rl::inference::logprobs(replies)
+}
+
+impl ReplyLogprobs {
+    /// The reply's log-probability: the sum over its tokens.
+    pub fn total(&self) -> f32 {
+        self.logprobs.iter().sum()
+    }
 }
 
 #[doc(hidden)]

@@ -7,12 +7,18 @@
 //!
 //! A reply with no verdict the rule can read — the judge rambled past `max_tokens`, or
 //! answered in another form — fails its completion with the reason; it is never a 0.
+//!
+//! With `read = "probability"` (mode `each`, `labels` given) nothing is sampled: the judge's
+//! verdict is the model's probability of each label as its whole reply (`inference.logprobs`),
+//! the reward the labels' values weighted by those probabilities — a generative verifier's
+//! `P("Yes")`, smooth where a sampled verdict is 0 or 1.
 //! The config's keys are documented in docs/PLUGINS.md, "builtin:judge".
 
 use regex::Regex;
 use std::collections::BTreeMap;
 use wirl_sdk::reward_v0_2::{
-    Completion, FinishReason, Message, Progress, Reward, Sampling, Score, Task, config, generate,
+    Completion, FinishReason, Message, Progress, ReplyToScore, Reward, Sampling, Score, Task, config, generate,
+    logprobs,
 };
 
 /// The default template of `mode = "each"`, and with a reference answer.
@@ -31,6 +37,14 @@ const GROUP_WITH_ANSWER: &str = "Below are {count} responses to the same task. G
 reference answer.\n\n[Task]\n{question}\n\n[Reference answer]\n{answer}\n\n[Responses]\n{completions}\n\n\
 Rate each response from 0 to 10 for how well it agrees with the reference answer, comparing them with each \
 other. Explain briefly, then end your reply with one line per response of the form `[i]: N`.";
+
+/// The default templates of `read = "probability"` (`{labels}`: the labels, listed before the
+/// template is parsed).
+const LABEL: &str = "Grade the response to the task below.\n\n[Task]\n{question}\n\n[Response]\n{completion}\n\n\
+Is the response correct? Reply with one word, {labels}, and nothing else.";
+const LABEL_WITH_ANSWER: &str = "Grade the response to the task below against the reference answer.\n\n\
+[Task]\n{question}\n\n[Reference answer]\n{answer}\n\n[Response]\n{completion}\n\nDoes the response agree with \
+the reference answer? Reply with one word, {labels}, and nothing else.";
 
 /// The default rules: the last `Score: N`; per response, `[i]: N`.
 const EACH_PATTERN: &str = r"(?i)score\s*[:=]\s*\**\s*(-?[0-9]+(?:\.[0-9]+)?)";
@@ -216,8 +230,21 @@ impl Verdicts {
     }
 }
 
+/// How a verdict is read from the model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Read {
+    /// Sample a reply and read the verdict in it by the rule.
+    Reply,
+    /// Ask how likely each label is as the whole reply.
+    Probability,
+}
+
 struct Settings {
     mode: Mode,
+    read: Read,
+    /// The labels as the config spells them (their case kept: the text the model is asked
+    /// the probability of), with their values.
+    label_texts: Vec<(String, f32)>,
     system: Option<String>,
     template: Template,
     verdicts: Verdicts,
@@ -231,15 +258,49 @@ impl Settings {
             "group" => Mode::Group,
             other => return Err(format!("config key `mode`: \"{other}\" is not a mode; use \"each\" or \"group\"")),
         };
+        let read = match config::get_or("read", "reply".to_string())?.as_str() {
+            "reply" => Read::Reply,
+            "probability" if mode == Mode::Each => Read::Probability,
+            "probability" => {
+                return Err("config key `read`: \"probability\" judges one completion at a time (mode \"each\")".into());
+            }
+            other => {
+                return Err(format!(
+                    "config key `read`: \"{other}\" is not a way to read; use \"reply\" or \"probability\""
+                ));
+            }
+        };
+        let raw_labels: BTreeMap<String, f32> = config::get_or("labels", BTreeMap::new())?;
+        if let Some((word, value)) = raw_labels.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(format!("config key `labels`: `{word}` = {value} is not a finite number"));
+        }
+        let label_texts: Vec<(String, f32)> = raw_labels.iter().map(|(k, v)| (k.trim().to_string(), *v)).collect();
+        if read == Read::Probability {
+            if label_texts.len() < 2 {
+                return Err("config key `labels`: read = \"probability\" needs at least two labels, such as \
+                            { Yes = 1, No = 0 }"
+                    .into());
+            }
+            if let Some((word, _)) = label_texts.iter().find(|(word, _)| word.is_empty()) {
+                return Err(format!("config key `labels`: the label `{word}` is empty"));
+            }
+        }
         let has_answer = task.answer.is_some();
-        let default_template = match (mode, has_answer) {
-            (Mode::Each, false) => EACH,
-            (Mode::Each, true) => EACH_WITH_ANSWER,
-            (Mode::Group, false) => GROUP,
-            (Mode::Group, true) => GROUP_WITH_ANSWER,
+        let listed = label_texts.iter().map(|(word, _)| format!("\"{word}\"")).collect::<Vec<_>>().join(" or ");
+        let default_template = match (mode, read, has_answer) {
+            (Mode::Each, Read::Probability, false) => {
+                LABEL.replace("{labels}", &listed.replace('{', "{{").replace('}', "}}"))
+            }
+            (Mode::Each, Read::Probability, true) => {
+                LABEL_WITH_ANSWER.replace("{labels}", &listed.replace('{', "{{").replace('}', "}}"))
+            }
+            (Mode::Each, _, false) => EACH.to_string(),
+            (Mode::Each, _, true) => EACH_WITH_ANSWER.to_string(),
+            (Mode::Group, _, false) => GROUP.to_string(),
+            (Mode::Group, _, true) => GROUP_WITH_ANSWER.to_string(),
         };
         let template_text: Option<String> = config::get("template")?;
-        let template = Template::parse(template_text.as_deref().unwrap_or(default_template), mode)?;
+        let template = Template::parse(template_text.as_deref().unwrap_or(&default_template), mode)?;
         let default_pattern = if mode == Mode::Each { EACH_PATTERN } else { GROUP_PATTERN };
         let pattern_text: Option<String> = config::get("pattern")?;
         let pattern = Regex::new(pattern_text.as_deref().unwrap_or(default_pattern))
@@ -253,11 +314,7 @@ impl Settings {
                     .to_string()
             });
         }
-        let labels: BTreeMap<String, f32> = config::get_or("labels", BTreeMap::new())?;
-        if let Some((word, value)) = labels.iter().find(|(_, v)| !v.is_finite()) {
-            return Err(format!("config key `labels`: `{word}` = {value} is not a finite number"));
-        }
-        let labels = labels.into_iter().map(|(k, v)| (k.trim().to_lowercase(), v)).collect::<BTreeMap<_, _>>();
+        let labels = raw_labels.into_iter().map(|(k, v)| (k.trim().to_lowercase(), v)).collect::<BTreeMap<_, _>>();
         let range: Option<[f32; 2]> = config::get("range")?;
         let range = match range {
             Some([low, high]) if low.is_finite() && high.is_finite() && low < high => Some((low, high)),
@@ -287,6 +344,8 @@ impl Settings {
         };
         Ok(Settings {
             mode,
+            read,
+            label_texts,
             system: config::get("system")?,
             template,
             verdicts: Verdicts { pattern, labels, range },
@@ -369,6 +428,51 @@ fn judged_together(reply: &Completion, count: usize, settings: &Settings) -> Vec
         .collect()
 }
 
+/// `read = "probability"`: each completion's verdict from the model's probability of each
+/// label as its whole reply, in one `logprobs` call for the group. The reward is the labels'
+/// values weighted by their probabilities among the labels (the `judge` part); the share of
+/// the model's probability the labels hold is the `label_mass` part (near 0: the model meant
+/// none of them — the template should ask for a label alone).
+fn judged_by_probability(prompts: Vec<Vec<Message>>, settings: &Settings) -> Vec<Result<Score, String>> {
+    let labels = &settings.label_texts;
+    let asked: Vec<ReplyToScore> = prompts
+        .iter()
+        .flat_map(|conversation| {
+            labels.iter().map(|(word, _)| ReplyToScore { conversation: conversation.clone(), reply: word.clone() })
+        })
+        .collect();
+    let scored = match logprobs(&asked) {
+        Ok(scored) if scored.len() == asked.len() => scored,
+        Ok(scored) => {
+            let error = format!("the model scored {} replies of {}", scored.len(), asked.len());
+            return prompts.iter().map(|_| Err(error.clone())).collect();
+        }
+        Err(error) => return prompts.iter().map(|_| Err(error.clone())).collect(),
+    };
+    scored
+        .chunks(labels.len())
+        .map(|per_label| {
+            // In f64, from the largest: the labels' probabilities may all be tiny.
+            let logs: Vec<f64> = per_label.iter().map(|r| r.logprobs.iter().map(|&l| f64::from(l)).sum()).collect();
+            let top = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if !top.is_finite() {
+                return Err("the model gives every label no probability".to_string());
+            }
+            let weights: Vec<f64> = logs.iter().map(|l| (l - top).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let value: f64 = weights.iter().zip(labels).map(|(w, (_, v))| w / total * f64::from(*v)).sum();
+            let mass = top.exp() * total;
+            let note = labels
+                .iter()
+                .zip(&logs)
+                .map(|((word, _), l)| format!("P({word}) = {:.4}", l.exp()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            Ok(Score::new(value as f32).part("judge", value as f32).part("label_mass", mass as f32).note(note))
+        })
+        .collect()
+}
+
 impl Reward for Judge {
     fn score_group(task: Task, completions: Vec<String>, _progress: Progress) -> Vec<Result<Score, String>> {
         let fail = |error: String| completions.iter().map(|_| Err(error.clone())).collect();
@@ -382,6 +486,12 @@ impl Reward for Judge {
                     .iter()
                     .map(|c| settings.template.render(&task, std::slice::from_ref(c)).map(|p| settings.conversation(p)))
                     .collect();
+                if settings.read == Read::Probability {
+                    return match prompts {
+                        Ok(prompts) => judged_by_probability(prompts, &settings),
+                        Err(error) => fail(error),
+                    };
+                }
                 let replies = match prompts.and_then(|p| generate(&p, &settings.sampling)) {
                     Ok(replies) if replies.len() == completions.len() => replies,
                     Ok(replies) => {
