@@ -337,12 +337,12 @@ fn a_judge_built_in_scores_a_training_run() {
     assert!(stderr.contains("% of the step, 2 calls,"), "{stderr}");
 }
 
-/// A 0.2.0 judge written in Python and in JavaScript (`plugins/{python,js}/word-judge`, built
+/// A 0.2.0 judge written in Python, JavaScript and C (`plugins/{python,js,c}/word-judge`, built
 /// against wit/0.2.0 by their `reward-plugin@0.2.0` line) asks the model as its Rust twin
 /// does — the same conversations, the same rewards — and reads the step it is scored at; a
 /// 0.1.0 plugin of each language, built with the same helpers, still scores as before.
 #[test]
-fn python_and_javascript_judges_ask_the_model_as_the_rust_one_does() {
+fn python_javascript_and_c_judges_ask_the_model_as_the_rust_one_does() {
     let (sandbox, _cache) = crate::sandbox();
     let replies = ["one two three", "", "a b"];
     let mut task = crate::task("t", Some("4"));
@@ -351,8 +351,12 @@ fn python_and_javascript_judges_ask_the_model_as_the_rust_one_does() {
     let progress = Progress { step: 3, steps: 7 };
     let mut asked = Vec::new();
     let mut verdicts = Vec::new();
-    let judges =
-        [wirl_test_artifacts::WORD_JUDGE, wirl_test_artifacts::PYTHON_WORD_JUDGE, wirl_test_artifacts::JS_WORD_JUDGE];
+    let judges = [
+        wirl_test_artifacts::WORD_JUDGE,
+        wirl_test_artifacts::PYTHON_WORD_JUDGE,
+        wirl_test_artifacts::JS_WORD_JUDGE,
+        wirl_test_artifacts::C_WORD_JUDGE,
+    ];
     for path in judges {
         let plugin = crate::load(&sandbox, path);
         assert_eq!(plugin.wit_version(), "0.2.0", "{path}");
@@ -385,7 +389,11 @@ fn python_and_javascript_judges_ask_the_model_as_the_rust_one_does() {
         }
     }
     // The 0.1.0 plugins share the helpers.
-    for path in [wirl_test_artifacts::PYTHON_MATH_ANSWER, wirl_test_artifacts::JS_MATH_ANSWER] {
+    for path in [
+        wirl_test_artifacts::PYTHON_MATH_ANSWER,
+        wirl_test_artifacts::JS_MATH_ANSWER,
+        wirl_test_artifacts::C_MATH_ANSWER,
+    ] {
         let mut math = RewardPlugin::new(crate::load(&sandbox, path)).unwrap();
         assert_eq!(math.score(&task, "<answer>4</answer>").unwrap().reward, 1.0, "{path}");
     }

@@ -146,4 +146,26 @@ fn scaffolded_plugins_build_and_score_out_of_the_box() {
             .collect();
         assert_eq!(rewards, [1.0, 0.0, 1.0], "{language}");
     }
+    // The same scaffolds built against wirl:rl@0.2.0 by their world line alone score the same
+    // (in C the 0.2.0 helper calls `wirl_reward` per completion when no `wirl_reward_group` is
+    // defined).
+    for (language, app) in [("python", "app.py"), ("c", "app.c")] {
+        let path = root.path().join(format!("plugins/{language}/my-reward/{app}"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replacen("wirl-world: reward-plugin", "wirl-world: reward-plugin@0.2.0", 1))
+            .unwrap();
+    }
+    let build = std::process::Command::new("bash").arg(root.path().join("scripts/build-plugins")).output().unwrap();
+    assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
+    let (sandbox, _cache) = crate::sandbox();
+    for wasm in ["plugins/target/python/my_reward.wasm", "plugins/target/c/my_reward.wasm"] {
+        let plugin = crate::load(&sandbox, root.path().join(wasm).to_str().unwrap());
+        assert_eq!(plugin.wit_version(), "0.2.0", "{wasm}");
+        let mut plugin = wirl_sandbox::RewardPlugin::new(plugin).unwrap();
+        let task = crate::task("t", Some("4"));
+        let scored =
+            plugin.score_group_at(&task, &["4".to_string(), "5".to_string()], wirl_sandbox::Progress::OUTSIDE_TRAINING);
+        let rewards: Vec<f32> = scored.into_iter().map(|s| s.unwrap().reward).collect();
+        assert_eq!(rewards, [1.0, 0.0], "{wasm}");
+    }
 }

@@ -180,11 +180,11 @@ fn engine_for(engine: &Engine) -> RewardEngine {
     }
 }
 
-/// The Python and JavaScript SDKs' `logprobs` (the word judges with `likelihood = true`) read
+/// The Python, JavaScript and C SDKs' `logprobs` (the word judges with `likelihood = true`) read
 /// the numbers the Rust one does: the same rewards, totals and token counts, and token texts
 /// that join into each completion.
 #[test]
-fn python_and_javascript_rewards_read_the_same_log_probs() {
+fn python_javascript_and_c_rewards_read_the_same_log_probs() {
     let engine = engine();
     let mut task = crate::task("t", None);
     task.messages = vec![Message::new("user", "w5 w6")];
@@ -197,7 +197,9 @@ fn python_and_javascript_rewards_read_the_same_log_probs() {
     };
     let rust = scored_by(LIKELIHOOD, serde_json::json!({}));
     let on = serde_json::json!({"likelihood": true});
-    for path in [wirl_test_artifacts::PYTHON_WORD_JUDGE, wirl_test_artifacts::JS_WORD_JUDGE] {
+    for path in
+        [wirl_test_artifacts::PYTHON_WORD_JUDGE, wirl_test_artifacts::JS_WORD_JUDGE, wirl_test_artifacts::C_WORD_JUDGE]
+    {
         let theirs = scored_by(path, on.clone());
         for ((r, o), completion) in rust.iter().zip(&theirs).zip(&completions) {
             assert!(o.failures.is_empty(), "{path}: {o:?}");

@@ -1,5 +1,7 @@
-/* The C helper's glue to the generated bindings (reward_plugin.h, made by the build) and
- * its text functions. */
+/* The C helper's text functions and the glue both versions' exports share (the generated
+ * bindings, reward_plugin.h, name the WIT types alike in 0.1.0 and 0.2.0). The exports are
+ * in wirl_v0_1.c and wirl_v0_2.c; scripts/build-plugins compiles the one the plugin's world
+ * line names. */
 #include "wirl.h"
 
 #include <stdarg.h>
@@ -9,74 +11,79 @@
 #include <string.h>
 
 #include "reward_plugin.h"
+#include "wirl_glue.h"
 #include "wirl_unicode.h"
 
-/* ---- glue --------------------------------------------------------------------------- */
+/* ---- glue shared by both versions' exports (wirl_glue.h) ----------------------------- */
 
-static wirl_str from_wit(const reward_plugin_string_t *s) {
+wirl_str wirl__from_wit(const reward_plugin_string_t *s) {
     wirl_str out = {(const char *)s->ptr, s->len};
     return out;
 }
 
-static void copy_string(reward_plugin_string_t *to, const char *text) {
+void wirl__copy_string(reward_plugin_string_t *to, const char *text) {
     reward_plugin_string_dup(to, text ? text : "");
 }
 
-static void fill_score(const wirl_score *from, exports_wirl_rl_reward_score_t *to) {
+static void fill_score(const wirl_score *from, wirl_rl_types_score_t *to) {
     to->reward = from->reward;
     to->parts.len = from->n_parts;
     to->parts.ptr = from->n_parts ? calloc(from->n_parts, sizeof(*to->parts.ptr)) : NULL;
     for (size_t i = 0; i < from->n_parts; i++) {
-        copy_string(&to->parts.ptr[i].f0, from->parts[i].name);
+        wirl__copy_string(&to->parts.ptr[i].f0, from->parts[i].name);
         to->parts.ptr[i].f1 = from->parts[i].value;
     }
     to->note.is_some = from->note != NULL;
-    if (from->note) copy_string(&to->note.val, from->note);
+    if (from->note) wirl__copy_string(&to->note.val, from->note);
 }
 
-static wirl_task task_of(const exports_wirl_rl_reward_task_t *t) {
-    wirl_task task = {from_wit(&t->id), t->answer.is_some, {0}, t->metadata.is_some, {0}};
-    if (t->answer.is_some) task.answer = from_wit(&t->answer.val);
-    if (t->metadata.is_some) task.metadata = from_wit(&t->metadata.val);
+wirl_task wirl__task_of(const wirl_rl_types_task_t *t) {
+    wirl_task task;
+    memset(&task, 0, sizeof task);
+    task.id = wirl__from_wit(&t->id);
+    task.has_answer = t->answer.is_some;
+    if (t->answer.is_some) task.answer = wirl__from_wit(&t->answer.val);
+    task.has_metadata = t->metadata.is_some;
+    if (t->metadata.is_some) task.metadata = wirl__from_wit(&t->metadata.val);
+    wirl_message *messages = t->messages.len ? calloc(t->messages.len, sizeof(*messages)) : NULL;
+    for (size_t i = 0; i < t->messages.len; i++) {
+        messages[i].role = wirl__from_wit(&t->messages.ptr[i].role);
+        messages[i].content = wirl__from_wit(&t->messages.ptr[i].content);
+    }
+    task.messages = messages;
+    task.n_messages = t->messages.len;
     return task;
 }
 
-/* Score one completion: true and *ok, or false and *err. */
-static bool score_one(const wirl_task *task, wirl_str completion, exports_wirl_rl_reward_score_t *ok,
-                      reward_plugin_string_t *err) {
+void wirl__task_release(wirl_task *task) {
+    free((void *)task->messages);
+    task->messages = NULL;
+}
+
+void wirl__put_result(bool ok, wirl_score *score, char *error, exports_wirl_rl_reward_result_score_string_t *out) {
+    out->is_err = !ok;
+    if (ok) {
+        fill_score(score, &out->val.ok);
+    } else {
+        wirl__copy_string(&out->val.err, error ? error : "the plugin gave no reason");
+    }
+    free(score->note);
+    score->note = NULL;
+    free(error);
+}
+
+/* Weak here: a 0.2.0 plugin may define wirl_reward_group alone (wirl_v0_2.c checks which
+ * it has); 0.1.0's exports refer to wirl_reward strongly, so a 0.1.0 plugin without it does
+ * not link. */
+__attribute__((weak)) bool wirl_reward(const wirl_task *task, wirl_str completion, wirl_score *score, char **error);
+
+bool wirl__score_one(const wirl_task *task, wirl_str completion, exports_wirl_rl_reward_result_score_string_t *out) {
     wirl_score score;
     memset(&score, 0, sizeof score);
     char *error = NULL;
     bool scored = wirl_reward(task, completion, &score, &error);
-    if (scored) {
-        fill_score(&score, ok);
-    } else {
-        copy_string(err, error ? error : "the plugin gave no reason");
-    }
-    free(score.note);
-    free(error);
+    wirl__put_result(scored, &score, error, out);
     return scored;
-}
-
-bool exports_wirl_rl_reward_score_completion(exports_wirl_rl_reward_task_t *task, reward_plugin_string_t *completion,
-                                             exports_wirl_rl_reward_score_t *ret, reward_plugin_string_t *err) {
-    wirl_task t = task_of(task);
-    bool scored = score_one(&t, from_wit(completion), ret, err);
-    exports_wirl_rl_reward_task_free(task);
-    reward_plugin_string_free(completion);
-    return scored;
-}
-
-void exports_wirl_rl_reward_score_group(exports_wirl_rl_reward_task_t *task, reward_plugin_list_string_t *completions,
-                                        exports_wirl_rl_reward_list_result_score_string_t *ret) {
-    wirl_task t = task_of(task);
-    ret->len = completions->len;
-    ret->ptr = completions->len ? calloc(completions->len, sizeof(*ret->ptr)) : NULL;
-    for (size_t i = 0; i < completions->len; i++) {
-        ret->ptr[i].is_err = !score_one(&t, from_wit(&completions->ptr[i]), &ret->ptr[i].val.ok, &ret->ptr[i].val.err);
-    }
-    exports_wirl_rl_reward_task_free(task);
-    reward_plugin_list_string_free(completions);
 }
 
 void wirl_part_add(wirl_score *score, const char *name, float value) {
@@ -112,6 +119,25 @@ bool wirl_config_number(const char *key, double fallback, double *out, char **er
     bool ok = end != text && *end == '\0';
     if (!ok) *error = wirl_printf("config key `%s`: expected a number (value: %s)", key, text);
     free(text);
+    reward_plugin_string_free(&value);
+    return ok;
+}
+
+bool wirl_config_bool(const char *key, bool fallback, bool *out, char **error) {
+    reward_plugin_string_t k, value;
+    reward_plugin_string_set(&k, key);
+    if (!wirl_rl_config_get(&k, &value)) {
+        *out = fallback;
+        return true;
+    }
+    wirl_str text = {(const char *)value.ptr, value.len};
+    wirl_str yes = {"true", 4}, no = {"false", 5};
+    bool ok = wirl_str_equal(text, yes) || wirl_str_equal(text, no);
+    if (ok) {
+        *out = wirl_str_equal(text, yes);
+    } else {
+        *error = wirl_printf("config key `%s`: expected true or false (value: %.*s)", key, WIRL_FMT(text));
+    }
     reward_plugin_string_free(&value);
     return ok;
 }
