@@ -309,3 +309,43 @@ fn a_truncated_model_file_is_named_without_a_backtrace() {
     assert!(stderr.contains("cut.gguf") && stderr.contains("remaining in file"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line, no backtrace: {stderr}");
 }
+
+/// `wirl train CONFIG --check`: every shipped training config validates and shows its lowered
+/// objective, loading nothing (the model named need not exist); an override shows in what it
+/// lowers to; a config that means nothing is refused naming the key, and nothing is written.
+#[test]
+fn train_check_shows_the_lowered_objective_of_every_example_and_loads_nothing() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/train");
+    let mut configs: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    configs.sort();
+    assert!(configs.len() >= 7, "{configs:?}");
+    let cwd = tempfile::tempdir().unwrap();
+    let check = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_wirl"))
+            .args(["train", "--check", "--model", "/nonexistent/model"])
+            .args(args)
+            .current_dir(cwd.path())
+            .env("WIRL_CACHE_DIR", cwd.path().join("cache"))
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    for config in &configs {
+        let (ok, out, err) = check(&[config.to_str().unwrap()]);
+        assert!(ok, "{}: {err}", config.display());
+        assert!(out.contains(": valid\n") && out.contains("objective:\n  policy term:"), "{}: {out}", config.display());
+        assert!(out.contains("model: /nonexistent/model on cpu") && out.contains("tasks:\n"), "{out}");
+    }
+    let (ok, out, _) = check(&["--set", "grpo.loss=gspo", "--set", "grpo.beta=0"]);
+    assert!(ok && out.contains("policy term:  gspo") && out.contains("kl:           none"), "{out}");
+    let (ok, out, _) =
+        check(&["--set", "grpo.beta=0.1", "--set", "grpo.kl_in_reward=true", "--set", "grpo.kl_target=0.2"]);
+    assert!(ok && out.contains("in the reward, beta 0.1, adapting towards 0.2"), "{out}");
+    let (ok, _, err) = check(&["--set", "grpo.kl_target=0.2"]);
+    assert!(!ok && err.contains("`grpo.kl_target`"), "{err}");
+    assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0, "nothing written, no model fetched");
+}

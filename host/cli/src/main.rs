@@ -1,5 +1,6 @@
 //! The `wirl` command.
 
+mod check;
 mod ctl;
 mod device;
 mod generate;

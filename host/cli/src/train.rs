@@ -56,9 +56,23 @@ pub struct Args {
     /// same optimizer step; rank 0 writes the run (1: one trainer).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     dp: u16,
+    /// Validate the config (with its overrides) and print what the run would take — the
+    /// lowered objective, the tasks, the scale — then exit, loading no model or plugin.
+    #[arg(long)]
+    check: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.check {
+        let origin = match (&args.resume, &args.config) {
+            (Some(run_dir), _) => format!("{} (the run's config)", run_dir.display()),
+            (None, Some(path)) => path.display().to_string(),
+            (None, None) => "the embedded default".to_string(),
+        };
+        let config = wanted_config(&args)?.run_config()?;
+        println!("{}", crate::check::describe(&origin, &config));
+        return Ok(ExitCode::SUCCESS);
+    }
     // A resume that would train nothing says so, before anything loads or is cut back.
     if let Some(run_dir) = &args.resume
         && let Some(done) = run_dir::finished(run_dir, wanted_config(&args)?.grpo.steps)?

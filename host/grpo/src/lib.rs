@@ -1,5 +1,5 @@
 //! wirl's GRPO learner: the policy's trainable forward pass over the engine's weights
-//! (`policy`), the GRPO objective (`loss`), AdamW with clipping and a schedule (`optim`), and
+//! (`policy`), what a step optimises as one value (`objective`) and its terms (`loss`), AdamW with clipping and a schedule (`optim`), and
 //! one update over a step's groups (`update`: old/reference passes, token weights, epochs,
 //! gradient accumulation, the optimizer step through the engine's weights barrier).
 //! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
@@ -11,6 +11,7 @@ mod fused;
 pub mod grads;
 mod head;
 pub mod loss;
+pub mod objective;
 pub mod optim;
 pub mod policy;
 mod positions;
@@ -24,6 +25,7 @@ pub use loss::{
     SAPO_TEMPERATURES, UnknownLoss, Whitening, group_advantages, grpo_loss, kl_estimate, kl_penalty,
     masked_token_weights, overlong_penalty, token_weights,
 };
+pub use objective::{Correction, KlTarget, KlTerm, Objective, Overlong, PolicyTerm};
 pub use optim::{Optimizer, Schedule, Update};
 pub use policy::{MemoryLimits, Net, Policy, TokenStats};
 pub use positions::Part;

@@ -243,11 +243,7 @@ impl Trainer {
         if let Some(checkpoint) = resume {
             checkpoint::restore_optimizer(checkpoint, &policy, &mut optimizer)?;
         }
-        let reward_kl = config.grpo.kl_target.map(|target| wirl_grpo::AdaptiveKl {
-            value: resume.and_then(|c| c.state.reward_kl_coef).unwrap_or(config.grpo.beta),
-            target,
-            horizon: config.grpo.kl_horizon.unwrap_or(wirl_grpo::AdaptiveKl::DEFAULT_HORIZON) as f64,
-        });
+        let reward_kl = config.objective.kl.controller(resume.and_then(|c| c.state.reward_kl_coef));
         Ok(Trainer {
             model_config,
             config,
@@ -875,7 +871,7 @@ fn load_policy(
 ) -> crate::error::Result<(wirl_engine::Config, Tokenizer, Policy, Option<Net>)> {
     // f32 on every device: the master weights and what the optimizer updates.
     let options = LoadOptions { dtype: Some(DType::F32), device: device.clone(), ..Default::default() };
-    let beta = config.grpo.beta;
+    let keeps_reference = config.objective.kl.needs_reference();
     if let Some(lora) = &config.lora {
         observer.event(Event::Loading { path: model });
         // A bf16 base is converted matrix by matrix as it is read: never all of it in f32.
@@ -888,7 +884,7 @@ fn load_policy(
         };
         let mut policy = Policy::with_adapter(&model_config, tensors, &adapter, device)?;
         policy.set_compute_dtype(config.train_dtype);
-        let reference = if beta > 0.0 { Some(policy.reference(device)?) } else { None };
+        let reference = if keeps_reference { Some(policy.reference(device)?) } else { None };
         return Ok((model_config, tokenizer, policy, reference));
     }
     if let Some(checkpoint) = resume
@@ -906,7 +902,7 @@ fn load_policy(
     let mut policy = Policy::new(&model_config, &tensors, device)?;
     policy.set_compute_dtype(config.train_dtype);
     drop(tensors);
-    let reference = match (beta > 0.0, resume) {
+    let reference = match (keeps_reference, resume) {
         (false, _) => None,
         (true, None) => Some(policy.reference(device)?),
         (true, Some(_)) => {

@@ -168,11 +168,60 @@ impl TrainConfig {
                 top_p: s.top_p,
                 top_k: s.top_k,
             },
+            objective: self.grpo.objective(),
             grpo: self.grpo.clone(),
             eval: self.eval.clone(),
             lora: self.lora.clone(),
             distill: self.distill.clone(),
         })
+    }
+}
+
+impl GrpoSection {
+    /// The objective its keys choose, lowered once (checked first: `validate.rs` refuses the
+    /// combinations that mean nothing, so each key lands in the one variant that uses it).
+    pub fn objective(&self) -> wirl_grpo::Objective {
+        use wirl_grpo::{KlTarget, KlTerm, PolicyTerm};
+        let policy = match self.loss {
+            LossKind::Grpo => PolicyTerm::Grpo { clip_low: self.clip_low, clip_high: self.clip_high },
+            LossKind::Gspo => PolicyTerm::Gspo { clip_low: self.clip_low, clip_high: self.clip_high },
+            LossKind::Cispo => PolicyTerm::Cispo { clip_high: self.clip_high },
+            LossKind::Sapo => PolicyTerm::Sapo {
+                temperature_pos: self.sapo_temperature_pos.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[0]),
+                temperature_neg: self.sapo_temperature_neg.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[1]),
+            },
+        };
+        let estimator = self.kl_estimator.unwrap_or_default();
+        let kl = match (self.beta > 0.0, self.kl_in_reward) {
+            (false, _) => KlTerm::Off,
+            (true, false) => KlTerm::InLoss { beta: self.beta, estimator },
+            (true, true) => KlTerm::InReward {
+                beta: self.beta,
+                estimator,
+                target: self.kl_target.map(|kl| KlTarget {
+                    kl,
+                    horizon: self.kl_horizon.unwrap_or(wirl_grpo::AdaptiveKl::DEFAULT_HORIZON),
+                }),
+            },
+        };
+        wirl_grpo::Objective {
+            policy,
+            advantage: self.advantage,
+            aggregation: self.aggregation,
+            kl,
+            entropy: self.entropy,
+            overlong: (self.overlong_buffer > 0)
+                .then_some(wirl_grpo::Overlong { buffer: self.overlong_buffer, penalty: self.overlong_penalty }),
+            mask_truncated: self.mask_truncated,
+            correction: wirl_grpo::Correction {
+                rollout: wirl_grpo::RolloutCorrection {
+                    mode: self.rollout_correction,
+                    min: self.rollout_correction_min,
+                    max: Some(self.rollout_correction_max),
+                },
+                tis_cap: self.tis_cap,
+            },
+        }
     }
 }
 

@@ -798,6 +798,9 @@ pub struct RunConfig {
     /// The run's `[sampling]`; each task's own is in its spec. `max_tokens` here is the
     /// `constant` aggregation's divisor.
     pub sampling: SamplingSpec,
+    /// What each step optimises, lowered from `[grpo]` once: the trainer and the learner read
+    /// the objective's choices here, never from `grpo`.
+    pub objective: wirl_grpo::Objective,
     pub grpo: GrpoSection,
     pub eval: EvalSection,
     /// LoRA adapters to train instead of every weight.

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
 use wirl_engine::{FinishReason, InFlight, WeightsBarrier};
-use wirl_grpo::{GroupBatch, LossSettings, MemoryLimits, UpdateSettings, UpdateStats};
+use wirl_grpo::{GroupBatch, MemoryLimits, UpdateSettings, UpdateStats};
 use wirl_rollout::collect::{self, Episodes, Sampled};
 use wirl_rollout::{EpisodeTimes, GroupAsk, RolloutGroup, SkippedTask, TaskSource, seed_for};
 use wirl_sandbox::printable;
@@ -341,24 +341,27 @@ impl Trainer {
         if usable.len() < 2 || group.prompt.is_empty() {
             return None;
         }
-        let g = &self.config.grpo;
+        let objective = &self.config.objective;
         let max_tokens = self.tasks[t].spec.sampling.max_tokens;
         let rewards: Vec<f32> = usable
             .iter()
             .map(|&i| {
                 let length = group.trajectories[i].tokens.len();
-                let shaping =
-                    wirl_grpo::overlong_penalty(length, max_tokens, g.overlong_buffer, g.overlong_penalty as f32);
+                let shaping = objective
+                    .overlong
+                    .map_or(0.0, |o| wirl_grpo::overlong_penalty(length, max_tokens, o.buffer, o.penalty as f32));
                 group.scores[i].reward + shaping
             })
             .collect();
         // REINFORCE++ whitens over the step: a group of equal rewards trains too. So does one
         // whose episodes' turn rewards tell its turns apart.
-        let turns_differ =
-            || turn_terms(group, &usable, g.advantage).is_some_and(|terms| terms.iter().flatten().any(|&a| a != 0.0));
+        let turns_differ = || {
+            turn_terms(group, &usable, objective.advantage)
+                .is_some_and(|terms| terms.iter().flatten().any(|&a| a != 0.0))
+        };
         // Distillation's KL term is a signal in every group.
         let distilling = self.teacher.is_some();
-        (g.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0]) || distilling || turns_differ())
+        (objective.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0]) || distilling || turns_differ())
             .then_some((usable, rewards))
     }
 
@@ -374,7 +377,7 @@ impl Trainer {
         gathered: bool,
     ) -> crate::error::Result<(Vec<Signal>, RewardKl)> {
         let mut reward_kl = RewardKl::default();
-        if gathered || !self.config.grpo.kl_in_reward {
+        if gathered || self.config.objective.kl_in_reward().is_none() {
             return Ok((signals, reward_kl));
         }
         let signals = signals
@@ -404,7 +407,6 @@ impl Trainer {
         usable: &[usize],
         rewards: Vec<f32>,
     ) -> crate::error::Result<(Vec<f32>, Vec<wirl_grpo::KlEstimate>)> {
-        let g = &self.config.grpo;
         let trajectories: Vec<_> = usable.iter().map(|&i| &group.trajectories[i]).collect();
         let completions: Vec<Vec<u32>> = trajectories.iter().map(|t| t.tokens.clone()).collect();
         let trained: Vec<Vec<bool>> = if trajectories.iter().any(|t| !t.trainable.is_empty()) {
@@ -421,7 +423,7 @@ impl Trainer {
             &completions,
             &trained,
             &old,
-            g.kl_estimator.unwrap_or_default(),
+            self.config.objective.kl.estimator(),
             self.head_chunk(),
         )?;
         let beta = self.reward_kl_coef();
@@ -432,7 +434,7 @@ impl Trainer {
     /// β of the KL in the reward this step: `grpo.beta`, or where it adapts
     /// (`grpo.kl_target`), where the steps before took it.
     fn reward_kl_coef(&self) -> f64 {
-        self.reward_kl.map_or(self.config.grpo.beta, |adaptive| adaptive.value)
+        self.reward_kl.map_or(self.config.objective.kl.beta(), |adaptive| adaptive.value)
     }
 
     /// After a step's update under `grpo.kl_in_reward`: the β its rewards were shaped with
@@ -442,7 +444,7 @@ impl Trainer {
     /// it was shaped with either way). Called once the update is done, so that a step given up
     /// before it leaves β where it was, as a resumed run finds it.
     fn adapt_reward_kl(&mut self, local: RewardKl) -> crate::error::Result<Option<(f64, f64)>> {
-        if !self.config.grpo.kl_in_reward {
+        if self.config.objective.kl_in_reward().is_none() {
             return Ok(None);
         }
         let beta = self.reward_kl_coef();
@@ -468,7 +470,7 @@ impl Trainer {
     /// trained token of the step carries its sequence's advantage; whiten them together,
     /// over every rank's groups (`gathered`: `batches` are every rank's already).
     fn whiten(&self, batches: &mut [GroupBatch], gathered: bool) -> crate::error::Result<()> {
-        if !self.config.grpo.advantage.whitened() {
+        if !self.config.objective.advantage.whitened() {
             return Ok(());
         }
         let rows = |batch: &GroupBatch| -> Vec<usize> {
@@ -776,11 +778,11 @@ impl Trainer {
                 if !trains {
                     return None;
                 }
-                let g = &self.config.grpo;
+                let objective = &self.config.objective;
                 // An extra draw sampled with this step's weights, after any lag's.
                 let sampler_lag = if draw == 0 { sampler_lag } else { 0 };
-                let turns = turn_terms(group, &usable, g.advantage);
-                let advantages = match (wirl_grpo::group_advantages(&rewards, g.advantage), &turns) {
+                let turns = turn_terms(group, &usable, objective.advantage);
+                let advantages = match (wirl_grpo::group_advantages(&rewards, objective.advantage), &turns) {
                     (Some(advantages), _) => advantages,
                     // Equal outcomes, turns told apart by their own rewards; or distillation's
                     // tokens told apart by the teacher.
@@ -790,7 +792,8 @@ impl Trainer {
                 };
                 kept_of_task[t] += 1;
                 let multi_turn = usable.iter().any(|&i| !group.trajectories[i].trainable.is_empty());
-                let truncated = |i: usize| g.mask_truncated && group.trajectories[i].finish == FinishReason::Length;
+                let truncated =
+                    |i: usize| objective.mask_truncated && group.trajectories[i].finish == FinishReason::Length;
                 Some(GroupBatch {
                     prompt: group.prompt.clone(),
                     completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
@@ -904,21 +907,9 @@ impl Trainer {
         let g = &self.config.grpo;
         UpdateSettings {
             learning_rate: wirl_grpo::optim::learning_rate(g.learning_rate, step, g.warmup_steps, g.steps, g.schedule),
-            loss: LossSettings {
-                clip_low: g.clip_low,
-                clip_high: g.clip_high,
-                // The KL in the reward was taken before the advantages: none in the loss.
-                beta: if g.kl_in_reward { 0.0 } else { g.beta },
-                entropy: g.entropy,
-                kind: g.loss,
-                kl: g.kl_estimator.unwrap_or_default(),
-                sapo_temperatures: [
-                    g.sapo_temperature_pos.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[0]),
-                    g.sapo_temperature_neg.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[1]),
-                ],
-            },
+            loss: self.config.objective.loss_settings(),
             inner_epochs: g.inner_epochs,
-            aggregation: g.aggregation,
+            aggregation: self.config.objective.aggregation,
             max_grad_norm: g.max_grad_norm,
             max_tokens: self.config.sampling.max_tokens,
             memory: MemoryLimits {
@@ -929,12 +920,8 @@ impl Trainer {
             micro_batch_rows: g.micro_batch_rows,
             split_by_length: g.split_by_length,
             rows_per_pass: self.config.rows_per_pass_on(self.learner.policy.net().device()),
-            tis_cap: g.tis_cap,
-            rollout_correction: wirl_grpo::RolloutCorrection {
-                mode: g.rollout_correction,
-                min: g.rollout_correction_min,
-                max: Some(g.rollout_correction_max),
-            },
+            tis_cap: self.config.objective.correction.tis_cap,
+            rollout_correction: self.config.objective.correction.rollout,
         }
     }
 
@@ -1142,7 +1129,7 @@ impl Trainer {
             trajectories_masked: figures.masked,
             trajectories_scored: figures.scored,
             loss: update.loss,
-            kl: if step_tokens > 0 && self.config.grpo.beta > 0.0 { update.kl } else { 0.0 },
+            kl: if step_tokens > 0 && self.config.objective.kl.needs_reference() { update.kl } else { 0.0 },
             entropy: update.entropy,
             clip_fraction: update.clip_fraction,
             kl_coef: None,
