@@ -273,41 +273,77 @@ pub fn group_advantages(rewards: &[f32], mode: AdvantageMode) -> Option<Vec<f32>
     if rewards.iter().all(|&r| r == rewards[0]) {
         return None;
     }
+    let advantages = centred(rewards, mode);
     let mean = rewards.iter().sum::<f32>() / n as f32;
-    // The leave-one-out baseline's scale: n / (n − 1) (a single completion has no other).
-    let loo = n as f32 / (n.max(2) - 1) as f32;
-    let advantages: Vec<f32> = match mode {
-        AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect(),
-        AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
-        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline | AdvantageMode::PassAtK => {
-            unreachable!("REINFORCE++'s and pass@k's advantages are returned above")
-        }
-        AdvantageMode::Grpo => {
-            let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / (n.max(2) - 1) as f32;
-            let std = var.sqrt();
-            rewards.iter().map(|r| (r - mean) / (std + 1e-4)).collect()
-        }
-    };
     if mean.is_finite() && advantages.iter().all(|a| a.is_finite()) && advantages.iter().any(|&a| a != 0.0) {
         return Some(advantages);
     }
     let rewards: Vec<f64> = rewards.iter().map(|&r| f64::from(r)).collect();
-    let mean = rewards.iter().sum::<f64>() / n as f64;
-    let loo = n as f64 / (n.max(2) - 1) as f64;
-    let advantages = match mode {
-        AdvantageMode::MeanOnly => rewards.iter().map(|r| r - mean).collect::<Vec<f64>>(),
-        AdvantageMode::Rloo => rewards.iter().map(|r| r * loo - mean * loo).collect(),
-        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline | AdvantageMode::PassAtK => {
-            unreachable!("REINFORCE++'s and pass@k's advantages are returned above")
-        }
-        AdvantageMode::Grpo => {
-            let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n.max(2) - 1) as f64;
-            let std = var.sqrt();
-            rewards.iter().map(|r| (r - mean) / (std + 1e-4)).collect()
+    // Mean-only advantages of huge rewards are huge: clamp to what f32 holds.
+    Some(
+        centred(&rewards, mode)
+            .into_iter()
+            .map(|a| a.clamp(-f64::from(f32::MAX), f64::from(f32::MAX)) as f32)
+            .collect(),
+    )
+}
+
+/// The arithmetic a group's baseline needs, in f32 (every run's numbers) or in f64 (rewards
+/// whose sums or squares overflow f32).
+trait Real:
+    Copy
+    + PartialEq
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::iter::Sum
+{
+    /// GRPO's std offset, 1e-4.
+    const STD_OFFSET: Self;
+    fn count(n: usize) -> Self;
+    fn square(self) -> Self;
+    fn sqrt(self) -> Self;
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const STD_OFFSET: $t = 1e-4;
+            fn count(n: usize) -> $t {
+                n as $t
+            }
+            fn square(self) -> $t {
+                self.powi(2)
+            }
+            fn sqrt(self) -> $t {
+                <$t>::sqrt(self)
+            }
         }
     };
-    // Mean-only advantages of huge rewards are huge: clamp to what f32 holds.
-    Some(advantages.into_iter().map(|a| a.clamp(-f64::from(f32::MAX), f64::from(f32::MAX)) as f32).collect())
+}
+real!(f32);
+real!(f64);
+
+/// The group-baseline advantages (GRPO's, Dr. GRPO's mean-only, RLOO's) of rewards that
+/// differ, in `R`'s precision: the one definition the f32 and f64 paths share.
+fn centred<R: Real>(rewards: &[R], mode: AdvantageMode) -> Vec<R> {
+    let n = rewards.len();
+    let mean = rewards.iter().copied().sum::<R>() / R::count(n);
+    // The leave-one-out baseline's scale: n / (n − 1) (a single completion has no other).
+    let loo = R::count(n) / R::count(n.max(2) - 1);
+    match mode {
+        AdvantageMode::MeanOnly => rewards.iter().map(|&r| r - mean).collect(),
+        AdvantageMode::Rloo => rewards.iter().map(|&r| r * loo - mean * loo).collect(),
+        AdvantageMode::Grpo => {
+            let var = rewards.iter().map(|&r| (r - mean).square()).sum::<R>() / R::count(n.max(2) - 1);
+            let std = var.sqrt();
+            rewards.iter().map(|&r| (r - mean) / (std + R::STD_OFFSET)).collect()
+        }
+        AdvantageMode::ReinforcePlusPlus | AdvantageMode::ReinforcePlusPlusBaseline | AdvantageMode::PassAtK => {
+            unreachable!("REINFORCE++'s and pass@k's advantages are computed before the group's baseline")
+        }
+    }
 }
 
 /// Pass@k's advantages: the best completion (the first of equals) gets the margin by which
