@@ -216,6 +216,45 @@ fn a_training_run_is_rewarded_by_a_reward_model_beside_a_plugin() {
     let second: Vec<_> = rollouts.iter().filter(|r| r["step"] == 2 && r.get("completion").is_some()).collect();
     assert_eq!(second.len(), 12);
     assert!(second.iter().all(|r| r["status"] == "ok" && r["reward"].as_f64().unwrap() != 0.0), "{second:?}");
+    // The manifest names the reward model by its files' sizes and sha256; a resume refuses one
+    // that changed since, naming the file.
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("manifests/000000.json")).unwrap()).unwrap();
+    let models = manifest["models"].as_object().unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        let path = std::fs::canonicalize(reward_dir.join(file)).unwrap();
+        let print = models
+            .iter()
+            .find(|(name, _)| std::fs::canonicalize(name).ok().as_ref() == Some(&path))
+            .unwrap_or_else(|| panic!("{file} in {models:?}"))
+            .1;
+        assert_eq!(print["bytes"].as_u64().unwrap(), std::fs::metadata(&path).unwrap().len());
+        assert_eq!(print["sha256"].as_str().unwrap().len(), 64);
+    }
+    let config = reward_dir.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text + " ").unwrap();
+    let refused = crate::grpo::resume(&run, 3);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("config.json: changed since the run read it"), "{said}");
+    assert!(said.contains("scored or judged by another model"), "{said}");
+}
+
+/// Tasks naming the same reward model share one copy of its weights in the process while any
+/// holds it; once none does, the next load reads it again.
+#[test]
+fn tasks_naming_one_reward_model_share_its_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let reward_dir = reward_model_beside(dir.path());
+    let first = wirl_rollout::shared_reward_model(&reward_dir).unwrap();
+    // The same directory written otherwise.
+    let again = wirl_rollout::shared_reward_model(&reward_dir.join("../reward-model")).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    let weak = std::sync::Arc::downgrade(&first);
+    drop((first, again));
+    assert!(weak.upgrade().is_none(), "the registry holds no copy of its own");
+    let reloaded = wirl_rollout::shared_reward_model(&reward_dir).unwrap();
+    assert_eq!(reloaded.labels(), 1);
 }
 
 /// A reward model's keys are checked with the config: a reward is a plugin or a model, a

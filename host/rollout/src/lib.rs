@@ -41,7 +41,7 @@ pub use openenv::{OpenEnvEpisode, OpenEnvSpec, OpenEnvTasks};
 pub use prompt::{SkippedTask, StepTasks, TaskFailure, fitting_prompt, held_out_prompts, prompt_ids, step_tasks};
 pub use remote::{RemoteError, RemoteSpec, RemoteTasks};
 pub use score::{FailurePolicy, OnFailure, Scored, Status};
-pub use scorer::{RewardEngine, Scorers};
+pub use scorer::{RewardEngine, Scorers, shared_reward_model};
 pub use source::TaskSource;
 pub use spec::{
     CodeRunnerRef, InferenceBudget, JudgeModel, PluginRef, RewardModelRef, RewardSource, RewardSpec, SourceSpec,

@@ -93,6 +93,24 @@ impl InferenceHost for Refusal {
     }
 }
 
+/// The reward model at `path`, shared: every task (and a swapped-in task set) naming the same
+/// directory gets the copy already loaded in this process while any still holds it, instead
+/// of its own (a reward model is a second model's weights). Loads are one at a time.
+pub fn shared_reward_model(path: &std::path::Path) -> crate::error::Result<Arc<RewardModel>> {
+    static LOADED: std::sync::Mutex<BTreeMap<std::path::PathBuf, std::sync::Weak<RewardModel>>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    // The same directory however it is written (relative, through a link).
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    loaded.retain(|_, model| model.strong_count() > 0);
+    if let Some(model) = loaded.get(&key).and_then(std::sync::Weak::upgrade) {
+        return Ok(model);
+    }
+    let model = Arc::new(RewardModel::load(path, &LoadOptions::default())?);
+    loaded.insert(key, Arc::downgrade(&model));
+    Ok(model)
+}
+
 /// One reward's scorer (a few per task: the plugin's size next to a model's pointer matters
 /// not).
 #[allow(clippy::large_enum_variant)]
@@ -112,7 +130,7 @@ impl Scorer {
                 Ok(Scorer::Plugin(RewardPlugin::new(sandbox.load(spec)?)?, *inference, judge.clone()))
             }
             RewardSource::Model(reference) => {
-                let model = RewardModel::load(&reference.path, &LoadOptions::default())?;
+                let model = shared_reward_model(&reference.path)?;
                 if reference.label >= model.labels() {
                     return Err(crate::error::invalid!(
                         "reward model {}: label {} is not one of its {} scores (id2label; label counts from 0)",
@@ -121,7 +139,7 @@ impl Scorer {
                         model.labels()
                     ));
                 }
-                Ok(Scorer::Model { model: Arc::new(model), label: reference.label })
+                Ok(Scorer::Model { model, label: reference.label })
             }
         }
     }

@@ -35,6 +35,12 @@ pub struct Manifest {
     /// a resumed run checks them against this (empty in runs from before it was recorded).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub datasets: BTreeMap<String, FileFingerprint>,
+    /// Every file of the models the task set reads besides the policy (reward models,
+    /// `judge_model` paths) → its size and sha256 when the generation began: a model is its
+    /// bytes as much as a plugin is, so rollouts name it through the manifest, and a resumed
+    /// run refuses one that changed (empty in runs from before it was recorded).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, FileFingerprint>,
 }
 
 impl Manifest {
@@ -53,18 +59,22 @@ impl Manifest {
             plugins.insert(reference.display().to_string(), sha256);
         }
         let datasets = fingerprint_datasets(&tasks)?;
-        Ok(Manifest { generation, from_step, reason: reason.to_string(), tasks, plugins, datasets })
+        let models = fingerprint_models(&tasks)?;
+        Ok(Manifest { generation, from_step, reason: reason.to_string(), tasks, plugins, datasets, models })
     }
 
-    /// Refuse to go on from this generation if a dataset file it read changed since: a
-    /// resumed run would draw other rows under the indices it trained on (and read them at
-    /// offsets that no longer hold them).
-    pub fn check_datasets(&self) -> crate::error::Result<()> {
-        for (file, then) in &self.datasets {
+    /// Refuse to go on from this generation if a dataset or model file it read changed
+    /// since: a resumed run would draw other rows under the indices it trained on (and read
+    /// them at offsets that no longer hold them), or be rewarded by another model.
+    pub fn check_inputs(&self) -> crate::error::Result<()> {
+        let datasets =
+            self.datasets.iter().map(|entry| (entry, "dataset", "draw other rows under the indices it trained on"));
+        let models = self.models.iter().map(|entry| (entry, "model", "be scored or judged by another model"));
+        for ((file, then), what, otherwise) in datasets.chain(models) {
             let path = Path::new(file);
             let now = wirl_rollout::dataset::fingerprint(path).with_context(|| {
                 format!(
-                    "{file}: a dataset file of manifest generation {} cannot be read; restore it to resume the run",
+                    "{file}: a {what} file of manifest generation {} cannot be read; restore it to resume the run",
                     self.generation
                 )
             })?;
@@ -72,9 +82,8 @@ impl Manifest {
             if now != then {
                 bail!(
                     "{file}: changed since the run read it (manifest generation {}: {} bytes, sha256 {}; now {} bytes, \
-                     sha256 {}): resumed, the run would draw other rows under the indices it trained on. Restore \
-                     the file, or start a new run from the checkpoint's weights (`model.path = \
-                     RUN_DIR/checkpoints/step-N/model`)",
+                     sha256 {}): resumed, the run would {otherwise}. Restore the file, or start a new run from the \
+                     checkpoint's weights (`model.path = RUN_DIR/checkpoints/step-N/model`)",
                     self.generation,
                     then.bytes,
                     then.sha256,
@@ -177,6 +186,46 @@ pub fn fingerprint_datasets(tasks: &TaskSet) -> crate::error::Result<BTreeMap<St
         }
     }
     Ok(prints)
+}
+
+/// Every file of the models the task set reads besides the policy: each reward model's and
+/// each `judge_model` path's (a directory's weights, config and tokenizer files; a GGUF
+/// file), by size and sha256.
+pub fn fingerprint_models(tasks: &TaskSet) -> crate::error::Result<BTreeMap<String, FileFingerprint>> {
+    let rewards = tasks.rewards.iter().chain(tasks.tasks.iter().flat_map(|task| task.rewards.iter()));
+    let mut prints = BTreeMap::new();
+    for reward in rewards {
+        let judge =
+            reward.judge_model.as_ref().filter(|p| !crate::config::JUDGE_WORDS.iter().any(|w| p.as_os_str() == *w));
+        for model in reward.model.iter().chain(judge) {
+            for file in model_files(model)? {
+                for (file, print) in wirl_rollout::dataset::fingerprint(&file)? {
+                    prints.insert(file.display().to_string(), print);
+                }
+            }
+        }
+    }
+    Ok(prints)
+}
+
+/// The files a model at `path` is read from: a file itself, or a directory's `*.json`,
+/// `*.safetensors` and `*.gguf` (weights, config, tokenizer), sorted.
+fn model_files(path: &Path) -> crate::error::Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(path).with_context(|| format!("reading the model directory {}", path.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let file = entry.with_context(|| format!("reading the model directory {}", path.display()))?.path();
+        let read =
+            file.extension().and_then(|e| e.to_str()).is_some_and(|e| ["json", "safetensors", "gguf"].contains(&e));
+        if read && file.is_file() {
+            files.push(file);
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 /// Each plugin of a task: its reference and where its kept bytes are.

@@ -373,6 +373,8 @@ impl Swapper {
                 plugins: now.clone(),
                 datasets: crate::manifest::fingerprint_datasets(&set)
                     .map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?,
+                models: crate::manifest::fingerprint_models(&set)
+                    .map_err(|e| refuse(format!("{origin}: {}", wirl_engine::error_chain(&e))))?,
             };
             manifest.pin(&mut run, &self.store).map_err(|e| refuse(wirl_engine::error_chain(&e)))?;
             Some(manifest)

@@ -424,7 +424,7 @@ impl Trainer {
     fn stage(&self, manifest: Manifest) -> crate::error::Result<Staged> {
         let mut run = self.swapper.base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
         manifest.pin(&mut run, &self.swapper.store)?;
-        manifest.check_datasets()?;
+        manifest.check_inputs()?;
         let allocation = run.allocation()?.groups;
         let tasks = load_tasks(&self.sandbox, &run, &allocation, &self.tokenizer)
             .with_context(|| format!("manifest generation {}", manifest.generation))?;
@@ -853,7 +853,7 @@ fn manifest_in_force(
             run_dir.join("manifests").display()
         );
     };
-    manifest.check_datasets()?;
+    manifest.check_inputs()?;
     let later = history.into_iter().filter(|m| m.generation > generation).collect();
     Ok((manifest, later, next_generation))
 }
