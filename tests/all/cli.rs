@@ -348,4 +348,29 @@ fn train_check_shows_the_lowered_objective_of_every_example_and_loads_nothing() 
     let (ok, _, err) = check(&["--set", "grpo.kl_target=0.2"]);
     assert!(!ok && err.contains("`grpo.kl_target`"), "{err}");
     assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0, "nothing written, no model fetched");
+
+    // The objective's typed spelling: each choice a table with only its own parameters.
+    let typed = tempfile::tempdir().unwrap();
+    let default = std::fs::read_to_string(dir.join("default.toml")).unwrap();
+    let write = |grpo: &str| {
+        let text = default.replace("beta = 0.04\nclip_low = 0.2\nclip_high = 0.2\n", grpo);
+        assert_ne!(text, default, "the default's objective keys moved");
+        let path = typed.path().join("typed.toml");
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let config = write(
+        "loss = { kind = \"cispo\", clip_high = 4.0 }\nkl = { where = \"reward\", beta = 0.05, estimator = \"k2\" }\noverlong = { buffer = 16 }\n",
+    );
+    let (ok, out, err) = check(&[&config]);
+    assert!(ok, "{err}");
+    assert!(out.contains("policy term:  cispo, the importance weight capped at 1 + 4"), "{out}");
+    assert!(out.contains("kl:           in the reward, beta 0.05, fixed, estimator k2"), "{out}");
+    assert!(out.contains("overlong:     the last 16 tokens cost up to 1"), "{out}");
+    let config = write("loss = { kind = \"cispo\", clip_low = 0.2 }\n");
+    let (ok, _, err) = check(&[&config]);
+    assert!(!ok && err.contains("`grpo.loss`: unknown field `clip_low`"), "{err}");
+    let config = write("kl = { where = \"loss\", beta = 0.1 }\nbeta = 0.2\n");
+    let (ok, _, err) = check(&[&config]);
+    assert!(!ok && err.contains("`grpo.beta` is written both"), "{err}");
 }

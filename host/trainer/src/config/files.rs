@@ -13,10 +13,20 @@ impl TrainConfig {
     /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
     pub fn parse(text: &str, origin: &str, base: &Path) -> crate::error::Result<Self> {
         let invalid = || "the training config is not valid; see examples/train/default.toml for every key";
-        let config: TrainConfig = match super::preset::fill(text, origin)? {
-            Some(table) => table.try_into().map_err(|e: toml::de::Error| {
-                crate::error::invalid!("{origin}: {}", e.message().trim_end()).context(invalid())
-            })?,
+        // The objective's tables read into the keys, then a preset's keys filled in: through a
+        // table then; as the text otherwise, keeping the parser's line numbers in errors.
+        let table = toml::from_str::<toml::Table>(text).ok().filter(|table| {
+            super::spelling::has_tables(table)
+                || table.get("grpo").and_then(|g| g.get("preset")).is_some_and(toml::Value::is_str)
+        });
+        let config: TrainConfig = match table {
+            Some(mut table) => {
+                super::spelling::flatten(&mut table, origin)?;
+                super::preset::fill_table(&mut table, origin)?;
+                table.try_into().map_err(|e: toml::de::Error| {
+                    crate::error::invalid!("{origin}: {}", e.message().trim_end()).context(invalid())
+                })?
+            }
             None => toml::from_str(text)
                 .map_err(|e| crate::error::invalid!("{origin}: {}", e.to_string().trim_end()).context(invalid()))?,
         };

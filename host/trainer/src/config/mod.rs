@@ -13,6 +13,7 @@ pub use files::{MAX_CONFIG_BYTES, read_config_text};
 mod lower;
 pub mod preset;
 mod set;
+mod spelling;
 mod validate;
 
 use crate::error::{Context, bail};

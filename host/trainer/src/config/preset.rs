@@ -40,13 +40,12 @@ pub fn unknown(origin: &str, name: &str) -> crate::Error {
     )
 }
 
-/// A config's text with its preset's keys filled into `[grpo]` where the text does not set
-/// them; the text as it is without a preset.
-pub fn fill(text: &str, origin: &str) -> crate::error::Result<Option<toml::Table>> {
-    let Ok(mut table) = toml::from_str::<toml::Table>(text) else { return Ok(None) };
+/// `table` with its preset's keys filled into `[grpo]` where it does not set them; whether it
+/// names a preset.
+pub fn fill_table(table: &mut toml::Table, origin: &str) -> crate::error::Result<bool> {
     let Some(name) = table.get("grpo").and_then(|g| g.get("preset")).and_then(toml::Value::as_str).map(str::to_string)
     else {
-        return Ok(None);
+        return Ok(false);
     };
     let max_tokens = table
         .get("sampling")
@@ -54,9 +53,9 @@ pub fn fill(text: &str, origin: &str) -> crate::error::Result<Option<toml::Table
         .and_then(toml::Value::as_integer)
         .map_or(SamplingSection::default().max_tokens, |n| n.max(0) as usize);
     let preset = keys(&name, max_tokens).ok_or_else(|| unknown(origin, &name))?;
-    let Some(toml::Value::Table(grpo)) = table.get_mut("grpo") else { return Ok(None) };
+    let Some(toml::Value::Table(grpo)) = table.get_mut("grpo") else { return Ok(false) };
     for (key, value) in preset {
         grpo.entry(key).or_insert(value);
     }
-    Ok(Some(table))
+    Ok(true)
 }
