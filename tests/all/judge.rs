@@ -16,6 +16,8 @@ struct Scripted {
     /// a reply not here: refused.
     likelihoods: Vec<(String, f32)>,
     scored: Mutex<Vec<wirl_sandbox::ReplyToScore>>,
+    /// How many conversations or replies each call carried, in order.
+    calls: Mutex<Vec<usize>>,
 }
 
 impl Scripted {
@@ -50,6 +52,7 @@ impl Default for Scripted {
             asked: Mutex::new(Vec::new()),
             likelihoods: Vec::new(),
             scored: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
         }
     }
 }
@@ -70,6 +73,7 @@ impl InferenceHost for Scripted {
                 Ok(wirl_sandbox::ReplyLogprobs { tokens: vec![asked.reply.clone()], logprobs: vec![*logprob] })
             })
             .collect();
+        self.calls.lock().unwrap().push(replies.len());
         self.scored.lock().unwrap().extend(replies);
         Box::pin(std::future::ready(scored))
     }
@@ -79,6 +83,7 @@ impl InferenceHost for Scripted {
         conversations: Vec<Vec<Message>>,
         sampling: Sampling,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<Completion>, String>> + Send + '_>> {
+        self.calls.lock().unwrap().push(conversations.len());
         let mut asked = self.asked.lock().unwrap();
         let start = asked.len();
         let replies = (0..conversations.len())
@@ -224,6 +229,26 @@ fn a_probability_judge_weighs_the_labels_by_the_models_probability_of_each() {
         let failure = plugin.score(&task(None), "Paris").unwrap_err();
         assert!(failure.message.contains(expected), "{config}: {failure}");
     }
+}
+
+/// A group larger than one call may carry (64 conversations, or replies to score) is asked in
+/// several calls, its verdicts in order.
+#[test]
+fn a_large_group_is_judged_in_calls_of_at_most_64() {
+    let texts: Vec<String> = (0..70).map(|i| format!("answer {i}")).collect();
+    let model = Scripted::new(&["Score: 10", "Score: 0"]);
+    let mut plugin = judge(serde_json::json!({}), model.clone());
+    let verdicts = plugin.score_group_at(&task(None), &texts, Progress::OUTSIDE_TRAINING);
+    let rewards: Vec<f32> = verdicts.iter().map(|v| v.as_ref().unwrap().reward).collect();
+    assert_eq!(rewards, (0..70).map(|i| if i % 2 == 0 { 1.0 } else { 0.0 }).collect::<Vec<_>>());
+    assert_eq!(*model.calls.lock().unwrap(), [64, 6]);
+    assert!(model.asked()[69].0[0].content.contains("answer 69"));
+    // Probability verdicts: 40 completions of 2 labels.
+    let model = Scripted::likely(&[("Yes", -0.1), ("No", -3.0)]);
+    let mut plugin = judge(serde_json::json!({"read": "probability", "labels": {"Yes": 1, "No": 0}}), model.clone());
+    let verdicts = plugin.score_group_at(&task(None), &texts[..40], Progress::OUTSIDE_TRAINING);
+    assert!(verdicts.iter().all(|v| v.as_ref().unwrap().reward > 0.9), "{verdicts:?}");
+    assert_eq!(*model.calls.lock().unwrap(), [64, 16]);
 }
 
 #[test]

@@ -244,6 +244,36 @@ fn a_probability_judge_reads_the_engines_label_probabilities() {
     }
 }
 
+/// What a reward may ask is bounded before anything is tokenized: at most 64 replies a call,
+/// known roles, text that could fit the context; each refusal names the bound.
+#[test]
+fn hostile_log_prob_calls_are_refused_before_tokenizing() {
+    let engine = engine();
+    let progress = Progress { step: 1, steps: 1 };
+    let policy = FailurePolicy::default();
+    let mut scorers = reward(LIKELIHOOD, serde_json::json!({}), 1 << 40, 4);
+    let counted = engine_for(&engine);
+    scorers.set_engine(Some(counted.clone()));
+    let mut task = crate::task("t", None);
+    task.messages = vec![Message::new("user", "w5")];
+    let many: Vec<String> = (0..65).map(|_| "w1".to_string()).collect();
+    let huge = vec!["w1 ".repeat(engine.context * 64 / 3 + 10)];
+    let mut robot = task.clone();
+    robot.messages = vec![Message::new("robot", "w5")];
+    for (task, completions, expected) in [
+        (&task, &many, "one call carries 65 conversations"),
+        (&task, &huge, "bytes: it cannot fit the model's context"),
+        (&robot, &many[..1].to_vec(), "the role \"robot\""),
+    ] {
+        for score in scorers.score_group(task, completions, policy, progress) {
+            assert_eq!(score.failures, ["guest_error"], "{score:?}");
+            assert!(score.notes["likelihood"].contains(expected), "{expected}: {score:?}");
+        }
+    }
+    let usage = counted.usage.take();
+    assert_eq!((usage.calls, usage.tokens), (0, 0), "nothing reached the engine");
+}
+
 /// A host that only samples (the scripted one of the judge tests, an OpenAI-compatible
 /// server) refuses `logprobs` with the reason.
 #[test]

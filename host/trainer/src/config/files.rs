@@ -15,7 +15,27 @@ impl TrainConfig {
         let invalid = || "the training config is not valid; see examples/train/default.toml for every key";
         // The objective's tables read into the keys, then a preset's keys filled in: through a
         // table then; as the text otherwise, keeping the parser's line numbers in errors.
-        let table = toml::from_str::<toml::Table>(text).ok().filter(|table| {
+        let syntax =
+            |e: toml::de::Error| crate::error::invalid!("{origin}: {}", e.to_string().trim_end()).context(invalid());
+        let table = match toml::from_str::<toml::Table>(text) {
+            Ok(table) => table,
+            // A value TOML's tables cannot hold (an integer past i64) may still read as the
+            // config's own type (u64); else its error names the key, unless it only stumbled
+            // on an objective table before the bad value.
+            Err(error) => {
+                let typed = match toml::from_str::<TrainConfig>(text) {
+                    Ok(config) => return config.resolved(origin, base),
+                    Err(typed) => typed.to_string(),
+                };
+                let at_a_table = ["`kl`", "`overlong`", "map, expected"].iter().any(|table| typed.contains(table));
+                return Err(if at_a_table {
+                    syntax(error)
+                } else {
+                    crate::error::invalid!("{origin}: {}", typed.trim_end()).context(invalid())
+                });
+            }
+        };
+        let table = Some(table).filter(|table| {
             super::spelling::has_tables(table)
                 || table.get("grpo").and_then(|g| g.get("preset")).is_some_and(toml::Value::is_str)
         });
@@ -27,8 +47,7 @@ impl TrainConfig {
                     crate::error::invalid!("{origin}: {}", e.message().trim_end()).context(invalid())
                 })?
             }
-            None => toml::from_str(text)
-                .map_err(|e| crate::error::invalid!("{origin}: {}", e.to_string().trim_end()).context(invalid()))?,
+            None => toml::from_str(text).map_err(syntax)?,
         };
         config.resolved(origin, base)
     }

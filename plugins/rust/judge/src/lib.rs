@@ -53,6 +53,29 @@ const GROUP_PATTERN: &str = r"(?m)^\W*\[?([0-9]+)\]?\s*[:=\-]\s*\**\s*(-?[0-9]+(
 /// The most of a reply kept in a score's note or a failure's reason.
 const SHOWN: usize = 400;
 
+/// Conversations (or replies to score) asked in one call: the host's most a call may carry
+/// (wirl's `MAX_CONVERSATIONS_PER_CALL`). A larger group is asked in several calls, each
+/// counted against the reward's `inference_calls`.
+const PER_CALL: usize = 64;
+
+/// `generate`, the conversations asked [`PER_CALL`] at a time; the replies in order.
+fn generate_all(conversations: &[Vec<Message>], sampling: &Sampling) -> Result<Vec<Completion>, String> {
+    let mut replies = Vec::with_capacity(conversations.len());
+    for chunk in conversations.chunks(PER_CALL) {
+        replies.extend(generate(chunk, sampling)?);
+    }
+    Ok(replies)
+}
+
+/// `logprobs`, the replies asked [`PER_CALL`] at a time; the results in order.
+fn logprobs_all(asked: &[ReplyToScore]) -> Result<Vec<wirl_sdk::reward_v0_2::ReplyLogprobs>, String> {
+    let mut scored = Vec::with_capacity(asked.len());
+    for chunk in asked.chunks(PER_CALL) {
+        scored.extend(logprobs(chunk)?);
+    }
+    Ok(scored)
+}
+
 struct Judge;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -441,7 +464,7 @@ fn judged_by_probability(prompts: Vec<Vec<Message>>, settings: &Settings) -> Vec
             labels.iter().map(|(word, _)| ReplyToScore { conversation: conversation.clone(), reply: word.clone() })
         })
         .collect();
-    let scored = match logprobs(&asked) {
+    let scored = match logprobs_all(&asked) {
         Ok(scored) if scored.len() == asked.len() => scored,
         Ok(scored) => {
             let error = format!("the model scored {} replies of {}", scored.len(), asked.len());
@@ -492,7 +515,7 @@ impl Reward for Judge {
                         Err(error) => fail(error),
                     };
                 }
-                let replies = match prompts.and_then(|p| generate(&p, &settings.sampling)) {
+                let replies = match prompts.and_then(|p| generate_all(&p, &settings.sampling)) {
                     Ok(replies) if replies.len() == completions.len() => replies,
                     Ok(replies) => {
                         return fail(format!(
