@@ -39,16 +39,12 @@ impl CustomOp1 for LogSoftmax {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = values(storage, layout, self.name())?;
-        let n = last_dim(layout);
-        let out = by_rows(x.len(), n, n, |r, out| {
-            let row = &x[r * n..(r + 1) * n];
+        row_wise(storage, layout, self.name(), |row, out| {
             let norm = wirl_engine::invariant::log_norm(row);
             for (o, &z) in out.iter_mut().zip(row) {
                 *o = z - norm;
             }
-        });
-        Ok((CpuStorage::F32(out), layout.shape().clone()))
+        })
     }
 
     /// `dz = g − softmax(z) · Σ g` per row.
@@ -270,6 +266,20 @@ fn by_rows(len: usize, n: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sy
     out
 }
 
+/// A row-wise op over the last dimension: `f(row, out)` for each row of the input, the
+/// output of the input's shape (the forward of the softmaxes).
+fn row_wise(
+    storage: &CpuStorage,
+    layout: &Layout,
+    name: &str,
+    f: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> Result<(CpuStorage, Shape)> {
+    let x = values(storage, layout, name)?;
+    let n = last_dim(layout);
+    let out = by_rows(x.len(), n, n, |r, out| f(&x[r * n..(r + 1) * n], out));
+    Ok((CpuStorage::F32(out), layout.shape().clone()))
+}
+
 struct Softmax;
 
 impl CustomOp1 for Softmax {
@@ -278,14 +288,11 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = values(storage, layout, self.name())?;
-        let n = last_dim(layout);
         // The engine's softmax (`wirl_engine::invariant`); a row masked whole is zeros.
-        let out = by_rows(x.len(), n, n, |r, out| {
-            out.copy_from_slice(&x[r * n..(r + 1) * n]);
+        row_wise(storage, layout, self.name(), |row, out| {
+            out.copy_from_slice(row);
             wirl_engine::invariant::softmax_row(out);
-        });
-        Ok((CpuStorage::F32(out), layout.shape().clone()))
+        })
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
