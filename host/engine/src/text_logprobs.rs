@@ -42,6 +42,9 @@ impl TextToScore {
 /// The log-prob of each of `text.ids[text.from..]` under `model`, in order.
 pub fn token_logprobs(model: &Model, text: &TextToScore, chunk: usize) -> Result<Vec<f32>> {
     text.check(model.config().context()).map_err(Error::Input)?;
+    if text.from == text.ids.len() {
+        return Ok(Vec::new()); // an empty reply: nothing to read
+    }
     let chunk = chunk.max(1);
     let ids = &text.ids;
     let mut cache = model.new_cache();
