@@ -40,6 +40,8 @@ fn distillation_alone_brings_the_student_toward_the_teacher() {
     // Every group trains: the KL term is a signal whatever the rewards.
     assert!(metrics.iter().all(|m| m["groups_kept"] == 2), "{metrics:?}");
     assert!(kl.iter().all(|k| k.is_finite()), "{kl:?}");
+    // The teacher's forward is timed as a phase of its own.
+    assert!(metrics.iter().all(|m| m["time_s"]["teacher"].as_f64().unwrap() > 0.0), "{metrics:?}");
     let (first, last) = (kl[..2].iter().sum::<f64>() / 2.0, kl[kl.len() - 2..].iter().sum::<f64>() / 2.0);
     assert!(last < first * 0.8, "the student's reverse KL to the teacher fell: {kl:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -27,6 +27,8 @@ pub struct Teacher {
 pub struct DistillFigures {
     pub kl_sum: f64,
     pub tokens: usize,
+    /// Seconds of the teacher's forward.
+    pub seconds: f64,
 }
 
 impl Teacher {

@@ -183,6 +183,9 @@ pub struct StepTimes {
     pub judge: f64,
     /// Drawing the step's tasks (0 when they were drawn during the previous update).
     pub draw: f64,
+    /// Under `[distill]`: the teacher's forward over the trained groups (before the update,
+    /// outside `train`).
+    pub teacher: f64,
     pub train: f64,
     pub total: f64,
     pub reference_forward: f64,

@@ -233,6 +233,7 @@ impl Trainer {
         metrics.draws = draws;
         (metrics.kl_coef, metrics.reward_kl) = reward_kl.unzip();
         metrics.distill_kl = distill.filter(|d| d.tokens > 0).map(|d| d.kl_sum / d.tokens as f64);
+        metrics.time_s.teacher = distill.map_or(0.0, |d| d.seconds);
         Ok(Some(metrics))
     }
 
@@ -847,11 +848,13 @@ impl Trainer {
         let mut distill = None;
         if let (Some(teacher), false) = (&self.teacher, gathered) {
             let mut figures = crate::distill::DistillFigures::default();
+            let started = std::time::Instant::now();
             for batch in &mut batches {
                 let of_batch = teacher.credit(batch)?;
                 figures.kl_sum += of_batch.kl_sum;
                 figures.tokens += of_batch.tokens;
             }
+            figures.seconds = started.elapsed().as_secs_f64();
             distill = Some(figures);
         }
         Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag, reward_kl, distill })
@@ -1173,6 +1176,7 @@ impl Trainer {
                 score: measured.clock.score,
                 judge: measured.rewards_inference.waited_s,
                 draw: measured.clock.draw,
+                teacher: 0.0,
                 train: measured.clock.train,
                 total: measured.started.elapsed().as_secs_f64(),
                 reference_forward: update.time.reference_forward,
