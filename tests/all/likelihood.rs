@@ -79,10 +79,14 @@ fn a_sampled_reply_scores_with_the_log_probs_it_was_sampled_with() {
         TextToScore { ids: vec![1; engine.context + 1], from: 1 },
         TextToScore { ids: vec![1, 2], from: 3 },
         TextToScore { ids: vec![1, u32::MAX], from: 1 },
+        // Past the vocabulary where the model reads it (the embedding), not only where it
+        // is scored: refused before any forward.
+        TextToScore { ids: vec![u32::MAX, 1, 2], from: 2 },
     ];
     let results = block_on(engine.handle.logprobs(refused)).unwrap();
     let errors: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().map(|e| e.to_string())).collect();
-    assert_eq!(errors.len(), 4, "{errors:?}");
+    assert_eq!(errors.len(), 5, "{errors:?}");
+    assert!(errors[4].contains("token id 4294967295 is past the model's vocabulary"), "{errors:?}");
     assert!(errors[0].contains("first token"), "{errors:?}");
     assert!(errors[1].contains("past the model's context"), "{errors:?}");
     assert!(errors[2].contains("starts at 3 of 2"), "{errors:?}");

@@ -665,15 +665,13 @@ fn answer_logprobs(queue: &mut VecDeque<Message>, model: &Model, tensor_parallel
     for message in std::mem::take(queue) {
         match message {
             Message::Logprobs { texts, reply } => {
+                let refused =
+                    || Error::Input("log-probs of given text are not served by a tensor-parallel engine".into());
                 let results = texts
                     .iter()
-                    .map(|text| {
-                        if tensor_parallel {
-                            return Err(Error::Input(
-                                "log-probs of given text are not served by a tensor-parallel engine".into(),
-                            ));
-                        }
-                        text_logprobs::token_logprobs(model, text, text_logprobs::CHUNK)
+                    .map(|text| match tensor_parallel {
+                        true => Err(refused()),
+                        false => text_logprobs::token_logprobs(model, text, text_logprobs::CHUNK),
                     })
                     .collect();
                 let _ = reply.send(results);

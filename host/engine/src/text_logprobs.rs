@@ -24,8 +24,10 @@ pub struct TextToScore {
 }
 
 impl TextToScore {
-    /// Whether `model` can score it: tokens after the first, within its context.
-    pub fn check(&self, context: usize) -> std::result::Result<(), String> {
+    /// Whether a model of `context` positions and `vocab` tokens can score it: tokens after
+    /// the first, within its context, every id in its vocabulary (checked before any
+    /// forward: an id past the embedding table must not reach it).
+    pub fn check(&self, context: usize, vocab: usize) -> std::result::Result<(), String> {
         if self.from == 0 {
             return Err("the first token has no log-prob (nothing comes before it)".into());
         }
@@ -35,13 +37,17 @@ impl TextToScore {
         if self.ids.len() > context {
             return Err(format!("the text is {} tokens, past the model's context of {context}", self.ids.len()));
         }
+        if let Some(id) = self.ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(format!("token id {id} is past the model's vocabulary of {vocab}"));
+        }
         Ok(())
     }
 }
 
 /// The log-prob of each of `text.ids[text.from..]` under `model`, in order.
 pub fn token_logprobs(model: &Model, text: &TextToScore, chunk: usize) -> Result<Vec<f32>> {
-    text.check(model.config().context()).map_err(Error::Input)?;
+    let config = model.config();
+    text.check(config.context(), config.vocab_size).map_err(Error::Input)?;
     if text.from == text.ids.len() {
         return Ok(Vec::new()); // an empty reply: nothing to read
     }
@@ -66,9 +72,9 @@ pub fn token_logprobs(model: &Model, text: &TextToScore, chunk: usize) -> Result
                     continue;
                 }
                 let next = ids[position + 1] as usize;
-                let logit = *row.get(next).ok_or_else(|| {
-                    Error::Input(format!("token id {next} is past the model's vocabulary of {}", row.len()))
-                })?;
+                let logit = *row
+                    .get(next)
+                    .ok_or_else(|| Error::Internal(format!("logits of {} tokens for id {next}", row.len())))?;
                 out.push(logit - crate::invariant::log_norm(row));
             }
         }

@@ -20,20 +20,11 @@ impl TrainConfig {
         let table = match toml::from_str::<toml::Table>(text) {
             Ok(table) => table,
             // A value TOML's tables cannot hold (an integer past i64) may still read as the
-            // config's own type (u64); else its error names the key, unless it only stumbled
-            // on an objective table before the bad value.
-            Err(error) => {
-                let typed = match toml::from_str::<TrainConfig>(text) {
-                    Ok(config) => return config.resolved(origin, base),
-                    Err(typed) => typed.to_string(),
-                };
-                let at_a_table = ["`kl`", "`overlong`", "map, expected"].iter().any(|table| typed.contains(table));
-                return Err(if at_a_table {
-                    syntax(error)
-                } else {
-                    crate::error::invalid!("{origin}: {}", typed.trim_end()).context(invalid())
-                });
-            }
+            // config's own type (u64); otherwise the parser's error, with its line.
+            Err(error) => match toml::from_str::<TrainConfig>(text) {
+                Ok(config) => return config.resolved(origin, base),
+                Err(_) => return Err(syntax(error)),
+            },
         };
         let table = Some(table).filter(|table| {
             super::spelling::has_tables(table)
