@@ -1,9 +1,11 @@
-//! `wirl generate`: sample from a model, streaming the text, and report tokens/s.
+//! `wirl generate`: sample from a model (`wirl_app::generate`), streaming the text, and
+//! report tokens/s.
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Instant;
-use wirl_engine::{ChatMessage, GenerateRequest, LoadOptions, Sampling};
+use wirl_app::generate::{GenerateLaunch, Prompt};
+use wirl_app::models::WeightsDtype;
+use wirl_engine::Sampling;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -82,130 +84,47 @@ fn template_var(text: &str) -> Result<(String, serde_json::Value), String> {
     Ok((name.to_string(), value))
 }
 
-/// `--dtype` of the commands that load a model for inference.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WeightsDtype {
-    F32,
-    Bf16,
-}
-
-impl WeightsDtype {
-    /// `options` with their weights in this dtype (`LoadOptions::weights_in`).
-    pub fn apply(dtype: Option<WeightsDtype>, options: LoadOptions) -> LoadOptions {
-        match dtype {
-            None => options,
-            Some(WeightsDtype::F32) => options.weights_in(wirl_engine::DType::F32),
-            Some(WeightsDtype::Bf16) => options.weights_in(wirl_engine::DType::BF16),
-        }
-    }
-}
-
-pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
-    let path = crate::model::resolve(args.model.as_deref())?;
-    let started = Instant::now();
-    let options = LoadOptions {
-        quantized: args.quantized,
-        device: crate::device::parse_device(&args.device)?,
-        adapter: args.adapter.clone(),
-        ..Default::default()
-    };
-    let options = WeightsDtype::apply(args.dtype, options);
-    let tp = usize::from(args.tp);
-    if tp == 1 {
-        let loaded = wirl_engine::load(&path, &options)?;
-        eprintln!("loaded {} in {:.2?}", path.display(), started.elapsed());
-        return generate(&args, &loaded, true);
-    }
-    // Every rank samples the same tokens from the same (gathered) logits only with one seed.
-    args.seed = Some(args.seed.unwrap_or_else(rand::random));
-    let device = wirl_trainer::config::DeviceSpec::parse(&args.device).unwrap_or_default();
-    crate::ranks::check_split(&path, tp, "--tp")?;
-    let comms = crate::ranks::threads(tp, device)?;
-    std::thread::scope(|scope| {
-        let ranks: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                // CUDA ranks load on their own GPUs.
-                let device = comm.device().unwrap_or_else(|| options.device.clone());
-                let options = LoadOptions { comm, device, ..options.clone() };
-                let (path, args) = (&path, &args);
-                scope.spawn(move || -> anyhow::Result<ExitCode> {
-                    let rank0 = options.comm.rank() == 0;
-                    let loaded = wirl_engine::load(path, &options)?;
-                    if rank0 {
-                        eprintln!(
-                            "loaded {} on {tp} tensor-parallel ranks in {:.2?}",
-                            path.display(),
-                            started.elapsed()
-                        );
-                    }
-                    generate(args, &loaded, rank0)
-                })
-            })
-            .collect();
-        let mut results: Vec<anyhow::Result<ExitCode>> = ranks
-            .into_iter()
-            .map(|rank| rank.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-            .collect();
-        // A rank's own error says more than the others' "rank k left the group".
-        let first_error =
-            results.iter().position(|r| r.as_ref().is_err_and(|e| !format!("{e:#}").contains("left the group")));
-        results.swap_remove(first_error.unwrap_or(0))
-    })
-}
-
-/// Generate from `loaded` as `args` say; `speaks`: this rank prints (rank 0, or alone).
-fn generate(args: &Args, loaded: &wirl_engine::LoadedModel, speaks: bool) -> anyhow::Result<ExitCode> {
-    let text = match (&args.prompt, &args.chat) {
-        (Some(prompt), _) => prompt.clone(),
-        (None, Some(chat)) => {
-            let mut messages = Vec::new();
-            if let Some(system) = &args.system {
-                messages.push(ChatMessage { role: "system".into(), content: system.clone() });
-            }
-            messages.push(ChatMessage { role: "user".into(), content: chat.clone() });
-            let vars: wirl_engine::TemplateVars = args.template_var.iter().cloned().collect();
-            loaded.tokenizer.render_chat_with(&messages, true, &vars)?
-        }
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let prompt = match (args.prompt, args.chat) {
+        (Some(prompt), _) => Prompt::Raw(prompt),
+        (None, Some(user)) => Prompt::Chat { system: args.system, user, vars: args.template_var.into_iter().collect() },
         (None, None) => unreachable!("clap requires --prompt or --chat"),
     };
-    let prompt = loaded.tokenizer.encode(&text)?;
     let sampling = Sampling {
         max_tokens: args.max_tokens,
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
         min_p: args.min_p,
-        stop: args.stop.clone(),
+        stop: args.stop,
         seed: args.seed,
         ignore_eos: args.ignore_eos,
         top_logprobs: 0,
     };
-    let request = GenerateRequest { prompt: prompt.clone(), n: args.samples, sampling };
-    let started = Instant::now();
+    // One sample is streamed as it is decoded; several are printed whole.
     let stream = args.samples == 1;
-    let results = wirl_engine::generate_with(
-        &loaded.model,
-        &loaded.tokenizer,
-        &[request],
-        args.device_sampling,
-        |_, _, piece| {
-            if stream && speaks {
-                print!("{piece}");
-                let _ = std::io::stdout().flush();
-            }
-        },
-    )?;
-    let elapsed = started.elapsed();
-    if !speaks {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let completions = &results[0];
+    let launch = GenerateLaunch {
+        model: args.model,
+        adapter: args.adapter,
+        prompt,
+        samples: args.samples,
+        sampling,
+        quantized: args.quantized,
+        device: args.device,
+        dtype: args.dtype,
+        tp: usize::from(args.tp),
+        device_sampling: args.device_sampling,
+    };
+    let generated = wirl_app::generate::generate(launch, &|piece| {
+        if stream {
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
+        }
+    })?;
     if stream {
         println!();
     } else {
-        for (i, completion) in completions.iter().enumerate() {
+        for (i, completion) in generated.completions.iter().enumerate() {
             println!(
                 "--- sample {i} ({:?}, {} tokens)\n{}",
                 completion.finish,
@@ -214,11 +133,12 @@ fn generate(args: &Args, loaded: &wirl_engine::LoadedModel, speaks: bool) -> any
             );
         }
     }
-    let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
+    let tokens: usize = generated.completions.iter().map(|c| c.tokens.len()).sum();
     eprintln!(
-        "{} prompt tokens, {generated} generated in {elapsed:.2?}: {:.1} tokens/s",
-        prompt.len(),
-        generated as f64 / elapsed.as_secs_f64()
+        "{} prompt tokens, {tokens} generated in {:.2?}: {:.1} tokens/s",
+        generated.prompt_tokens,
+        generated.elapsed,
+        tokens as f64 / generated.elapsed.as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
 }

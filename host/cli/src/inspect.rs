@@ -13,7 +13,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let sandbox = wirl_sandbox::Sandbox::new(Default::default())?;
-    let plugin = sandbox.load(crate::plugin_spec(&args.plugin)?)?;
+    let plugin = sandbox.load(wirl_app::plugins::plugin_spec(&args.plugin)?)?;
     if args.json {
         let report = serde_json::json!({
             "path": plugin.path(),

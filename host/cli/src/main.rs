@@ -1,18 +1,16 @@
 //! The `wirl` command.
 
-mod check;
 mod ctl;
-mod device;
 mod generate;
 mod inspect;
 mod model;
 mod plot;
-mod ranks;
 mod sandbox;
 mod scaffold;
 mod score;
 mod serve;
 mod tasks;
+mod terminal;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -189,6 +187,42 @@ enum PluginCommand {
 fn main() -> ExitCode {
     start_with_allocator_tunables();
     wirl_engine::pin_thread_count();
+    start_logging();
+    let cli = Cli::parse();
+    // The application layer's notices (a model fetched, a plugin compiling, a watched plugin
+    // applied) are lines on stderr.
+    wirl_app::notices::install(|line| eprintln!("{line}"));
+    if let Err(error) = wirl_engine::invariant::check_kernels_variable() {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
+    // Code runners with `workers` start children of this binary (`wirl code-worker`).
+    if let Ok(exe) = std::env::current_exe() {
+        wirl_sandbox::register_worker_command(exe, &["code-worker"]);
+    }
+    if !matches!(cli.command, Command::Train(_) | Command::Eval(_) | Command::Serve(_)) {
+        // A reader that goes away (`wirl plugin inspect … | head`) ends the command quietly,
+        // as with any Unix tool. Training keeps SIGPIPE ignored: a closed log pipe must not
+        // kill a run before its checkpoint. So does the server: a write to a client that
+        // reset its connection raised SIGPIPE (most likely a vectored `writev`, which has no
+        // MSG_NOSIGNAL) and killed `wirl serve`, every other client's requests with it.
+        // SAFETY: restoring the default disposition of one signal, before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {}", shown(&error));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Log lines on stderr (`WIRL_LOG` filters them; warnings and plugins' own by default), and
+/// at debug level how the process was set up.
+fn start_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WIRL_LOG")
@@ -212,27 +246,11 @@ fn main() -> ExitCode {
     if let Ok(threads) = std::env::var("RAYON_NUM_THREADS") {
         tracing::debug!("candle computes on {threads} threads (RAYON_NUM_THREADS)");
     }
-    let cli = Cli::parse();
-    if let Err(error) = wirl_engine::invariant::check_kernels_variable() {
-        eprintln!("error: {error}");
-        return ExitCode::from(2);
-    }
-    // Code runners with `workers` start children of this binary (`wirl code-worker`).
-    if let Ok(exe) = std::env::current_exe() {
-        wirl_sandbox::register_worker_command(exe, &["code-worker"]);
-    }
-    if !matches!(cli.command, Command::Train(_) | Command::Eval(_) | Command::Serve(_)) {
-        // A reader that goes away (`wirl plugin inspect … | head`) ends the command quietly,
-        // as with any Unix tool. Training keeps SIGPIPE ignored: a closed log pipe must not
-        // kill a run before its checkpoint. So does the server: a write to a client that
-        // reset its connection raised SIGPIPE (most likely a vectored `writev`, which has no
-        // MSG_NOSIGNAL) and killed `wirl serve`, every other client's requests with it.
-        // SAFETY: restoring the default disposition of one signal, before any thread starts.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
-    }
-    let result = match cli.command {
+}
+
+/// The command's own function.
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
         Command::Train(args) => train::run(args),
         Command::Eval(args) => train::eval(args),
         Command::Plot(args) => plot::run(args),
@@ -252,20 +270,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(*args),
         Command::CodeWorker => code_worker(),
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut <Cli as clap::CommandFactory>::command(),
-                "wirl",
-                &mut std::io::stdout(),
-            );
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "wirl", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
-        }
-    };
-    match result {
-        Ok(code) => code,
-        Err(error) => {
-            eprintln!("error: {}", shown(&error));
-            ExitCode::from(2)
         }
     }
 }
@@ -286,99 +293,6 @@ fn code_worker() -> anyhow::Result<ExitCode> {
     }
     wirl_sandbox::serve_code_worker(std::io::stdin().lock(), std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Plugin options shared by the commands that load one plugin from the command line.
-#[derive(clap::Args, Clone, Debug)]
-pub struct PluginArgs {
-    /// The plugin component (`.wasm`), or a built-in: `builtin:NAME` (`wirl plugin list`).
-    #[arg(long)]
-    plugin: std::path::PathBuf,
-    /// A plugin config value, `KEY=VALUE`, where VALUE is JSON (a bare word is a string).
-    #[arg(long = "config", value_name = "KEY=VALUE")]
-    config: Vec<String>,
-    /// Wall-clock deadline per call, in milliseconds.
-    #[arg(long)]
-    deadline_ms: Option<u64>,
-    /// Memory cap per instance, in MiB.
-    #[arg(long)]
-    memory_mib: Option<u64>,
-    /// Fuel per call (turns fuel metering on).
-    #[arg(long)]
-    fuel: Option<u64>,
-    /// Keep one instance across calls instead of a fresh one per call.
-    #[arg(long)]
-    reuse_instance: bool,
-    /// Grant read-only access to this directory (seen by the plugin as /data).
-    #[arg(long, value_name = "DIR")]
-    read_only_dir: Option<std::path::PathBuf>,
-    /// For a grader: the code-runner component its programs run in (default limits of a
-    /// code runner: 10 s, 512 MiB per program).
-    #[arg(long, value_name = "WASM")]
-    code_runner: Option<std::path::PathBuf>,
-    /// For a grader: run its programs in this many worker processes (0: in this process).
-    /// Programs of concurrent calls then scale with cores as subprocesses do.
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "code_runner")]
-    code_workers: usize,
-}
-
-impl PluginArgs {
-    /// The sandbox and the loaded plugin these options describe.
-    pub fn load(&self) -> anyhow::Result<(wirl_sandbox::Sandbox, std::sync::Arc<wirl_sandbox::Plugin>)> {
-        let mut spec = plugin_spec(&self.plugin)?;
-        for pair in &self.config {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| anyhow::anyhow!("--config {pair:?}: expected KEY=VALUE, for example tolerance=0.01"))?;
-            let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
-            spec.config.insert(key.to_string(), value);
-        }
-        if let Some(ms) = self.deadline_ms {
-            spec.limits.deadline_ms = ms;
-        }
-        if let Some(mib) = self.memory_mib {
-            spec.limits.memory_bytes = mib
-                .checked_mul(1 << 20)
-                .ok_or_else(|| anyhow::anyhow!("--memory-mib {mib} is too large; the sandbox allows up to 4096"))?;
-        }
-        spec.limits.fuel = self.fuel;
-        spec.limits.reuse_instance = self.reuse_instance;
-        spec.grants.read_only_dir = self.read_only_dir.clone();
-        if let Some(path) = &self.code_runner {
-            spec.code_runner = Some(Box::new(wirl_sandbox::PluginSpec {
-                limits: wirl_sandbox::Limits::code_runner(),
-                workers: self.code_workers,
-                ..plugin_spec(path)?
-            }));
-        }
-        let settings = wirl_sandbox::SandboxSettings { fuel: self.fuel.is_some(), ..Default::default() };
-        let sandbox = wirl_sandbox::Sandbox::new(settings)?;
-        let name = self.plugin.display().to_string();
-        let plugin =
-            said_if_slow(&format!("compiling {name} (once: the compiled plugin is cached)"), || sandbox.load(spec))?;
-        Ok((sandbox, plugin))
-    }
-}
-
-/// `work()`, saying `what` on stderr if it takes more than a second (a new plugin's first
-/// compilation takes seconds; a cached one a few milliseconds, and says nothing).
-pub fn said_if_slow<T>(what: &str, work: impl FnOnce() -> T) -> T {
-    let (done, finished) = std::sync::mpsc::channel::<()>();
-    let what = what.to_string();
-    let notice = std::thread::spawn(move || {
-        if finished.recv_timeout(std::time::Duration::from_secs(1)) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-            eprintln!("{what} ...");
-        }
-    });
-    let result = work();
-    drop(done);
-    let _ = notice.join();
-    result
-}
-
-/// A plugin named on the command line: a `.wasm` file or `builtin:NAME`.
-pub fn plugin_spec(reference: &std::path::Path) -> anyhow::Result<wirl_sandbox::PluginSpec> {
-    wirl_builtins::spec(reference).map_err(|message| anyhow::anyhow!("--plugin: {message}"))
 }
 
 #[cfg(test)]

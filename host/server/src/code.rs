@@ -305,6 +305,8 @@ struct RunCodeRequest {
 }
 
 impl RunCodeRequest {
+    /// Over ~80 lines on purpose: one reader per field of SandboxFusion's request, each error
+    /// naming the field as a client wrote it, in the request's order.
     fn read(body: &[u8], service: &CodeService) -> Result<Self, ApiError> {
         let body = object(body)?;
         let string = |key: &str| -> Result<Option<String>, ApiError> {

@@ -21,12 +21,17 @@ mod task_replies;
 mod tasks;
 mod weights;
 
+/// The routes `router` and `sandbox_router` make, as `serve` takes them.
+pub use axum::Router;
 pub use code::{CodeLanguage, CodeLimits, CodeService, canonical_language};
 pub use control::{ControlFailure, RunControl};
 pub use request::Limits;
+#[cfg(feature = "flags")]
+pub use settings::ServeFlags;
 pub use settings::{InvalidSetting, ServeSettings};
 pub use tasks::{ServedTask, TaskLimits};
 
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -34,7 +39,6 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
 use openai::{
     ChatChoice, Choice, Chunk, Delta, ErrorBody, ErrorDetail, LastDelta, Logprobs, Message, ModelCard, ModelList,
     Piece, Reply, TextChoice, TextLogprobs, TokenLogprob, Usage, Widened,

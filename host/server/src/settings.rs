@@ -1,103 +1,166 @@
-//! `wirl serve`'s settings: one type, each default here with its reason. A config's
-//! `[serve]` table is this type (unknown keys refused); the command line's flags, where given,
-//! replace its values; the server's own parts (`ServeConfig`, `Limits`, `TaskLimits`,
+//! `wirl serve`'s settings: each declared once, with its default and the reason for it, and
+//! its flag where it has one. A config's `[serve]` table is `ServeSettings` (unknown keys
+//! refused); the command line's flags (`ServeFlags`, the `flags` feature) replace its values
+//! where given; the server's own parts (`ServeConfig`, `Limits`, `TaskLimits`,
 //! `ConnectionLimits`) take their defaults from [`ServeSettings::default`].
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServeSettings {
-    /// The address to listen on. Loopback: serving beyond this machine needs an API key.
-    pub host: String,
-    /// The port (0: any free one, printed). 8000, as the OpenAI-compatible servers the
-    /// peers sample with (vLLM, SGLang's examples) listen on.
-    pub port: u16,
-    /// The model's name in /v1/models and responses (default: the file's or directory's).
-    pub name: Option<String>,
-    /// Run a GGUF model's quantized weights.
-    pub quantized: bool,
-    /// A LoRA adapter directory (PEFT's format) merged into the model's weights as it loads
-    /// (weights loaded later through /v1/load_weights come as their directory holds them).
-    pub adapter: Option<PathBuf>,
-    /// The weights' dtype, `f32` or `bf16` (default: as the model loads, f32).
-    pub dtype: Option<String>,
-    /// `cpu`, `cuda` or `cuda:N` (default: cpu).
-    pub device: Option<String>,
-    /// Tensor-parallel ranks (1: one model).
-    pub tp: u16,
-    /// Completions per request (`n`): 16 covers a GRPO group; more would let one request hold
-    /// the engine's rows.
-    pub max_n: usize,
-    /// New tokens per completion: 4096 covers reasoning traces of the models served here;
-    /// the key/value budget bounds what requests in flight hold together.
-    pub max_tokens: usize,
-    /// Stop strings per request (OpenAI allows 4).
-    pub max_stop: usize,
-    /// Requests generating at once; more are answered 503 with Retry-After. 64: what the
-    /// engine's lanes batch well on one machine.
-    pub max_concurrent: usize,
-    /// Seconds a request may take; then 504 and its generation cancelled.
-    pub timeout_s: u64,
-    /// Prompts longer than this many tokens are prefilled in slices between other requests'
-    /// decode steps, so that a long prompt does not hold every client.
-    pub prefill_chunk: usize,
-    /// Connections open at once; more are closed when accepted (file descriptors are finite).
-    pub max_connections: usize,
-    /// Seconds a request's headers may take (and an idle connection may wait); its body gets
-    /// three times as long, then 408: half-sent requests do not hold a connection.
-    pub header_timeout_s: u64,
-    /// MiB of key/value cache the requests in flight may come to hold (each counted at its
-    /// prompt plus max_tokens); beyond it 503, and a request that alone needs more, 400.
-    pub kv_budget_mib: usize,
-    /// MiB of keys and values kept for later requests that start the same way; 0 keeps none.
-    pub prefix_cache_mib: u64,
-    /// The largest request body: 1 MiB holds long conversations, and stops a flood.
-    pub max_body_bytes: usize,
-    /// Episodes open at once (/v1/episodes); more are answered 503.
-    pub max_episodes: usize,
-    /// Seconds an episode may sit idle before it is closed.
-    pub episode_idle_s: u64,
-    /// Groups (or rollouts, prompts) per task request, tasks per draw, groups per score.
-    pub max_groups: usize,
-    /// Completions per scored group; rollouts per group.
-    pub max_group_size: usize,
-    /// Where clients may load weights from (POST /v1/load_weights); off when none.
-    pub weights_dir: Option<PathBuf>,
-    /// The environment variable holding the API key (a key itself does not belong in a file).
-    pub api_key_env: Option<String>,
+/// Declares every setting once — its doc, its type, its default, and the type of its flag
+/// where `wirl serve` has one — and makes of it `ServeSettings` (with `Default`) and, with
+/// the `flags` feature, `ServeFlags`: the command line's flags, each with its doc and the
+/// default shown, laid over a `[serve]` table by [`ServeFlags::over`].
+macro_rules! serve_settings {
+    ($(
+        $(#[doc = $doc:literal])+
+        $name:ident: $ty:ty = $default:expr $(, flag: $flag:ty)?;
+    )*) => {
+        #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct ServeSettings {
+            $($(#[doc = $doc])+ pub $name: $ty,)*
+        }
+
+        impl Default for ServeSettings {
+            fn default() -> Self {
+                ServeSettings { $($name: $default,)* }
+            }
+        }
+
+        impl ServeSettings {
+            /// A setting's doc, as declared.
+            pub fn doc(key: &str) -> &'static str {
+                match key {
+                    $(stringify!($name) => concat!($($doc, "\n"),+),)*
+                    _ => "",
+                }
+            }
+        }
+
+        /// `wirl serve`'s flags: the settings that have one, each `None` (or `false`) unless given.
+        #[cfg(feature = "flags")]
+        #[derive(clap::Args, Clone, Debug, Default)]
+        pub struct ServeFlags {
+            $($(
+                #[arg(long, help = flags::help(ServeSettings::doc(stringify!($name)), &ServeSettings::default().$name))]
+                pub $name: $flag,
+            )?)*
+        }
+
+        #[cfg(feature = "flags")]
+        impl ServeFlags {
+            /// The flags given, as `[serve]` keys over `table` (a flag given wins).
+            pub fn over(&self, table: &mut toml::Table) {
+                $($(
+                    let value: &$flag = &self.$name;
+                    if let Some(value) = flags::Given::given(value) {
+                        table.insert(stringify!($name).to_string(), value);
+                    }
+                )?)*
+            }
+        }
+    };
 }
 
-impl Default for ServeSettings {
-    fn default() -> Self {
-        ServeSettings {
-            host: "127.0.0.1".into(),
-            port: 8000,
-            name: None,
-            quantized: false,
-            adapter: None,
-            dtype: None,
-            device: None,
-            tp: 1,
-            max_n: 16,
-            max_tokens: 4096,
-            max_stop: 4,
-            max_concurrent: 64,
-            timeout_s: 300,
-            prefill_chunk: 128,
-            max_connections: 1024,
-            header_timeout_s: 10,
-            kv_budget_mib: 2048,
-            prefix_cache_mib: 256,
-            max_body_bytes: 1 << 20,
-            max_episodes: 256,
-            episode_idle_s: 600,
-            max_groups: 256,
-            max_group_size: 64,
-            weights_dir: None,
-            api_key_env: None,
+serve_settings! {
+    /// The address to listen on. Loopback: serving beyond this machine needs an API key.
+    host: String = "127.0.0.1".into(), flag: Option<String>;
+    /// The port (0: any free one, printed). 8000, as the OpenAI-compatible servers the
+    /// peers sample with (vLLM, SGLang's examples) listen on.
+    port: u16 = 8000, flag: Option<u16>;
+    /// The model's name in /v1/models and responses (default: the file's or directory's).
+    name: Option<String> = None, flag: Option<String>;
+    /// Run a GGUF model's quantized weights (faster on the CPU; log-probs then differ from
+    /// the trainer's f32 ones).
+    quantized: bool = false, flag: bool;
+    /// A LoRA adapter directory (PEFT's format; a LoRA run's `checkpoints/step-N/adapter`)
+    /// merged into the model as it loads (weights loaded later through /v1/load_weights
+    /// come as their directory holds them).
+    adapter: Option<PathBuf> = None, flag: Option<PathBuf>;
+    /// The weights' dtype, `f32` or `bf16` (default: as the model loads, f32): bf16 keeps the
+    /// linear layers' matrices in half the bytes and computes in f32 (decoding is faster on
+    /// the CPU; log-probs differ from f32's by the rounding of the weights).
+    dtype: Option<String> = None, flag: Option<String>;
+    /// Where the model runs: `cpu`, `cuda` or `cuda:N` (a build made by scripts/build-cuda;
+    /// default: cpu).
+    device: Option<String> = None, flag: Option<String>;
+    /// Tensor-parallel ranks (threads of this process; on CUDA one GPU each, from the one
+    /// `device` names, summing over NCCL); 1: one model.
+    tp: u16 = 1, flag: Option<u16>;
+    /// Completions per request (`n`): 16 covers a GRPO group; more would let one request hold
+    /// the engine's rows.
+    max_n: usize = 16, flag: Option<usize>;
+    /// New tokens per completion: 4096 covers reasoning traces of the models served here;
+    /// the key/value budget bounds what requests in flight hold together.
+    max_tokens: usize = 4096, flag: Option<usize>;
+    /// Stop strings per request (OpenAI allows 4).
+    max_stop: usize = 4;
+    /// Requests generating at once; more are answered 503 with Retry-After. 64: what the
+    /// engine's lanes batch well on one machine.
+    max_concurrent: usize = 64, flag: Option<usize>;
+    /// Seconds a request may take; then 504 and its generation cancelled.
+    timeout_s: u64 = 300, flag: Option<u64>;
+    /// Prompts longer than this many tokens are prefilled in slices between other requests'
+    /// decode steps, so that a long prompt does not hold every client.
+    prefill_chunk: usize = 128, flag: Option<usize>;
+    /// Connections open at once; more are closed when accepted (file descriptors are finite).
+    max_connections: usize = 1024, flag: Option<usize>;
+    /// Seconds a request's headers may take (and an idle connection may wait); its body gets
+    /// three times as long, then 408: half-sent requests do not hold a connection.
+    header_timeout_s: u64 = 10, flag: Option<u64>;
+    /// MiB of key/value cache the requests in flight may come to hold (each counted at its
+    /// prompt plus max_tokens); beyond it 503, and a request that alone needs more, 400.
+    kv_budget_mib: usize = 2048, flag: Option<usize>;
+    /// MiB of keys and values kept for later requests that start the same way (a shared
+    /// system prompt, a conversation's earlier turns); 0 keeps none.
+    prefix_cache_mib: u64 = 256, flag: Option<u64>;
+    /// The largest request body, in bytes: 1 MiB holds long conversations, and stops a flood.
+    max_body_bytes: usize = 1 << 20, flag: Option<usize>;
+    /// Episodes open at once (/v1/episodes); more are answered 503.
+    max_episodes: usize = 256, flag: Option<usize>;
+    /// Seconds an episode may sit idle before it is closed.
+    episode_idle_s: u64 = 600, flag: Option<u64>;
+    /// Groups (or rollouts, prompts) per task request, tasks per draw, groups per score.
+    max_groups: usize = 256;
+    /// Completions per scored group; rollouts per group.
+    max_group_size: usize = 64;
+    /// Let clients load weights (POST /v1/load_weights, /update_weights) from checkpoints and
+    /// models under this directory (off when none).
+    weights_dir: Option<PathBuf> = None, flag: Option<PathBuf>;
+    /// The environment variable holding the API key (a key itself does not belong in a file).
+    api_key_env: Option<String> = None;
+}
+
+/// The flags' help and their values as `[serve]` keys.
+#[cfg(feature = "flags")]
+mod flags {
+    /// A setting's doc as one paragraph, with its default where it has one to show.
+    pub fn help<T: serde::Serialize>(doc: &str, default: &T) -> String {
+        let text = doc.split('\n').map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ");
+        match toml::Value::try_from(default) {
+            Ok(toml::Value::Boolean(_)) | Err(_) => text,
+            Ok(toml::Value::String(s)) => format!("{text} [default: {s}]"),
+            Ok(value) => format!("{text} [default: {value}]"),
+        }
+    }
+
+    /// A flag's value as a `[serve]` key's, if it was given.
+    pub trait Given {
+        fn given(&self) -> Option<toml::Value>;
+    }
+
+    impl<T: serde::Serialize> Given for Option<T> {
+        fn given(&self) -> Option<toml::Value> {
+            // Only a count past i64 cannot be a TOML integer: the largest is as good.
+            self.as_ref().map(|value| toml::Value::try_from(value).unwrap_or(toml::Value::Integer(i64::MAX)))
+        }
+    }
+
+    impl Given for bool {
+        fn given(&self) -> Option<toml::Value> {
+            self.then_some(toml::Value::Boolean(true))
         }
     }
 }
@@ -224,5 +287,39 @@ mod tests {
         let big = ServeSettings { prefix_cache_mib: 1 << 30, ..Default::default() };
         assert!(big.check().unwrap_err().0.contains("--prefix-cache-mib"));
         assert!(ServeSettings::default().check().is_ok());
+    }
+
+    /// The flags come from the same declarations as the settings: each has its key's name,
+    /// its default in the help, and a flag given replaces the table's value (and only then).
+    #[cfg(feature = "flags")]
+    #[test]
+    fn each_flag_is_its_setting_with_its_default_and_wins_over_the_table() {
+        use clap::{CommandFactory, Parser};
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: ServeFlags,
+        }
+        let command = Cli::command();
+        let help = |id: &str| {
+            let argument = command.get_arguments().find(|a| a.get_id() == id).unwrap_or_else(|| panic!("no --{id}"));
+            argument.get_help().map(ToString::to_string).unwrap_or_default()
+        };
+        assert!(help("max_n").ends_with("[default: 16]"), "{}", help("max_n"));
+        assert!(help("host").ends_with("[default: 127.0.0.1]"), "{}", help("host"));
+        assert!(help("max_body_bytes").ends_with("[default: 1048576]"), "{}", help("max_body_bytes"));
+        assert!(!help("quantized").contains("default") && !help("weights_dir").contains("[default"));
+        // Settings without a flag (set in `[serve]` only) have none.
+        assert!(command.get_arguments().all(|a| a.get_id() != "max_stop" && a.get_id() != "api_key_env"));
+        let cli = Cli::parse_from(["serve", "--max-n", "3", "--quantized", "--weights-dir", "/w"]);
+        let mut table: toml::Table = toml::from_str("max_n = 9\nport = 1\nmax_tokens = 7").unwrap();
+        cli.flags.over(&mut table);
+        let settings: ServeSettings = toml::Value::Table(table).try_into().unwrap();
+        assert_eq!((settings.max_n, settings.port, settings.max_tokens), (3, 1, 7));
+        assert_eq!((settings.quantized, settings.weights_dir), (true, Some(PathBuf::from("/w"))));
+        // Nothing given: the table alone.
+        let mut table: toml::Table = toml::from_str("max_n = 9").unwrap();
+        ServeFlags::default().over(&mut table);
+        assert_eq!(table.len(), 1);
     }
 }

@@ -635,6 +635,9 @@ fn session(tasks: &Tasks, id: &str) -> Result<Arc<Mutex<Session>>, ApiError> {
 }
 
 /// Step: `{action}` (the model's reply) → `{observation: {messages}, reward, done, ...}`.
+///
+/// Over ~80 lines on purpose: the reply read, the episode locked, stepped, scored and
+/// answered or closed, in the order the session's state allows; each branch is a reply.
 pub(crate) async fn episode_step(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 /// A float setting: its key, value, what it must be, and the test of that.
 type FloatRule = (&'static str, f64, &'static str, fn(f64) -> bool);
 
-/// The largest plugin memory a config may ask for: the sandbox's `max_memory_bytes`.
-const MAX_MEMORY_MIB: u64 = 4 << 10;
+/// The largest plugin memory a config may ask for: the sandbox's.
+use wirl_sandbox::MAX_MEMORY_MIB;
 
 /// `model.prefix_cache_mib` past this is a typo (1 TiB).
 const MAX_PREFIX_CACHE_MIB: u64 = 1 << 20;
@@ -743,6 +743,9 @@ const MAX_REWARD_SCALE: f64 = 1e6;
 
 /// One task's numbers: its pass reward, turns, sampling, weight, reward weights, workers and
 /// plugin memories.
+///
+/// Over ~80 lines on purpose: a list of rules, one per number a task carries, each naming
+/// its key; a list reads best whole.
 fn check_task_numbers(origin: &str, view: &TaskView<'_>) -> crate::error::Result<()> {
     let key = &view.key;
     if let Some(pass) = view.pass_reward

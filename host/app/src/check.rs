@@ -1,4 +1,4 @@
-//! `wirl train CONFIG --check`: the config validated and lowered, shown as the run would
+//! What `wirl train CONFIG --check` shows: the config validated and lowered, as the run would
 //! take it — the objective, the tasks, the scale — without loading a model or a plugin.
 
 use std::fmt::Write;
