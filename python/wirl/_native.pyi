@@ -1,4 +1,5 @@
-# Type stubs of the extension module (python/src). The package's own modules are typed inline.
+# Type stubs of the extension module (python/src), held to it by python/tests/test_stubs.py
+# (names, parameters, defaults, properties, both ways). The package's own modules are typed inline.
 from typing import Optional, Sequence
 
 WIT_PACKAGE: str

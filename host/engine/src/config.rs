@@ -324,6 +324,9 @@ impl Config {
     /// Every size, count and parameter a model file gives, checked before anything is
     /// sized by it: positive, finite, within what any real model has, consistent with each
     /// other. The message names the field and the limit.
+    ///
+    /// Over ~80 lines on purpose: one rule per field the file gives, in the config's order, each
+    /// naming its field and limit; a list of rules reads best whole.
     fn check_numbers(&self) -> Result<(), crate::Refused> {
         let within = |field: &str, value: usize, max: usize| -> Result<(), crate::Refused> {
             if value == 0 || value > max {

@@ -265,6 +265,8 @@ mod tests {
         out
     }
 
+    /// Over ~80 lines on purpose: the cases that differ (grouped heads, padded rows, odd head
+    /// sizes) against one plain reference written out beside them.
     #[test]
     fn equals_plain_attention_with_groups_padding_and_odd_head_sizes() {
         let mut next = crate::test_values(7);

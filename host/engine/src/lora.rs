@@ -287,6 +287,17 @@ enum TargetModules {
 
 /// Read a PEFT adapter directory, checked against the model it is for.
 pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
+    let spec = read_spec(dir, config)?;
+    let weights_origin = dir.join(WEIGHTS_FILE).display().to_string();
+    let tensors = read_weights(dir, &spec)?;
+    let adapter = Adapter { spec, tensors };
+    adapter.check(config, &weights_origin)?;
+    Ok(adapter)
+}
+
+/// The adapter's `adapter_config.json`: plain LoRA (anything PEFT can add that this engine
+/// does not compute is refused by name), on modules the model's family has.
+fn read_spec(dir: &Path, config: &Config) -> Result<LoraSpec> {
     let config_path = dir.join(CONFIG_FILE);
     let origin = config_path.display().to_string();
     let text = crate::files::read_text_within(&config_path, crate::files::MAX_CONFIG_BYTES).map_err(|e| match e {
@@ -328,6 +339,12 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
     };
     let spec = LoraSpec { rank: peft.r, alpha: peft.lora_alpha, target_modules };
     spec.validate().and_then(|()| spec.check_family(config)).map_err(|crate::Refused(message)| refuse(message))?;
+    Ok(spec)
+}
+
+/// The adapter's tensors (`adapter_model.safetensors`), each checked before it is kept: its
+/// shape before it is copied, its name, its values; in f32, by module name.
+fn read_weights(dir: &Path, spec: &LoraSpec) -> Result<HashMap<String, Tensor>> {
     let weights_path = dir.join(WEIGHTS_FILE);
     let weights_origin = weights_path.display().to_string();
     // A link to a device or a FIFO would be read without end, or block.
@@ -389,9 +406,7 @@ pub fn read(dir: &Path, config: &Config) -> Result<Adapter> {
         }
         tensors.insert(inner, tensor.to_dtype(DType::F32)?);
     }
-    let adapter = Adapter { spec, tensors };
-    adapter.check(config, &weights_origin)?;
-    Ok(adapter)
+    Ok(tensors)
 }
 
 /// Write `adapter` as a PEFT directory at `dir` (which must not exist): whole or not at

@@ -172,6 +172,9 @@ impl CodeRunnerPlugin {
         call::block_on(self.run_in_process(program, requested, workdir))
     }
 
+    /// Over ~80 lines on purpose: one program's run in the order its limits apply — the store,
+    /// the instance, the call, the output read back and classified — with the store and the
+    /// limits threading through every part.
     async fn run_in_process(
         &self,
         program: &Program,

@@ -80,6 +80,10 @@ fn asks_of(config: &RunConfig, greedy: &GroupAsk) -> Vec<GroupAsk> {
 
 /// Evaluate the model at `model` (a resolved path; `config.model` names it in the summary),
 /// with the LoRA adapter at `adapter` merged in if one is given; the summary as JSON.
+///
+/// Over ~80 lines on purpose: the evaluation's start (model, engine, tasks, judges) and its
+/// loop over the problems share a dozen values (the engine's thread and the sandbox must
+/// outlive the loop); split, they would travel in a struct made for this one call.
 pub fn evaluate(
     config: &RunConfig,
     model: &Path,

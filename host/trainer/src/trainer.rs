@@ -9,7 +9,10 @@
 //! The step's stages are in `step.rs`; this file holds the run around them (start, swaps,
 //! held-out evaluation, checkpoints).
 
+mod boundary;
 mod step;
+
+use boundary::AtBoundary;
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::{BaseDtype, GrpoSection, RunConfig, TaskSpec, TrainConfig};
@@ -18,7 +21,7 @@ use crate::error::{Context, bail};
 use crate::manifest::{self, Manifest, PluginStore};
 use crate::metrics::StepMetrics;
 use crate::observer::{Event, Observer};
-use crate::swap::{Staged, SwapEvent, Swapper};
+use crate::swap::Swapper;
 use crate::tasks::{LoadedTask, load_tasks};
 use candle_core::{DType, Device};
 use std::collections::BTreeMap;
@@ -68,14 +71,40 @@ struct HeldOut {
 pub struct Trainer {
     config: RunConfig,
     run_dir: PathBuf,
+    control: Control,
+    /// The data-parallel group this trainer is a rank of ([`Solo`]: alone). Every rank draws
+    /// the step's tasks and rolls its share; rank 0 alone writes the run's files.
+    ranks: Arc<dyn Comm>,
+    policy: PolicyModel,
+    side: SideModels,
+    live: LiveTasks,
+    state: RunState,
+}
+
+/// The model being trained: the learner (its weights, the reference, the optimizer), the
+/// engine that samples from the same weights, their tokenizer and the model's config.
+struct PolicyModel {
     tokenizer: Arc<Tokenizer>,
     learner: Learner,
     engine: EngineHandle,
+    model_config: wirl_engine::Config,
+}
+
+/// The models a run consults beside the policy, and what rewards ask of them.
+struct SideModels {
+    /// What rewards (LLM judges) asked of the engine since it was last taken.
+    reward_inference: Arc<wirl_rollout::InferenceUsage>,
+    /// The engines of the rewards' judge models other than the policy (`judge_model`).
+    judges: std::collections::BTreeMap<wirl_rollout::JudgeModel, wirl_rollout::RewardEngine>,
+    /// On-policy distillation's teacher (`[distill]`).
+    teacher: Option<crate::distill::Teacher>,
+}
+
+/// The task set in force and what hot swap keeps beside it.
+struct LiveTasks {
     tasks: Vec<LoadedTask>,
     /// Groups per step for each task.
     allocation: Vec<usize>,
-    model_config: wirl_engine::Config,
-    control: Control,
     /// The task set in force, its plugins by sha256.
     manifest: Manifest,
     /// The task set before the last switch, loaded (warm), for a rollback.
@@ -83,6 +112,12 @@ pub struct Trainer {
     /// A resumed run's later generations, switched in again at their steps.
     scheduled: std::collections::VecDeque<Manifest>,
     swapper: Arc<Swapper>,
+    /// Kept alive for the plugins' lifetime (its epoch ticker).
+    sandbox: Sandbox,
+}
+
+/// What carries from one step to the next besides the weights and the tasks.
+struct RunState {
     /// The weights version this session started from (a resumed run's at its checkpoint):
     /// the engine counts from 0, records add this.
     weights_base: u64,
@@ -92,22 +127,11 @@ pub struct Trainer {
     peak_rss: Option<u64>,
     /// The engine's prompt positions (from its prefix cache, computed) at the last record.
     prompt_positions_seen: (u64, u64),
-    /// What rewards (LLM judges) asked of the engine since it was last taken.
-    reward_inference: Arc<wirl_rollout::InferenceUsage>,
-    /// The engines of the rewards' judge models other than the policy (`judge_model`).
-    judges: std::collections::BTreeMap<wirl_rollout::JudgeModel, wirl_rollout::RewardEngine>,
-    /// On-policy distillation's teacher (`[distill]`).
-    teacher: Option<crate::distill::Teacher>,
     /// The next step, begun during this one's update.
     ahead: Option<Ahead>,
     /// The KL in the reward's β where it adapts (`grpo.kl_target`), a resumed run's as its
     /// checkpoint left it.
     reward_kl: Option<wirl_grpo::AdaptiveKl>,
-    /// Kept alive for the plugins' lifetime (its epoch ticker).
-    sandbox: Sandbox,
-    /// The data-parallel group this trainer is a rank of ([`Solo`]: alone). Every rank draws
-    /// the step's tasks and rolls its share; rank 0 alone writes the run's files.
-    ranks: Arc<dyn Comm>,
 }
 
 /// A step's tasks, drawn and their prompts fitted to the model, before any sampling.
@@ -244,35 +268,35 @@ impl Trainer {
             checkpoint::restore_optimizer(checkpoint, &policy, &mut optimizer)?;
         }
         let reward_kl = config.objective.kl.controller(resume.and_then(|c| c.state.reward_kl_coef));
+        let learner = Learner {
+            ranks: ranks.clone(),
+            mirror: (!mirror.is_empty()).then_some(mirror),
+            ..Learner::new(policy, reference, optimizer)
+        };
         Ok(Trainer {
-            model_config,
             config,
             run_dir: run_dir.to_path_buf(),
-            tokenizer,
-            learner: Learner {
-                ranks: ranks.clone(),
-                mirror: (!mirror.is_empty()).then_some(mirror),
-                ..Learner::new(policy, reference, optimizer)
-            },
-            engine,
-            tasks,
-            allocation: allocation.groups,
             control,
-            manifest,
-            previous: None,
-            scheduled: scheduled.into(),
-            swapper,
-            weights_base: resume.map_or(0, |c| c.state.weights_version.unwrap_or(c.state.optimizer_steps as u64)),
-            weights_written: 0,
-            peak_rss: None,
-            prompt_positions_seen: (0, 0),
-            reward_inference,
-            judges,
-            teacher,
-            ahead: None,
-            reward_kl,
-            sandbox,
             ranks,
+            policy: PolicyModel { tokenizer, learner, engine, model_config },
+            side: SideModels { reward_inference, judges, teacher },
+            live: LiveTasks {
+                tasks,
+                allocation: allocation.groups,
+                manifest,
+                previous: None,
+                scheduled: scheduled.into(),
+                swapper,
+                sandbox,
+            },
+            state: RunState {
+                weights_base: resume.map_or(0, |c| c.state.weights_version.unwrap_or(c.state.optimizer_steps as u64)),
+                weights_written: 0,
+                peak_rss: None,
+                prompt_positions_seen: (0, 0),
+                ahead: None,
+                reward_kl,
+            },
         })
     }
 
@@ -283,11 +307,11 @@ impl Trainer {
             return Ok(());
         }
         let fingerprint = serde_json::json!({
-            "config": serde_json::to_value(&self.swapper.base)?,
+            "config": serde_json::to_value(&self.live.swapper.base)?,
             "plugins (sha256)": self.plugin_hashes(),
-            "weights version": self.weights_base,
+            "weights version": self.state.weights_base,
             "step": start,
-            "model": serde_json::to_value(&self.model_config)?,
+            "model": serde_json::to_value(&self.policy.model_config)?,
         });
         let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &serde_json::to_vec(&fingerprint)?)?;
         let theirs = all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<Vec<serde_json::Value>, _>>()?;
@@ -300,42 +324,6 @@ impl Trainer {
                     );
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// With ranks, at each step boundary: rank 0's task set in force on every rank — a
-    /// manifest that rank 0 switched to (a swap, a rollback) loaded and switched in by the
-    /// others at the same boundary, from the plugin bytes rank 0 keeps in the run directory;
-    /// then every rank's plugins checked against rank 0's.
-    fn follow_tasks(&mut self, step: usize, observer: &mut dyn Observer) -> crate::error::Result<()> {
-        if self.ranks.size() == 1 {
-            return Ok(());
-        }
-        let mine =
-            if self.writes() { serde_json::to_vec(&(&self.manifest, self.plugin_hashes()))? } else { Vec::new() };
-        let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &mine)?;
-        if self.writes() {
-            return Ok(());
-        }
-        let (manifest, plugins): (Manifest, Vec<(String, String)>) = serde_json::from_slice(&all[0])?;
-        if manifest.generation != self.manifest.generation {
-            let generation = manifest.generation;
-            let staged = self.stage(manifest).with_context(|| format!("rank {}", self.ranks.rank()))?;
-            self.switch(step, staged, false, observer)?;
-            tracing::debug!(
-                "rank {} switched to manifest generation {generation} at step {}",
-                self.ranks.rank(),
-                step + 1
-            );
-        }
-        if self.plugin_hashes() != plugins {
-            bail!(
-                "rank {} runs other plugins than rank 0 at step {} (by sha256: {:?} against {plugins:?})",
-                self.ranks.rank(),
-                step + 1,
-                self.plugin_hashes()
-            );
         }
         Ok(())
     }
@@ -354,184 +342,38 @@ impl Trainer {
 
     /// The engine that samples from the policy (shared: a server may generate with it too).
     pub fn engine(&self) -> &EngineHandle {
-        &self.engine
+        &self.policy.engine
     }
 
     /// The policy's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
-        &self.tokenizer
+        &self.policy.tokenizer
     }
 
     /// The model's context length in tokens.
     pub fn context(&self) -> usize {
-        self.model_config.context()
+        self.policy.model_config.context()
     }
 
     /// `(name, sha256)` of every task's environment and reward plugins, each once.
     pub fn plugin_hashes(&self) -> Vec<(String, String)> {
-        let mut hashes: Vec<(String, String)> = Vec::new();
-        for hash in self.tasks.iter().flat_map(crate::tasks::plugin_hashes) {
-            let pair = (hash.name, hash.sha256);
-            if !hashes.contains(&pair) {
-                hashes.push(pair);
-            }
-        }
-        hashes
+        self.live.plugin_hashes()
     }
 
-    /// Between steps: switch in a resumed run's later generations at their steps, a staged
-    /// task set or a rollback; wait while paused. Whether the run was stopped meanwhile.
-    fn boundary(&mut self, step: usize, observer: &mut dyn Observer) -> crate::error::Result<bool> {
-        loop {
-            while self.scheduled.front().is_some_and(|m| m.from_step <= step) {
-                let manifest = self.scheduled.pop_front().expect("just looked");
-                let staged = self.stage(manifest)?;
-                self.switch(step, staged, false, observer)?;
-            }
-            // A rollback first; a set staged meanwhile waits for the next boundary.
-            let rollback = self.swapper.state().rollback.take();
-            if let Some(reason) = rollback {
-                self.roll_back(step, &reason, observer)?;
-            } else {
-                // Taken and marked as switching in one hold of the lock: no apply sees it
-                // neither staged nor in force.
-                let staged = {
-                    let mut state = self.swapper.state();
-                    let staged = state.staged.take();
-                    state.switching = staged.as_ref().map(|s| s.manifest.generation);
-                    staged
-                };
-                if let Some(staged) = staged {
-                    let switched = self.switch(step, staged, true, observer);
-                    self.swapper.state().switching = None;
-                    switched?;
-                }
-            }
-            self.swapper.state().replaying_until = self.scheduled.back().map(|m| m.from_step);
-            let (stopped, paused) = (self.control.is_stopped(), self.control.is_paused());
-            self.swapper.state().status.held = paused && !stopped;
-            if stopped {
-                return Ok(true);
-            }
-            if !paused {
-                return Ok(false);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-
-    /// A manifest of this run, loaded from its kept bytes.
-    fn stage(&self, manifest: Manifest) -> crate::error::Result<Staged> {
-        let mut run = self.swapper.base.with_manifest_tasks(&manifest.tasks)?.run_config()?;
-        manifest.pin(&mut run, &self.swapper.store)?;
-        manifest.check_inputs()?;
-        let allocation = run.allocation()?.groups;
-        let tasks = load_tasks(&self.sandbox, &run, &allocation, &self.tokenizer)
-            .with_context(|| format!("manifest generation {}", manifest.generation))?;
-        Ok(Staged {
-            manifest,
-            run,
-            tasks,
-            allocation,
-            changes: Vec::new(),
-            changed_tasks: Default::default(),
-            report: None,
-        })
-    }
-
-    /// Put `staged` in force from step `step + 1`; the set it replaces stays loaded. A new
-    /// version goes on probation (`on_probation`; not for a resumed run's replays, whose
-    /// rollbacks are generations of their own).
-    fn switch(
-        &mut self,
-        step: usize,
-        staged: Staged,
-        on_probation: bool,
-        observer: &mut dyn Observer,
-    ) -> crate::error::Result<()> {
-        let started = Instant::now();
-        let Staged { mut manifest, run, tasks, allocation, changes, changed_tasks: changed, report } = staged;
-        manifest.from_step = step;
-        let old_tasks = std::mem::replace(&mut self.tasks, tasks);
-        let old_allocation = std::mem::replace(&mut self.allocation, allocation);
-        let old_specs = std::mem::replace(&mut self.config.tasks, run.tasks);
-        let old_manifest = std::mem::replace(&mut self.manifest, manifest.clone());
-        let switch_ms = started.elapsed().as_secs_f64() * 1e3;
-        // On probation: the changed tasks, and the new bytes, which a rollback puts on back-off.
-        let old_shas: std::collections::BTreeSet<&String> = old_manifest.plugins.values().collect();
-        let new_plugins: Vec<String> =
-            manifest.plugins.values().filter(|sha| !old_shas.contains(sha)).cloned().collect();
-        let probation = (on_probation && !changed.is_empty()).then_some((changed, new_plugins));
-        // The status says the new set is in force before the manifest is written: taken off
-        // `staged` already, it would otherwise be neither staged nor in force for a write's
-        // time (a client reading the status then saw the swap vanish).
-        self.swapper.switched(&manifest, Some(old_manifest.clone()), probation);
-        if self.writes() {
-            manifest.write(&self.run_dir)?;
-        }
-        self.previous =
-            Some(Previous { manifest: old_manifest, specs: old_specs, tasks: old_tasks, allocation: old_allocation });
-        let mut event = SwapEvent::new(step, "applied");
-        event.generation = Some(manifest.generation);
-        event.reason = Some(if on_probation {
-            manifest.reason.clone()
-        } else {
-            format!("{} (replayed on resume)", manifest.reason)
-        });
-        event.changes = changes;
-        event.report = report;
-        event.switch_ms = Some(switch_ms);
-        self.announce(&event, observer);
-        Ok(())
-    }
-
-    /// Record a switch in `events.jsonl` and tell the observer.
-    fn announce(&self, event: &SwapEvent, observer: &mut dyn Observer) {
-        if !self.writes() {
-            return;
-        }
-        self.swapper.record(event);
-        observer.event(Event::Swap {
-            step: event.step,
-            kind: &event.kind,
-            generation: event.generation.unwrap_or_default(),
-            changes: &event.changes,
-            reason: event.reason.as_deref(),
-            switch_ms: event.switch_ms.unwrap_or_default(),
-        });
-    }
-
-    /// Put the task set before the last switch back in force (a new generation), from its
-    /// loaded plugins.
-    fn roll_back(&mut self, step: usize, reason: &str, observer: &mut dyn Observer) -> crate::error::Result<()> {
-        let Some(previous) = self.previous.take() else {
-            tracing::warn!("a rollback was asked for, but no earlier task set is kept; nothing changed");
-            return Ok(());
+    /// The step boundary, for hot swap to act on: a resumed run's later generations, a
+    /// staged set or a rollback switched in, a pause waited out, rank 0's set followed on
+    /// the other ranks. Whether the run was stopped meanwhile.
+    fn at_boundary(&mut self, step: usize, observer: &mut dyn Observer) -> crate::error::Result<bool> {
+        let mut at = AtBoundary {
+            specs: &mut self.config.tasks,
+            run_dir: &self.run_dir,
+            writes: self.ranks.rank() == 0,
+            tokenizer: &self.policy.tokenizer,
+            observer,
         };
-        let started = Instant::now();
-        let generation = self.swapper.take_generation();
-        let kind = if reason.starts_with("auto-rollback") { "auto-rollback" } else { "rollback" };
-        let manifest = Manifest { generation, from_step: step, reason: kind.to_string(), ..previous.manifest.clone() };
-        let left = std::mem::replace(&mut self.manifest, manifest.clone());
-        let failed = std::mem::replace(&mut self.tasks, previous.tasks);
-        self.allocation = previous.allocation;
-        self.config.tasks = previous.specs;
-        let switch_ms = started.elapsed().as_secs_f64() * 1e3;
-        // Unloading the failed set's plugins is not part of the switch.
-        drop(failed);
-        manifest.write(&self.run_dir)?;
-        self.swapper.switched(&manifest, None, None);
-        let changes = vec![format!(
-            "generation {} (as generation {}) replaces generation {}",
-            generation, previous.manifest.generation, left.generation
-        )];
-        let mut event = SwapEvent::new(step, "rolled-back");
-        event.generation = Some(generation);
-        event.reason = Some(reason.to_string());
-        event.changes = changes;
-        event.switch_ms = Some(switch_ms);
-        self.announce(&event, observer);
-        Ok(())
+        let stopped = self.live.boundary(step, &self.control, &mut at)?;
+        self.live.follow(step, self.ranks.as_ref(), &mut at)?;
+        Ok(stopped)
     }
 
     /// Greedy pass rates on every task's held-out problems (`eval.tasks` each), all
@@ -559,7 +401,7 @@ impl Trainer {
         tensorboard: &mut crate::tensorboard::EventWriter,
     ) -> crate::error::Result<()> {
         {
-            let mut state = self.swapper.state();
+            let mut state = self.live.swapper.state();
             state.status.step = line.step;
             state.status.tasks = line.tasks.clone();
             state.status.reward_mean = line.reward_mean;
@@ -585,6 +427,7 @@ impl Trainer {
             observer.event(Event::HeldOut { after: true, pass_rate, problems: after.problems });
         }
         let held_out_by_task = self
+            .live
             .tasks
             .iter()
             .map(|t| &t.spec.name)
@@ -608,38 +451,39 @@ impl Trainer {
         if count == 0 {
             return Ok(HeldOut::default());
         }
-        let context = self.model_config.context();
+        let context = self.policy.model_config.context();
         let first = self.config.eval.first_index;
         // Before the first step too: a judge scores the held-out answers with the model.
         self.give_rewards_the_engine();
         // Those left out were logged; the summary's figures are over the rest.
         let (asks, _left_out) = wirl_rollout::collect::held_out_asks(
-            &mut self.tasks,
+            &mut self.live.tasks,
             first,
             count,
-            &self.tokenizer,
+            &self.policy.tokenizer,
             context,
             self.config.grpo.seed,
         );
-        let agents = self.tasks.iter().any(|t| matches!(t.source, TaskSource::Agent { .. }));
+        let agents = self.live.tasks.iter().any(|t| matches!(t.source, TaskSource::Agent { .. }));
         if asks.is_empty() && !agents {
             tracing::warn!("no held-out task could be used: evaluation skipped");
             return Ok(HeldOut::default());
         }
         let owners: Vec<usize> = asks.iter().map(|ask| ask.task).collect();
-        let engine = wirl_rollout::Engine { handle: &self.engine, tokenizer: &self.tokenizer, context };
+        let engine = wirl_rollout::Engine { handle: &self.policy.engine, tokenizer: &self.policy.tokenizer, context };
         let never = || false;
-        let groups = wirl_rollout::collect_groups(engine, &mut self.tasks, asks, &never).expect("never stopped")?;
-        let mut passed = vec![(0usize, 0usize); self.tasks.len()];
-        for (t, task) in self.tasks.iter().enumerate() {
+        let groups =
+            wirl_rollout::collect_groups(engine, &mut self.live.tasks, asks, &never).expect("never stopped")?;
+        let mut passed = vec![(0usize, 0usize); self.live.tasks.len()];
+        for (t, task) in self.live.tasks.iter().enumerate() {
             if let TaskSource::Agent { agent, limits } = &task.source {
                 let indices = first..first.saturating_add(count as u64);
                 let (p, n) = crate::eval::agent_held_out(
                     &task.spec,
                     agent,
                     *limits,
-                    &self.engine,
-                    &self.tokenizer,
+                    &self.policy.engine,
+                    &self.policy.tokenizer,
                     context,
                     indices,
                 );
@@ -647,13 +491,14 @@ impl Trainer {
             }
         }
         for (group, t) in groups.iter().zip(owners) {
-            let pass_reward = self.tasks[t].spec.pass_reward;
+            let pass_reward = self.live.tasks[t].spec.pass_reward;
             // A masked verdict (a plugin failed) is not a pass.
             passed[t].0 += group.scores.iter().filter(|s| s.status.usable() && s.reward >= pass_reward).count();
             passed[t].1 += group.scores.len();
         }
         let (all_passed, all) = passed.iter().fold((0, 0), |(p, n), (tp, tn)| (p + tp, n + tn));
         let by_task = self
+            .live
             .tasks
             .iter()
             .zip(&passed)
@@ -670,21 +515,21 @@ impl Trainer {
         }
         let state = checkpoint::State {
             step,
-            optimizer_steps: self.learner.optimizer.steps,
+            optimizer_steps: self.policy.learner.optimizer.steps,
             held_out_before: before.overall,
             held_out_before_by_task: before.by_task.clone(),
             plugins: self.plugin_hashes(),
-            manifest_generation: Some(self.manifest.generation),
-            weights_version: Some(self.weights_base + self.weights_written),
-            reward_kl_coef: self.reward_kl.map(|adaptive| adaptive.value),
+            manifest_generation: Some(self.live.manifest.generation),
+            weights_version: Some(self.state.weights_base + self.state.weights_written),
+            reward_kl_coef: self.state.reward_kl.map(|adaptive| adaptive.value),
         };
         let dir = checkpoint::write(
             &self.run_dir,
             &state,
-            &self.learner.policy,
-            &self.learner.optimizer,
-            &self.model_config,
-            &self.tokenizer,
+            &self.policy.learner.policy,
+            &self.policy.learner.optimizer,
+            &self.policy.model_config,
+            &self.policy.tokenizer,
             &self.config.model,
         )?;
         observer.event(Event::Checkpoint { dir: &dir });
@@ -765,13 +610,12 @@ impl Trainer {
         for step in start..steps {
             // Every rank stops at the same boundary (a stop seen by any of them), and runs
             // the task set rank 0 has in force from it (a swap or rollback applied there).
-            let stop_here = self.boundary(step, observer)?;
-            self.follow_tasks(step, observer)?;
+            let stop_here = self.at_boundary(step, observer)?;
             if self.agree(stop_here)? {
                 // Stopped while paused between steps: nothing of the next step began.
                 rollouts.flush()?;
                 self.checkpoint(step, &before, observer)?;
-                self.swapper.discard_staged(step, "the run stopped before its next step boundary");
+                self.live.swapper.discard_staged(step, "the run stopped before its next step boundary");
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: false });
             }
             let Some(line) = self.step(step, &mut rollouts, observer)? else {
@@ -779,7 +623,7 @@ impl Trainer {
                 // are those of the last completed step.
                 rollouts.flush()?;
                 self.checkpoint(step, &before, observer)?;
-                self.swapper.discard_staged(step, "the run stopped before its next step boundary");
+                self.live.swapper.discard_staged(step, "the run stopped before its next step boundary");
                 return Ok(Outcome::Stopped { steps_done: step, abandoned: true });
             };
             step_times.push(line.time_s.total);
@@ -797,11 +641,11 @@ impl Trainer {
                 self.checkpoint(step + 1, &before, observer)?;
             }
             if stopped {
-                self.swapper.discard_staged(step + 1, "the run stopped before its next step boundary");
+                self.live.swapper.discard_staged(step + 1, "the run stopped before its next step boundary");
                 return Ok(Outcome::Stopped { steps_done: step + 1, abandoned: false });
             }
         }
-        self.swapper.discard_staged(steps, "the run ended (its last step done) before another step boundary");
+        self.live.swapper.discard_staged(steps, "the run ended (its last step done) before another step boundary");
         if !writes {
             let seconds_this_session = started.elapsed().as_secs_f64();
             let summary = Summary {

@@ -9,7 +9,6 @@ use crate::metrics::{
     TaskMetrics,
 };
 use crate::observer::{Event, Observer, Phase};
-use crate::swap::RecentGroup;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
@@ -153,18 +152,23 @@ impl Trainer {
         let mut clock = Clock::default();
         self.give_rewards_the_engine();
         // This step's judges only (not a held-out evaluation's before it).
-        self.reward_inference.take();
+        self.side.reward_inference.take();
 
         let Some((drawn, lagged)) = self.draw(step, &stopped, &mut clock)? else {
             return self.abandon();
         };
         let Drawn { picked, mut skipped, placeholders, .. } = self.share(drawn);
         for (t, skip) in &skipped {
-            tracing::warn!("step {}, task `{}`: {}", step + 1, self.tasks[*t].spec.name, printable(&skip.to_string()));
+            tracing::warn!(
+                "step {}, task `{}`: {}",
+                step + 1,
+                self.live.tasks[*t].spec.name,
+                printable(&skip.to_string())
+            );
         }
         let group_size = self.config.grpo.group_size;
         self.phase(observer, step, Phase::Generating { prompts: picked.len(), group_size });
-        let mut memory = PhaseMemory::start(self.peak_rss);
+        let mut memory = PhaseMemory::start(self.state.peak_rss);
         let sampler_lag = u64::from(lagged.is_some());
         let Some(mut sampled) = self.generate(&picked, lagged, &stopped, &mut clock)? else {
             return self.abandon();
@@ -213,21 +217,21 @@ impl Trainer {
         // handing them back (malloc_trim) made every step fault its memory in again, page
         // by page (docs/BENCHMARKS.md). They count as resident in the next phases, never
         // above the training peak.
-        self.peak_rss = memory.run_peak;
-        self.weights_written += update.weight_writes;
+        self.state.peak_rss = memory.run_peak;
+        self.state.weights_written += update.weight_writes;
         if self.writes() {
             self.record(step, rollouts, &skipped, &groups)?;
-            self.probation(step, &groups);
+            self.live.after_step(step, &groups.groups);
         }
-        let now = self.engine.prefix_stats().positions();
-        let seen = std::mem::replace(&mut self.prompt_positions_seen, now);
+        let now = self.policy.engine.prefix_stats().positions();
+        let seen = std::mem::replace(&mut self.state.prompt_positions_seen, now);
         let measured = Measured {
             peaks: PhasePeaks { generate: generate_peak, score: score_peak, train: train_peak },
             clock,
             episodes: episode_times,
             started,
             prompt_positions: (now.0 - seen.0, now.1 - seen.1),
-            rewards_inference: self.reward_inference.take(),
+            rewards_inference: self.side.reward_inference.take(),
         };
         let mut metrics = self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured);
         metrics.draws = draws;
@@ -247,7 +251,7 @@ impl Trainer {
         if gap.max == 0.0
             || !self.config.grpo.stop_on_sampler_gap
             || device_sampling
-            || !self.learner.sampler_is_exact()
+            || !self.policy.learner.sampler_is_exact()
         {
             return Ok(());
         }
@@ -307,9 +311,7 @@ impl Trainer {
             }
             let mut extra = Clock::default();
             let started = Instant::now();
-            let context = self.model_config.context();
-            let drawn =
-                draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, step, draws, &g, stopped)?;
+            let drawn = self.draw_now(step, draws, stopped)?;
             extra.draw = started.elapsed().as_secs_f64();
             let Some(drawn) = drawn else { return self.abandon().map(|_| None) };
             let Drawn { picked, skipped: more, placeholders, .. } = self.share(drawn);
@@ -343,7 +345,7 @@ impl Trainer {
             return None;
         }
         let objective = &self.config.objective;
-        let max_tokens = self.tasks[t].spec.sampling.max_tokens;
+        let max_tokens = self.live.tasks[t].spec.sampling.max_tokens;
         let rewards: Vec<f32> = usable
             .iter()
             .map(|&i| {
@@ -361,7 +363,7 @@ impl Trainer {
                 .is_some_and(|terms| terms.iter().flatten().any(|&a| a != 0.0))
         };
         // Distillation's KL term is a signal in every group.
-        let distilling = self.teacher.is_some();
+        let distilling = self.side.teacher.is_some();
         (objective.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0]) || distilling || turns_differ())
             .then_some((usable, rewards))
     }
@@ -419,7 +421,7 @@ impl Trainer {
             Vec::new()
         };
         let old: Vec<Vec<f32>> = trajectories.iter().map(|t| t.logprobs.clone()).collect();
-        let estimates = self.learner.kl_estimates(
+        let estimates = self.policy.learner.kl_estimates(
             &group.prompt,
             &completions,
             &trained,
@@ -435,7 +437,7 @@ impl Trainer {
     /// β of the KL in the reward this step: `grpo.beta`, or where it adapts
     /// (`grpo.kl_target`), where the steps before took it.
     fn reward_kl_coef(&self) -> f64 {
-        self.reward_kl.map_or(self.config.objective.kl.beta(), |adaptive| adaptive.value)
+        self.state.reward_kl.map_or(self.config.objective.kl.beta(), |adaptive| adaptive.value)
     }
 
     /// After a step's update under `grpo.kl_in_reward`: the β its rewards were shaped with
@@ -461,7 +463,7 @@ impl Trainer {
         }
         let current = means / completions as f64;
         // A non-finite KL (only from non-finite log-probs) would make β NaN for good: it stays.
-        if let (Some(adaptive), true) = (&mut self.reward_kl, current.is_finite()) {
+        if let (Some(adaptive), true) = (&mut self.state.reward_kl, current.is_finite()) {
             adaptive.update(current, completions);
         }
         Ok(Some((beta, current)))
@@ -585,24 +587,26 @@ impl Trainer {
         stopped: Stopped,
         clock: &mut Clock,
     ) -> crate::error::Result<Option<(Drawn, Option<Lagged>)>> {
-        let ahead = self.ahead.take().filter(|a| a.step == step && a.generation == self.manifest.generation);
+        let ahead = self.state.ahead.take().filter(|a| a.step == step && a.generation == self.live.manifest.generation);
         if let Some(Ahead { drawn, sampling, .. }) = ahead {
             return Ok(Some((drawn, sampling)));
         }
         let started = Instant::now();
-        let context = self.model_config.context();
-        let drawn = draw_tasks(
-            &mut self.tasks,
-            &self.allocation,
-            &self.tokenizer,
-            context,
-            step,
-            0,
-            &self.config.grpo,
-            stopped,
-        )?;
+        let drawn = self.draw_now(step, 0, stopped)?;
         clock.draw = started.elapsed().as_secs_f64();
         Ok(drawn.map(|drawn| (drawn, None)))
+    }
+
+    /// Draw `draw` of step `step`'s tasks now, on this thread.
+    fn draw_now(
+        &mut self,
+        step: usize,
+        draw: usize,
+        stopped: &(dyn Fn() -> bool + Sync),
+    ) -> crate::error::Result<Option<Drawn>> {
+        let context = self.policy.model_config.context();
+        let (live, grpo) = (&mut self.live, &self.config.grpo);
+        draw_tasks(&mut live.tasks, &live.allocation, &self.policy.tokenizer, context, step, draw, grpo, stopped)
     }
 
     /// Generate: each picked group's first turn, as its samples finish. A single-turn group
@@ -618,9 +622,9 @@ impl Trainer {
         let started = Instant::now();
         let (in_flight, sent) = match lagged {
             Some(lagged) => lagged,
-            None => (collect::send(&self.engine, picked), started),
+            None => (collect::send(&self.policy.engine, picked), started),
         };
-        let score_on_arrival = self.config.grpo.overlap.then_some(self.tasks.as_mut_slice());
+        let score_on_arrival = self.config.grpo.overlap.then_some(self.live.tasks.as_mut_slice());
         let Some(sampled) = collect::receive(in_flight, picked, score_on_arrival, stopped) else {
             return Ok(None);
         };
@@ -643,12 +647,12 @@ impl Trainer {
         clock: &mut Clock,
     ) -> crate::error::Result<Option<Episodes>> {
         let started = Instant::now();
-        let episodic = picked.iter().filter(|ask| self.tasks[ask.task].spec.max_turns > 1).count();
+        let episodic = picked.iter().filter(|ask| self.live.tasks[ask.task].spec.max_turns > 1).count();
         if episodic > 0 {
             self.phase(observer, step, Phase::Episodes { groups: episodic });
         }
         let engine = self.rolling_engine();
-        let Some(episodes) = collect::run_episode_groups(engine, &self.tasks, picked, sampled, stopped) else {
+        let Some(episodes) = collect::run_episode_groups(engine, &self.live.tasks, picked, sampled, stopped) else {
             return Ok(None);
         };
         clock.episodes = started.elapsed().as_secs_f64();
@@ -659,7 +663,7 @@ impl Trainer {
     /// their task's reward plugins, a task's groups together.
     fn score(&mut self, picked: &[GroupAsk], sampled: &mut Sampled, episodes: &Episodes, clock: &mut Clock) {
         let started = Instant::now();
-        collect::score_rest(&mut self.tasks, picked, sampled, episodes);
+        collect::score_rest(&mut self.live.tasks, picked, sampled, episodes);
         clock.score += started.elapsed().as_secs_f64();
     }
 
@@ -676,7 +680,7 @@ impl Trainer {
         let owners: Vec<usize> = picked.iter().map(|ask| ask.task).collect();
         let mut groups = Groups::default();
         let from = (draw, self.ranks.rank());
-        for (t, group) in owners.into_iter().zip(collect::assemble(&self.tasks, picked, sampled, episodes)) {
+        for (t, group) in owners.into_iter().zip(collect::assemble(&self.live.tasks, picked, sampled, episodes)) {
             groups.push(t, from, group);
         }
         for (t, group) in placeholders {
@@ -691,20 +695,24 @@ impl Trainer {
     /// meanwhile have it too.
     pub(super) fn give_rewards_the_engine(&mut self) {
         let engine = wirl_rollout::RewardEngine {
-            handle: self.engine.clone(),
-            tokenizer: self.tokenizer.clone(),
-            context: self.model_config.context(),
+            handle: self.policy.engine.clone(),
+            tokenizer: self.policy.tokenizer.clone(),
+            context: self.policy.model_config.context(),
             seed: self.config.grpo.seed,
-            usage: self.reward_inference.clone(),
+            usage: self.side.reward_inference.clone(),
         };
-        for task in &mut self.tasks {
+        for task in &mut self.live.tasks {
             task.scorers.set_engine(Some(engine.clone()));
-            task.scorers.set_judges(&self.judges);
+            task.scorers.set_judges(&self.side.judges);
         }
     }
 
     fn rolling_engine(&self) -> collect::Engine<'_> {
-        collect::Engine { handle: &self.engine, tokenizer: &self.tokenizer, context: self.model_config.context() }
+        collect::Engine {
+            handle: &self.policy.engine,
+            tokenizer: &self.policy.tokenizer,
+            context: self.policy.model_config.context(),
+        }
     }
 
     /// Agents: each produces its groups itself, calling the engine; one after another, after
@@ -721,25 +729,25 @@ impl Trainer {
         let g = &self.config.grpo;
         // With ranks, rank 0 runs the agents (their groups are not split: one call makes them).
         let agents_here = self.writes();
-        for (t, task) in self.tasks.iter().enumerate() {
+        for (t, task) in self.live.tasks.iter().enumerate() {
             let TaskSource::Agent { agent, limits } = &task.source else { continue };
             if !agents_here {
                 continue;
             }
-            if self.allocation[t] == 0 || stopped() {
+            if self.live.allocation[t] == 0 || stopped() {
                 continue;
             }
             self.phase(observer, step, Phase::Agent { task: t });
             let call = wirl_rollout::AgentCall {
                 agent,
-                engine: &self.engine,
-                tokenizer: &self.tokenizer,
-                context: self.model_config.context(),
-                groups: self.allocation[t],
+                engine: &self.policy.engine,
+                tokenizer: &self.policy.tokenizer,
+                context: self.policy.model_config.context(),
+                groups: self.live.allocation[t],
                 group_size: g.group_size,
                 sampling: task.spec.sampling,
                 seed: seed_for(g.seed, (step * g.prompts_per_step + t) as u64 ^ (1 << 62)),
-                cursor: (step * self.allocation[t]) as u64,
+                cursor: (step * self.live.allocation[t]) as u64,
                 limits: *limits,
                 failures: task.spec.failures,
                 task_name: &task.spec.name,
@@ -757,8 +765,8 @@ impl Trainer {
     /// train, in the order one trainer draws them (draw by draw, rank by rank within a
     /// draw). `gathered`: `groups` are every rank's (rank 0's record), else this rank's own.
     fn advantages(&self, groups: &Groups, sampler_lag: u64, gathered: bool) -> crate::error::Result<Advantaged> {
-        let mut kept_of_task = vec![0usize; self.tasks.len()];
-        let mut unusable_of_task = vec![0usize; self.tasks.len()];
+        let mut kept_of_task = vec![0usize; self.live.tasks.len()];
+        let mut unusable_of_task = vec![0usize; self.live.tasks.len()];
         // Each group's usable trajectories and rewards, once, where it has a signal.
         let signals: Vec<_> = groups.iter().map(|(group, t)| self.signal(group, t)).collect();
         let has_signal: Vec<bool> = signals.iter().map(Option::is_some).collect();
@@ -788,7 +796,7 @@ impl Trainer {
                     // Equal outcomes, turns told apart by their own rewards; or distillation's
                     // tokens told apart by the teacher.
                     (None, Some(_)) => vec![0.0; rewards.len()],
-                    (None, None) if self.teacher.is_some() => vec![0.0; rewards.len()],
+                    (None, None) if self.side.teacher.is_some() => vec![0.0; rewards.len()],
                     (None, None) => return None,
                 };
                 kept_of_task[t] += 1;
@@ -799,38 +807,9 @@ impl Trainer {
                     prompt: group.prompt.clone(),
                     completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
                     advantages,
-                    // Each turn's term on its tokens (the environment's after it carry no loss).
-                    token_advantages: turns
-                        .map(|terms| {
-                            usable
-                                .iter()
-                                .zip(terms)
-                                .map(|(&i, terms)| {
-                                    let t = &group.trajectories[i];
-                                    let mut by_token = vec![0.0; t.tokens.len()];
-                                    for (span, term) in t.turn_spans().into_iter().zip(terms) {
-                                        by_token[span].fill(term);
-                                    }
-                                    by_token
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    // A multi-turn ledger's model turns; a truncated completion's none.
+                    token_advantages: turns.map(|terms| turn_advantages(group, &usable, terms)).unwrap_or_default(),
                     trainable: if multi_turn || usable.iter().any(|&i| truncated(i)) {
-                        usable
-                            .iter()
-                            .map(|&i| {
-                                let t = &group.trajectories[i];
-                                if truncated(i) {
-                                    vec![false; t.tokens.len()]
-                                } else if t.trainable.is_empty() {
-                                    vec![true; t.tokens.len()]
-                                } else {
-                                    t.trainable.clone()
-                                }
-                            })
-                            .collect()
+                        trainable_tokens(group, &usable, truncated)
                     } else {
                         Vec::new()
                     },
@@ -845,18 +824,10 @@ impl Trainer {
             .collect();
         self.whiten(&mut batches, gathered)?;
         // The teacher's pass: for the groups this rank trains (not rank 0's record of all).
-        let mut distill = None;
-        if let (Some(teacher), false) = (&self.teacher, gathered) {
-            let mut figures = crate::distill::DistillFigures::default();
-            let started = std::time::Instant::now();
-            for batch in &mut batches {
-                let of_batch = teacher.credit(batch)?;
-                figures.kl_sum += of_batch.kl_sum;
-                figures.tokens += of_batch.tokens;
-            }
-            figures.seconds = started.elapsed().as_secs_f64();
-            distill = Some(figures);
-        }
+        let distill = match (&self.side.teacher, gathered) {
+            (Some(teacher), false) => Some(teacher_pass(teacher, &mut batches)?),
+            _ => None,
+        };
         Ok(Advantaged { batches, kept_of_task, unusable_of_task, sampler_lag, reward_kl, distill })
     }
 
@@ -922,7 +893,7 @@ impl Trainer {
             },
             micro_batch_rows: g.micro_batch_rows,
             split_by_length: g.split_by_length,
-            rows_per_pass: self.config.rows_per_pass_on(self.learner.policy.net().device()),
+            rows_per_pass: self.config.rows_per_pass_on(self.policy.learner.policy.net().device()),
             tis_cap: self.config.objective.correction.tis_cap,
             rollout_correction: self.config.objective.correction.rollout,
         }
@@ -944,7 +915,7 @@ impl Trainer {
         let started = Instant::now();
         let settings = self.update_settings(step);
         let g = self.config.grpo.clone();
-        let context = self.model_config.context();
+        let context = self.policy.model_config.context();
         let steps = g.steps;
         let mut progress = |group, groups| {
             observer.event(Event::Phase { step: step + 1, steps, phase: Phase::Training { group, groups } })
@@ -952,26 +923,37 @@ impl Trainer {
         let next = step + 1;
         let lag_next = g.generation_lag > 0 && next < steps && !stopped();
         if lag_next {
-            let drawn = draw_tasks(&mut self.tasks, &self.allocation, &self.tokenizer, context, next, 0, &g, stopped);
+            let drawn = draw_tasks(
+                &mut self.live.tasks,
+                &self.live.allocation,
+                &self.policy.tokenizer,
+                context,
+                next,
+                0,
+                &g,
+                stopped,
+            );
             // On an error (or a stop) the next step draws again and meets it itself.
             if let Ok(Some(drawn)) = drawn {
                 // With ranks, each samples only its share of the next step.
                 let drawn = self.share(drawn);
-                let in_flight = collect::send(&self.engine, &drawn.picked);
+                let in_flight = collect::send(&self.policy.engine, &drawn.picked);
                 let sampling = Some((in_flight, Instant::now()));
-                self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling });
+                self.state.ahead =
+                    Some(Ahead { step: next, generation: self.live.manifest.generation, drawn, sampling });
             }
         }
         let draw_next = g.overlap && !lag_next && next < steps;
         let (update, drawn_next) = std::thread::scope(|scope| {
             let drawing = draw_next.then(|| {
-                let (tasks, allocation, tokenizer) = (&mut self.tasks, &self.allocation, &self.tokenizer);
+                let (tasks, allocation, tokenizer) =
+                    (&mut self.live.tasks, &self.live.allocation, &self.policy.tokenizer);
                 scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, 0, &g, stopped))
             });
-            let update = self.learner.update(
+            let update = self.policy.learner.update(
                 batches,
                 &settings,
-                Some(&self.engine as &dyn WeightsBarrier),
+                Some(&self.policy.engine as &dyn WeightsBarrier),
                 stopped,
                 &mut progress,
             );
@@ -979,7 +961,8 @@ impl Trainer {
             (update, drawn)
         });
         if let Some(Ok(Some(drawn))) = drawn_next {
-            self.ahead = Some(Ahead { step: next, generation: self.manifest.generation, drawn, sampling: None });
+            self.state.ahead =
+                Some(Ahead { step: next, generation: self.live.manifest.generation, drawn, sampling: None });
         }
         let Some(update) = update? else {
             return Ok(None);
@@ -999,7 +982,7 @@ impl Trainer {
         for (t, skip) in skipped {
             let record = SkippedTaskRecord {
                 step: step + 1,
-                task_name: self.tasks[*t].spec.name.clone(),
+                task_name: self.live.tasks[*t].spec.name.clone(),
                 skipped_task: skip.index,
                 task: skip.id.clone(),
                 reason: skip.reason.clone(),
@@ -1007,7 +990,7 @@ impl Trainer {
             serde_json::to_writer(&mut *rollouts, &record)?;
             writeln!(rollouts)?;
         }
-        let hashes: Vec<_> = self.tasks.iter().map(crate::tasks::plugin_hashes).collect();
+        let hashes: Vec<_> = self.live.tasks.iter().map(crate::tasks::plugin_hashes).collect();
         for (group, t) in groups.iter() {
             for (sample, (trajectory, score)) in group.trajectories.iter().zip(&group.scores).enumerate() {
                 let record = RolloutRecord {
@@ -1031,46 +1014,14 @@ impl Trainer {
                     failures: score.failures.clone(),
                     notes: score.notes.clone(),
                     plugins: hashes[t].clone(),
-                    weights_version: self.weights_base + trajectory.weights_version,
-                    manifest_generation: self.manifest.generation,
+                    weights_version: self.state.weights_base + trajectory.weights_version,
+                    manifest_generation: self.live.manifest.generation,
                 };
                 serde_json::to_writer(&mut *rollouts, &record)?;
                 writeln!(rollouts)?;
             }
         }
         Ok(())
-    }
-
-    /// Probation: a task set on probation is judged by its first trajectories; the groups
-    /// are kept for a later swap's rewards to re-score.
-    fn probation(&mut self, step: usize, groups: &Groups) {
-        let outcomes: Vec<(String, bool, Vec<String>)> = groups
-            .groups
-            .iter()
-            .flat_map(|g| {
-                g.scores.iter().map(move |s| (g.task_name.clone(), !s.failures.is_empty(), s.failures.clone()))
-            })
-            .collect();
-        if self.scheduled.is_empty()
-            && let Some(reason) = self.swapper.watch_probation(&outcomes)
-        {
-            self.swapper.state().rollback = Some(reason);
-        }
-        let recent = groups
-            .groups
-            .iter()
-            .filter(|g| g.trajectories.iter().all(|t| t.turns <= 1))
-            .map(|g| {
-                let group = RecentGroup {
-                    step: step + 1,
-                    task: g.task.clone(),
-                    completions: g.trajectories.iter().map(|t| t.text.clone()).collect(),
-                    rewards: g.scores.iter().map(|s| s.failures.is_empty().then_some(s.reward)).collect(),
-                };
-                (g.task_name.clone(), group)
-            })
-            .collect();
-        self.swapper.remember(step + 1, recent);
     }
 
     /// Each trained task's figures of the step.
@@ -1081,15 +1032,15 @@ impl Trainer {
         skipped: &[(usize, SkippedTask)],
     ) -> BTreeMap<String, TaskMetrics> {
         let mut per_task = BTreeMap::new();
-        for (t, task) in self.tasks.iter().enumerate() {
-            if self.allocation[t] == 0 {
+        for (t, task) in self.live.tasks.iter().enumerate() {
+            if self.live.allocation[t] == 0 {
                 continue;
             }
             let own = Figures::of(groups.iter().filter(|(_, o)| *o == t).map(|(g, _)| (g, task.spec.pass_reward)));
             per_task.insert(
                 task.spec.name.clone(),
                 TaskMetrics {
-                    groups: self.allocation[t],
+                    groups: self.live.allocation[t],
                     groups_kept: advantaged.kept_of_task[t],
                     reward_mean: own.reward_mean,
                     pass_rate: own.pass_rate,
@@ -1104,6 +1055,9 @@ impl Trainer {
     }
 
     /// Metrics: the step's figures, overall and per task, and where its time went.
+    ///
+    /// Over ~80 lines on purpose: the figures of `StepMetrics`, field by field, from the
+    /// step's values; a record written out reads best whole.
     #[allow(clippy::too_many_arguments)]
     fn metrics(
         &self,
@@ -1115,12 +1069,12 @@ impl Trainer {
         skipped: &[(usize, SkippedTask)],
         measured: Measured,
     ) -> StepMetrics {
-        let figures = Figures::of(groups.iter().map(|(g, t)| (g, self.tasks[t].spec.pass_reward)));
+        let figures = Figures::of(groups.iter().map(|(g, t)| (g, self.live.tasks[t].spec.pass_reward)));
         let per_task = self.task_metrics(groups, advantaged, skipped);
         let step_tokens: usize = advantaged.batches.iter().flat_map(|b| b.completions.iter().map(Vec::len)).sum();
         StepMetrics {
             step: step + 1,
-            manifest_generation: self.manifest.generation,
+            manifest_generation: self.live.manifest.generation,
             learning_rate,
             reward_mean: figures.reward_mean,
             reward_std: figures.reward_std,
@@ -1145,12 +1099,12 @@ impl Trainer {
             tis_truncated: update.tis_truncated,
             sampler_logp_diff_mean: update.sampler_gap.map(|gap| f64::from(gap.mean)),
             sampler_logp_diff_max: update.sampler_gap.map(|gap| f64::from(gap.max)),
-            peak_rss_mib: self.peak_rss.or_else(rss_high_water_mib),
+            peak_rss_mib: self.state.peak_rss.or_else(rss_high_water_mib),
             peak_rss_mib_by_phase: measured.peaks,
             tasks_skipped: skipped
                 .iter()
                 .map(|(t, s)| SkippedTaskEntry {
-                    task_name: self.tasks[*t].spec.name.clone(),
+                    task_name: self.live.tasks[*t].spec.name.clone(),
                     index: s.index,
                     task: s.id.clone(),
                     reason: s.reason.clone(),
@@ -1245,4 +1199,56 @@ impl Figures {
             tokens_max: lengths.iter().max().copied().unwrap_or(0),
         }
     }
+}
+
+/// Each turn's term on its tokens, for the usable rows (the environment's tokens after a
+/// turn carry no loss).
+fn turn_advantages(group: &RolloutGroup, usable: &[usize], terms: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+    usable
+        .iter()
+        .zip(terms)
+        .map(|(&i, terms)| {
+            let t = &group.trajectories[i];
+            let mut by_token = vec![0.0; t.tokens.len()];
+            for (span, term) in t.turn_spans().into_iter().zip(terms) {
+                by_token[span].fill(term);
+            }
+            by_token
+        })
+        .collect()
+}
+
+/// Which tokens of the usable rows train: a multi-turn ledger's model turns; a truncated
+/// completion's none (`truncated`: under `mask_truncated`).
+fn trainable_tokens(group: &RolloutGroup, usable: &[usize], truncated: impl Fn(usize) -> bool) -> Vec<Vec<bool>> {
+    usable
+        .iter()
+        .map(|&i| {
+            let t = &group.trajectories[i];
+            if truncated(i) {
+                vec![false; t.tokens.len()]
+            } else if t.trainable.is_empty() {
+                vec![true; t.tokens.len()]
+            } else {
+                t.trainable.clone()
+            }
+        })
+        .collect()
+}
+
+/// The teacher's log-probs over `batches`' completions, its credit added to their tokens;
+/// the figures of the pass.
+fn teacher_pass(
+    teacher: &crate::distill::Teacher,
+    batches: &mut [GroupBatch],
+) -> crate::error::Result<crate::distill::DistillFigures> {
+    let mut figures = crate::distill::DistillFigures::default();
+    let started = std::time::Instant::now();
+    for batch in batches {
+        let of_batch = teacher.credit(batch)?;
+        figures.kl_sum += of_batch.kl_sum;
+        figures.tokens += of_batch.tokens;
+    }
+    figures.seconds = started.elapsed().as_secs_f64();
+    Ok(figures)
 }
