@@ -398,12 +398,12 @@ fn the_adaptive_kl_coefficient_trains_resumes_and_runs_on_ranks() {
 
     for (sets, said) in [
         (&["grpo.beta=0.5", "grpo.kl_target=0.01"][..], "`grpo.kl_target` = 0.01 without `grpo.kl_in_reward`"),
-        (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=0"], "`grpo.kl_target` = 0: it must be"),
-        (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=nan"], "`grpo.kl_target` = NaN"),
+        (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=0"], "`grpo.kl.target` = 0: it must be"),
+        (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=nan"], "`grpo.kl.target` = NaN"),
         (&["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_horizon=24"], "`grpo.kl_horizon` = 24 without"),
         (
             &["grpo.beta=0.5", "grpo.kl_in_reward=true", "grpo.kl_target=0.01", "grpo.kl_horizon=0"],
-            "`grpo.kl_horizon` = 0",
+            "`grpo.kl.horizon` = 0",
         ),
         // 12 completions a step: a horizon of 2 could take β below 0 in one step.
         (

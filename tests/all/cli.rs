@@ -353,7 +353,9 @@ fn train_check_shows_the_lowered_objective_of_every_example_and_loads_nothing() 
     let typed = tempfile::tempdir().unwrap();
     let default = std::fs::read_to_string(dir.join("default.toml")).unwrap();
     let write = |grpo: &str| {
-        let text = default.replace("beta = 0.04\nclip_low = 0.2\nclip_high = 0.2\n", grpo);
+        let objective =
+            "loss = { kind = \"grpo\", clip_low = 0.2, clip_high = 0.2 }\nkl = { where = \"loss\", beta = 0.04 }\n";
+        let text = default.replace(objective, grpo);
         assert_ne!(text, default, "the default's objective keys moved");
         let path = typed.path().join("typed.toml");
         std::fs::write(&path, text).unwrap();
@@ -369,8 +371,14 @@ fn train_check_shows_the_lowered_objective_of_every_example_and_loads_nothing() 
     assert!(out.contains("overlong:     the last 16 tokens cost up to 1"), "{out}");
     let config = write("loss = { kind = \"cispo\", clip_low = 0.2 }\n");
     let (ok, _, err) = check(&[&config]);
-    assert!(!ok && err.contains("`grpo.loss`: unknown field `clip_low`"), "{err}");
+    assert!(!ok && err.contains("unknown field `clip_low`, expected `clip_high`"), "{err}");
     let config = write("kl = { where = \"loss\", beta = 0.1 }\nbeta = 0.2\n");
     let (ok, _, err) = check(&[&config]);
     assert!(!ok && err.contains("`grpo.beta` is written both"), "{err}");
+    // The flat keys of earlier versions still read, and the file is told their new spelling.
+    let config = write("loss = \"gspo\"\nbeta = 0.1\nclip_high = 0.3\n");
+    let (ok, out, err) = check(&[&config]);
+    assert!(ok && out.contains("policy term:  gspo, the sequence's ratio clipped to [1 - 0.2, 1 + 0.3]"), "{out}");
+    assert!(err.contains("which read as loss = { clip_high = 0.3, kind = \"gspo\" }, kl = { beta = 0.1"), "{err}");
+    assert_eq!(err.matches("which read as").count(), 1, "told once: {err}");
 }

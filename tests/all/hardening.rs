@@ -178,7 +178,7 @@ fn non_finite_and_out_of_range_settings_are_refused_naming_the_key() {
         (text.replace("beta = 0.0", "beta = 0.0\nweight_decay = nan"), "grpo.weight_decay"),
         (text.replace("beta = 0.0", "beta = nan"), "grpo.beta"),
         (text.replace("beta = 0.0", "beta = 0.0\nmax_grad_norm = -1.0"), "grpo.max_grad_norm"),
-        (text.replace("beta = 0.0", "beta = 0.0\nclip_high = inf"), "grpo.clip_high"),
+        (text.replace("beta = 0.0", "beta = 0.0\nclip_high = inf"), "grpo.loss.clip_high"),
         (text.replace("learning_rate = 0.01", "learning_rate = inf"), "grpo.learning_rate"),
         (text.replace("max_tokens = 6", "max_tokens = 6\ntemperature = 0.0"), "sampling.temperature"),
         (
@@ -202,7 +202,13 @@ fn non_finite_and_out_of_range_settings_are_refused_naming_the_key() {
             ),
             "rewards[0].code_runner.workers",
         ),
-        (text.replace("steps = 1", "steps = 18446744073709551615"), "grpo.steps"),
+        // A count past i64 is read as the config's own type, named by its key; in a config of
+        // the flat objective keys, which goes through a TOML table (i64 at most), by its line.
+        (
+            text.replace("steps = 1", "steps = 18446744073709551615").replace("beta = 0.0", "kl = { where = \"off\" }"),
+            "grpo.steps",
+        ),
+        (text.replace("steps = 1", "steps = 18446744073709551615"), "steps = 18446744073709551615"),
         (text.replace("beta = 0.0", "beta = 0.0\nkeep_activations_mib = -1"), "keep_activations_mib"),
     ];
     for (bad, key) in cases {

@@ -13,8 +13,9 @@ impl TrainConfig {
     /// Parse `text` (from `origin`), resolve plugin paths against `base`, and check it.
     pub fn parse(text: &str, origin: &str, base: &Path) -> crate::error::Result<Self> {
         let invalid = || "the training config is not valid; see examples/train/default.toml for every key";
-        // The objective's tables read into the keys, then a preset's keys filled in: through a
-        // table then; as the text otherwise, keeping the parser's line numbers in errors.
+        // A preset's keys filled in, then older configs' flat objective keys read into the
+        // tables: through a table then; as the text otherwise, keeping the parser's line
+        // numbers in errors.
         let syntax =
             |e: toml::de::Error| crate::error::invalid!("{origin}: {}", e.to_string().trim_end()).context(invalid());
         let table = match toml::from_str::<toml::Table>(text) {
@@ -27,15 +28,16 @@ impl TrainConfig {
             },
         };
         let table = Some(table).filter(|table| {
-            super::spelling::has_tables(table)
+            super::spelling::has_flat_keys(table)
                 || table.get("grpo").and_then(|g| g.get("preset")).is_some_and(toml::Value::is_str)
         });
         let config: TrainConfig = match table {
             Some(mut table) => {
-                super::spelling::flatten(&mut table, origin)?;
                 super::preset::fill_table(&mut table, origin)?;
+                super::spelling::lift(&mut table, origin, true)?;
                 table.try_into().map_err(|e: toml::de::Error| {
-                    crate::error::invalid!("{origin}: {}", e.message().trim_end()).context(invalid())
+                    crate::error::invalid!("{origin}: {}", e.to_string().trim_end().replace('\n', " "))
+                        .context(invalid())
                 })?
             }
             None => toml::from_str(text).map_err(syntax)?,
@@ -95,8 +97,11 @@ impl TrainConfig {
     /// A run directory's resolved config (absolute paths): its plugin files need not exist
     /// any more, the run keeps their bytes.
     pub fn parse_resolved(text: &str, origin: &str) -> crate::error::Result<Self> {
-        let config: TrainConfig =
-            toml::from_str(text).map_err(|e| crate::error::invalid!("{origin}: {}", e.to_string().trim_end()))?;
+        let invalid = |e: toml::de::Error| crate::error::invalid!("{origin}: {}", e.to_string().trim_end());
+        // A run of an earlier version wrote the objective's flat keys.
+        let mut table: toml::Table = toml::from_str(text).map_err(invalid)?;
+        super::spelling::lift(&mut table, origin, true)?;
+        let config: TrainConfig = table.try_into().map_err(invalid)?;
         config.check_with(origin, false)?;
         Ok(config)
     }

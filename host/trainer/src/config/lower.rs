@@ -178,30 +178,27 @@ impl TrainConfig {
 }
 
 impl GrpoSection {
-    /// The objective its keys choose, lowered once (checked first: `validate.rs` refuses the
-    /// combinations that mean nothing, so each key lands in the one variant that uses it).
+    /// The objective its tables choose, lowered once (each parameter is already in the one
+    /// variant that reads it; `validate.rs` has checked the numbers).
     pub fn objective(&self) -> wirl_grpo::Objective {
+        use super::{KlSpec, LossSpec};
         use wirl_grpo::{KlTarget, KlTerm, PolicyTerm};
         let policy = match self.loss {
-            LossKind::Grpo => PolicyTerm::Grpo { clip_low: self.clip_low, clip_high: self.clip_high },
-            LossKind::Gspo => PolicyTerm::Gspo { clip_low: self.clip_low, clip_high: self.clip_high },
-            LossKind::Cispo => PolicyTerm::Cispo { clip_high: self.clip_high },
-            LossKind::Sapo => PolicyTerm::Sapo {
-                temperature_pos: self.sapo_temperature_pos.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[0]),
-                temperature_neg: self.sapo_temperature_neg.unwrap_or(wirl_grpo::SAPO_TEMPERATURES[1]),
-            },
+            LossSpec::Grpo { clip_low, clip_high } => PolicyTerm::Grpo { clip_low, clip_high },
+            LossSpec::Gspo { clip_low, clip_high } => PolicyTerm::Gspo { clip_low, clip_high },
+            LossSpec::Cispo { clip_high } => PolicyTerm::Cispo { clip_high },
+            LossSpec::Sapo { temperature_pos, temperature_neg } => {
+                PolicyTerm::Sapo { temperature_pos, temperature_neg }
+            }
         };
-        let estimator = self.kl_estimator.unwrap_or_default();
-        let kl = match (self.beta > 0.0, self.kl_in_reward) {
-            (false, _) => KlTerm::Off,
-            (true, false) => KlTerm::InLoss { beta: self.beta, estimator },
-            (true, true) => KlTerm::InReward {
-                beta: self.beta,
+        let kl = match self.kl {
+            KlSpec::Off {} => KlTerm::Off,
+            KlSpec::Loss { beta, estimator } => KlTerm::InLoss { beta, estimator },
+            KlSpec::Reward { beta, estimator, target, horizon } => KlTerm::InReward {
+                beta,
                 estimator,
-                target: self.kl_target.map(|kl| KlTarget {
-                    kl,
-                    horizon: self.kl_horizon.unwrap_or(wirl_grpo::AdaptiveKl::DEFAULT_HORIZON),
-                }),
+                target: target
+                    .map(|kl| KlTarget { kl, horizon: horizon.unwrap_or(wirl_grpo::AdaptiveKl::DEFAULT_HORIZON) }),
             },
         };
         wirl_grpo::Objective {
@@ -210,8 +207,10 @@ impl GrpoSection {
             aggregation: self.aggregation,
             kl,
             entropy: self.entropy,
-            overlong: (self.overlong_buffer > 0)
-                .then_some(wirl_grpo::Overlong { buffer: self.overlong_buffer, penalty: self.overlong_penalty }),
+            overlong: self
+                .overlong
+                .filter(|o| o.buffer > 0)
+                .map(|o| wirl_grpo::Overlong { buffer: o.buffer, penalty: o.penalty }),
             mask_truncated: self.mask_truncated,
             correction: wirl_grpo::Correction {
                 rollout: wirl_grpo::RolloutCorrection {

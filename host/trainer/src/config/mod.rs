@@ -18,8 +18,9 @@ mod validate;
 
 use crate::error::{Context, bail};
 use serde::{Deserialize, Serialize};
+pub use spelling::{KlSpec, LossSpec, OverlongSpec};
 use std::path::{Path, PathBuf};
-use wirl_grpo::{AdvantageMode, Aggregation, KlEstimator, LossKind, Schedule};
+use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
 use wirl_rollout::{
     AgentLimits, CodeRunnerRef, Columns, DatasetSpec, FailurePolicy, InferenceBudget, JudgeModel, OnFailure, PluginRef,
     RewardModelRef, RewardSource, RewardSpec, SamplingSpec, SourceSpec,
@@ -574,10 +575,6 @@ pub struct GrpoSection {
     pub schedule: Schedule,
     pub weight_decay: f64,
     pub max_grad_norm: Option<f64>,
-    /// KL coefficient; 0 keeps no reference model.
-    pub beta: f64,
-    pub clip_low: f64,
-    pub clip_high: f64,
     pub entropy: f64,
     /// μ: updates per batch of rollouts (old log-probs from before the first).
     pub inner_epochs: usize,
@@ -586,31 +583,6 @@ pub struct GrpoSection {
     /// step) or `pass@k` (only a group's best completion, by its margin); docs/ALGORITHMS.md.
     pub advantage: AdvantageMode,
     pub aggregation: Aggregation,
-    /// The policy term: `grpo` (the clipped ratio per token), `gspo` (the clipped ratio of
-    /// the sequence), `cispo` (the clipped importance weight, detached, times log π) or
-    /// `sapo` (a soft gate on the ratio); docs/ALGORITHMS.md.
-    pub loss: LossKind,
-    /// SAPO's gate temperature for tokens of positive advantage (unset: 1.0, TRL's), and for
-    /// the rest (unset: 1.05); only with `loss = "sapo"`.
-    pub sapo_temperature_pos: Option<f64>,
-    pub sapo_temperature_neg: Option<f64>,
-    /// The KL penalty's estimator, `k1`, `k2` or `k3` (unset: k3); only with `beta` > 0.
-    pub kl_estimator: Option<KlEstimator>,
-    /// The KL term in the reward instead of the loss (verl's `use_kl_in_reward`): each
-    /// completion's reward less β × its summed estimate against the reference, before the
-    /// advantages; the loss then has none. Only with `beta` > 0.
-    pub kl_in_reward: bool,
-    /// With `kl_in_reward`: adapt β after each step towards this mean KL per token (verl's
-    /// adaptive `kl_ctrl`, `target_kl`): β starts at `beta`; unset, β stays fixed.
-    pub kl_target: Option<f64>,
-    /// With `kl_target`: how many completions β takes to move by the clipped relative error
-    /// (verl's `horizon`; unset: 10000, verl's default).
-    pub kl_horizon: Option<usize>,
-    /// DAPO's overlong shaping: the last this many tokens before a task's `max_tokens` cost a
-    /// completion's reward up to `overlong_penalty`, linearly (0: none).
-    pub overlong_buffer: usize,
-    /// The penalty at the limit (with `overlong_buffer` > 0).
-    pub overlong_penalty: f64,
     /// Completions cut at `max_tokens` carry no loss (they still count in their group's
     /// advantages): TRL's `mask_truncated_completions`.
     pub mask_truncated: bool,
@@ -696,6 +668,22 @@ pub struct GrpoSection {
     /// `sampler_logp_diff_max` is above 0, naming the token that differs. `false`: report it
     /// only.
     pub stop_on_sampler_gap: bool,
+    /// The policy term and its parameters: `{ kind = "grpo" | "gspo", clip_low, clip_high }`,
+    /// `{ kind = "cispo", clip_high }` or `{ kind = "sapo", temperature_pos, temperature_neg }`
+    /// (docs/ALGORITHMS.md). Older configs' `loss = "NAME"`, `clip_low`, `clip_high`,
+    /// `sapo_temperature_*` read into it (`spelling::lift`). Last with the other tables: a
+    /// TOML table follows the plain keys.
+    pub loss: LossSpec,
+    /// The KL penalty to the reference: `{ where = "off" }` (no reference kept), `{ where =
+    /// "loss", beta, estimator }` or `{ where = "reward", beta, estimator, target, horizon }`
+    /// (verl's `use_kl_in_reward`, β adapting towards `target` where one is set). Older
+    /// configs' `beta`, `kl_estimator`, `kl_in_reward`, `kl_target`, `kl_horizon` read into it.
+    pub kl: KlSpec,
+    /// DAPO's overlong shaping, `{ buffer, penalty }`: the last `buffer` tokens before a task's
+    /// `max_tokens` cost a completion's reward up to `penalty`, linearly (none: no shaping).
+    /// Older configs' `overlong_buffer`, `overlong_penalty` read into it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlong: Option<OverlongSpec>,
 }
 
 impl Default for GrpoSection {
@@ -709,22 +697,10 @@ impl Default for GrpoSection {
             schedule: Schedule::Constant,
             weight_decay: 0.0,
             max_grad_norm: Some(1.0),
-            beta: 0.04,
-            clip_low: 0.2,
-            clip_high: 0.2,
             entropy: 0.0,
             inner_epochs: 1,
             advantage: AdvantageMode::Grpo,
             aggregation: Aggregation::TokenMean,
-            loss: LossKind::Grpo,
-            kl_estimator: None,
-            kl_in_reward: false,
-            sapo_temperature_pos: None,
-            sapo_temperature_neg: None,
-            kl_target: None,
-            kl_horizon: None,
-            overlong_buffer: 0,
-            overlong_penalty: 1.0,
             mask_truncated: false,
             dynamic_sampling: false,
             max_draws: 4,
@@ -749,6 +725,9 @@ impl Default for GrpoSection {
             rollout_correction_max: 3.0,
             rollout_correction_min: None,
             stop_on_sampler_gap: true,
+            loss: LossSpec::default(),
+            kl: KlSpec::default(),
+            overlong: None,
         }
     }
 }

@@ -86,8 +86,7 @@ impl TrainConfig {
         self.check_counts(origin)?;
         self.check_swap_numbers(origin)?;
         self.check_grpo_floats(origin)?;
-        self.check_kl(origin)?;
-        self.check_sapo(origin)?;
+        self.check_objective(origin)?;
         self.check_unread_keys(origin)?;
         self.check_lora(origin)?;
         if let Some(distill) = &self.distill
@@ -131,11 +130,13 @@ impl TrainConfig {
         if g.max_draws > 1 << 10 {
             bail!("{origin}: `grpo.max_draws` = {}: at most 1024 draws a step", g.max_draws);
         }
-        if g.overlong_buffer >= self.sampling.max_tokens {
+        if let Some(overlong) = &g.overlong
+            && overlong.buffer >= self.sampling.max_tokens
+        {
             bail!(
-                "{origin}: `grpo.overlong_buffer` = {}: it must be less than `sampling.max_tokens` = {} (the penalty \
-                 starts max_tokens − overlong_buffer tokens into a completion)",
-                g.overlong_buffer,
+                "{origin}: `grpo.overlong.buffer` = {}: it must be less than `sampling.max_tokens` = {} (the penalty \
+                 starts max_tokens − buffer tokens into a completion)",
+                overlong.buffer,
                 self.sampling.max_tokens
             );
         }
@@ -165,12 +166,9 @@ impl TrainConfig {
     fn check_grpo_floats(&self, origin: &str) -> crate::error::Result<()> {
         let g = &self.grpo;
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
-        let floats: [FloatRule; 11] = [
+        let floats: [FloatRule; 7] = [
             ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
             ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
-            ("grpo.beta", g.beta, "a number >= 0", |x| x >= 0.0),
-            ("grpo.clip_low", g.clip_low, "in [0, 1)", |x| (0.0..1.0).contains(&x)),
-            ("grpo.clip_high", g.clip_high, "a number >= 0", |x| x >= 0.0),
             ("grpo.entropy", g.entropy, "a finite number", |_| true),
             ("grpo.failure_reward", f64::from(g.failure_reward), "a number from -1e6 to 1e6", |x| {
                 x.abs() <= MAX_REWARD_SCALE
@@ -178,9 +176,6 @@ impl TrainConfig {
             ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
             ("grpo.tis_cap", g.tis_cap, "a number >= 1", |x| x >= 1.0),
             ("grpo.rollout_correction_max", g.rollout_correction_max, "a number >= 1", |x| x >= 1.0),
-            ("grpo.overlong_penalty", g.overlong_penalty, "a number from 0 to 1e6", |x| {
-                (0.0..=MAX_REWARD_SCALE).contains(&x)
-            }),
         ];
         for (key, value, wanted, ok) in floats {
             if !(value.is_finite() && ok(value)) {
@@ -210,71 +205,71 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// The KL keys: each only where there is a KL term (`beta` > 0) or an adaptive β to use it.
-    fn check_kl(&self, origin: &str) -> crate::error::Result<()> {
+    /// The objective's numbers, each named as its table spells it (`grpo.loss.clip_low`):
+    /// the clips, SAPO's temperatures (positive, at most 50: the gate's sigmoid then stays
+    /// within f32 at any ratio), β (a KL term needs one above 0), the adaptive β's target and
+    /// horizon, the overlong penalty.
+    fn check_objective(&self, origin: &str) -> crate::error::Result<()> {
         let g = &self.grpo;
-        if g.kl_in_reward && g.beta == 0.0 {
+        let mut floats: Vec<FloatRule> = Vec::new();
+        match g.loss {
+            LossSpec::Grpo { clip_low, clip_high } | LossSpec::Gspo { clip_low, clip_high } => {
+                floats.push(("grpo.loss.clip_low", clip_low, "in [0, 1)", |x| (0.0..1.0).contains(&x)));
+                floats.push(("grpo.loss.clip_high", clip_high, "a number >= 0", |x| x >= 0.0));
+            }
+            LossSpec::Cispo { clip_high } => {
+                floats.push(("grpo.loss.clip_high", clip_high, "a number >= 0", |x| x >= 0.0));
+            }
+            LossSpec::Sapo { temperature_pos, temperature_neg } => {
+                let temperature: fn(f64) -> bool = |x| x > 0.0 && x <= 50.0;
+                floats.push((
+                    "grpo.loss.temperature_pos",
+                    temperature_pos,
+                    "a number above 0 and at most 50",
+                    temperature,
+                ));
+                floats.push((
+                    "grpo.loss.temperature_neg",
+                    temperature_neg,
+                    "a number above 0 and at most 50",
+                    temperature,
+                ));
+            }
+        }
+        if let KlSpec::Loss { beta, .. } | KlSpec::Reward { beta, .. } = g.kl {
+            floats.push(("grpo.kl.beta", beta, "a number above 0 (for no KL term: kl = { where = \"off\" })", |x| {
+                x > 0.0
+            }));
+        }
+        if let KlSpec::Reward { target: Some(target), .. } = g.kl {
+            floats.push(("grpo.kl.target", target, "a positive number (a mean KL per token)", |x| x > 0.0));
+        }
+        if let Some(overlong) = &g.overlong {
+            floats.push(("grpo.overlong.penalty", overlong.penalty, "a number from 0 to 1e6", |x| {
+                (0.0..=MAX_REWARD_SCALE).contains(&x)
+            }));
+        }
+        for (key, value, wanted, ok) in floats {
+            if !(value.is_finite() && ok(value)) {
+                bail!("{origin}: `{key}` = {value}: it must be {wanted}");
+            }
+        }
+        let KlSpec::Reward { target, horizon: Some(horizon), .. } = g.kl else { return Ok(()) };
+        let completions = g.prompts_per_step.saturating_mul(g.group_size);
+        if target.is_none() {
             bail!(
-                "{origin}: `grpo.kl_in_reward` = true with `grpo.beta` = 0: there is no KL term to move into the \
-                 reward (set beta > 0, or leave kl_in_reward out)"
+                "{origin}: `grpo.kl.horizon` = {horizon} without `grpo.kl.target`: there is no adaptive β to pace (set \
+                 target, or leave horizon out)"
             );
         }
-        if let Some(target) = g.kl_target {
-            if !g.kl_in_reward {
-                bail!(
-                    "{origin}: `grpo.kl_target` = {target} without `grpo.kl_in_reward` = true: β adapts only for \
-                     the KL in the reward (as verl's adaptive kl_ctrl); set kl_in_reward, or leave kl_target out"
-                );
-            }
-            if !(target.is_finite() && target > 0.0) {
-                bail!("{origin}: `grpo.kl_target` = {target}: it must be a positive number (a mean KL per token)");
-            }
-        }
-        let completions = g.prompts_per_step.saturating_mul(g.group_size);
-        match (g.kl_horizon, g.kl_target) {
-            // A step of n completions multiplies β by 1 ± 0.2·n/horizon: at n ≥ 5·horizon it
-            // could reach 0 or change sign.
-            (Some(horizon), Some(_)) if horizon.saturating_mul(5) <= completions => bail!(
-                "{origin}: `grpo.kl_horizon` = {horizon}: it must be more than a fifth of the completions a step \
+        // A step of n completions multiplies β by 1 ± 0.2·n/horizon: at n ≥ 5·horizon it could
+        // reach 0 or change sign.
+        if horizon.saturating_mul(5) <= completions {
+            bail!(
+                "{origin}: `grpo.kl.horizon` = {horizon}: it must be more than a fifth of the completions a step \
                  trains (prompts_per_step × group_size = {completions}), or one step's update could take β to 0 or \
                  below"
-            ),
-            (Some(horizon), None) => bail!(
-                "{origin}: `grpo.kl_horizon` = {horizon} without `grpo.kl_target`: there is no adaptive β to pace \
-                 (set kl_target, or leave kl_horizon out)"
-            ),
-            _ => {}
-        }
-        if let Some(estimator) = g.kl_estimator
-            && g.beta == 0.0
-        {
-            bail!(
-                "{origin}: `grpo.kl_estimator` = \"{}\" with `grpo.beta` = 0: there is no KL term to estimate \
-                 (set beta > 0, or leave kl_estimator out)",
-                format!("{estimator:?}").to_lowercase()
             );
-        }
-        Ok(())
-    }
-
-    /// SAPO's temperatures: only under `loss = "sapo"`, each positive and at most 50 (the
-    /// gate's sigmoid then stays within f32 at any ratio).
-    fn check_sapo(&self, origin: &str) -> crate::error::Result<()> {
-        let g = &self.grpo;
-        for (key, value) in
-            [("sapo_temperature_pos", g.sapo_temperature_pos), ("sapo_temperature_neg", g.sapo_temperature_neg)]
-        {
-            let Some(value) = value else { continue };
-            if g.loss != LossKind::Sapo {
-                bail!(
-                    "{origin}: `grpo.{key}` = {value} with `grpo.loss` = \"{}\": it is SAPO's gate temperature \
-                     (set loss = \"sapo\", or leave {key} out)",
-                    g.loss.name()
-                );
-            }
-            if !(value.is_finite() && value > 0.0 && value <= 50.0) {
-                bail!("{origin}: `grpo.{key}` = {value}: it must be a number above 0 and at most 50");
-            }
         }
         Ok(())
     }
@@ -283,7 +278,6 @@ impl TrainConfig {
     /// a value set there would be silently ignored.
     fn check_unread_keys(&self, origin: &str) -> crate::error::Result<()> {
         let (g, default) = (&self.grpo, GrpoSection::default());
-        let loss = g.loss.name();
         let correction_off = g.rollout_correction == wirl_grpo::CorrectionMode::Off;
         let correction_bound = "bounds grpo.rollout_correction, which is off: set it (token_truncate, token_mask, \
                                 sequence_truncate, sequence_mask), or leave the bound out"
@@ -293,28 +287,6 @@ impl TrainConfig {
                 g.max_draws != default.max_draws && !g.dynamic_sampling,
                 ("max_draws", g.max_draws.to_string()),
                 "is read only with grpo.dynamic_sampling = true (it caps its draws): set that, or leave it out"
-                    .to_string(),
-            ),
-            (
-                g.overlong_penalty != default.overlong_penalty && g.overlong_buffer == 0,
-                ("overlong_penalty", g.overlong_penalty.to_string()),
-                "is the penalty at the end of grpo.overlong_buffer tokens, which is 0: set overlong_buffer, or leave \
-                 it out"
-                    .to_string(),
-            ),
-            (
-                g.clip_low != default.clip_low && matches!(g.loss, LossKind::Cispo | LossKind::Sapo),
-                ("clip_low", g.clip_low.to_string()),
-                format!(
-                    "is not read under grpo.loss = \"{loss}\" (CISPO's weight has no lower bound, SAPO's gate no \
-                     clip): leave it out"
-                ),
-            ),
-            (
-                g.clip_high != default.clip_high && g.loss == LossKind::Sapo,
-                ("clip_high", g.clip_high.to_string()),
-                "is not read under grpo.loss = \"sapo\" (its gate has no clip; grpo.sapo_temperature_pos and _neg \
-                 shape it): leave it out"
                     .to_string(),
             ),
             (
@@ -988,15 +960,20 @@ mod tests {
             ("[grpo]\ngroup_size = 1", "`grpo.group_size` must be at least 2"),
             ("[grpo]\nsteps = 0", "`grpo.steps` must be at least 1"),
             ("[grpo]\nlearning_rate = nan", "`grpo.learning_rate` = NaN: it must be a positive number"),
-            ("[grpo]\nclip_low = 1.0", "`grpo.clip_low` = 1: it must be in [0, 1)"),
+            ("[grpo]\nclip_low = 1.0", "`grpo.loss.clip_low` = 1: it must be in [0, 1)"),
+            ("[grpo]\nloss = { kind = \"gspo\", clip_high = -1 }", "`grpo.loss.clip_high` = -1: it must be"),
+            ("[grpo]\nkl = { where = \"loss\", beta = 0.0 }", "`grpo.kl.beta` = 0: it must be a number above 0"),
+            ("[grpo]\nkl = { where = \"reward\", beta = 0.1, target = 0 }", "`grpo.kl.target` = 0: it must be"),
+            ("[grpo]\noverlong = { buffer = 64 }", "`grpo.overlong.buffer` = 64: it must be less than"),
+            ("[grpo]\noverlong = { buffer = 4, penalty = inf }", "`grpo.overlong.penalty` = inf: it must be"),
             ("[grpo]\ntis_cap = 0.5", "`grpo.tis_cap` = 0.5: it must be a number >= 1"),
             ("[grpo]\nmax_grad_norm = -1.0", "`grpo.max_grad_norm` = -1: it must be a positive number"),
             ("[grpo]\ngeneration_lag = 2", "`grpo.generation_lag` = 2: it must be 0"),
             ("[grpo]\nfailure_reward = -1.0", "`grpo.failure_reward` = -1 is used only where failures are rewarded"),
             ("[grpo]\nsteps = 1099511627776", "`grpo.steps` x `grpo.prompts_per_step` is too large"),
-            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_neg = 0.0", "`grpo.sapo_temperature_neg` = 0: it must be"),
-            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_pos = 51.0", "`grpo.sapo_temperature_pos` = 51: it must be"),
-            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_pos = nan", "`grpo.sapo_temperature_pos` = NaN: it must be"),
+            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_neg = 0.0", "`grpo.loss.temperature_neg` = 0: it must be"),
+            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_pos = 51.0", "`grpo.loss.temperature_pos` = 51: it must be"),
+            ("[grpo]\nloss = \"sapo\"\nsapo_temperature_pos = nan", "`grpo.loss.temperature_pos` = NaN: it must be"),
             ("[swap]\nmax_failure_rate = 2.0", "`swap.max_failure_rate` = 2: it must be in [0, 1]"),
             ("[swap]\nrollback_window = 0", "`swap.rollback_window` must be at least 1"),
             ("[eval]\nsamples = 2\nk = [3]", "`eval.k` = 3: each k must be between 1 and `eval.samples` (2)"),
@@ -1016,7 +993,11 @@ mod tests {
     fn the_kl_horizon_takes_any_size_above_a_fifth_of_a_step() {
         let kl = "[grpo]\nbeta = 0.1\nkl_in_reward = true\nkl_target = 0.1\nkl_horizon = ";
         let config = tasks_config(ARITHMETIC, &format!("{kl}{}", i64::MAX)).unwrap().run_config().unwrap();
-        assert_eq!(config.grpo.kl_horizon, Some(i64::MAX as usize));
+        let horizon = match config.grpo.kl {
+            crate::config::KlSpec::Reward { horizon, .. } => horizon,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(horizon, Some(i64::MAX as usize));
         // The default step: 4 prompts × 8 completions.
         refused(ARITHMETIC, &format!("{kl}6"), "prompts_per_step × group_size = 32");
         assert!(tasks_config(ARITHMETIC, &format!("{kl}7")).is_ok());
