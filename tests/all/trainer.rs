@@ -598,8 +598,8 @@ fn a_generation_lag_samples_the_next_step_during_the_update() {
         assert!(!out.status.success() && error.contains(expected), "{set}: expected `{expected}` in: {error}");
     };
     refused(&config, "grpo.generation_lag=2", "`grpo.generation_lag` = 2");
-    refused(&config, "grpo.tis_cap=0.5", "`grpo.tis_cap` = 0.5");
-    refused(&config, "grpo.tis_cap=nan", "`grpo.tis_cap` = NaN");
+    refused(&config, "grpo.tis_cap=0.5", "`grpo.correction.tis_cap` = 0.5");
+    refused(&config, "grpo.tis_cap=nan", "`grpo.correction.tis_cap` = NaN");
     let multitask = write_multitask_config(&dir.path().join("multi"), 1);
     refused(&multitask, "grpo.generation_lag=1", "task `retry` (tasks[2]) is a multi-turn task");
 }

@@ -212,14 +212,7 @@ impl GrpoSection {
                 .filter(|o| o.buffer > 0)
                 .map(|o| wirl_grpo::Overlong { buffer: o.buffer, penalty: o.penalty }),
             mask_truncated: self.mask_truncated,
-            correction: wirl_grpo::Correction {
-                rollout: wirl_grpo::RolloutCorrection {
-                    mode: self.rollout_correction,
-                    min: self.rollout_correction_min,
-                    max: Some(self.rollout_correction_max),
-                },
-                tis_cap: self.tis_cap,
-            },
+            correction: self.correction.lowered(),
         }
     }
 }

@@ -18,7 +18,7 @@ mod validate;
 
 use crate::error::{Context, bail};
 use serde::{Deserialize, Serialize};
-pub use spelling::{KlSpec, LossSpec, OverlongSpec};
+pub use spelling::{CorrectionSpec, KlSpec, LossSpec, OverlongSpec};
 use std::path::{Path, PathBuf};
 use wirl_grpo::{AdvantageMode, Aggregation, Schedule};
 use wirl_rollout::{
@@ -650,19 +650,6 @@ pub struct GrpoSection {
     /// step samples with its own weights (the default: on the CPU both phases use every
     /// core, docs/BENCHMARKS.md).
     pub generation_lag: usize,
-    /// The cap C of the importance weight min(π_old / π_sampler, C) of lagged groups (when
-    /// `rollout_correction` is off).
-    pub tis_cap: f64,
-    /// Importance weights where the sampler's log-probs differ from the learner's (a bf16
-    /// sampler copy, `model.inference_dtype`; a generation lag): TRL's
-    /// `vllm_importance_sampling_mode` — `token_truncate`, `token_mask`, `sequence_truncate`,
-    /// `sequence_mask` (`wirl_grpo::correction`) — or `off`. On the CPU in f32 the sampler is
-    /// the learner to the bit and every weight is 1.
-    pub rollout_correction: wirl_grpo::CorrectionMode,
-    /// The correction's upper bound (TRL's `vllm_importance_sampling_clip_max`, 3).
-    pub rollout_correction_max: f64,
-    /// Its lower bound (TRL's `vllm_importance_sampling_clip_min`); unset: none.
-    pub rollout_correction_min: Option<f64>,
     /// Where the sampler computes the learner's log-probs to the bit (the CPU in f32 on
     /// shared weights: `wirl_grpo::Learner::sampler_is_exact`), stop the run at a step whose
     /// `sampler_logp_diff_max` is above 0, naming the token that differs. `false`: report it
@@ -684,6 +671,14 @@ pub struct GrpoSection {
     /// Older configs' `overlong_buffer`, `overlong_penalty` read into it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlong: Option<OverlongSpec>,
+    /// Importance weights where the sampler's log-probs differ from the learner's (a bf16
+    /// sampler copy, `model.inference_dtype`; a generation lag): `{ mode = "off", tis_cap }`
+    /// (only a group sampled a step behind is weighted, min(π_old / π_sampler, tis_cap)) or
+    /// TRL's `vllm_importance_sampling_mode` — `{ mode = "token_truncate" | "token_mask" |
+    /// "sequence_truncate" | "sequence_mask", max = 3.0, min }` (`wirl_grpo::correction`). On
+    /// the CPU in f32 the sampler is the learner to the bit and every weight is 1. Older
+    /// configs' `rollout_correction`, `rollout_correction_max`/`_min` and `tis_cap` read into it.
+    pub correction: CorrectionSpec,
 }
 
 impl Default for GrpoSection {
@@ -720,14 +715,11 @@ impl Default for GrpoSection {
             rows_per_pass: None,
             overlap: true,
             generation_lag: 0,
-            tis_cap: 2.0,
-            rollout_correction: wirl_grpo::CorrectionMode::Off,
-            rollout_correction_max: 3.0,
-            rollout_correction_min: None,
             stop_on_sampler_gap: true,
             loss: LossSpec::default(),
             kl: KlSpec::default(),
             overlong: None,
+            correction: CorrectionSpec::default(),
         }
     }
 }

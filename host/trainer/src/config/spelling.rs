@@ -157,9 +157,97 @@ pub struct OverlongSpec {
     pub penalty: f64,
 }
 
+/// The truncation cap of a lagged group's importance weight where a config sets none.
+pub const DEFAULT_TIS_CAP: f64 = 2.0;
+/// The correction's upper bound where a config sets none (TRL's
+/// `vllm_importance_sampling_clip_max`).
+pub const DEFAULT_CORRECTION_MAX: f64 = 3.0;
+
+fn tis_cap() -> f64 {
+    DEFAULT_TIS_CAP
+}
+fn is_tis_cap(x: &f64) -> bool {
+    *x == DEFAULT_TIS_CAP
+}
+fn correction_max() -> f64 {
+    DEFAULT_CORRECTION_MAX
+}
+fn is_correction_max(x: &f64) -> bool {
+    *x == DEFAULT_CORRECTION_MAX
+}
+
+/// `grpo.correction`: importance weights where the sampler's log-probs differ from the
+/// learner's (a bf16 sampler copy, a generation lag) — TRL's `vllm_importance_sampling_mode`,
+/// bounded by `max` and `min` — or `off`, where only a group sampled a step behind is
+/// weighted, by min(π_old / π_sampler, `tis_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CorrectionSpec {
+    Off {
+        #[serde(default = "tis_cap", skip_serializing_if = "is_tis_cap")]
+        tis_cap: f64,
+    },
+    TokenTruncate {
+        #[serde(default = "correction_max", skip_serializing_if = "is_correction_max")]
+        max: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min: Option<f64>,
+    },
+    TokenMask {
+        #[serde(default = "correction_max", skip_serializing_if = "is_correction_max")]
+        max: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min: Option<f64>,
+    },
+    SequenceTruncate {
+        #[serde(default = "correction_max", skip_serializing_if = "is_correction_max")]
+        max: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min: Option<f64>,
+    },
+    SequenceMask {
+        #[serde(default = "correction_max", skip_serializing_if = "is_correction_max")]
+        max: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min: Option<f64>,
+    },
+}
+
+impl Default for CorrectionSpec {
+    fn default() -> Self {
+        CorrectionSpec::Off { tis_cap: DEFAULT_TIS_CAP }
+    }
+}
+
+impl CorrectionSpec {
+    /// As the learner takes it: the mode and its bounds, and the lagged groups' cap.
+    pub fn lowered(&self) -> wirl_grpo::Correction {
+        use wirl_grpo::CorrectionMode as Mode;
+        let (mode, min, max, tis_cap) = match *self {
+            CorrectionSpec::Off { tis_cap } => (Mode::Off, None, DEFAULT_CORRECTION_MAX, tis_cap),
+            CorrectionSpec::TokenTruncate { max, min } => (Mode::TokenTruncate, min, max, DEFAULT_TIS_CAP),
+            CorrectionSpec::TokenMask { max, min } => (Mode::TokenMask, min, max, DEFAULT_TIS_CAP),
+            CorrectionSpec::SequenceTruncate { max, min } => (Mode::SequenceTruncate, min, max, DEFAULT_TIS_CAP),
+            CorrectionSpec::SequenceMask { max, min } => (Mode::SequenceMask, min, max, DEFAULT_TIS_CAP),
+        };
+        wirl_grpo::Correction { rollout: wirl_grpo::RolloutCorrection { mode, min, max: Some(max) }, tis_cap }
+    }
+
+    /// The bounds of a correction that is on: `(max, min)`.
+    pub fn bounds(&self) -> Option<(f64, Option<f64>)> {
+        match *self {
+            CorrectionSpec::Off { .. } => None,
+            CorrectionSpec::TokenTruncate { max, min }
+            | CorrectionSpec::TokenMask { max, min }
+            | CorrectionSpec::SequenceTruncate { max, min }
+            | CorrectionSpec::SequenceMask { max, min } => Some((max, min)),
+        }
+    }
+}
+
 /// The flat keys of the objective that older configs and saved runs write (and `loss` as a
 /// string), which [`lift`] reads into the tables.
-const FLAT_KEYS: [&str; 11] = [
+const FLAT_KEYS: [&str; 15] = [
     "clip_low",
     "clip_high",
     "sapo_temperature_pos",
@@ -171,6 +259,10 @@ const FLAT_KEYS: [&str; 11] = [
     "kl_horizon",
     "overlong_buffer",
     "overlong_penalty",
+    "rollout_correction",
+    "rollout_correction_max",
+    "rollout_correction_min",
+    "tis_cap",
 ];
 
 /// Whether `[grpo]` writes any choice of the objective with the flat keys.
@@ -203,6 +295,10 @@ struct Flat {
     horizon: Option<toml::Value>,
     buffer: Option<toml::Value>,
     penalty: Option<toml::Value>,
+    correction: Option<toml::Value>,
+    correction_max: Option<toml::Value>,
+    correction_min: Option<toml::Value>,
+    tis_cap: Option<toml::Value>,
 }
 
 impl Flat {
@@ -230,6 +326,10 @@ impl Flat {
             horizon: take("kl_horizon"),
             buffer: take("overlong_buffer"),
             penalty: take("overlong_penalty"),
+            correction: take("rollout_correction"),
+            correction_max: take("rollout_correction_max"),
+            correction_min: take("rollout_correction_min"),
+            tis_cap: take("tis_cap"),
         }
     }
 }
@@ -270,6 +370,12 @@ pub fn lift(table: &mut toml::Table, origin: &str, tell: bool) -> crate::error::
         if let Some(overlong) = lift_overlong(&flat, origin)? {
             lifted.push(("overlong", overlong));
         }
+    }
+    if let Some(correction) = lift_correction(&flat, origin)? {
+        if grpo.contains_key("correction") {
+            return Err(both(if flat.correction.is_some() { "rollout_correction" } else { "tis_cap" }));
+        }
+        lifted.push(("correction", correction));
     }
     if tell {
         tell_once(origin, &lifted);
@@ -449,6 +555,50 @@ fn lift_overlong(flat: &Flat, origin: &str) -> crate::error::Result<Option<toml:
     Ok(Some(table))
 }
 
+/// `rollout_correction`, `rollout_correction_max`, `_min` and `tis_cap` as
+/// `grpo.correction`'s table: a bound of a correction that is off, or the lagged groups' cap
+/// under one that is on, refused where it differs from its default (it would not be read).
+fn lift_correction(flat: &Flat, origin: &str) -> crate::error::Result<Option<toml::Table>> {
+    let given = [&flat.correction, &flat.correction_max, &flat.correction_min, &flat.tis_cap];
+    if given.iter().all(|v| v.is_none()) {
+        return Ok(None);
+    }
+    let mode = match &flat.correction {
+        None => wirl_grpo::CorrectionMode::Off,
+        Some(value) => value.clone().try_into().map_err(|e: toml::de::Error| {
+            crate::error::invalid!("{origin}: `grpo.rollout_correction` = {}: {}", shown(value), e.message())
+        })?,
+    };
+    let mut table = toml::Table::new();
+    table.insert("mode".into(), toml::Value::try_from(mode).expect("a mode's name"));
+    let off = mode == wirl_grpo::CorrectionMode::Off;
+    let bound = "bounds grpo.rollout_correction, which is off: set it (token_truncate, token_mask, sequence_truncate, \
+                 sequence_mask), or leave the bound out";
+    for (key, value, default, parameter) in [
+        ("rollout_correction_max", &flat.correction_max, Some(DEFAULT_CORRECTION_MAX), "max"),
+        ("rollout_correction_min", &flat.correction_min, None, "min"),
+    ] {
+        let Some(value) = value else { continue };
+        if !off {
+            table.insert(parameter.into(), value.clone());
+        } else if default.is_none_or(|d| number(origin, key, value).is_ok_and(|x| x != d)) {
+            crate::error::bail!("{origin}: `grpo.{key}` = {} {bound}", shown(value));
+        }
+    }
+    if let Some(cap) = &flat.tis_cap {
+        if off {
+            table.insert("tis_cap".into(), cap.clone());
+        } else if number(origin, "tis_cap", cap)? != DEFAULT_TIS_CAP {
+            crate::error::bail!(
+                "{origin}: `grpo.tis_cap` = {} is not read under grpo.rollout_correction, which weighs lagged groups \
+                 too (its bounds are grpo.rollout_correction_max and _min): leave it out",
+                shown(cap)
+            );
+        }
+    }
+    Ok(Some(table))
+}
+
 /// A value as a message shows it (`0.5`, `"k2"`, `NaN`).
 fn shown(value: &toml::Value) -> String {
     match value {
@@ -517,6 +667,20 @@ pub fn flatten(table: &mut toml::Table, origin: &str) -> crate::error::Result<()
         flat.push(("overlong_buffer", toml::Value::Integer(overlong.buffer.min(i64::MAX as usize) as i64)));
         flat.push(("overlong_penalty", overlong.penalty.into()));
     }
+    if let Some(toml::Value::Table(correction)) = grpo.remove("correction") {
+        let correction: CorrectionSpec =
+            read(&correction, origin, "grpo.correction", "mode = \"off\", \"token_truncate\", ... , with its bounds")?;
+        let lowered = correction.lowered();
+        flat.push(("rollout_correction", toml::Value::try_from(lowered.rollout.mode).expect("a mode's name")));
+        match correction.bounds() {
+            None if lowered.tis_cap != DEFAULT_TIS_CAP => flat.push(("tis_cap", lowered.tis_cap.into())),
+            None => {}
+            Some((max, min)) => {
+                flat.push(("rollout_correction_max", max.into()));
+                flat.extend(min.map(|min| ("rollout_correction_min", min.into())));
+            }
+        }
+    }
     for (key, value) in flat {
         grpo.insert(key.to_string(), value);
     }
@@ -572,6 +736,13 @@ mod tests {
         assert_eq!(loss(&saved), LossSpec::Cispo { clip_high: 4.0 });
         assert_eq!(kl(&saved), KlSpec::Loss { beta: 0.04, estimator: KlEstimator::K3 });
         assert!(!saved.contains_key("overlong"));
+        let grpo =
+            lifted("[grpo]\nrollout_correction = \"token_mask\"\nrollout_correction_min = 0.5\ntis_cap = 2.0").unwrap();
+        let correction: CorrectionSpec = grpo["correction"].clone().try_into().unwrap();
+        assert_eq!(correction, CorrectionSpec::TokenMask { max: 3.0, min: Some(0.5) });
+        let grpo = lifted("[grpo]\ntis_cap = 3.0\nrollout_correction_max = 3.0").unwrap();
+        let correction: CorrectionSpec = grpo["correction"].clone().try_into().unwrap();
+        assert_eq!(correction, CorrectionSpec::Off { tis_cap: 3.0 });
     }
 
     #[test]
@@ -589,6 +760,10 @@ mod tests {
             ("overlong_penalty = 0.5", "`grpo.overlong_penalty` = 0.5 is the penalty at the end of"),
             ("loss = { kind = \"grpo\" }\nclip_low = 0.2", "`grpo.clip_low` is written both"),
             ("kl = { where = \"off\" }\nbeta = 0.1", "`grpo.beta` is written both"),
+            ("rollout_correction_max = 2.0", "`grpo.rollout_correction_max` = 2 bounds grpo.rollout_correction"),
+            ("rollout_correction_min = 0.5", "`grpo.rollout_correction_min` = 0.5 bounds grpo.rollout_correction"),
+            ("rollout_correction = \"token_mask\"\ntis_cap = 3.0", "`grpo.tis_cap` = 3 is not read under"),
+            ("rollout_correction = \"tis\"", "`grpo.rollout_correction` = \"tis\": unknown variant"),
         ] {
             let error = lifted(&format!("[grpo]\n{text}")).unwrap_err().to_string();
             assert!(error.contains(expected) && error.starts_with("test.toml: "), "{text}: {error}");

@@ -166,7 +166,7 @@ impl TrainConfig {
     fn check_grpo_floats(&self, origin: &str) -> crate::error::Result<()> {
         let g = &self.grpo;
         // `!(x >= lo)` and friends are true for NaN too: every comparison below refuses NaN.
-        let floats: [FloatRule; 7] = [
+        let floats: [FloatRule; 5] = [
             ("grpo.learning_rate", g.learning_rate, "a positive number", |x| x > 0.0),
             ("grpo.weight_decay", g.weight_decay, "a number >= 0", |x| x >= 0.0),
             ("grpo.entropy", g.entropy, "a finite number", |_| true),
@@ -174,8 +174,6 @@ impl TrainConfig {
                 x.abs() <= MAX_REWARD_SCALE
             }),
             ("grpo.pass_reward", f64::from(g.pass_reward), "a finite number", |_| true),
-            ("grpo.tis_cap", g.tis_cap, "a number >= 1", |x| x >= 1.0),
-            ("grpo.rollout_correction_max", g.rollout_correction_max, "a number >= 1", |x| x >= 1.0),
         ];
         for (key, value, wanted, ok) in floats {
             if !(value.is_finite() && ok(value)) {
@@ -189,14 +187,6 @@ impl TrainConfig {
                 "{origin}: `grpo.max_grad_norm` = {norm}: it must be a positive number (leave it out for no clipping)"
             );
         }
-        if let Some(min) = g.rollout_correction_min
-            && !(min.is_finite() && (0.0..=1.0).contains(&min))
-        {
-            bail!(
-                "{origin}: `grpo.rollout_correction_min` = {min}: it must be a number from 0 to 1 (leave it out for \
-                 no lower bound)"
-            );
-        }
         if let Some(name) = &g.preset
             && super::preset::keys(name, 1).is_none()
         {
@@ -205,54 +195,25 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// The objective's numbers, each named as its table spells it (`grpo.loss.clip_low`):
-    /// the clips, SAPO's temperatures (positive, at most 50: the gate's sigmoid then stays
-    /// within f32 at any ratio), β (a KL term needs one above 0), the adaptive β's target and
-    /// horizon, the overlong penalty.
+    /// The objective's numbers, each named as its table spells it (`grpo.loss.clip_low`;
+    /// `objective_numbers`), the lagged groups' cap where none lags, the adaptive β's horizon.
     fn check_objective(&self, origin: &str) -> crate::error::Result<()> {
         let g = &self.grpo;
-        let mut floats: Vec<FloatRule> = Vec::new();
-        match g.loss {
-            LossSpec::Grpo { clip_low, clip_high } | LossSpec::Gspo { clip_low, clip_high } => {
-                floats.push(("grpo.loss.clip_low", clip_low, "in [0, 1)", |x| (0.0..1.0).contains(&x)));
-                floats.push(("grpo.loss.clip_high", clip_high, "a number >= 0", |x| x >= 0.0));
-            }
-            LossSpec::Cispo { clip_high } => {
-                floats.push(("grpo.loss.clip_high", clip_high, "a number >= 0", |x| x >= 0.0));
-            }
-            LossSpec::Sapo { temperature_pos, temperature_neg } => {
-                let temperature: fn(f64) -> bool = |x| x > 0.0 && x <= 50.0;
-                floats.push((
-                    "grpo.loss.temperature_pos",
-                    temperature_pos,
-                    "a number above 0 and at most 50",
-                    temperature,
-                ));
-                floats.push((
-                    "grpo.loss.temperature_neg",
-                    temperature_neg,
-                    "a number above 0 and at most 50",
-                    temperature,
-                ));
-            }
-        }
-        if let KlSpec::Loss { beta, .. } | KlSpec::Reward { beta, .. } = g.kl {
-            floats.push(("grpo.kl.beta", beta, "a number above 0 (for no KL term: kl = { where = \"off\" })", |x| {
-                x > 0.0
-            }));
-        }
-        if let KlSpec::Reward { target: Some(target), .. } = g.kl {
-            floats.push(("grpo.kl.target", target, "a positive number (a mean KL per token)", |x| x > 0.0));
-        }
-        if let Some(overlong) = &g.overlong {
-            floats.push(("grpo.overlong.penalty", overlong.penalty, "a number from 0 to 1e6", |x| {
-                (0.0..=MAX_REWARD_SCALE).contains(&x)
-            }));
-        }
+        let floats = objective_numbers(g);
         for (key, value, wanted, ok) in floats {
             if !(value.is_finite() && ok(value)) {
                 bail!("{origin}: `{key}` = {value}: it must be {wanted}");
             }
+        }
+        // The lagged groups' cap where no group lags: never read.
+        if let CorrectionSpec::Off { tis_cap } = g.correction
+            && tis_cap != super::spelling::DEFAULT_TIS_CAP
+            && g.generation_lag == 0
+        {
+            bail!(
+                "{origin}: `grpo.correction.tis_cap` = {tis_cap} caps the importance weight of groups sampled a step \
+                 behind, and grpo.generation_lag is 0: set generation_lag = 1, or leave it out"
+            );
         }
         let KlSpec::Reward { target, horizon: Some(horizon), .. } = g.kl else { return Ok(()) };
         let completions = g.prompts_per_step.saturating_mul(g.group_size);
@@ -274,48 +235,17 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// Keys the chosen objective does not read, refused where they differ from their defaults:
-    /// a value set there would be silently ignored.
+    /// `max_draws` without dynamic sampling, which alone reads it, refused where it differs
+    /// from its default: a value set there would be silently ignored. (The objective's
+    /// tables cannot hold a key their choice does not read.)
     fn check_unread_keys(&self, origin: &str) -> crate::error::Result<()> {
-        let (g, default) = (&self.grpo, GrpoSection::default());
-        let correction_off = g.rollout_correction == wirl_grpo::CorrectionMode::Off;
-        let correction_bound = "bounds grpo.rollout_correction, which is off: set it (token_truncate, token_mask, \
-                                sequence_truncate, sequence_mask), or leave the bound out"
-            .to_string();
-        let unread = [
-            (
-                g.max_draws != default.max_draws && !g.dynamic_sampling,
-                ("max_draws", g.max_draws.to_string()),
-                "is read only with grpo.dynamic_sampling = true (it caps its draws): set that, or leave it out"
-                    .to_string(),
-            ),
-            (
-                correction_off && g.rollout_correction_max != default.rollout_correction_max,
-                ("rollout_correction_max", g.rollout_correction_max.to_string()),
-                correction_bound.clone(),
-            ),
-            (
-                correction_off && g.rollout_correction_min.is_some(),
-                ("rollout_correction_min", g.rollout_correction_min.unwrap_or_default().to_string()),
-                correction_bound,
-            ),
-            (
-                g.tis_cap != default.tis_cap && g.rollout_correction != wirl_grpo::CorrectionMode::Off,
-                ("tis_cap", g.tis_cap.to_string()),
-                "is not read under grpo.rollout_correction, which weighs lagged groups too (its bounds are \
-                 grpo.rollout_correction_max and _min): leave it out"
-                    .to_string(),
-            ),
-            (
-                g.tis_cap != default.tis_cap && g.generation_lag == 0,
-                ("tis_cap", g.tis_cap.to_string()),
-                "caps the importance weight of groups sampled a step behind, and grpo.generation_lag is 0: set \
-                 generation_lag = 1, or leave it out"
-                    .to_string(),
-            ),
-        ];
-        if let Some((_, (key, value), why)) = unread.iter().find(|(refused, ..)| *refused) {
-            bail!("{origin}: `grpo.{key}` = {value} {why}");
+        let g = &self.grpo;
+        if g.max_draws != GrpoSection::default().max_draws && !g.dynamic_sampling {
+            bail!(
+                "{origin}: `grpo.max_draws` = {} is read only with grpo.dynamic_sampling = true (it caps its draws): \
+                 set that, or leave it out",
+                g.max_draws
+            );
         }
         Ok(())
     }
@@ -844,6 +774,58 @@ fn check_sampling(origin: &str, prefix: &str, sampling: &SamplingOverrides) -> c
     Ok(())
 }
 
+/// The objective's real numbers, each with its key as the tables spell it, what it must be
+/// and the test of that: the clips, SAPO's temperatures (positive, at most 50: the gate's
+/// sigmoid then stays within f32 at any ratio), β (a KL term needs one above 0), the
+/// adaptive β's target, the overlong penalty, the correction's bounds and cap.
+fn objective_numbers(g: &GrpoSection) -> Vec<FloatRule> {
+    let mut floats: Vec<FloatRule> = Vec::new();
+    match g.loss {
+        LossSpec::Grpo { clip_low, clip_high } | LossSpec::Gspo { clip_low, clip_high } => {
+            floats.push(("grpo.loss.clip_low", clip_low, "in [0, 1)", |x| (0.0..1.0).contains(&x)));
+            floats.push(("grpo.loss.clip_high", clip_high, "a number >= 0", |x| x >= 0.0));
+        }
+        LossSpec::Cispo { clip_high } => {
+            floats.push(("grpo.loss.clip_high", clip_high, "a number >= 0", |x| x >= 0.0));
+        }
+        LossSpec::Sapo { temperature_pos, temperature_neg } => {
+            let temperature: fn(f64) -> bool = |x| x > 0.0 && x <= 50.0;
+            floats.push(("grpo.loss.temperature_pos", temperature_pos, "a number above 0 and at most 50", temperature));
+            floats.push(("grpo.loss.temperature_neg", temperature_neg, "a number above 0 and at most 50", temperature));
+        }
+    }
+    if let KlSpec::Loss { beta, .. } | KlSpec::Reward { beta, .. } = g.kl {
+        floats.push(("grpo.kl.beta", beta, "a number above 0 (for no KL term: kl = { where = \"off\" })", |x| x > 0.0));
+    }
+    if let KlSpec::Reward { target: Some(target), .. } = g.kl {
+        floats.push(("grpo.kl.target", target, "a positive number (a mean KL per token)", |x| x > 0.0));
+    }
+    if let Some(overlong) = &g.overlong {
+        floats.push(("grpo.overlong.penalty", overlong.penalty, "a number from 0 to 1e6", |x| {
+            (0.0..=MAX_REWARD_SCALE).contains(&x)
+        }));
+    }
+    match g.correction {
+        CorrectionSpec::Off { tis_cap } => {
+            floats.push(("grpo.correction.tis_cap", tis_cap, "a number >= 1", |x| x >= 1.0))
+        }
+        _ => {
+            let (max, min) = g.correction.bounds().expect("a correction that is on");
+            floats.push(("grpo.correction.max", max, "a number >= 1", |x| x >= 1.0));
+            if let Some(min) = min {
+                let between: fn(f64) -> bool = |x| (0.0..=1.0).contains(&x);
+                floats.push((
+                    "grpo.correction.min",
+                    min,
+                    "a number from 0 to 1 (leave it out for no lower bound)",
+                    between,
+                ));
+            }
+        }
+    }
+    floats
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -966,7 +948,7 @@ mod tests {
             ("[grpo]\nkl = { where = \"reward\", beta = 0.1, target = 0 }", "`grpo.kl.target` = 0: it must be"),
             ("[grpo]\noverlong = { buffer = 64 }", "`grpo.overlong.buffer` = 64: it must be less than"),
             ("[grpo]\noverlong = { buffer = 4, penalty = inf }", "`grpo.overlong.penalty` = inf: it must be"),
-            ("[grpo]\ntis_cap = 0.5", "`grpo.tis_cap` = 0.5: it must be a number >= 1"),
+            ("[grpo]\ntis_cap = 0.5", "`grpo.correction.tis_cap` = 0.5: it must be a number >= 1"),
             ("[grpo]\nmax_grad_norm = -1.0", "`grpo.max_grad_norm` = -1: it must be a positive number"),
             ("[grpo]\ngeneration_lag = 2", "`grpo.generation_lag` = 2: it must be 0"),
             ("[grpo]\nfailure_reward = -1.0", "`grpo.failure_reward` = -1 is used only where failures are rewarded"),
@@ -1019,7 +1001,10 @@ mod tests {
                 "[grpo]\nloss = \"sapo\"\nclip_high = 0.28",
                 "`grpo.clip_high` = 0.28 is not read under grpo.loss = \"sapo\"",
             ),
-            ("[grpo]\ntis_cap = 3.0", "`grpo.tis_cap` = 3 caps the importance weight of groups sampled a step behind"),
+            (
+                "[grpo]\ntis_cap = 3.0",
+                "`grpo.correction.tis_cap` = 3 caps the importance weight of groups sampled a step behind",
+            ),
             (
                 "[grpo]\nrollout_correction_max = 2.0",
                 "`grpo.rollout_correction_max` = 2 bounds grpo.rollout_correction",
@@ -1034,11 +1019,11 @@ mod tests {
             ),
             (
                 "[grpo]\nrollout_correction = \"sequence_mask\"\nrollout_correction_max = nan",
-                "`grpo.rollout_correction_max` = NaN: it must be a number >= 1",
+                "`grpo.correction.max` = NaN: it must be a number >= 1",
             ),
             (
                 "[grpo]\nrollout_correction = \"sequence_mask\"\nrollout_correction_min = 1.5",
-                "`grpo.rollout_correction_min` = 1.5: it must be a number from 0 to 1",
+                "`grpo.correction.min` = 1.5: it must be a number from 0 to 1",
             ),
             ("[grpo]\nrollout_correction = \"tis\"", "rollout_correction"),
         ] {
