@@ -764,6 +764,11 @@ mod tests {
             ("rollout_correction_min = 0.5", "`grpo.rollout_correction_min` = 0.5 bounds grpo.rollout_correction"),
             ("rollout_correction = \"token_mask\"\ntis_cap = 3.0", "`grpo.tis_cap` = 3 is not read under"),
             ("rollout_correction = \"tis\"", "`grpo.rollout_correction` = \"tis\": unknown variant"),
+            // Values of the wrong type, or none a number can be.
+            ("beta = \"0.1\"", "`grpo.beta`: expected a number, found string"),
+            ("kl_in_reward = 1\nbeta = 0.1", "`grpo.kl_in_reward`: expected true or false"),
+            ("overlong_penalty = [1]", "`grpo.overlong_penalty`: expected a number, found array"),
+            ("beta = inf", "`grpo.beta` = inf: it must be a number >= 0"),
         ] {
             let error = lifted(&format!("[grpo]\n{text}")).unwrap_err().to_string();
             assert!(error.contains(expected) && error.starts_with("test.toml: "), "{text}: {error}");
