@@ -10,6 +10,7 @@
 //! held-out evaluation, checkpoints).
 
 mod boundary;
+mod stages;
 mod step;
 
 use boundary::AtBoundary;

@@ -1,21 +1,23 @@
-//! One training step, in named stages: draw → generate → episodes → score → agents →
-//! advantages → update → record → probation → metrics. `Trainer::step` reads as that list;
-//! each stage below says what it takes and what it gives the next.
+//! One training step, in named stages: roll (draw → generate → episodes → score → agents →
+//! more draws) → advantages → update → record → metrics. `Trainer::step` reads as that list;
+//! each stage below says what it takes and what it gives the next. The values passed between
+//! them, and the stages that are functions of their inputs alone, are in `stages.rs`; the
+//! ones here touch the engine, the plugins, the learner or the other ranks.
 
+use super::stages::{
+    self, Advantaged, BeginNext, Clock, Groups, Measured, Outcome, RewardKl, Rolled, RunFacts, Signal, TaskFacts,
+    Updated,
+};
 use super::{Ahead, Drawn, PhaseMemory, Trainer, draw_tasks, rss_high_water_mib};
 use crate::error::bail;
-use crate::metrics::{
-    ConversationMessage, PhasePeaks, RolloutRecord, SkippedTaskEntry, SkippedTaskRecord, StepMetrics, StepTimes,
-    TaskMetrics,
-};
+use crate::metrics::{ConversationMessage, PhasePeaks, RolloutRecord, SkippedTaskRecord, StepMetrics};
 use crate::observer::{Event, Observer, Phase};
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
-use wirl_engine::{FinishReason, InFlight, WeightsBarrier};
-use wirl_grpo::{GroupBatch, MemoryLimits, UpdateSettings, UpdateStats};
+use wirl_engine::{InFlight, WeightsBarrier};
+use wirl_grpo::{GroupBatch, MemoryLimits, UpdateSettings};
 use wirl_rollout::collect::{self, Episodes, Sampled};
-use wirl_rollout::{EpisodeTimes, GroupAsk, RolloutGroup, SkippedTask, TaskSource, seed_for};
+use wirl_rollout::{GroupAsk, RolloutGroup, SkippedTask, TaskSource, seed_for};
 use wirl_sandbox::printable;
 
 /// Requests already sampling (a generation lag's, sent by the previous step), and since when.
@@ -24,122 +26,11 @@ type Lagged = (InFlight, Instant);
 /// Whether the run was told to stop (checked between and inside stages).
 type Stopped<'a> = &'a (dyn Fn() -> bool + Sync);
 
-/// Seconds spent by stage.
-#[derive(Default)]
-struct Clock {
-    draw: f64,
-    generate: f64,
-    /// Since the requests were sent (with a lag, by the previous step).
-    sampling_span: f64,
-    episodes: f64,
-    score: f64,
-    agents: f64,
-    train: f64,
-}
-
-/// The step's groups, each with the task (index in the run) it belongs to, the draw it came
-/// from (0: the step's own; more under `grpo.dynamic_sampling`) and the rank that rolled it.
-#[derive(Default)]
-struct Groups {
-    groups: Vec<RolloutGroup>,
-    owners: Vec<usize>,
-    draws: Vec<usize>,
-    ranks: Vec<usize>,
-}
-
-impl Groups {
-    fn push(&mut self, task: usize, (draw, rank): (usize, usize), group: RolloutGroup) {
-        self.groups.push(group);
-        self.owners.push(task);
-        self.draws.push(draw);
-        self.ranks.push(rank);
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&RolloutGroup, usize)> {
-        self.groups.iter().zip(self.owners.iter().copied())
-    }
-
-    fn append(&mut self, other: Groups) {
-        self.groups.extend(other.groups);
-        self.owners.extend(other.owners);
-        self.draws.extend(other.draws);
-        self.ranks.extend(other.ranks);
-    }
-}
-
-impl Clock {
-    /// Add an extra draw's stages (its generation after the step's, its scoring besides).
-    fn add(&mut self, other: &Clock) {
-        self.draw += other.draw;
-        self.generate += other.generate;
-        self.episodes += other.episodes;
-        self.score += other.score;
-    }
-}
-
-/// Where a step's time and memory went.
-struct Measured {
-    peaks: PhasePeaks,
-    clock: Clock,
-    episodes: EpisodeTimes,
-    started: Instant,
-    /// Prompt positions the engine took from its prefix cache, and computed, since the
-    /// previous step's record.
-    prompt_positions: (u64, u64),
-    /// What the step's rewards asked of the engine (LLM judges).
-    rewards_inference: wirl_rollout::InferenceFigures,
-}
-
-/// The learner's batches, and per task how many groups were kept and how many could not be.
-struct Advantaged {
-    batches: Vec<GroupBatch>,
-    kept_of_task: Vec<usize>,
-    unusable_of_task: Vec<usize>,
-    /// Whether the groups were sampled by the weights before the previous update (a lag).
-    sampler_lag: u64,
-    /// Under `grpo.kl_in_reward`: the KL of the completions whose rewards it shaped.
-    reward_kl: RewardKl,
-    /// Under `[distill]`: the student's reverse KL to the teacher over the trained tokens.
-    distill: Option<crate::distill::DistillFigures>,
-}
-
-/// A group's signal: its usable trajectories and their rewards, where they differ (or the
-/// advantages whiten over the step).
-type Signal = Option<(Vec<usize>, Vec<f32>)>;
-
-/// The turn terms of a group's `usable` episodes (per episode, per model turn), when any of
-/// them had turn rewards (`wirl:rl@0.2.0` environments); an episode given none has 0 for
-/// each of its turns. See `wirl_grpo::credit`.
-fn turn_terms(group: &RolloutGroup, usable: &[usize], mode: wirl_grpo::AdvantageMode) -> Option<Vec<Vec<f32>>> {
-    if usable.iter().all(|&i| group.scores[i].turn_rewards.is_empty()) {
-        return None;
-    }
-    let rewards: Vec<Vec<f32>> = usable
-        .iter()
-        .map(|&i| {
-            let mut rewards = group.scores[i].turn_rewards.clone();
-            rewards.resize(group.trajectories[i].turn_starts.len(), 0.0);
-            rewards
-        })
-        .collect();
-    Some(wirl_grpo::turn_advantages(&rewards, mode))
-}
-
-/// This rank's (or, summed, the step's) completions whose rewards carry the KL penalty: the
-/// sum of each one's mean estimate per token, and how many.
-#[derive(Clone, Copy, Debug, Default)]
-struct RewardKl {
-    means: f64,
-    completions: usize,
-}
-
 impl Trainer {
     /// One GRPO step: its metrics, or `None` when a stop came before its first update
     /// (generating, scoring, or training its first epoch), which abandons it unrecorded.
-    ///
-    /// Over ~80 lines on purpose: it is the module's list of stages, each a call, with the
-    /// points where a stop abandons the step between them; split, the list would not read
-    /// in one place.
+    /// Its values in turn: the groups rolled and scored, advantaged, the update, then the
+    /// record and the figures (on rank 0, of every rank's groups).
     pub(super) fn step(
         &mut self,
         step: usize,
@@ -150,95 +41,123 @@ impl Trainer {
         let stop = self.control.clone();
         let stopped = move || stop.is_stopped();
         let mut clock = Clock::default();
+        let mut memory = PhaseMemory::start(self.state.peak_rss);
+        let Some(rolled) = self.roll(step, &stopped, observer, &mut clock, &mut memory)? else {
+            return Ok(None);
+        };
+        let advantaged = self.advantages(&rolled.groups, rolled.sampler_lag, false)?;
+        let Some(updated) = self.update(step, &advantaged, &stopped, observer, &mut clock)? else {
+            return Ok(None);
+        };
+        let (groups, advantaged) = self.gathered(rolled.groups, advantaged, rolled.sampler_lag)?;
+        let peaks = PhasePeaks { train: memory.phase_end(), ..rolled.peaks };
+        // The update's freed tensors stay in the allocator for the next update to reuse:
+        // handing them back (malloc_trim) made every step fault its memory in again, page
+        // by page (docs/BENCHMARKS.md). They count as resident in the next phases, never
+        // above the training peak.
+        self.state.peak_rss = memory.run_peak;
+        self.state.weights_written += updated.stats.weight_writes;
+        if self.writes() {
+            self.record(step, rollouts, &rolled.skipped, &groups)?;
+            self.live.after_step(step, &groups.groups);
+        }
+        let now = self.policy.engine.prefix_stats().positions();
+        let seen = std::mem::replace(&mut self.state.prompt_positions_seen, now);
+        let measured = Measured {
+            peaks,
+            peak_rss: self.state.peak_rss.or_else(rss_high_water_mib),
+            clock,
+            episodes: rolled.episode_times,
+            started,
+            prompt_positions: (now.0 - seen.0, now.1 - seen.1),
+            rewards_inference: self.side.reward_inference.take(),
+        };
+        let (skipped, draws) = (&rolled.skipped, rolled.draws);
+        let outcome =
+            Outcome { step, groups: &groups, advantaged: &advantaged, updated: &updated, skipped, draws, measured };
+        Ok(Some(stages::step_metrics(&self.run_facts(), outcome)))
+    }
+
+    /// Roll: draw → generate → episodes → score → agents, then under dynamic sampling more
+    /// draws until enough groups carry a signal. `None` when a stop came (every rank then
+    /// abandons the step): the calls were cut short, their verdicts are not the plugins', so
+    /// nothing of the step is learned from or recorded.
+    fn roll(
+        &mut self,
+        step: usize,
+        stopped: Stopped,
+        observer: &mut dyn Observer,
+        clock: &mut Clock,
+        memory: &mut PhaseMemory,
+    ) -> crate::error::Result<Option<Rolled>> {
         self.give_rewards_the_engine();
         // This step's judges only (not a held-out evaluation's before it).
         self.side.reward_inference.take();
-
-        let Some((drawn, lagged)) = self.draw(step, &stopped, &mut clock)? else {
+        let Some((drawn, lagged)) = self.draw(step, stopped, clock)? else {
             return self.abandon();
         };
         let Drawn { picked, mut skipped, placeholders, .. } = self.share(drawn);
         for (t, skip) in &skipped {
-            tracing::warn!(
-                "step {}, task `{}`: {}",
-                step + 1,
-                self.live.tasks[*t].spec.name,
-                printable(&skip.to_string())
-            );
+            let task = &self.live.tasks[*t].spec.name;
+            tracing::warn!("step {}, task `{task}`: {}", step + 1, printable(&skip.to_string()));
         }
         let group_size = self.config.grpo.group_size;
         self.phase(observer, step, Phase::Generating { prompts: picked.len(), group_size });
-        let mut memory = PhaseMemory::start(self.state.peak_rss);
         let sampler_lag = u64::from(lagged.is_some());
-        let Some(mut sampled) = self.generate(&picked, lagged, &stopped, &mut clock)? else {
+        let Some(mut sampled) = self.generate(&picked, lagged, stopped, clock)? else {
             return self.abandon();
         };
-        let Some(episodes) = self.episodes(step, &picked, &mut sampled, &stopped, observer, &mut clock)? else {
+        let Some(episodes) = self.episodes(step, &picked, &mut sampled, stopped, observer, clock)? else {
             return self.abandon();
         };
         let episode_times = episodes.times;
-        let generate_peak = memory.phase_end();
+        let generate = memory.phase_end();
         self.phase(observer, step, Phase::Scoring);
-        self.score(&picked, &mut sampled, &episodes, &mut clock);
+        self.score(&picked, &mut sampled, &episodes, clock);
         let mut groups = self.assemble(0, picked, sampled, episodes, placeholders);
-        self.agents(step, &stopped, observer, &mut groups, &mut clock);
-        let score_peak = memory.phase_end();
+        self.agents(step, stopped, observer, &mut groups, clock);
+        let score = memory.phase_end();
         if stopped() {
-            // The calls were cut short: their verdicts are not the plugins', so nothing of
-            // this step is learned from or recorded.
             return self.abandon();
         }
         // Every rank rolled its share: abandoned by all if any was stopped.
         if self.agree(false)? {
             return Ok(None);
         }
-        let Some(draws) = self.draw_until_signal(step, &mut groups, &mut skipped, &stopped, observer, &mut clock)?
-        else {
+        let Some(draws) = self.draw_until_signal(step, &mut groups, &mut skipped, stopped, observer, clock)? else {
             return Ok(None);
         };
-        let advantaged = self.advantages(&groups, sampler_lag, false)?;
-        let Some((update, learning_rate)) = self.update(step, &advantaged.batches, &stopped, observer, &mut clock)?
-        else {
-            return Ok(None);
-        };
-        self.check_sampler_gap(step, &update)?;
-        let reward_kl = self.adapt_reward_kl(advantaged.reward_kl)?;
-        let distill = advantaged.distill;
-        // Rank 0 records and measures every rank's groups.
-        let (groups, advantaged) = match self.gather(&groups)? {
+        let peaks = PhasePeaks { generate, score, train: None };
+        Ok(Some(Rolled { groups, skipped, draws, sampler_lag, episode_times, peaks }))
+    }
+
+    /// The groups and advantages the record reads: with ranks, rank 0's of every rank's
+    /// groups (gathered, advantaged again for their counts); alone, the step's own.
+    fn gathered(
+        &self,
+        groups: Groups,
+        advantaged: Advantaged,
+        sampler_lag: u64,
+    ) -> crate::error::Result<(Groups, Advantaged)> {
+        Ok(match self.gather(&groups)? {
             Some(all) => {
                 let advantaged = self.advantages(&all, sampler_lag, true)?;
                 (all, advantaged)
             }
             None => (groups, advantaged),
-        };
-        let train_peak = memory.phase_end();
-        // The update's freed tensors stay in the allocator for the next update to reuse:
-        // handing them back (malloc_trim) made every step fault its memory in again, page
-        // by page (docs/BENCHMARKS.md). They count as resident in the next phases, never
-        // above the training peak.
-        self.state.peak_rss = memory.run_peak;
-        self.state.weights_written += update.weight_writes;
-        if self.writes() {
-            self.record(step, rollouts, &skipped, &groups)?;
-            self.live.after_step(step, &groups.groups);
+        })
+    }
+
+    /// What the step's figures need of the run now.
+    fn run_facts(&self) -> RunFacts<'_> {
+        let tasks = self.live.tasks.iter().zip(&self.live.allocation);
+        RunFacts {
+            tasks: tasks
+                .map(|(task, &groups)| TaskFacts { name: &task.spec.name, pass_reward: task.spec.pass_reward, groups })
+                .collect(),
+            manifest_generation: self.live.manifest.generation,
+            kl_reported: self.config.objective.kl.needs_reference(),
         }
-        let now = self.policy.engine.prefix_stats().positions();
-        let seen = std::mem::replace(&mut self.state.prompt_positions_seen, now);
-        let measured = Measured {
-            peaks: PhasePeaks { generate: generate_peak, score: score_peak, train: train_peak },
-            clock,
-            episodes: episode_times,
-            started,
-            prompt_positions: (now.0 - seen.0, now.1 - seen.1),
-            rewards_inference: self.side.reward_inference.take(),
-        };
-        let mut metrics = self.metrics(step, learning_rate, &groups, &advantaged, &update, &skipped, measured);
-        metrics.draws = draws;
-        (metrics.kl_coef, metrics.reward_kl) = reward_kl.unzip();
-        metrics.distill_kl = distill.filter(|d| d.tokens > 0).map(|d| d.kl_sum / d.tokens as f64);
-        metrics.time_s.teacher = distill.map_or(0.0, |d| d.seconds);
-        Ok(Some(metrics))
     }
 
     /// On-policy as a gate (issue 61): where the sampler computes the learner's log-probs to
@@ -313,22 +232,22 @@ impl Trainer {
             let started = Instant::now();
             let drawn = self.draw_now(step, draws, stopped)?;
             extra.draw = started.elapsed().as_secs_f64();
-            let Some(drawn) = drawn else { return self.abandon().map(|_| None) };
+            let Some(drawn) = drawn else { return self.abandon() };
             let Drawn { picked, skipped: more, placeholders, .. } = self.share(drawn);
             skipped.extend(more);
             self.phase(observer, step, Phase::Generating { prompts: picked.len(), group_size: g.group_size });
             let Some(mut sampled) = self.generate(&picked, None, stopped, &mut extra)? else {
-                return self.abandon().map(|_| None);
+                return self.abandon();
             };
             let Some(episodes) = self.episodes(step, &picked, &mut sampled, stopped, observer, &mut extra)? else {
-                return self.abandon().map(|_| None);
+                return self.abandon();
             };
             self.phase(observer, step, Phase::Scoring);
             self.score(&picked, &mut sampled, &episodes, &mut extra);
             groups.append(self.assemble(draws, picked, sampled, episodes, placeholders));
             clock.add(&extra);
             if stopped() {
-                return self.abandon().map(|_| None);
+                return self.abandon();
             }
             if self.agree(false)? {
                 return Ok(None);
@@ -337,35 +256,10 @@ impl Trainer {
         }
     }
 
-    /// A group's usable trajectories and their rewards (shaped: `grpo.overlong_buffer`)
-    /// when they can train it: at least two, not all rewards equal.
+    /// A group's signal (`stages::signal`), against its task's `max_tokens`.
     fn signal(&self, group: &RolloutGroup, t: usize) -> Signal {
-        let usable: Vec<usize> = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).collect();
-        if usable.len() < 2 || group.prompt.is_empty() {
-            return None;
-        }
-        let objective = &self.config.objective;
         let max_tokens = self.live.tasks[t].spec.sampling.max_tokens;
-        let rewards: Vec<f32> = usable
-            .iter()
-            .map(|&i| {
-                let length = group.trajectories[i].tokens.len();
-                let shaping = objective
-                    .overlong
-                    .map_or(0.0, |o| wirl_grpo::overlong_penalty(length, max_tokens, o.buffer, o.penalty as f32));
-                group.scores[i].reward + shaping
-            })
-            .collect();
-        // REINFORCE++ whitens over the step: a group of equal rewards trains too. So does one
-        // whose episodes' turn rewards tell its turns apart.
-        let turns_differ = || {
-            turn_terms(group, &usable, objective.advantage)
-                .is_some_and(|terms| terms.iter().flatten().any(|&a| a != 0.0))
-        };
-        // Distillation's KL term is a signal in every group.
-        let distilling = self.side.teacher.is_some();
-        (objective.advantage.whitened() || rewards.iter().any(|&r| r != rewards[0]) || distilling || turns_differ())
-            .then_some((usable, rewards))
+        stages::signal(group, &self.config.objective, max_tokens, self.side.teacher.is_some())
     }
 
     /// The KL in the reward (verl's `use_kl_in_reward`), on the groups that train: whether a
@@ -469,29 +363,12 @@ impl Trainer {
         Ok(Some((beta, current)))
     }
 
-    /// REINFORCE++ (`grpo.advantage = "reinforce++"`, `"reinforce++-baseline"`): every
-    /// trained token of the step carries its sequence's advantage; whiten them together,
+    /// REINFORCE++'s whitening over the step's trained tokens (`stages::whiten`), its sums
     /// over every rank's groups (`gathered`: `batches` are every rank's already).
     fn whiten(&self, batches: &mut [GroupBatch], gathered: bool) -> crate::error::Result<()> {
-        if !self.config.objective.advantage.whitened() {
-            return Ok(());
-        }
-        let rows = |batch: &GroupBatch| -> Vec<usize> {
-            (0..batch.completions.len())
-                .map(|i| match batch.trainable.get(i) {
-                    Some(mask) => mask.iter().filter(|&&t| t).count(),
-                    None => batch.completions[i].len(),
-                })
-                .collect()
-        };
-        let mut whitening = wirl_grpo::Whitening::default();
-        for batch in batches.iter() {
-            for (&a, tokens) in batch.advantages.iter().zip(rows(batch)) {
-                whitening.add(a, tokens);
-            }
-        }
-        let summed = |values: &mut [f64]| -> crate::error::Result<()> {
-            if gathered || self.ranks.size() == 1 {
+        let alone = gathered || self.ranks.size() == 1;
+        stages::whiten(batches, self.config.objective.advantage, |values: &mut [f64]| {
+            if alone {
                 return Ok(());
             }
             // f32 over the ranks: the sums' relative error is f32's, far below the 1e-8 floor's scale.
@@ -499,25 +376,12 @@ impl Trainer {
             self.ranks.all_reduce_sum_in_place(&mut sent)?;
             values.iter_mut().zip(sent).for_each(|(v, s)| *v = f64::from(s));
             Ok(())
-        };
-        summed(&mut whitening.sums)?;
-        for batch in batches.iter() {
-            for (&a, tokens) in batch.advantages.iter().zip(rows(batch)) {
-                whitening.centre(a, tokens);
-            }
-        }
-        let mut squares = [whitening.squares];
-        summed(&mut squares)?;
-        whitening.squares = squares[0];
-        for batch in batches.iter_mut() {
-            batch.advantages.iter_mut().for_each(|a| *a = whitening.apply(*a));
-        }
-        Ok(())
+        })
     }
 
     /// A step stopped before its update: with ranks, after saying so to the others (who
     /// then abandon it too, at the agreement before the update).
-    fn abandon(&self) -> crate::error::Result<Option<StepMetrics>> {
+    fn abandon<T>(&self) -> crate::error::Result<Option<T>> {
         self.agree(true)?;
         Ok(None)
     }
@@ -765,63 +629,16 @@ impl Trainer {
     /// train, in the order one trainer draws them (draw by draw, rank by rank within a
     /// draw). `gathered`: `groups` are every rank's (rank 0's record), else this rank's own.
     fn advantages(&self, groups: &Groups, sampler_lag: u64, gathered: bool) -> crate::error::Result<Advantaged> {
-        let mut kept_of_task = vec![0usize; self.live.tasks.len()];
-        let mut unusable_of_task = vec![0usize; self.live.tasks.len()];
         // Each group's usable trajectories and rewards, once, where it has a signal.
         let signals: Vec<_> = groups.iter().map(|(group, t)| self.signal(group, t)).collect();
         let has_signal: Vec<bool> = signals.iter().map(Option::is_some).collect();
         let trains = self.trained(groups, &has_signal, gathered)?;
         let (signals, reward_kl) = self.kl_in_rewards(groups, signals, &trains, gathered)?;
-        let mut batches: Vec<GroupBatch> = groups
-            .iter()
-            .zip(&groups.draws)
-            .zip(trains)
-            .zip(signals)
-            .filter_map(|((((group, t), &draw), trains), signal)| {
-                let usable = (0..group.scores.len()).filter(|&i| group.scores[i].status.usable()).count();
-                if usable < 2 || group.prompt.is_empty() {
-                    unusable_of_task[t] += 1;
-                    return None;
-                }
-                let (usable, rewards) = signal?;
-                if !trains {
-                    return None;
-                }
-                let objective = &self.config.objective;
-                // An extra draw sampled with this step's weights, after any lag's.
-                let sampler_lag = if draw == 0 { sampler_lag } else { 0 };
-                let turns = turn_terms(group, &usable, objective.advantage);
-                let advantages = match (wirl_grpo::group_advantages(&rewards, objective.advantage), &turns) {
-                    (Some(advantages), _) => advantages,
-                    // Equal outcomes, turns told apart by their own rewards; or distillation's
-                    // tokens told apart by the teacher.
-                    (None, Some(_)) => vec![0.0; rewards.len()],
-                    (None, None) if self.side.teacher.is_some() => vec![0.0; rewards.len()],
-                    (None, None) => return None,
-                };
-                kept_of_task[t] += 1;
-                let multi_turn = usable.iter().any(|&i| !group.trajectories[i].trainable.is_empty());
-                let truncated =
-                    |i: usize| objective.mask_truncated && group.trajectories[i].finish == FinishReason::Length;
-                Some(GroupBatch {
-                    prompt: group.prompt.clone(),
-                    completions: usable.iter().map(|&i| group.trajectories[i].tokens.clone()).collect(),
-                    advantages,
-                    token_advantages: turns.map(|terms| turn_advantages(group, &usable, terms)).unwrap_or_default(),
-                    trainable: if multi_turn || usable.iter().any(|&i| truncated(i)) {
-                        trainable_tokens(group, &usable, truncated)
-                    } else {
-                        Vec::new()
-                    },
-                    // The sampler's log-probs: the behaviour policy's with a lag; without one,
-                    // the old log-probs of μ > 1 when the sampler shares the weights (not from
-                    // a converted copy, bf16 on a GPU: the learner then runs the old pass), and
-                    // either way what the trainer's own log-probs are compared with.
-                    sampler_logprobs: usable.iter().map(|&i| group.trajectories[i].logprobs.clone()).collect(),
-                    sampler_lag,
-                })
-            })
-            .collect();
+        let distilling = self.side.teacher.is_some();
+        let objective = &self.config.objective;
+        let tasks = self.live.tasks.len();
+        let stages::Batched { mut batches, kept_of_task, unusable_of_task } =
+            stages::batches(groups, signals, &trains, tasks, objective, sampler_lag, distilling);
         self.whiten(&mut batches, gathered)?;
         // The teacher's pass: for the groups this rank trains (not rank 0's record of all).
         let distill = match (&self.side.teacher, gathered) {
@@ -832,40 +649,20 @@ impl Trainer {
     }
 
     /// Per group (`signal`: whether it has one), whether it may train: all of them, or under
-    /// dynamic sampling the first `prompts_per_step` with signal in draw-then-rank order (each rank counts its own by
-    /// draw; the counts are summed over the ranks so that every rank knows its place).
+    /// dynamic sampling the first `prompts_per_step` with signal in draw-then-rank order
+    /// (each rank counts its own by draw; the counts are summed over the ranks so that every
+    /// rank knows its place).
     fn trained(&self, groups: &Groups, signal: &[bool], gathered: bool) -> crate::error::Result<Vec<bool>> {
         let g = &self.config.grpo;
         if !g.dynamic_sampling {
             return Ok(vec![true; signal.len()]);
         }
         let ranks = self.ranks.size();
-        let cell = |draw: usize, rank: usize| draw * ranks + rank;
-        let mut counts = vec![0f32; g.max_draws * ranks];
-        for ((&draw, &rank), &signal) in groups.draws.iter().zip(&groups.ranks).zip(signal) {
-            counts[cell(draw, rank)] += f32::from(u8::from(signal));
-        }
+        let mut counts = stages::signal_cells(groups, signal, ranks, g.max_draws);
         if !gathered {
             self.ranks.all_reduce_sum_in_place(&mut counts)?;
         }
-        // Each (draw, rank) cell's groups with signal come after every earlier cell's.
-        let mut before = vec![0usize; counts.len()];
-        for c in 1..counts.len() {
-            before[c] = before[c - 1] + counts[c - 1] as usize;
-        }
-        let mut seen = vec![0usize; counts.len()];
-        Ok(groups
-            .draws
-            .iter()
-            .zip(&groups.ranks)
-            .zip(signal)
-            .map(|((&draw, &rank), &signal)| {
-                let c = cell(draw, rank);
-                let place = before[c] + seen[c];
-                seen[c] += usize::from(signal);
-                signal && place < g.prompts_per_step
-            })
-            .collect())
+        Ok(stages::first_with_signal(groups, signal, &counts, ranks, g.prompts_per_step))
     }
 
     /// The bytes of logits the head computes at once (`grpo.head_chunk_mib`; 0: no limit).
@@ -899,19 +696,20 @@ impl Trainer {
         }
     }
 
-    /// Update: the learner's step on `batches`, with the next step begun meanwhile — with a
-    /// generation lag its groups are sampled during this update by these weights (the
-    /// update's write waits for them at the barrier); else, under `grpo.overlap`, its tasks
-    /// are drawn. A swap at the next boundary makes either stale (dropped: the step draws
-    /// and samples afresh). The update's figures and its learning rate.
+    /// Update: the learner's step on the advantaged batches, with the next step begun
+    /// meanwhile (`stages::begin_next`) — with a generation lag its groups are sampled during
+    /// this update by these weights (the update's write waits for them at the barrier); else,
+    /// under `grpo.overlap`, its tasks are drawn. Either is kept as `RunState::ahead`; a swap
+    /// at the next boundary makes it stale (dropped: the step draws and samples afresh).
+    /// Then the sampler's gap is checked and the KL in the reward's β moves.
     fn update(
         &mut self,
         step: usize,
-        batches: &[GroupBatch],
+        advantaged: &Advantaged,
         stopped: Stopped,
         observer: &mut dyn Observer,
         clock: &mut Clock,
-    ) -> crate::error::Result<Option<(UpdateStats, f64)>> {
+    ) -> crate::error::Result<Option<Updated>> {
         let started = Instant::now();
         let settings = self.update_settings(step);
         let g = self.config.grpo.clone();
@@ -921,18 +719,9 @@ impl Trainer {
             observer.event(Event::Phase { step: step + 1, steps, phase: Phase::Training { group, groups } })
         };
         let next = step + 1;
-        let lag_next = g.generation_lag > 0 && next < steps && !stopped();
-        if lag_next {
-            let drawn = draw_tasks(
-                &mut self.live.tasks,
-                &self.live.allocation,
-                &self.policy.tokenizer,
-                context,
-                next,
-                0,
-                &g,
-                stopped,
-            );
+        let begin = stages::begin_next(&g, next, stopped());
+        if begin == BeginNext::DrawAndSample {
+            let drawn = self.draw_now(next, 0, stopped);
             // On an error (or a stop) the next step draws again and meets it itself.
             if let Ok(Some(drawn)) = drawn {
                 // With ranks, each samples only its share of the next step.
@@ -943,15 +732,14 @@ impl Trainer {
                     Some(Ahead { step: next, generation: self.live.manifest.generation, drawn, sampling });
             }
         }
-        let draw_next = g.overlap && !lag_next && next < steps;
         let (update, drawn_next) = std::thread::scope(|scope| {
-            let drawing = draw_next.then(|| {
+            let drawing = (begin == BeginNext::Draw).then(|| {
                 let (tasks, allocation, tokenizer) =
                     (&mut self.live.tasks, &self.live.allocation, &self.policy.tokenizer);
                 scope.spawn(move || draw_tasks(tasks, allocation, tokenizer, context, next, 0, &g, stopped))
             });
             let update = self.policy.learner.update(
-                batches,
+                &advantaged.batches,
                 &settings,
                 Some(&self.policy.engine as &dyn WeightsBarrier),
                 stopped,
@@ -964,11 +752,13 @@ impl Trainer {
             self.state.ahead =
                 Some(Ahead { step: next, generation: self.live.manifest.generation, drawn, sampling: None });
         }
-        let Some(update) = update? else {
+        let Some(stats) = update? else {
             return Ok(None);
         };
         clock.train = started.elapsed().as_secs_f64();
-        Ok(Some((update, settings.learning_rate)))
+        self.check_sampler_gap(step, &stats)?;
+        let reward_kl = self.adapt_reward_kl(advantaged.reward_kl)?;
+        Ok(Some(Updated { stats, learning_rate: settings.learning_rate, reward_kl, distill: advantaged.distill }))
     }
 
     /// Record: the tasks skipped, then every trajectory, in `rollouts.jsonl`.
@@ -1023,217 +813,6 @@ impl Trainer {
         }
         Ok(())
     }
-
-    /// Each trained task's figures of the step.
-    fn task_metrics(
-        &self,
-        groups: &Groups,
-        advantaged: &Advantaged,
-        skipped: &[(usize, SkippedTask)],
-    ) -> BTreeMap<String, TaskMetrics> {
-        let mut per_task = BTreeMap::new();
-        for (t, task) in self.live.tasks.iter().enumerate() {
-            if self.live.allocation[t] == 0 {
-                continue;
-            }
-            let own = Figures::of(groups.iter().filter(|(_, o)| *o == t).map(|(g, _)| (g, task.spec.pass_reward)));
-            per_task.insert(
-                task.spec.name.clone(),
-                TaskMetrics {
-                    groups: self.live.allocation[t],
-                    groups_kept: advantaged.kept_of_task[t],
-                    reward_mean: own.reward_mean,
-                    pass_rate: own.pass_rate,
-                    completion_tokens_mean: own.tokens_mean,
-                    tasks_skipped: skipped.iter().filter(|(o, _)| *o == t).count(),
-                    trajectories_masked: own.masked,
-                    groups_unusable: advantaged.unusable_of_task[t],
-                },
-            );
-        }
-        per_task
-    }
-
-    /// Metrics: the step's figures, overall and per task, and where its time went.
-    ///
-    /// Over ~80 lines on purpose: the figures of `StepMetrics`, field by field, from the
-    /// step's values; a record written out reads best whole.
-    #[allow(clippy::too_many_arguments)]
-    fn metrics(
-        &self,
-        step: usize,
-        learning_rate: f64,
-        groups: &Groups,
-        advantaged: &Advantaged,
-        update: &UpdateStats,
-        skipped: &[(usize, SkippedTask)],
-        measured: Measured,
-    ) -> StepMetrics {
-        let figures = Figures::of(groups.iter().map(|(g, t)| (g, self.live.tasks[t].spec.pass_reward)));
-        let per_task = self.task_metrics(groups, advantaged, skipped);
-        let step_tokens: usize = advantaged.batches.iter().flat_map(|b| b.completions.iter().map(Vec::len)).sum();
-        StepMetrics {
-            step: step + 1,
-            manifest_generation: self.live.manifest.generation,
-            learning_rate,
-            reward_mean: figures.reward_mean,
-            reward_std: figures.reward_std,
-            parts: figures.parts,
-            pass_rate: figures.pass_rate,
-            groups_kept: advantaged.batches.len(),
-            draws: 1,
-            groups_unusable: advantaged.unusable_of_task.iter().sum(),
-            trajectories_masked: figures.masked,
-            trajectories_scored: figures.scored,
-            loss: update.loss,
-            kl: if step_tokens > 0 && self.config.objective.kl.needs_reference() { update.kl } else { 0.0 },
-            entropy: update.entropy,
-            clip_fraction: update.clip_fraction,
-            kl_coef: None,
-            reward_kl: None,
-            distill_kl: None,
-            grad_norm: update.grad_norm,
-            updates_skipped: update.updates_skipped,
-            groups_recomputed: update.groups_recomputed,
-            sampler_lag: advantaged.sampler_lag,
-            tis_truncated: update.tis_truncated,
-            sampler_logp_diff_mean: update.sampler_gap.map(|gap| f64::from(gap.mean)),
-            sampler_logp_diff_max: update.sampler_gap.map(|gap| f64::from(gap.max)),
-            peak_rss_mib: self.state.peak_rss.or_else(rss_high_water_mib),
-            peak_rss_mib_by_phase: measured.peaks,
-            tasks_skipped: skipped
-                .iter()
-                .map(|(t, s)| SkippedTaskEntry {
-                    task_name: self.live.tasks[*t].spec.name.clone(),
-                    index: s.index,
-                    task: s.id.clone(),
-                    reason: s.reason.clone(),
-                })
-                .collect(),
-            completion_tokens_mean: figures.tokens_mean,
-            completion_tokens_max: figures.tokens_max,
-            failures: figures.failures,
-            generate_tokens_per_s: figures.tokens as f64
-                / (measured.clock.sampling_span + measured.episodes.generate_s).max(1e-9),
-            episode_turns: measured.episodes.turns,
-            completion_tokens: figures.tokens,
-            episode_tokens: measured.episodes.tokens,
-            prompt_positions_cached: measured.prompt_positions.0,
-            prompt_positions_computed: measured.prompt_positions.1,
-            judge_calls: measured.rewards_inference.calls,
-            judge_tokens: measured.rewards_inference.tokens,
-            time_s: StepTimes {
-                generate: measured.clock.generate,
-                episodes: measured.clock.episodes,
-                episodes_host: measured.episodes.host_s,
-                agents: measured.clock.agents,
-                score: measured.clock.score,
-                judge: measured.rewards_inference.waited_s,
-                draw: measured.clock.draw,
-                teacher: 0.0,
-                train: measured.clock.train,
-                total: measured.started.elapsed().as_secs_f64(),
-                reference_forward: update.time.reference_forward,
-                policy_forward: update.time.policy_forward,
-                backward: update.time.backward,
-                optimizer: update.time.optimizer,
-            },
-            tasks: per_task,
-        }
-    }
-}
-
-/// Reward and length figures over some groups' completions (rewards over the usable ones).
-struct Figures {
-    masked: usize,
-    scored: usize,
-    reward_mean: f32,
-    reward_std: f32,
-    pass_rate: f32,
-    parts: BTreeMap<String, f32>,
-    failures: BTreeMap<String, usize>,
-    tokens: usize,
-    tokens_mean: f32,
-    tokens_max: usize,
-}
-
-impl Figures {
-    /// Over `groups`, each with the reward at which its trajectories pass.
-    fn of<'a>(groups: impl Iterator<Item = (&'a RolloutGroup, f32)>) -> Figures {
-        let groups: Vec<(&RolloutGroup, f32)> = groups.collect();
-        let passed = groups
-            .iter()
-            .flat_map(|(g, pass)| g.scores.iter().filter(move |s| s.status.usable() && s.reward >= *pass))
-            .count();
-        let groups: Vec<&RolloutGroup> = groups.into_iter().map(|(g, _)| g).collect();
-        let all: Vec<&wirl_rollout::Scored> = groups.iter().flat_map(|g| &g.scores).collect();
-        let masked = all.iter().filter(|s| !s.status.usable()).count();
-        let rewards: Vec<f32> = all.iter().filter(|s| s.status.usable()).map(|s| s.reward).collect();
-        let n = rewards.len().max(1) as f32;
-        let mean = rewards.iter().sum::<f32>() / n;
-        let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f32>() / n).sqrt();
-        let mut parts: BTreeMap<String, f32> = BTreeMap::new();
-        for s in all.iter().filter(|s| s.status.usable()) {
-            for (name, value) in &s.parts {
-                *parts.entry(name.clone()).or_default() += value / n;
-            }
-        }
-        let mut failures: BTreeMap<String, usize> = BTreeMap::new();
-        for s in &all {
-            for kind in &s.failures {
-                *failures.entry(kind.clone()).or_default() += 1;
-            }
-        }
-        let lengths: Vec<usize> = groups.iter().flat_map(|g| g.trajectories.iter().map(|t| t.model_tokens())).collect();
-        let tokens: usize = lengths.iter().sum();
-        Figures {
-            masked,
-            scored: rewards.len(),
-            reward_mean: mean,
-            reward_std: std,
-            pass_rate: passed as f32 / n,
-            parts,
-            failures,
-            tokens,
-            tokens_mean: tokens as f32 / lengths.len().max(1) as f32,
-            tokens_max: lengths.iter().max().copied().unwrap_or(0),
-        }
-    }
-}
-
-/// Each turn's term on its tokens, for the usable rows (the environment's tokens after a
-/// turn carry no loss).
-fn turn_advantages(group: &RolloutGroup, usable: &[usize], terms: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
-    usable
-        .iter()
-        .zip(terms)
-        .map(|(&i, terms)| {
-            let t = &group.trajectories[i];
-            let mut by_token = vec![0.0; t.tokens.len()];
-            for (span, term) in t.turn_spans().into_iter().zip(terms) {
-                by_token[span].fill(term);
-            }
-            by_token
-        })
-        .collect()
-}
-
-/// Which tokens of the usable rows train: a multi-turn ledger's model turns; a truncated
-/// completion's none (`truncated`: under `mask_truncated`).
-fn trainable_tokens(group: &RolloutGroup, usable: &[usize], truncated: impl Fn(usize) -> bool) -> Vec<Vec<bool>> {
-    usable
-        .iter()
-        .map(|&i| {
-            let t = &group.trajectories[i];
-            if truncated(i) {
-                vec![false; t.tokens.len()]
-            } else if t.trainable.is_empty() {
-                vec![true; t.tokens.len()]
-            } else {
-                t.trainable.clone()
-            }
-        })
-        .collect()
 }
 
 /// The teacher's log-probs over `batches`' completions, its credit added to their tokens;
