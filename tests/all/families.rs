@@ -125,7 +125,7 @@ fn qwen3_trains_what_it_samples() {
 }
 
 /// Phi-3 stacks q, k and v in one matrix (`qkv_proj`) and gate and up in another
-/// (`gate_up_proj`): its one declaration (`host/engine/src/family/phi3.rs`) is all the engine,
+/// (`gate_up_proj`): its one declaration (`host/model/src/family/phi3.rs`) is all the engine,
 /// the trainer, LoRA and export read.
 #[test]
 fn phi3_matches_transformers() {

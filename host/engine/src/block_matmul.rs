@@ -109,7 +109,7 @@ impl BlockMatrix {
 
     /// `x · Wᵀ` for `x [..., inner]` (f32, on the CPU): `[..., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        decode_matmul::on_rows(x, self.out, |x2| x2.apply_op1_no_bwd(&BlockProduct(self)))
+        Ok(decode_matmul::on_rows(x, self.out, |x2| x2.apply_op1_no_bwd(&BlockProduct(self)))?)
     }
 }
 

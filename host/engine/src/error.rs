@@ -39,37 +39,15 @@ pub enum Error {
     Internal(String),
 }
 
-/// A value the caller gave (a config's field, a sampling setting, an adapter's targets, a
-/// GGUF file's metadata) that one of the engine's rules refuses: the message names the field
-/// and what is allowed. Callers say where the value came from (the file, the request).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
+pub use wirl_model::{Refused, without_backtrace};
 
-/// `Refused` from a format string.
-#[macro_export]
-macro_rules! refused {
-    ($($message:tt)*) => { $crate::Refused(format!($($message)*)) };
-}
-
-impl From<String> for Refused {
-    fn from(message: String) -> Self {
-        Refused(message)
-    }
-}
-
-impl From<&str> for Refused {
-    fn from(message: &str) -> Self {
-        Refused(message.to_string())
-    }
-}
-
-/// `error` without the backtraces candle wraps around its errors when `RUST_BACKTRACE` is
-/// set (`candle_core::Error::WithBacktrace`): what a message for a user or a client says.
-pub fn without_backtrace(error: &candle_core::Error) -> &candle_core::Error {
-    match error {
-        candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(inner),
-        other => other,
+/// The model's errors in the engine's words: the same variants, the same messages.
+impl From<wirl_model::Error> for Error {
+    fn from(error: wirl_model::Error) -> Self {
+        match error {
+            wirl_model::Error::Input(message) => Error::Input(message),
+            wirl_model::Error::Tensor(error) => Error::Tensor(error),
+        }
     }
 }
 

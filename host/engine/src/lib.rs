@@ -9,21 +9,15 @@ pub mod comm;
 pub mod comm_mpi;
 #[cfg(feature = "cuda")]
 pub mod comm_nccl;
-pub mod config;
 mod decode_attention;
-mod decode_matmul;
-pub mod decoder;
 pub mod device_sampling;
 mod error;
 mod executor;
 pub mod export;
-pub mod family;
 mod files;
 pub mod finite;
 pub mod generate;
 pub mod gguf_check;
-pub mod invariant;
-pub mod layer;
 pub mod llama;
 pub mod load;
 pub mod lora;
@@ -37,15 +31,11 @@ mod scheduler;
 pub mod text_logprobs;
 pub mod tokenizer;
 
-/// Deterministic test inputs for the kernels' unit tests.
+// The decoder written once (`wirl-model`), under the paths the engine's callers have used.
+use wirl_model::decode_matmul;
 #[cfg(test)]
-pub(crate) fn test_values(seed: u32) -> impl FnMut() -> f32 {
-    let mut state = seed;
-    move || {
-        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        (state >> 8) as f32 / (1 << 24) as f32 - 0.5
-    }
-}
+pub(crate) use wirl_model::test_values;
+pub use wirl_model::{config, decoder, family, invariant, layer, refused};
 
 pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, WeightsBarrier, WeightsHold};
 pub use candle_core::{DType, Device};

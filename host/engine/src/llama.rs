@@ -21,6 +21,7 @@ use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
 use std::sync::Arc;
+pub use wirl_model::ops::{LoraPair, computed_as, local_rope_tables, repeat_kv, rope_tables, rotate_half_rope};
 
 /// A weight matrix `[out, in]`: plain (f32 / bf16, trainable) or quantized (inference only).
 #[derive(Clone, Debug)]
@@ -30,38 +31,6 @@ pub enum Weight {
     Quantized(Arc<QMatMul>),
     /// Q4_1 / Q8_0 blocks as stored, multiplied by wirl's CPU kernel (`block_matmul.rs`).
     Blocks(Arc<BlockMatrix>),
-}
-
-/// One adapted projection's matrices, as the engine's linear layer applies them.
-#[derive(Clone, Debug)]
-pub struct LoraPair {
-    pub a: Tensor,
-    pub b: Tensor,
-    pub scale: f64,
-}
-
-impl LoraPair {
-    /// The in-memory name of projection `module`'s A matrix (`[rank, in]`), beside the
-    /// weight it adapts (`crate::lora` reads and writes PEFT's names).
-    pub fn a_name(module: &str) -> String {
-        format!("{module}.lora_A.weight")
-    }
-
-    /// The in-memory name of projection `module`'s B matrix (`[out, rank]`).
-    pub fn b_name(module: &str) -> String {
-        format!("{module}.lora_B.weight")
-    }
-
-    /// `scale · (x·Aᵀ)·Bᵀ`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if crate::invariant::applies(x, &self.a) && crate::invariant::applies(x, &self.b) {
-            // The learner's adapter to the bit (`invariant.rs`).
-            let low = crate::invariant::matmul_t(x, &self.a)?;
-            return Ok((crate::invariant::matmul_t(&low, &self.b)? * self.scale)?);
-        }
-        let low = x.broadcast_matmul(&self.a.t()?)?;
-        Ok((low.broadcast_matmul(&self.b.t()?)? * self.scale)?)
-    }
 }
 
 /// Up to this many rows, a dense linear multiplies `W · xᵀ` (see `Linear::forward`).
@@ -109,13 +78,13 @@ impl Linear {
 /// the whole weight matrix per step (group-of-8 decoding ran 1.4× faster).
 fn few_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let kernel = decoding_kernel(x, w);
-    decode_matmul::on_rows(x, w.dim(0)?, |x2| {
+    Ok(decode_matmul::on_rows(x, w.dim(0)?, |x2| {
         if kernel {
             x2.apply_op2_no_bwd(&w.contiguous()?, &FewRowMatmul)
         } else {
             computed_as(w, x2)?.matmul(&x2.t()?)?.t()?.contiguous()
         }
-    })
+    })?)
 }
 
 /// Whether `x · wᵀ` goes to the CPU decoding kernels (`decode_matmul.rs`): few rows, f32
@@ -126,13 +95,6 @@ fn decoding_kernel(x: &Tensor, w: &Tensor) -> bool {
         && matches!(w.dtype(), DType::F32 | DType::BF16)
         && x.dtype() == DType::F32
         && decode_matmul::available()
-}
-
-/// `w` in the dtype of the activations `x` it multiplies: a weight stored in bf16 beside f32
-/// activations (a LoRA base kept in half the bytes, `--dtype bf16` on the CPU) is widened
-/// for this product only — candle multiplies one dtype, and the sums stay f32.
-pub fn computed_as(w: &Tensor, x: &Tensor) -> candle_core::Result<Tensor> {
-    if w.dtype() == x.dtype() { Ok(w.clone()) } else { w.to_dtype(x.dtype()) }
 }
 
 /// Where weights come from: the loader maps HF tensor names to its file's tensors.
@@ -305,7 +267,7 @@ impl Norm {
         let x = x.contiguous()?;
         if x.dtype() == DType::F32 && x.device().is_cpu() && crate::invariant::available() {
             // The learner's norm, to the bit (`invariant.rs`).
-            return crate::invariant::rms_norm(&x, &self.weight()?, self.eps);
+            return Ok(crate::invariant::rms_norm(&x, &self.weight()?, self.eps)?);
         }
         Ok(candle_nn::ops::rms_norm(&x, &self.weight()?, self.eps as f32)?)
     }
@@ -956,7 +918,7 @@ impl decoder::LayerOps for LayerStep<'_> {
         let attn = &self.block.attn;
         if q.dtype() == DType::F32 && q.device().is_cpu() && crate::invariant::available() {
             // The learner's attention, to the bit (`invariant.rs`): keys summed one by one.
-            return crate::invariant::attention(q, k, v, attn.scale as f32, mask);
+            return Ok(crate::invariant::attention(q, k, v, attn.scale as f32, mask)?);
         }
         // Grouped-query attention without copying keys and values per query head: the query
         // heads that share a key/value head are folded into its rows, `[b, kv, groups·len, d]`
@@ -1248,46 +1210,4 @@ impl Shard<'_> {
             post_mlp_norm: norms.mlp_out.map(|n| norm(source, n)).transpose()?,
         })
     }
-}
-
-/// HF's rotary embedding: `x * cos + rotate_half(x) * sin`, with `cos`/`sin` of shape
-/// `[batch, 1, len, dim/2]` so that every row has its own positions. Built of plain ops,
-/// so gradients flow through it.
-pub fn rotate_half_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
-    let rotated_1 = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
-    let rotated_2 = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
-    Ok(Tensor::cat(&[rotated_1, rotated_2], D::Minus1)?)
-}
-
-/// Repeat each key/value head `groups` times (grouped-query attention).
-pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
-    if groups == 1 {
-        return Ok(x.clone());
-    }
-    let (batch, kv_heads, len, dim) = x.dims4()?;
-    Ok(x.unsqueeze(2)?.expand((batch, kv_heads, groups, len, dim))?.reshape((batch, kv_heads * groups, len, dim))?)
-}
-
-/// `cos` and `sin` of every position's rotary angles: `[context, head_dim / 2]` ([`Config::context`]).
-pub fn rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
-    tables_of(config, config.rope_inv_freq(), device, dtype)
-}
-
-/// The sliding layers' rope tables (Gemma 3's local base), if any layer slides.
-pub fn local_rope_tables(config: &Config, device: &Device, dtype: DType) -> Result<Option<(Tensor, Tensor)>> {
-    config.local_rope_inv_freq().map(|inv_freq| tables_of(config, inv_freq, device, dtype)).transpose()
-}
-
-fn tables_of(config: &Config, inv_freq: Vec<f32>, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
-    let half = inv_freq.len();
-    let positions = config.context();
-    let mut angles = Vec::with_capacity(positions * half);
-    for p in 0..positions {
-        angles.extend(inv_freq.iter().map(|f| p as f32 * f));
-    }
-    let angles = Tensor::from_vec(angles, (positions, half), device)?;
-    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
 }

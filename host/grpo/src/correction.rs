@@ -10,7 +10,7 @@
 //!
 //! The weight multiplies each token's policy term (here: its advantage, which a weight ≥ 0
 //! commutes with through the clipped minimum); the KL term is not weighted. On the CPU in f32
-//! the sampler is the learner to the bit (`wirl_engine::invariant`), so every weight is 1.
+//! the sampler is the learner to the bit (`wirl_model::invariant`), so every weight is 1.
 
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};

@@ -7,7 +7,7 @@ use crate::Gradients;
 use crate::policy::{MemoryLimits, Policy, TokenStats};
 use candle_core::{Device, Result, Tensor};
 use std::collections::HashMap;
-use wirl_engine::Config;
+use wirl_model::Config;
 
 /// How `device`'s loss and gradients compare with the CPU fast path's.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -8,7 +8,7 @@
 
 use crate::grads::in_row_parts;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor, bail};
-use wirl_engine::llama::computed_as;
+use wirl_model::ops::computed_as;
 
 /// Softmax over the last dimension.
 pub(crate) fn softmax_last_dim(x: &Tensor, fast: bool) -> Result<Tensor> {
@@ -22,10 +22,10 @@ pub(crate) fn softmax_last_dim(x: &Tensor, fast: bool) -> Result<Tensor> {
 }
 
 /// Log-softmax over the last dimension: on the CPU in f32, `z − log_norm(z)` with the
-/// sampler's log-norm (`wirl_engine::invariant::log_norm`), so that a token's log-prob is
+/// sampler's log-norm (`wirl_model::invariant::log_norm`), so that a token's log-prob is
 /// the bits the sampler returned for it.
 pub(crate) fn log_softmax_last_dim(x: &Tensor, fast: bool) -> Result<Tensor> {
-    if fast && fused(x) && wirl_engine::invariant::available() {
+    if fast && fused(x) && wirl_model::invariant::available() {
         return x.contiguous()?.apply_op1(LogSoftmax);
     }
     candle_nn::ops::log_softmax(x, D::Minus1)
@@ -40,7 +40,7 @@ impl CustomOp1 for LogSoftmax {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         row_wise(storage, layout, self.name(), |row, out| {
-            let norm = wirl_engine::invariant::log_norm(row);
+            let norm = wirl_model::invariant::log_norm(row);
             for (o, &z) in out.iter_mut().zip(row) {
                 *o = z - norm;
             }
@@ -69,7 +69,7 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, fast: bool) -> Result
         return x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope { inverse: false });
     }
     let (cos, sin) = (cos.unsqueeze(0)?.unsqueeze(0)?, sin.unsqueeze(0)?.unsqueeze(0)?);
-    wirl_engine::llama::rotate_half_rope(x, &cos, &sin).map_err(candle_core::Error::wrap)
+    wirl_model::ops::rotate_half_rope(x, &cos, &sin).map_err(candle_core::Error::wrap)
 }
 
 /// `x · Wᵀ` for a frozen `W` (a LoRA policy's base weights): the same product, but its
@@ -79,13 +79,13 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, fast: bool) -> Result
 pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor, fast: bool) -> Result<Tensor> {
     // A frozen weight stored in bf16 (a LoRA base, `lora.base_dtype`) is widened for each
     // product only: the f32 copy lives as long as the product, never beside the graph.
-    let invariant = fast && wirl_engine::invariant::applies(x, w);
+    let invariant = fast && wirl_model::invariant::applies(x, w);
     if !invariant && (!fast || !x.track_op() || !fused(x)) {
         return x.broadcast_matmul(&computed_as(w, x)?.t()?);
     }
     let y = if invariant {
         // The engine's product to the bit (one order of summation at every row count).
-        wirl_engine::invariant::matmul_t(&x.detach(), w).map_err(candle_core::Error::wrap)?
+        wirl_model::invariant::matmul_t(&x.detach(), w).map_err(candle_core::Error::wrap)?
     } else {
         x.detach().broadcast_matmul(&computed_as(w, x)?.t()?)?.contiguous()?
     };
@@ -96,10 +96,10 @@ pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor, fast: bool) -> Result<Tensor
 }
 
 /// `x · Wᵀ` for a trained `W` (f32, on the CPU): the engine's product to the bit
-/// (`wirl_engine::invariant::matmul_t`), with both operands' gradients. Elsewhere, `None`:
+/// (`wirl_model::invariant::matmul_t`), with both operands' gradients. Elsewhere, `None`:
 /// the caller multiplies as candle does.
 pub(crate) fn trained_linear(x: &Tensor, w: &Tensor, fast: bool) -> Result<Option<Tensor>> {
-    if !fast || w.dtype() != DType::F32 || !wirl_engine::invariant::applies(x, w) {
+    if !fast || w.dtype() != DType::F32 || !wirl_model::invariant::applies(x, w) {
         return Ok(None);
     }
     Ok(Some(x.contiguous()?.apply_op2(&w.contiguous()?, TrainedLinear)?))
@@ -120,7 +120,7 @@ impl CustomOp2 for TrainedLinear {
             bail!("{}: x {:?} against a weight {:?}", self.name(), l1.dims(), l2.dims());
         }
         let rows = x.len() / inner.max(1);
-        let y = wirl_engine::invariant::matmul_t_slices(x, rows, w, out, inner);
+        let y = wirl_model::invariant::matmul_t_slices(x, rows, w, out, inner);
         let mut dims = l1.dims().to_vec();
         if let Some(last) = dims.last_mut() {
             *last = out;
@@ -140,7 +140,7 @@ impl CustomOp2 for TrainedLinear {
 
 /// Attention of rotated queries `q [batch, heads, len, dim]` over `keys`, `values` `[batch,
 /// kv_heads, total, dim]` under the additive `mask` `[len, total]`: the engine's attention
-/// to the bit (`wirl_engine::invariant::Attention`: keys summed in position order), with its
+/// to the bit (`wirl_model::invariant::Attention`: keys summed in position order), with its
 /// backward. Elsewhere, `None`: the caller composes candle's ops.
 pub(crate) fn attention(
     q: &Tensor,
@@ -150,19 +150,19 @@ pub(crate) fn attention(
     mask: &Tensor,
     fast: bool,
 ) -> Result<Option<Tensor>> {
-    if !fast || !fused(q) || !fused(keys) || !wirl_engine::invariant::available() {
+    if !fast || !fused(q) || !fused(keys) || !wirl_model::invariant::available() {
         return Ok(None);
     }
     let mask_values: Vec<f32> = mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     let op = TrainedAttention {
-        forward: wirl_engine::invariant::Attention { scale, mask: Some(mask_values) },
+        forward: wirl_model::invariant::Attention { scale, mask: Some(mask_values) },
         mask: mask.clone(),
     };
     Ok(Some(q.contiguous()?.apply_op3(&keys.contiguous()?, &values.contiguous()?, op)?))
 }
 
 struct TrainedAttention {
-    forward: wirl_engine::invariant::Attention,
+    forward: wirl_model::invariant::Attention,
     mask: Tensor,
 }
 
@@ -197,7 +197,7 @@ impl CustomOp3 for TrainedAttention {
         let (batch, heads, _, dim) = q.dims4()?;
         let (_, kv_heads, total, _) = keys.dims4()?;
         let groups = heads / kv_heads;
-        let repeat = |x: &Tensor| wirl_engine::llama::repeat_kv(x, groups).map_err(candle_core::Error::wrap);
+        let repeat = |x: &Tensor| wirl_model::ops::repeat_kv(x, groups).map_err(candle_core::Error::wrap);
         let (k, v) = (repeat(keys)?.contiguous()?, repeat(values)?.contiguous()?);
         let scale = f64::from(self.forward.scale);
         let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&self.mask)?.contiguous()?;
@@ -288,10 +288,10 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        // The engine's softmax (`wirl_engine::invariant`); a row masked whole is zeros.
+        // The engine's softmax (`wirl_model::invariant`); a row masked whole is zeros.
         row_wise(storage, layout, self.name(), |row, out| {
             out.copy_from_slice(row);
-            wirl_engine::invariant::softmax_row(out);
+            wirl_model::invariant::softmax_row(out);
         })
     }
 
@@ -329,7 +329,7 @@ struct RmsNorm {
     eps: f64,
 }
 
-use wirl_engine::invariant::inverse_rms;
+use wirl_model::invariant::inverse_rms;
 
 impl CustomOp2 for RmsNorm {
     fn name(&self) -> &'static str {
@@ -342,10 +342,10 @@ impl CustomOp2 for RmsNorm {
         if w.len() != n {
             bail!("{}: a weight of {} values for rows of {n}", self.name(), w.len());
         }
-        // The engine's norm (`wirl_engine::invariant`), so that the sampler's log-probs are
+        // The engine's norm (`wirl_model::invariant`), so that the sampler's log-probs are
         // the learner's to the bit.
         let out = by_rows(x.len(), n, n, |r, out| {
-            wirl_engine::invariant::rms_norm_row(&x[r * n..(r + 1) * n], w, self.eps, out);
+            wirl_model::invariant::rms_norm_row(&x[r * n..(r + 1) * n], w, self.eps, out);
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }

@@ -26,9 +26,9 @@ pub(crate) struct HeadStats {
 /// Logits `z = h · Wᵀ` (`[n, v]`) of hidden states `h` (`[n, d]`) through the head `w`
 /// (`[v, d]`), all row-major.
 pub(crate) fn logits(h: &[f32], w: &[f32], n: usize, d: usize, v: usize) -> Vec<f32> {
-    if wirl_engine::invariant::available() {
+    if wirl_model::invariant::available() {
         // The sampler's logits to the bit: one order of summation at every row count.
-        return wirl_engine::invariant::matmul_t_slices(h, n, w, v, d);
+        return wirl_model::invariant::matmul_t_slices(h, n, w, v, d);
     }
     let mut z = vec![0f32; n * v];
     product(&mut z, [n, v, d], false, rows(h, d), transposed(w, d));
@@ -52,8 +52,8 @@ pub(crate) fn stats(z: &[f32], targets: &[u32], v: usize) -> HeadStats {
                 sum += e;
                 weighted += e * f64::from(x);
             }
-            // The sampler's log-norm (`wirl_engine::invariant::log_norm`: the same sum).
-            let lse = wirl_engine::invariant::log_norm_from(max, zs.iter().map(|&x| (x - max).exp()));
+            // The sampler's log-norm (`wirl_model::invariant::log_norm`: the same sum).
+            let lse = wirl_model::invariant::log_norm_from(max, zs.iter().map(|&x| (x - max).exp()));
             row[0] = zs[targets[i] as usize] - lse;
             row[1] = lse - (weighted / sum) as f32;
             row[2] = lse;

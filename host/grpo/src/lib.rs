@@ -35,7 +35,7 @@ pub use update::{GapToken, GroupBatch, Learner, SamplerGap, UpdateSettings, Upda
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A tensor operation failed (shapes, memory, the device).
-    #[error("tensor: {}", wirl_engine::without_backtrace(.0))]
+    #[error("tensor: {}", wirl_model::without_backtrace(.0))]
     Tensor(#[from] candle_core::Error),
     /// The engine the policy shares its weights with, or the data-parallel ranks' collectives.
     #[error(transparent)]
@@ -43,6 +43,16 @@ pub enum Error {
     /// A broken invariant of wirl's own, told apart from bad input.
     #[error("internal error (a bug in wirl, please report it): {0}")]
     Internal(String),
+}
+
+/// The model's errors (`wirl-model`: its kernels' inputs, its tensors) as the engine's are.
+impl From<wirl_model::Error> for Error {
+    fn from(error: wirl_model::Error) -> Self {
+        match error {
+            wirl_model::Error::Tensor(error) => Error::Tensor(error),
+            other => Error::Engine(other.into()),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -27,14 +27,14 @@ use crate::positions::{Kept, Part};
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
-use wirl_engine::Config;
-use wirl_engine::config::Activation;
-use wirl_engine::decoder::{self, Heads, LayerOps, NormAt, Sublayer};
-use wirl_engine::family::{self, EMBEDDING, FINAL_NORM, OUTPUT_WEIGHT, Projection};
-use wirl_engine::layer::Frames;
-use wirl_engine::llama::LoraPair;
-use wirl_engine::llama::{local_rope_tables, repeat_kv, rope_tables};
 use wirl_engine::lora::{Adapter, LoraSpec};
+use wirl_model::Config;
+use wirl_model::config::Activation;
+use wirl_model::decoder::{self, Heads, LayerOps, NormAt, Sublayer};
+use wirl_model::family::{self, EMBEDDING, FINAL_NORM, OUTPUT_WEIGHT, Projection};
+use wirl_model::layer::Frames;
+use wirl_model::ops::LoraPair;
+use wirl_model::ops::{local_rope_tables, repeat_kv, rope_tables};
 
 /// Weights by HF name, and the forward math over them. The same code runs the trainable
 /// policy (variables: gradients flow) and the frozen reference (plain tensors).
@@ -108,10 +108,10 @@ impl Net {
         self.fast_paths = on;
     }
 
-    /// Whether this net's forward is the engine's to the bit (`wirl_engine::invariant`): on a
+    /// Whether this net's forward is the engine's to the bit (`wirl_model::invariant`): on a
     /// CPU with the fixed-order kernels, in f32, on the hand-written ops.
     pub fn computes_as_the_engine(&self) -> bool {
-        self.fast_paths && self.compute == DType::F32 && self.device().is_cpu() && wirl_engine::invariant::available()
+        self.fast_paths && self.compute == DType::F32 && self.device().is_cpu() && wirl_model::invariant::available()
     }
 
     /// Where the net computes.
@@ -164,7 +164,7 @@ impl Net {
 
     fn rms_norm(&self, x: &Tensor, name: &str) -> Result<Tensor> {
         // Gemma's `1 + w` (the sum carries the gradient to `w`).
-        let weight = wirl_engine::layer::norm_weight(self.w(name)?, self.config.norm_offset())?;
+        let weight = wirl_model::layer::norm_weight(self.w(name)?, self.config.norm_offset())?;
         crate::fused::rms_norm(x, &weight, self.config.rms_norm_eps, self.fast_paths)
     }
 
@@ -422,8 +422,8 @@ impl Net {
                 psin: sin.narrow(0, 0, p.max(1))?,
                 cos: cos.narrow(0, p, width)?,
                 sin: sin.narrow(0, p, width)?,
-                prefix_mask: wirl_engine::layer::causal_mask(p, 0, window, device, dtype)?,
-                mask: wirl_engine::layer::causal_mask(width, p, window, device, dtype)?,
+                prefix_mask: wirl_model::layer::causal_mask(p, 0, window, device, dtype)?,
+                mask: wirl_model::layer::causal_mask(width, p, window, device, dtype)?,
             })
         };
         Frames::new(&self.config, (&self.cos, &self.sin), self.local_rope.as_ref(), part)

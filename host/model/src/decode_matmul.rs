@@ -20,15 +20,25 @@ use rayon::prelude::*;
 /// gave group decoding 163–189 → 189–202 tok/s in interleaved runs.)
 const PARALLEL_MIN_WEIGHTS: usize = 64 * 1024;
 
+/// The environment variable that chooses the CPU's kernels: `portable` declines the
+/// fixed-order ones, so that this machine computes as a CPU without AVX2 does (candle's ops
+/// on both sides: the sampler's log-probs then differ from the learner's within rounding,
+/// reported and corrected, not gated); `native` or unset: the fixed-order kernels where the
+/// CPU has them. Read once, when the kernels are first asked for.
+pub const KERNELS_VARIABLE: &str = "WIRL_CPU_KERNELS";
+
+/// Whether [`KERNELS_VARIABLE`] declines the fixed-order kernels.
+fn portable_kernels_asked() -> bool {
+    std::env::var_os(KERNELS_VARIABLE).is_some_and(|v| v == "portable")
+}
+
 /// Whether [`FewRowMatmul`] has a fast kernel on this CPU; otherwise callers use gemm.
-pub(crate) fn available() -> bool {
+pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AVAILABLE.get_or_init(|| {
-            !crate::invariant::portable_kernels_asked()
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
+            !portable_kernels_asked() && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -39,7 +49,7 @@ pub(crate) fn available() -> bool {
 
 /// `x [rows, in] · w [out, in]ᵀ → [rows, out]`: x f32, w f32 or bf16, both contiguous, on
 /// the CPU. Only built when [`available`] says so.
-pub(crate) struct FewRowMatmul;
+pub struct FewRowMatmul;
 
 impl CustomOp2 for FewRowMatmul {
     fn name(&self) -> &'static str {
@@ -74,7 +84,7 @@ pub(crate) fn product_of(x: &[f32], rows: usize, w: &[f32], out: usize, inner: u
 /// weights and combines them while they are in cache (instead of two matmuls, a silu and
 /// a product, each a pass over the batch and a hand-off between threads). Same conditions
 /// as [`FewRowMatmul`]; both weights of one dtype.
-pub(crate) struct SwiGluMatmul;
+pub struct SwiGluMatmul;
 
 impl CustomOp3 for SwiGluMatmul {
     fn name(&self) -> &'static str {
@@ -119,7 +129,7 @@ impl CustomOp3 for SwiGluMatmul {
 
 /// `product` applied to `x [..., inner]` viewed as a contiguous matrix `[rows, inner]`; its
 /// result `[rows, out]` gets x's leading dimensions back: `[..., out]`.
-pub(crate) fn on_rows(
+pub fn on_rows(
     x: &Tensor,
     out: usize,
     product: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
@@ -136,7 +146,7 @@ pub(crate) fn on_rows(
 }
 
 /// The values of a contiguous f32 tensor on the CPU, or an error naming `op`.
-pub(crate) fn f32_contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+pub fn f32_contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
     let CpuStorage::F32(values) = storage else { bail!("{op} takes f32 tensors") };
     let Some((start, end)) = layout.contiguous_offsets() else { bail!("{op} takes contiguous tensors") };
     Ok(&values[start..end])
@@ -263,7 +273,7 @@ fn products<const K: usize, W: WeightElement>(
 
 /// `run(start, end)` over output columns [0, out) of a product of `weights` weights in all:
 /// split between candle's threads when it is worth it.
-pub(crate) fn split_outputs(out: usize, weights: usize, run: impl Fn(usize, usize) + Sync) {
+pub fn split_outputs(out: usize, weights: usize, run: impl Fn(usize, usize) + Sync) {
     let threads = rayon::current_num_threads().max(1);
     if threads == 1 || weights < PARALLEL_MIN_WEIGHTS {
         run(0, out);

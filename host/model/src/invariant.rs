@@ -25,17 +25,7 @@ pub fn available() -> bool {
     decode_matmul::available()
 }
 
-/// The environment variable that chooses the CPU's kernels: `portable` declines the
-/// fixed-order ones, so that this machine computes as a CPU without AVX2 does (candle's ops
-/// on both sides: the sampler's log-probs then differ from the learner's within rounding,
-/// reported and corrected, not gated); `native` or unset: the fixed-order kernels where the
-/// CPU has them. Read once, when the kernels are first asked for.
-pub const KERNELS_VARIABLE: &str = "WIRL_CPU_KERNELS";
-
-/// Whether [`KERNELS_VARIABLE`] declines the fixed-order kernels.
-pub(crate) fn portable_kernels_asked() -> bool {
-    std::env::var_os(KERNELS_VARIABLE).is_some_and(|v| v == "portable")
-}
+pub use crate::decode_matmul::KERNELS_VARIABLE;
 
 /// [`KERNELS_VARIABLE`]'s value checked: `Err` names it and what it may be (a command calls
 /// this before it computes, so that a misspelt value is not silently the default).

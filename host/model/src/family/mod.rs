@@ -1,8 +1,8 @@
 //! Each model family declared once: the tensors its checkpoints hold (by their Hugging Face
 //! names), their shapes, and what the family does differently from the plain Llama layer
 //! (norms, biases, activation, windows, llama.cpp's names). The engine's loader and forward
-//! ([`crate::llama`], [`crate::load`]), the trainer's `Net`, LoRA's targets
-//! ([`crate::lora`]), export and `wirl model inspect` read these declarations: no other file
+//! (`wirl_engine::llama`, `wirl_engine::load`), the trainer's `Net`, LoRA's targets
+//! (`wirl_engine::lora`), export and `wirl model inspect` read these declarations: no other file
 //! spells a weight's name, and a new family is one new file here (plus its fixture).
 //!
 //! Every family here is a decoder of the same skeleton: an embedding table, layers of

@@ -1,0 +1,33 @@
+//! wirl's decoder, written once for the engine that samples and the learner that trains:
+//! what a model is (`config`: its config and the checks on it; `family`: each family's
+//! tensors, shapes and variants), how a layer is composed (`decoder`, `layer`), the pieces
+//! both forwards share (`ops`: rope, grouped keys, the LoRA pair), and the fixed-order
+//! reductions (`invariant`, with the few-row product kernels it calls in `decode_matmul`)
+//! that make a token's log-prob the same bits on both sides on the CPU in f32.
+//!
+//! What this crate must not know: how a model is loaded or served (files, GGUF, caches,
+//! batches, ranks, the engine's actor) or how it is trained (gradients, optimizers). The
+//! engine (`wirl-engine`) and the learner (`wirl-grpo`) implement `decoder`'s operations
+//! over their own weights; the engine re-exports these modules under their old paths.
+
+pub mod config;
+pub mod decode_matmul;
+pub mod decoder;
+mod error;
+pub mod family;
+pub mod invariant;
+pub mod layer;
+pub mod ops;
+
+pub use config::Config;
+pub use error::{Error, Refused, Result, without_backtrace};
+
+/// Deterministic test inputs for the kernels' unit tests (here and in the engine's).
+#[doc(hidden)]
+pub fn test_values(seed: u32) -> impl FnMut() -> f32 {
+    let mut state = seed;
+    move || {
+        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (state >> 8) as f32 / (1 << 24) as f32 - 0.5
+    }
+}
