@@ -31,15 +31,24 @@ def run_script(source, timeout=120, **kwargs):
 
 def interrupted(source, after=1.0, timeout=120):
     """Run a Python program in a child, send it SIGINT `after` seconds after it prints
-    "ready", and wait for it: (returncode, stdout, stderr). The child is killed if the wait
-    fails, so a failed test leaves nothing spinning (one once held two cores for minutes and
-    failed a later timed test)."""
+    "ready", and wait for it: (returncode, stdout, stderr). Every wait is bounded — the
+    "ready" line too, which a child stuck before it (a plugin still compiling on a loaded
+    machine) would otherwise keep the test waiting for for ever — and the child is killed if
+    a wait fails, so a failed test leaves nothing spinning (one once held two cores for
+    minutes and failed a later timed test)."""
+    import selectors
     import signal
     import time
 
     child = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert child.stdout.readline().strip() == "ready"
+        with selectors.DefaultSelector() as waiting:
+            waiting.register(child.stdout, selectors.EVENT_READ)
+            if not waiting.select(timeout):
+                raise AssertionError(f"the child printed nothing within {timeout} s")
+        # The child prints "ready" whole and flushed: one line is there to read.
+        line = child.stdout.readline().strip()
+        assert line == "ready", f"the child said {line!r} before it was ready"
         time.sleep(after)
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=timeout)
