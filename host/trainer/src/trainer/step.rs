@@ -103,6 +103,8 @@ impl Trainer {
         }
         let group_size = self.config.grpo.group_size;
         self.phase(observer, step, Phase::Generating { prompts: picked.len(), group_size });
+        // Generation's peak is measured from here: the draw before it is not generation's.
+        memory.phase_end();
         let sampler_lag = u64::from(lagged.is_some());
         let Some(mut sampled) = self.generate(&picked, lagged, stopped, clock)? else {
             return self.abandon();
