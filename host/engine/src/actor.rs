@@ -25,6 +25,7 @@ use crate::{Error, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
+use wirl_model::weights::{WeightsBarrier, WeightsHold};
 
 enum Message {
     Generate {
@@ -49,27 +50,11 @@ enum Message {
     Logprobs { texts: Vec<TextToScore>, reply: oneshot::Sender<Vec<Result<Vec<f32>>>> },
 }
 
-/// While alive, the engine generates nothing: whoever holds it may change the model's
-/// weights in place (the optimizer writes only through this barrier, since a server or an
-/// agent may be generating at the same time). Dropping it bumps the weights version that
-/// every later completion carries.
-pub struct WeightsHold {
-    _release: oneshot::Sender<()>,
-    /// The version of the weights now being changed.
-    pub version: u64,
-}
-
-/// The seam between a learner and whatever reads the weights it writes in place (issue 61):
-/// the learner holds the weights before its optimizer step and knows nothing of what is
-/// behind the barrier — the engine's batching actor in a trainer, nothing in a test.
-pub trait WeightsBarrier: Send + Sync {
-    /// Block until nothing reads the weights; nothing does until the returned hold drops.
-    fn hold_weights(&self) -> Result<WeightsHold>;
-}
-
+/// The learner's seam (`wirl_model::weights`): the engine is what a trainer's barrier holds.
 impl WeightsBarrier for EngineHandle {
-    fn hold_weights(&self) -> Result<WeightsHold> {
-        EngineHandle::hold_weights(self)
+    fn hold_weights(&self) -> wirl_model::Result<WeightsHold> {
+        // The engine's hold fails only when its thread has stopped.
+        EngineHandle::hold_weights(self).map_err(|_| wirl_model::Error::Stopped)
     }
 }
 
@@ -289,7 +274,7 @@ impl EngineHandle {
         let (release_sender, release) = oneshot::channel();
         self.sender.send(Message::Hold { held, release }).map_err(|_| Error::Stopped)?;
         let version = held_receiver.blocking_recv().map_err(|_| Error::Stopped)?;
-        Ok(WeightsHold { _release: release_sender, version })
+        Ok(WeightsHold::new(release_sender, version))
     }
 
     /// Send `requests` to join the batch together; their reply channels, or (the engine

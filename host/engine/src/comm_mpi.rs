@@ -10,11 +10,11 @@
 //! by a rounding would no longer take the same optimizer step). That costs N× the bytes of
 //! a ring reduction, which two to a few ranks afford; NCCL (GPUs) is the other `Comm`.
 
-use crate::comm::Comm;
-use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, OnceLock};
+use wirl_model::comm::Comm;
+use wirl_model::{Error, Result};
 
 #[allow(non_upper_case_globals)]
 unsafe extern "C" {
@@ -179,7 +179,7 @@ impl Comm for MpiComm {
     }
 
     fn all_reduce_sum(&self, x: &Tensor) -> Result<Tensor> {
-        crate::comm::sum_in_rank_order(self.exchange(x)?)
+        wirl_model::comm::sum_in_rank_order(self.exchange(x)?)
     }
 
     fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor> {

@@ -14,14 +14,14 @@
 //! Tensors on the host (the trainer's summed gradients are host buffers) cross to this
 //! rank's device and back.
 
-use crate::comm::Comm;
-use crate::{Error, Result};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm as Nccl, Id, NcclType, ReduceOp};
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{CudaStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use std::sync::Mutex;
+use wirl_model::comm::Comm;
+use wirl_model::{Error, Result};
 
 /// The 128 bytes that name one NCCL group; rank 0 draws it, every rank joins with it.
 pub type UniqueId = [u8; 128];

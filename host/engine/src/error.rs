@@ -45,7 +45,12 @@ pub use wirl_model::{Refused, without_backtrace};
 impl From<wirl_model::Error> for Error {
     fn from(error: wirl_model::Error) -> Self {
         match error {
+            wirl_model::Error::Io { file, source } => Error::Io { file, source },
+            wirl_model::Error::Format { file, message } => Error::Format { file, message },
+            wirl_model::Error::Config { field, message } => Error::Config { field, message },
             wirl_model::Error::Input(message) => Error::Input(message),
+            wirl_model::Error::Comm(message) => Error::Comm(message),
+            wirl_model::Error::Stopped => Error::Stopped,
             wirl_model::Error::Tensor(error) => Error::Tensor(error),
         }
     }

@@ -20,7 +20,7 @@ pub fn write_hf_dir(
     crate::files::write_dir_atomically(dir, |partial| {
         let write = |name: &str, text: String| -> Result<()> {
             let path = partial.join(name);
-            std::fs::write(&path, text).map_err(|e| crate::files::io(&path, e))
+            Ok(std::fs::write(&path, text).map_err(|e| crate::files::io(&path, e))?)
         };
         let json = |value: &serde_json::Value| serde_json::to_string_pretty(value).expect("JSON values serialize");
 
@@ -63,7 +63,7 @@ pub fn write_hf_dir(
             generation["bos_token_id"] = bos.into();
         }
         write("generation_config.json", json(&generation))?;
-        crate::files::save_safetensors(tensors, &partial.join("model.safetensors"))
+        Ok(crate::files::save_safetensors(tensors, &partial.join("model.safetensors"))?)
     })
 }
 

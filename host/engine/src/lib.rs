@@ -4,7 +4,6 @@
 
 pub mod actor;
 pub mod block_matmul;
-pub mod comm;
 #[cfg(feature = "mpi")]
 pub mod comm_mpi;
 #[cfg(feature = "cuda")]
@@ -14,13 +13,10 @@ pub mod device_sampling;
 mod error;
 mod executor;
 pub mod export;
-mod files;
-pub mod finite;
 pub mod generate;
 pub mod gguf_check;
 pub mod llama;
 pub mod load;
-pub mod lora;
 pub mod memory_budget;
 mod output;
 pub mod prefix_cache;
@@ -33,11 +29,12 @@ pub mod tokenizer;
 
 // The decoder written once (`wirl-model`), under the paths the engine's callers have used.
 use wirl_model::decode_matmul;
+pub(crate) use wirl_model::files;
 #[cfg(test)]
 pub(crate) use wirl_model::test_values;
-pub use wirl_model::{config, decoder, family, invariant, layer, refused};
+pub use wirl_model::{comm, config, decoder, family, finite, invariant, layer, lora, refused};
 
-pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming, WeightsBarrier, WeightsHold};
+pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming};
 pub use candle_core::{DType, Device};
 pub use comm::{Comm, Solo, ThreadComm, all_gather_bytes};
 #[cfg(feature = "mpi")]
@@ -48,13 +45,14 @@ pub use config::Config;
 pub use error::{Error, Refused, Result, error_chain, without_backtrace};
 pub use generate::{Batch, generate, generate_with};
 pub use llama::{KvCache, Model};
-pub use load::{LoadOptions, LoadedModel, WeightMirror, load};
+pub use load::{LoadOptions, LoadedModel, load};
 pub use output::TextPiece;
 pub use request::{Completion, FinishReason, GenerateRequest, RequestId};
 pub use reward_model::RewardModel;
 pub use sampling::Sampling;
 pub use text_logprobs::TextToScore;
 pub use tokenizer::{ChatMessage, TemplateVars, TextStream, Tokenizer, check_template_vars};
+pub use wirl_model::weights::{WeightMirror, WeightsBarrier, WeightsHold};
 
 /// Pin candle's thread count for the life of the process (unset, candle works it out again on
 /// every matmul by reading `/proc/cpuinfo`: measured ~8% of a decode step on 2 cores), and

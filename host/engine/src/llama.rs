@@ -820,7 +820,7 @@ impl decoder::HeadOps for Model {
         if !self.vocab_parallel {
             return Ok(logits);
         }
-        self.comm.all_gather(&logits.contiguous()?, logits.rank() - 1)
+        Ok(self.comm.all_gather(&logits.contiguous()?, logits.rank() - 1)?)
     }
 }
 
@@ -952,7 +952,7 @@ impl decoder::LayerOps for LayerStep<'_> {
     }
 
     fn sum_across_ranks(&self, x: Tensor) -> Result<Tensor> {
-        self.comm.all_reduce_sum(&x)
+        Ok(self.comm.all_reduce_sum(&x)?)
     }
 }
 

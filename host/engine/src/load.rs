@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use wirl_model::weights::WeightMirror;
 
 /// How to load.
 #[derive(Clone, Debug)]
@@ -239,7 +240,7 @@ impl<'a> TensorSource<'a> {
             .filter(|(name, _, _)| trained(name))
             .map(|(name, copy, row)| (self.tensors[&name].detach(), copy, row))
             .collect();
-        WeightMirror { pairs }
+        WeightMirror::new(pairs)
     }
 }
 
@@ -306,37 +307,6 @@ impl WeightSource for TensorSource<'_> {
     }
 }
 
-/// A model's own copies of trained weights, each paired with the weights it copies: after an
-/// update of those, [`WeightMirror::refresh`] writes them into the copies in place, on their
-/// device (no host round trip), converting the dtype. Call it while the engine's weights are
-/// held ([`crate::EngineHandle::hold_weights`]): no row samples from half-written weights.
-#[derive(Debug, Default)]
-pub struct WeightMirror {
-    /// Each trained tensor, its copy, and the row of the copy where it starts (a fused copy
-    /// holds several).
-    pairs: Vec<(Tensor, Tensor, usize)>,
-}
-
-impl WeightMirror {
-    /// Whether there is anything to refresh (the model shares its weights' storage).
-    pub fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
-    }
-
-    /// Bytes of the copies refreshed.
-    pub fn bytes(&self) -> u64 {
-        self.pairs.iter().map(|(source, copy, _)| (source.elem_count() * copy.dtype().size_in_bytes()) as u64).sum()
-    }
-
-    /// Every copy overwritten with its source's values (converted).
-    pub fn refresh(&self) -> Result<()> {
-        for (source, copy, row) in &self.pairs {
-            copy.slice_set(&source.to_dtype(copy.dtype())?, 0, *row)?;
-        }
-        Ok(())
-    }
-}
-
 /// The config of the model at `path` (an HF directory's `config.json`, or a GGUF file's
 /// metadata), checked: what the engine would run, without reading any weight.
 pub fn read_config(path: &Path) -> Result<Config> {
@@ -359,7 +329,7 @@ pub fn read_config(path: &Path) -> Result<Config> {
 /// A model's small text file (a config, a template), as a dataset is read: regular files
 /// only, within [`files::MAX_CONFIG_BYTES`].
 fn read_text(path: &Path) -> Result<String> {
-    files::read_text_within(path, files::MAX_CONFIG_BYTES)
+    Ok(files::read_text_within(path, files::MAX_CONFIG_BYTES)?)
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value> {
@@ -381,7 +351,7 @@ fn open_hf_dir(dir: &Path, options: &LoadOptions, wanted: Kind) -> Result<(Confi
         let mut names: Vec<String> = weight_map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
         names.sort();
         names.dedup();
-        names.iter().map(|name| files::inside(dir, name, &index)).collect::<Result<_>>()?
+        names.iter().map(|name| files::inside(dir, name, &index)).collect::<wirl_model::Result<_>>()?
     } else {
         vec![dir.join("model.safetensors")]
     };

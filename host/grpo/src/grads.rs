@@ -14,7 +14,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, TensorId, Var};
 use std::collections::HashMap;
-use wirl_engine::Comm;
+use wirl_model::comm::Comm;
 
 /// The summed gradients of some variables: one `f32` buffer each on the CPU, one `f32`
 /// tensor each on the device where the gradients arrive on another device.
@@ -372,7 +372,7 @@ mod tests {
         let wrong = Tensor::new(&[1.0f32, 2.0], &Device::Cpu).unwrap();
         assert!(grads.add(&b, wrong).is_err());
         // One rank's collective is the identity, and leaves every sum on the host.
-        let one = wirl_engine::Solo;
+        let one = wirl_model::comm::Solo;
         grads.all_reduce(&[&a, &b], &one, &[]).unwrap();
         assert_eq!(grads.get(&b).unwrap(), [6.0, -6.0, 3.0, 12.0]);
     }

@@ -1,7 +1,7 @@
-//! wirl's GRPO learner: the policy's trainable forward pass over the engine's weights
+//! wirl's GRPO learner: the policy's trainable forward pass over the model's weights
 //! (`policy`), what a step optimises as one value (`objective`) and its terms (`loss`), AdamW with clipping and a schedule (`optim`), and
 //! one update over a step's groups (`update`: old/reference passes, token weights, epochs,
-//! gradient accumulation, the optimizer step through the engine's weights barrier).
+//! gradient accumulation, the optimizer step through the weights barrier).
 //! It must not know plugins, tasks, files or HTTP: `wirl-trainer` drives it.
 
 pub mod correction;
@@ -37,20 +37,21 @@ pub enum Error {
     /// A tensor operation failed (shapes, memory, the device).
     #[error("tensor: {}", wirl_model::without_backtrace(.0))]
     Tensor(#[from] candle_core::Error),
-    /// The engine the policy shares its weights with, or the data-parallel ranks' collectives.
+    /// The model's: its files (an adapter), the weights barrier (the engine stopped), the
+    /// data-parallel ranks' collectives, its kernels' inputs.
     #[error(transparent)]
-    Engine(#[from] wirl_engine::Error),
+    Model(wirl_model::Error),
     /// A broken invariant of wirl's own, told apart from bad input.
     #[error("internal error (a bug in wirl, please report it): {0}")]
     Internal(String),
 }
 
-/// The model's errors (`wirl-model`: its kernels' inputs, its tensors) as the engine's are.
+/// The model's errors, a tensor's kept as a tensor's (as the engine's are).
 impl From<wirl_model::Error> for Error {
     fn from(error: wirl_model::Error) -> Self {
         match error {
             wirl_model::Error::Tensor(error) => Error::Tensor(error),
-            other => Error::Engine(other.into()),
+            other => Error::Model(other),
         }
     }
 }

@@ -27,12 +27,12 @@ use crate::positions::{Kept, Part};
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
-use wirl_engine::lora::{Adapter, LoraSpec};
 use wirl_model::Config;
 use wirl_model::config::Activation;
 use wirl_model::decoder::{self, Heads, LayerOps, NormAt, Sublayer};
 use wirl_model::family::{self, EMBEDDING, FINAL_NORM, OUTPUT_WEIGHT, Projection};
 use wirl_model::layer::Frames;
+use wirl_model::lora::{Adapter, LoraSpec};
 use wirl_model::ops::LoraPair;
 use wirl_model::ops::{local_rope_tables, repeat_kv, rope_tables};
 
@@ -41,7 +41,7 @@ use wirl_model::ops::{local_rope_tables, repeat_kv, rope_tables};
 pub struct Net {
     config: Config,
     weights: HashMap<String, Tensor>,
-    /// With LoRA adapters among `weights` (`wirl_engine::lora`'s names): their scale. None:
+    /// With LoRA adapters among `weights` (`wirl_model::lora`'s names): their scale. None:
     /// any adapter tensors are ignored (the base alone: the KL reference).
     lora_scale: Option<f64>,
     cos: Tensor,

@@ -16,7 +16,8 @@ use crate::positions::Part;
 use candle_core::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
-use wirl_engine::{Comm, Solo, WeightMirror, WeightsBarrier};
+use wirl_model::comm::{Comm, Solo};
+use wirl_model::weights::{WeightMirror, WeightsBarrier};
 
 /// One group as the learner sees it: the prompt once, its completions, and each
 /// completion's advantage.
@@ -321,7 +322,7 @@ impl Learner {
 
     /// The largest of every rank's `value`.
     fn largest(&self, value: f32) -> crate::Result<f32> {
-        let all = wirl_engine::all_gather_bytes(self.ranks.as_ref(), &value.to_le_bytes())?;
+        let all = wirl_model::comm::all_gather_bytes(self.ranks.as_ref(), &value.to_le_bytes())?;
         Ok(all
             .iter()
             .filter_map(|bytes| Some(f32::from_le_bytes(bytes.as_slice().try_into().ok()?)))

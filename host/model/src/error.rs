@@ -1,12 +1,30 @@
 //! The model's errors: a value one of its rules refuses (`Refused`, naming the field and what
-//! is allowed), an input its kernels cannot take, and candle's own. The engine and the
-//! learner carry them into their errors with the same words.
+//! is allowed), an input its kernels cannot take, a file of its formats (an adapter) that
+//! cannot be read or written, a collective across ranks that failed, and candle's own. The
+//! engine and the learner carry them into their errors with the same words.
 
-/// What can go wrong computing a model's pieces.
+/// What can go wrong computing a model's pieces or reading and writing its files. File errors
+/// name the file; config errors the field.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {message}")]
+    Format { file: String, message: String },
+    #[error("config field `{field}`: {message}")]
+    Config { field: String, message: String },
     #[error("input: {0}")]
     Input(String),
+    /// What reads the weights (the engine) has stopped: they can no longer be held.
+    #[error("the engine has stopped")]
+    Stopped,
+    /// A collective across ranks failed (a rank left the group, a transport error).
+    #[error("ranks: {0}")]
+    Comm(String),
     /// Shown without the backtrace candle attaches when `RUST_BACKTRACE` is set: the message
     /// reaches users and HTTP clients, the backtrace (this machine's paths) would too.
     #[error("tensor: {}", without_backtrace(.0))]

@@ -56,6 +56,14 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The model's errors (its files, the ranks' collectives) in the engine's words, as the
+/// engine shows them.
+impl From<wirl_model::Error> for Error {
+    fn from(error: wirl_model::Error) -> Self {
+        Error::Engine(error.into())
+    }
+}
+
 /// `Error::Invalid` from a format string.
 macro_rules! invalid {
     ($($message:tt)*) => { $crate::error::Error::Invalid(format!($($message)*)) };

@@ -2,7 +2,7 @@
 //! names), their shapes, and what the family does differently from the plain Llama layer
 //! (norms, biases, activation, windows, llama.cpp's names). The engine's loader and forward
 //! (`wirl_engine::llama`, `wirl_engine::load`), the trainer's `Net`, LoRA's targets
-//! (`wirl_engine::lora`), export and `wirl model inspect` read these declarations: no other file
+//! (`crate::lora`), export and `wirl model inspect` read these declarations: no other file
 //! spells a weight's name, and a new family is one new file here (plus its fixture).
 //!
 //! Every family here is a decoder of the same skeleton: an embedding table, layers of

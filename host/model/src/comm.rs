@@ -60,7 +60,7 @@ pub fn all_gather_bytes(comm: &dyn Comm, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
 /// Every rank's tensor summed in rank order — on every rank the same additions in the same
 /// order, so all ranks hold bit-identical results (ranks whose weights drifted apart by a
 /// rounding would no longer take the same optimizer step).
-pub(crate) fn sum_in_rank_order(all: Vec<Tensor>) -> Result<Tensor> {
+pub fn sum_in_rank_order(all: Vec<Tensor>) -> Result<Tensor> {
     let mut parts = all.into_iter();
     let Some(mut sum) = parts.next() else { return Err(Error::Comm("a collective of no ranks".into())) };
     for part in parts {

@@ -14,12 +14,12 @@
 
 use crate::config::Config;
 use crate::family::{self, Family};
+pub use crate::ops::LoraPair;
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
-pub use wirl_model::ops::LoraPair;
 
 /// The projections an adapter may target, by PEFT's module names: every family's
 /// ([`crate::family::Family::projections`]), each once, in declaration order.

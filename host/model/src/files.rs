@@ -5,18 +5,23 @@ use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-pub(crate) fn io(path: &Path, e: std::io::Error) -> Error {
+pub fn io(path: &Path, e: std::io::Error) -> Error {
     Error::Io { file: path.display().to_string(), source: e }
 }
 
 /// Make `dir` (which must not exist yet) by `fill`ing a directory beside it and renaming
-/// that when `fill` succeeds: the directory appears whole or not at all.
-pub(crate) fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+/// that when `fill` succeeds: the directory appears whole or not at all. `fill` fails in its
+/// caller's errors (the engine's export writes its own files into it).
+pub fn write_dir_atomically<E: From<Error>>(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
     if dir.exists() {
         return Err(Error::Format {
             file: dir.display().to_string(),
             message: "already exists; remove it or choose another directory".into(),
-        });
+        }
+        .into());
     }
     let partial = partial_path(dir);
     if partial.exists() {
@@ -24,12 +29,12 @@ pub(crate) fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Resul
     }
     std::fs::create_dir_all(&partial).map_err(|e| io(&partial, e))?;
     fill(&partial)?;
-    std::fs::rename(&partial, dir).map_err(|e| io(dir, e))
+    Ok(std::fs::rename(&partial, dir).map_err(|e| io(dir, e))?)
 }
 
 /// Save `tensors` (contiguous copies on the CPU, as safetensors wants) to `path`, readable
 /// by others (the writer makes it private to the user; the directory is for sharing).
-pub(crate) fn save_safetensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+pub fn save_safetensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
     let cpu: HashMap<String, Tensor> = tensors
         .iter()
         .map(|(name, t)| Ok((name.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
@@ -56,7 +61,7 @@ pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
 
 /// Open `path` for reading only if it is a regular file (a link is followed, then checked):
 /// a FIFO would block for ever, `/dev/zero` would never end.
-pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
+pub fn open_regular(path: &Path) -> Result<std::fs::File> {
     let metadata = std::fs::metadata(path).map_err(|e| io(path, e))?;
     if !metadata.is_file() {
         return Err(Error::Format {
@@ -69,7 +74,7 @@ pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
 }
 
 /// The text of the regular file `path`, refused past `limit` bytes (naming the limit).
-pub(crate) fn read_text_within(path: &Path, limit: u64) -> Result<String> {
+pub fn read_text_within(path: &Path, limit: u64) -> Result<String> {
     use std::io::Read;
     let file = open_regular(path)?;
     let mut text = String::new();
@@ -86,7 +91,7 @@ pub(crate) fn read_text_within(path: &Path, limit: u64) -> Result<String> {
 /// `name`, as a model's index gives it, inside `dir`: a relative path without `..`, and
 /// (links followed) still inside `dir`. The error quotes `name` as given, never what it
 /// resolves to.
-pub(crate) fn inside(dir: &Path, name: &str, origin: &Path) -> Result<PathBuf> {
+pub fn inside(dir: &Path, name: &str, origin: &Path) -> Result<PathBuf> {
     let relative = Path::new(name);
     let plain = relative.components().all(|c| matches!(c, std::path::Component::Normal(_)));
     let refuse = |why: &str| Error::Format {
