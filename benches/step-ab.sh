@@ -5,11 +5,16 @@
 # and rewards (equal when both sample the same groups), then per side the median of step 1
 # and of steps 2..STEPS summed, and B/A.
 #   bash benches/step-ab.sh BEFORE_COMMIT [AFTER_COMMIT]   # AFTER: the working tree
+# CONFIG=FILE: the job both run (default examples/train/default.toml); CONFIG= (empty): each
+# binary's own embedded default job, for a commit that cannot read today's file.
 # Run on an idle machine.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 before=${1:?give the commit to compare against}
 after=${2:-}
+config=${CONFIG-examples/train/default.toml}
+job=()
+[ -n "$config" ] && job=("$config")
 steps=${STEPS:-4}
 rounds=${ROUNDS:-3}
 cd "$root"
@@ -19,7 +24,7 @@ ab_build "$before" "$after"
 for round in $(seq "$rounds"); do
     for side in A B; do
         run=$work/$side-$round
-        "$work/wirl-$side" train examples/train/default.toml --steps "$steps" --eval-tasks 0 --run-dir "$run" \
+        "$work/wirl-$side" train "${job[@]}" --steps "$steps" --eval-tasks 0 --run-dir "$run" \
             >"$run.log" 2>&1 || { echo "$side round $round failed:" >&2; tail -n 5 "$run.log" >&2; exit 1; }
         python3 - "$run/metrics.jsonl" "$side" <<'PY'
 import json, sys
