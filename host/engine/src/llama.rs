@@ -16,6 +16,7 @@ use crate::decode_attention::{DecodeAttention, RopeTables, StoreToken};
 use crate::decode_matmul::{self, FewRowMatmul, SwiGluMatmul};
 use crate::decoder::{self, Heads, NormAt, Qkv, Sublayer};
 use crate::family::{self, Family, Part, Projection};
+use crate::invariant::Mask;
 use crate::layer::Frames;
 use crate::{Error, Result};
 use candle_core::quantized::QMatMul;
@@ -532,7 +533,7 @@ enum StepKind<'a> {
 struct TensorFrame {
     cos: Tensor,
     sin: Tensor,
-    mask: Option<Tensor>,
+    mask: Option<Mask>,
 }
 
 /// A Llama-family decoder.
@@ -796,15 +797,14 @@ impl Model {
         past: usize,
         pads: &[usize],
         window: Option<usize>,
-    ) -> Result<Option<Tensor>> {
+    ) -> Result<Option<Mask>> {
         let total = past + len;
         if len == 1 && pads.iter().all(|&p| p == 0) && total <= window.unwrap_or(usize::MAX) {
             return Ok(None);
         }
         let values: Vec<f32> =
             pads.iter().take(batch).flat_map(|&pad| crate::layer::mask_values(len, past, pad, window)).collect();
-        let mask = Tensor::from_vec(values, (batch, 1, len, total), &self.device)?.to_dtype(self.dtype)?;
-        Ok(Some(mask))
+        Ok(Some(Mask::new(values, (batch, 1, len, total), &self.device, self.dtype)?))
     }
 }
 
@@ -930,7 +930,7 @@ impl decoder::LayerOps for LayerStep<'_> {
         let scores = (q.matmul(&k.t()?)? * attn.scale)?;
         let mut scores = scores.reshape((batch, attn.heads, len, total))?;
         if let Some(mask) = mask {
-            scores = scores.broadcast_add(mask)?;
+            scores = scores.broadcast_add(&mask.tensor(scores.device(), scores.dtype())?)?;
         }
         let weights = candle_nn::ops::softmax_last_dim(&scores)?;
         let weights = weights.reshape((batch, attn.kv_heads, groups * len, total))?;

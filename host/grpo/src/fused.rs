@@ -155,7 +155,7 @@ pub(crate) fn attention(
     }
     let mask_values: Vec<f32> = mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     let op = TrainedAttention {
-        forward: wirl_model::invariant::Attention { scale, mask: Some(mask_values) },
+        forward: wirl_model::invariant::Attention { scale, mask: Some(mask_values.into()) },
         mask: mask.clone(),
     };
     Ok(Some(q.contiguous()?.apply_op3(&keys.contiguous()?, &values.contiguous()?, op)?))

@@ -16,8 +16,9 @@
 //! within rounding, and the gap is reported (`sampler_logp_diff_max`).
 
 use crate::decode_matmul::{self, FewRowMatmul, f32_contiguous};
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor, bail};
+use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Shape, Tensor, bail};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// Whether this CPU has the fixed-order kernels (AVX2 and FMA) and they were not declined
 /// ([`KERNELS_VARIABLE`]); without them both sides use candle's ops.
@@ -95,19 +96,26 @@ pub fn rms_norm_row(row: &[f32], weight: &[f32], eps: f64, out: &mut [f32]) {
 }
 
 /// RMS norm over the last dimension of an f32 CPU tensor (no gradient): [`rms_norm_row`]
-/// row by row.
+/// row by row, reading `x` where it is stored (no host copy of the activations).
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> crate::Result<Tensor> {
     let x = x.contiguous()?;
     let n = x.dim(candle_core::D::Minus1)?;
-    let values: Vec<f32> = x.flatten_all()?.to_vec1()?;
     let weight: Vec<f32> = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     if weight.len() != n {
         return Err(crate::Error::Input(format!("rms norm: a weight of {} values for rows of {n}", weight.len())));
     }
-    let mut out = vec![0f32; values.len()];
-    out.par_chunks_mut(n.max(1)).zip(values.par_chunks(n.max(1))).for_each(|(out, row)| {
-        rms_norm_row(row, &weight, eps, out);
-    });
+    let out = {
+        let (storage, layout) = x.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            return Err(crate::Error::Input("rms norm: the fixed-order norm runs on the CPU".into()));
+        };
+        let values = f32_contiguous(cpu, layout, "rms norm")?;
+        let mut out = vec![0f32; values.len()];
+        out.par_chunks_mut(n.max(1)).zip(values.par_chunks(n.max(1))).for_each(|(out, row)| {
+            rms_norm_row(row, &weight, eps, out);
+        });
+        out
+    };
     Ok(Tensor::from_vec(out, x.shape(), x.device())?)
 }
 
@@ -215,7 +223,48 @@ pub fn attend_block(
 /// dim]`. No gradient (the learner's op adds one).
 pub struct Attention {
     pub scale: f32,
-    pub mask: Option<Vec<f32>>,
+    pub mask: Option<Arc<[f32]>>,
+}
+
+/// A step's additive attention mask, built once and read by every layer of the step: as the
+/// f32 values [`Attention`] reads where it applies (the CPU in f32), as a tensor for candle's
+/// ops elsewhere. Why once: a prefill of 4,000 tokens has a 64 MB mask, and copying it out of
+/// a tensor again for each layer cost ~1 % of that prefill.
+#[derive(Clone)]
+pub enum Mask {
+    Values { values: Arc<[f32]>, shape: Shape },
+    Tensor(Tensor),
+}
+
+impl Mask {
+    /// `values` in `shape`, for attention computed on `device` in `dtype`.
+    pub fn new(values: Vec<f32>, shape: impl Into<Shape>, device: &Device, dtype: DType) -> crate::Result<Self> {
+        let shape = shape.into();
+        if device.is_cpu() && dtype == DType::F32 && available() {
+            if shape.elem_count() != values.len() {
+                return Err(crate::Error::Input(format!("a mask of {} values for the shape {shape:?}", values.len())));
+            }
+            return Ok(Self::Values { values: values.into(), shape });
+        }
+        Ok(Self::Tensor(Tensor::from_vec(values, shape, device)?.to_dtype(dtype)?))
+    }
+
+    /// The mask as a tensor on `device` in `dtype` (made from the values where it holds them).
+    pub fn tensor(&self, device: &Device, dtype: DType) -> crate::Result<Tensor> {
+        Ok(match self {
+            Self::Tensor(tensor) => tensor.to_device(device)?.to_dtype(dtype)?,
+            Self::Values { values, shape } => Tensor::from_slice(values, shape.clone(), device)?.to_dtype(dtype)?,
+        })
+    }
+
+    /// The mask's f32 values, row-major (shared where it holds them, read out of the tensor
+    /// otherwise).
+    pub fn values(&self) -> crate::Result<Arc<[f32]>> {
+        Ok(match self {
+            Self::Values { values, .. } => Arc::clone(values),
+            Self::Tensor(tensor) => tensor.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.into(),
+        })
+    }
 }
 
 impl CustomOp3 for Attention {
@@ -252,7 +301,7 @@ impl CustomOp3 for Attention {
                 l1.dims(),
                 l2.dims(),
                 l3.dims(),
-                self.mask.as_ref().map(Vec::len)
+                self.mask.as_ref().map(|m| m.len())
             )
         }
         let groups = heads / kv_heads;
@@ -313,8 +362,8 @@ fn attend_task(op: &Attention, s: &Dims, task: usize, (q, k, v): (&[f32], &[f32]
 }
 
 /// [`Attention`] over tensors: `mask` `[len, total]` or `[batch, 1, len, total]`.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, mask: Option<&Tensor>) -> crate::Result<Tensor> {
-    let mask = mask.map(|m| m.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()).transpose()?;
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, mask: Option<&Mask>) -> crate::Result<Tensor> {
+    let mask = mask.map(Mask::values).transpose()?;
     Ok(q.contiguous()?.apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &Attention { scale, mask })?)
 }
 
@@ -354,6 +403,36 @@ mod tests {
     /// Attention's queries give the same bits one by one and in blocks, causal or not, and
     /// what plain attention computes within rounding; a query whose keys are all hidden gets
     /// zeros.
+    /// The norm over a tensor is each row's [`rms_norm_row`], bit for bit, also of a view
+    /// that is not contiguous (a transpose) and of a tensor narrowed from a larger one; a
+    /// weight of the wrong length is refused.
+    #[test]
+    fn the_norm_over_a_tensor_is_its_rows_norms() {
+        let (rows, n, eps) = (6, 16, 1e-5);
+        let device = Device::Cpu;
+        let x = values(7, rows * n);
+        let weight = values(8, n);
+        let w = Tensor::from_vec(weight.clone(), n, &device).unwrap();
+        let want: Vec<f32> = x
+            .chunks(n)
+            .flat_map(|row| {
+                let mut out = vec![0f32; n];
+                rms_norm_row(row, &weight, eps, &mut out);
+                out
+            })
+            .collect();
+        let plain = Tensor::from_vec(x.clone(), (rows, n), &device).unwrap();
+        let got = |t: &Tensor| rms_norm(t, &w, eps).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(got(&plain), want);
+        let transposed = plain.t().unwrap().contiguous().unwrap().t().unwrap();
+        assert!(!transposed.is_contiguous());
+        assert_eq!(got(&transposed), want);
+        let wider = Tensor::cat(&[&plain, &plain], 0).unwrap().narrow(0, rows, rows).unwrap();
+        assert_eq!(got(&wider), want);
+        let short = Tensor::from_vec(weight[..n - 1].to_vec(), n - 1, &device).unwrap();
+        assert!(rms_norm(&plain, &short, eps).unwrap_err().to_string().contains("a weight of 15 values"));
+    }
+
     #[test]
     fn attention_blocks_are_the_same_bits_as_queries_alone() {
         let (len, dim, scale) = (11, 24, 0.2f32);
@@ -404,12 +483,23 @@ mod tests {
                 }
             }
         }
-        // The op over tensors: the same bits as the blocks.
+        // The op over tensors, its mask held as values or as a tensor: the same bits as the
+        // blocks.
         let device = Device::Cpu;
         let t = |x: &[f32]| Tensor::from_vec(x.to_vec(), (1, 1, len, dim), &device).unwrap();
-        let mask = Tensor::from_vec(causal.clone(), (len, len), &device).unwrap();
-        let out: Vec<f32> =
-            attention(&t(&q), &t(&k), &t(&v), scale, Some(&mask)).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let as_tensor = Mask::Tensor(Tensor::from_vec(causal.clone(), (len, len), &device).unwrap());
+        let as_values = Mask::new(causal.clone(), (len, len), &device, DType::F32).unwrap();
+        assert_eq!(matches!(as_values, Mask::Values { .. }), available());
+        assert_eq!(
+            as_values.tensor(&device, DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            causal
+        );
+        let attend = |mask: &Mask| -> Vec<f32> {
+            let out = attention(&t(&q), &t(&k), &t(&v), scale, Some(mask)).unwrap();
+            out.flatten_all().unwrap().to_vec1().unwrap()
+        };
+        let out = attend(&as_tensor);
+        assert_eq!(out, attend(&as_values));
         let mut scores = vec![0f32; len];
         for i in [0, 5, len - 1] {
             let mut alone = vec![0f32; dim];
