@@ -9,6 +9,9 @@
 # (3 seeds) and the step within 10 % of its time before.
 #   bash benches/heldout-ab.sh BEFORE_COMMIT [AFTER_COMMIT]   # AFTER: the working tree
 #   SEEDS="0 1 2" STEPS=20 AB_KEEP=DIR (reuse step-ab.sh's builds of the same pair)
+# CONFIG=FILE: the job both run (default examples/train/default.toml); CONFIG= (empty): each
+# binary's own embedded default job, for a commit that cannot read today's file (8308a1a
+# reads the flat keys only).
 # On 2 cores a run of 20 steps with both evaluations takes ~8 min: ~50 min with the defaults.
 # Run on an idle machine.
 set -euo pipefail
@@ -17,6 +20,9 @@ before=${1:?give the commit to compare against}
 after=${2:-}
 seeds=${SEEDS:-0 1 2}
 steps=${STEPS:-20}
+config=${CONFIG-examples/train/default.toml}
+job=()
+[ -n "$config" ] && job=("$config")
 cd "$root"
 # shellcheck source=benches/ab-build.sh
 source "$root/benches/ab-build.sh"
@@ -24,7 +30,7 @@ ab_build "$before" "$after"
 for seed in $seeds; do
     for side in A B; do
         run=$work/$side-$seed
-        "$work/wirl-$side" train examples/train/default.toml --steps "$steps" --set "grpo.seed=$seed" \
+        "$work/wirl-$side" train "${job[@]}" --steps "$steps" --set "grpo.seed=$seed" \
             --run-dir "$run" >"$run.log" 2>&1 ||
             { echo "$side seed $seed failed:" >&2; tail -n 5 "$run.log" >&2; exit 1; }
         python3 - "$run" "$side" "$seed" <<'PY'

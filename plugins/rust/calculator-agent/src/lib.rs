@@ -3,7 +3,10 @@
 //! evaluates the expression, answers with the result as a user message, and lets the model
 //! continue, up to `max_tool_calls` times (2). The rollout is scored when the model gives
 //! `<answer>N</answer>` (or stops calling the tool): 1 for the right number, else 0; parts
-//! `correct` and `tool_calls`.
+//! `correct` and `tool_calls`. With config `answer = "last_number"` a reply without the
+//! tags is read by its last integer instead (a model as small as the default one answers
+//! "4*3 + 6 equals 18." and never writes the tags, so with `"tags"`, the default, no group
+//! of it differs and nothing trains).
 //!
 //! Every rollout of a step's turn k is generated in one `generate` call, so the engine batches
 //! them. Tasks are deterministic in (seed, cursor + group): `{a} {op} {b} {op} {c}` with
@@ -38,6 +41,12 @@ impl Agent for CalculatorAgent {
         if !(1..=6).contains(&digits) {
             return Err(format!("config `digits` = {digits}: it must be between 1 and 6"));
         }
+        let reading: String = config::get_or("answer", "tags".to_string())?;
+        let read: fn(&str) -> Option<i64> = match reading.as_str() {
+            "tags" => answer,
+            "last_number" => answer_or_last_number,
+            other => return Err(format!("config `answer` = {other:?}: it must be \"tags\" or \"last_number\"")),
+        };
         let tasks: Vec<Task> =
             (0..request.groups as u64).map(|i| task(request.seed, request.cursor + i, digits)).collect();
         let mut runs: Vec<Run> = tasks
@@ -84,7 +93,7 @@ impl Agent for CalculatorAgent {
                     .take(request.group_size as usize)
                     .map(|run| {
                         let reply = run.messages.last().map(|m| m.content.clone()).unwrap_or_default();
-                        let correct = answer(&reply) == Some(expected);
+                        let correct = read(&reply) == Some(expected);
                         let score = Score::new(if correct { 1.0 } else { 0.0 })
                             .part("correct", if correct { 1.0 } else { 0.0 })
                             .part("tool_calls", run.tool_calls as f32);
@@ -142,6 +151,20 @@ pub fn answer(text: &str) -> Option<i64> {
     text[start..end].trim().parse().ok()
 }
 
+/// The `<answer>` tag's integer if the text has the tag, else its last integer: a run of
+/// digits, negative where a `-` stands right before it and no digit before that (`= -4` is
+/// −4, `4-8` ends in 8).
+pub fn answer_or_last_number(text: &str) -> Option<i64> {
+    if text.contains("<answer>") {
+        return answer(text);
+    }
+    let end = text.rfind(|c: char| c.is_ascii_digit())? + 1;
+    let digits = text[..end].trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let before = &text[..digits];
+    let signed = before.ends_with('-') && !before[..before.len() - 1].ends_with(|c: char| c.is_ascii_digit());
+    text[if signed { digits - 1 } else { digits }..end].parse().ok()
+}
+
 wirl_sdk::register_agent!(CalculatorAgent);
 
 #[cfg(test)]
@@ -164,5 +187,20 @@ mod tests {
         assert_eq!(tool_call("no tool"), None);
         assert_eq!(answer("so <answer>-36</answer>"), Some(-36));
         assert_eq!(answer("<answer>x</answer>"), None);
+    }
+
+    #[test]
+    fn the_last_number_is_read_where_the_tags_are_missing() {
+        assert_eq!(answer_or_last_number("4*3 + 6 equals 18."), Some(18));
+        assert_eq!(answer_or_last_number("it is -36"), Some(-36));
+        assert_eq!(answer_or_last_number("3 - 7 = -4"), Some(-4));
+        assert_eq!(answer_or_last_number("-5"), Some(-5));
+        assert_eq!(answer_or_last_number("the range 4-8"), Some(8));
+        assert_eq!(answer_or_last_number("no number"), None);
+        // The tags win, even when a number follows them or they hold none.
+        assert_eq!(answer_or_last_number("<answer>7</answer> (not 9)"), Some(7));
+        assert_eq!(answer_or_last_number("<answer>x</answer> 9"), None);
+        // Past i64: no answer, not a panic.
+        assert_eq!(answer_or_last_number("99999999999999999999"), None);
     }
 }
