@@ -207,8 +207,12 @@ fn the_calculator_agents_rollouts_carry_the_sampled_tokens_and_its_example_train
     }
 
     // examples/train/agent.toml as shipped, on the tiny model: one step, evaluated.
-    let (metrics, summary) = crate::trainer::run_example("agent.toml", dir.path(), &[]);
+    let (metrics, summary, log) = crate::trainer::run_example_logged("agent.toml", dir.path(), &[]);
     assert_eq!(metrics[0]["tasks"]["calculator"]["groups"], 4, "{}", metrics[0]);
+    // The agents' time (their generation) is on the step's line: it read `gen 0.0s` before.
+    let seconds = metrics[0]["time_s"]["agents"].as_f64().unwrap();
+    assert!(seconds > 0.0, "{}", metrics[0]);
+    assert_eq!(crate::trainer::step_line_seconds(&log, "agents"), Some(format!("{seconds:.1}").as_str()), "{log}");
     assert!(summary["held_out_by_task"]["calculator"].is_array(), "{summary}");
 }
 

@@ -474,6 +474,16 @@ fn the_multitask_example_runs() {
 /// `examples/train/NAME` as shipped, one step on the tiny model written in `model_dir`,
 /// evaluated on two tasks, with `extra` arguments: the run's metrics and summary.
 pub(crate) fn run_example(name: &str, model_dir: &Path, extra: &[&str]) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let (metrics, summary, _) = run_example_logged(name, model_dir, extra);
+    (metrics, summary)
+}
+
+/// [`run_example`], with what the run wrote to stderr.
+pub(crate) fn run_example_logged(
+    name: &str,
+    model_dir: &Path,
+    extra: &[&str],
+) -> (Vec<serde_json::Value>, serde_json::Value, String) {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/train").join(name);
     let run = model_dir.join("run");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_wirl"))
@@ -489,7 +499,14 @@ pub(crate) fn run_example(name: &str, model_dir: &Path, extra: &[&str]) -> (Vec<
         .unwrap();
     assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
     let summary = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
-    (crate::grpo::metrics(&run), summary)
+    (crate::grpo::metrics(&run), summary, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The step's line on stderr, and in it the seconds that follow `name` (`gen 1.2s` → "1.2").
+pub(crate) fn step_line_seconds<'a>(log: &'a str, name: &str) -> Option<&'a str> {
+    let line = log.lines().find(|l| l.starts_with("step "))?;
+    let after = line.split(&format!(" {name} ")).nth(1)?;
+    after.split('s').next()
 }
 
 /// `examples/train/multiturn.toml` as shipped, on the tiny model: one step of retry
@@ -498,8 +515,12 @@ pub(crate) fn run_example(name: &str, model_dir: &Path, extra: &[&str]) -> (Vec<
 fn the_multiturn_example_runs() {
     let dir = tempfile::tempdir().unwrap();
     crate::multiturn::write_tiny_model_with_context(dir.path(), 4096);
-    let (metrics, summary) = run_example("multiturn.toml", dir.path(), &[]);
+    let (metrics, summary, log) = run_example_logged("multiturn.toml", dir.path(), &[]);
     assert!(metrics[0]["episode_turns"].as_u64().unwrap() > 0, "{}", metrics[0]);
+    // The later turns' time is on the step's line, not only in metrics.jsonl.
+    let seconds = metrics[0]["time_s"]["episodes"].as_f64().unwrap();
+    assert!(seconds > 0.0, "{}", metrics[0]);
+    assert_eq!(step_line_seconds(&log, "episodes"), Some(format!("{seconds:.1}").as_str()), "{log}");
     assert!(summary["held_out_pass_rate_after"].is_number(), "{summary}");
 }
 

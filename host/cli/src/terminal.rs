@@ -115,9 +115,17 @@ fn step_lines(m: &wirl_trainer::StepMetrics, steps: usize, eta_s: f64) {
             m.judge_tokens
         ),
     };
+    // Episodes' later turns and agents' groups are generated outside `generate`: without
+    // them an agent's step read `gen 0.0s` beside 30 s of sampling.
+    let mut sampling = format!("gen {:.1}s", m.time_s.generate);
+    for (name, seconds) in [("episodes", m.time_s.episodes), ("agents", m.time_s.agents)] {
+        if seconds > 0.0 {
+            sampling.push_str(&format!(" {name} {seconds:.1}s"));
+        }
+    }
     eprintln!(
-        "step {:>3}/{steps}  {figures}  loss {:+.4}  {kl}  len {:.1}{draws}  | gen {:.1}s score {:.2}s{judge} train {:.1}s | ETA {eta_s:.0}s",
-        m.step, m.loss, m.completion_tokens_mean, m.time_s.generate, m.time_s.score, m.time_s.train,
+        "step {:>3}/{steps}  {figures}  loss {:+.4}  {kl}  len {:.1}{draws}  | {sampling} score {:.2}s{judge} train {:.1}s | ETA {eta_s:.0}s",
+        m.step, m.loss, m.completion_tokens_mean, m.time_s.score, m.time_s.train,
     );
     if m.trajectories_scored == 0 {
         let failures: Vec<String> = m.failures.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
