@@ -400,9 +400,6 @@ mod tests {
         }
     }
 
-    /// Attention's queries give the same bits one by one and in blocks, causal or not, and
-    /// what plain attention computes within rounding; a query whose keys are all hidden gets
-    /// zeros.
     /// The norm over a tensor is each row's [`rms_norm_row`], bit for bit, also of a view
     /// that is not contiguous (a transpose) and of a tensor narrowed from a larger one; a
     /// weight of the wrong length is refused.
@@ -433,6 +430,9 @@ mod tests {
         assert!(rms_norm(&plain, &short, eps).unwrap_err().to_string().contains("a weight of 15 values"));
     }
 
+    /// Attention's queries give the same bits one by one and in blocks, causal or not, and
+    /// what plain attention computes within rounding; a query whose keys are all hidden gets
+    /// zeros.
     #[test]
     fn attention_blocks_are_the_same_bits_as_queries_alone() {
         let (len, dim, scale) = (11, 24, 0.2f32);
