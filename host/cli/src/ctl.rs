@@ -75,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             print_report(report);
         }
         if let Some(message) = &reply.message {
-            if reply.ok { println!("{message}") } else { eprintln!("error: {message}") }
+            if reply.ok { println!("{message}") } else { say!("error: {message}") }
         }
         if reply.ok && dry_run {
             println!("dry run: nothing changed");

@@ -134,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let tokens: usize = generated.completions.iter().map(|c| c.tokens.len()).sum();
-    eprintln!(
+    say!(
         "{} prompt tokens, {tokens} generated in {:.2?}: {:.1} tokens/s",
         generated.prompt_tokens,
         generated.elapsed,

@@ -1,5 +1,18 @@
 //! The `wirl` command.
 
+/// Writes one line to stderr in one `write`. Under `mpirun` the ranks share one terminal,
+/// and `eprintln!` writes a line in pieces (each literal and argument on its own), so one
+/// rank's line could be split by another's: CI once read "error: rank " and then rank 0's
+/// warning before "1: mpirun started …". (`clippy.toml` refuses `eprintln!` in this crate.)
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
+
 mod ctl;
 mod generate;
 mod inspect;
@@ -191,9 +204,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The application layer's notices (a model fetched, a plugin compiling, a watched plugin
     // applied) are lines on stderr.
-    wirl_app::notices::install(|line| eprintln!("{line}"));
+    wirl_app::notices::install(|line| say!("{line}"));
     if let Err(error) = wirl_engine::invariant::check_kernels_variable() {
-        eprintln!("error: {error}");
+        say!("error: {error}");
         return ExitCode::from(2);
     }
     // Code runners with `workers` start children of this binary (`wirl code-worker`).
@@ -214,7 +227,7 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {}", shown(&error));
+            say!("error: {}", shown(&error));
             ExitCode::from(2)
         }
     }

@@ -59,19 +59,14 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
 pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let gguf = resolve_named(Some(&args.gguf), "")?;
     wirl_app::models::export(&gguf, &args.dir)?;
-    eprintln!("wrote {} from {}", args.dir.display(), gguf.display());
+    say!("wrote {} from {}", args.dir.display(), gguf.display());
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn merge(args: MergeArgs) -> anyhow::Result<ExitCode> {
     let base = resolve_named(Some(&args.model), "")?;
     wirl_app::models::merge(&base, &args.adapter, &args.dir)?;
-    eprintln!(
-        "wrote {} from {} with the adapter {} merged",
-        args.dir.display(),
-        base.display(),
-        args.adapter.display()
-    );
+    say!("wrote {} from {} with the adapter {} merged", args.dir.display(), base.display(), args.adapter.display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -35,8 +35,8 @@ pub fn run(command: SandboxCommand) -> anyhow::Result<ExitCode> {
     let address = (args.host.as_str(), args.port);
     let server = wirl_app::serve::start_sandbox(address, args.api_key.as_deref(), args.max_body_bytes, &args.runners)?;
     let languages = server.code_languages.clone().unwrap_or_default();
-    eprintln!("wirl sandbox serve: {languages} on http://{} (POST /run_code)", server.address);
+    say!("wirl sandbox serve: {languages} on http://{} (POST /run_code)", server.address);
     server.run(crate::serve::shutdown_signal())?;
-    eprintln!("wirl sandbox serve: stopped");
+    say!("wirl sandbox serve: stopped");
     Ok(ExitCode::SUCCESS)
 }

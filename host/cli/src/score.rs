@@ -50,14 +50,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let summary =
-        wirl_app::score::score_lines(&mut reward, input, output, args.answers, &mut |m| eprintln!("error: {m}"))?;
+    let summary = wirl_app::score::score_lines(&mut reward, input, output, args.answers, &mut |m| say!("error: {m}"))?;
     print_summary(&summary, plugin.name(), plugin.sha256());
     let unscored = summary.lines - summary.scored;
     if unscored == 0 {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("{unscored} of {} lines were not scored", summary.lines);
+        say!("{unscored} of {} lines were not scored", summary.lines);
         Ok(ExitCode::from(1))
     }
 }

@@ -32,22 +32,23 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Args { model, config, api_key, settings, runners } = args;
     let server = wirl_app::serve::start(ServeLaunch { model, config, api_key, flags: settings, runners })?;
-    eprintln!(
+    say!(
         "wirl serve: {} on http://{} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions)",
-        server.name, server.address
+        server.name,
+        server.address
     );
     if !server.tasks.is_empty() {
-        eprintln!(
+        say!(
             "wirl serve: tasks {} (/v1/tasks, /v1/score, /get_reward, /v1/episodes, /rollouts/, /grouped_rollouts/, \
              /evaluation/)",
             server.tasks.join(", ")
         );
     }
     if let Some(languages) = &server.code_languages {
-        eprintln!("wirl serve: code ({languages}) at POST /run_code, as SandboxFusion serves it");
+        say!("wirl serve: code ({languages}) at POST /run_code, as SandboxFusion serves it");
     }
     server.run(shutdown_signal())?;
-    eprintln!("wirl serve: stopped (requests in flight were given {} s to finish)", wirl_server::DRAIN.as_secs());
+    say!("wirl serve: stopped (requests in flight were given {} s to finish)", wirl_server::DRAIN.as_secs());
     Ok(ExitCode::SUCCESS)
 }
 

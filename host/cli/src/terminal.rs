@@ -11,8 +11,8 @@ pub struct Terminal;
 impl Observer for Terminal {
     fn event(&mut self, event: Event<'_>) {
         match event {
-            Event::Loading { path } => eprintln!("loading {}", path.display()),
-            Event::Resuming { run_dir, step } => eprintln!("resuming {} from step {step}", run_dir.display()),
+            Event::Loading { path } => say!("loading {}", path.display()),
+            Event::Resuming { run_dir, step } => say!("resuming {} from step {step}", run_dir.display()),
             Event::Phase { step, steps, phase } => status(&match phase {
                 Phase::Generating { prompts, group_size } => {
                     format!("step {step}/{steps}: generating {prompts} x {group_size}")
@@ -29,21 +29,19 @@ impl Observer for Terminal {
                 step_lines(metrics, steps, eta_s);
             }
             Event::HeldOut { after: false, pass_rate, problems } => {
-                eprintln!("held-out greedy pass rate before training: {pass_rate:.3} ({problems} tasks)")
+                say!("held-out greedy pass rate before training: {pass_rate:.3} ({problems} tasks)")
             }
             Event::HeldOut { after: true, .. } => {}
             Event::Checkpoint { dir } => {
                 status("");
-                eprintln!("checkpoint {}", dir.display())
+                say!("checkpoint {}", dir.display())
             }
             Event::Swap { step, kind, generation, changes, reason, switch_ms } => {
                 status("");
                 let reason = reason.map_or(String::new(), |r| format!(" ({r})"));
-                eprintln!(
-                    "after step {step}: task set {kind}: generation {generation}{reason}, switch {switch_ms:.2} ms"
-                );
+                say!("after step {step}: task set {kind}: generation {generation}{reason}, switch {switch_ms:.2} ms");
                 for change in changes {
-                    eprintln!("  {change}");
+                    say!("  {change}");
                 }
             }
             Event::EvalTask { .. } => {}
@@ -65,10 +63,10 @@ impl EvalTerminal {
 impl Observer for EvalTerminal {
     fn event(&mut self, event: Event<'_>) {
         match event {
-            Event::Loading { path } => eprintln!("loading {}", path.display()),
+            Event::Loading { path } => say!("loading {}", path.display()),
             Event::EvalTask { done, total, task, greedy_passed, samples } => {
                 let samples = samples.map_or(String::new(), |(c, n)| format!(", samples {c}/{n}"));
-                eprintln!(
+                say!(
                     "[{done}/{total}] {task}: greedy {}{samples}  ({:.0} s)",
                     if greedy_passed { "pass" } else { "fail" },
                     self.started.elapsed().as_secs_f64()
@@ -123,20 +121,24 @@ fn step_lines(m: &wirl_trainer::StepMetrics, steps: usize, eta_s: f64) {
             sampling.push_str(&format!(" {name} {seconds:.1}s"));
         }
     }
-    eprintln!(
+    say!(
         "step {:>3}/{steps}  {figures}  loss {:+.4}  {kl}  len {:.1}{draws}  | {sampling} score {:.2}s{judge} train {:.1}s | ETA {eta_s:.0}s",
-        m.step, m.loss, m.completion_tokens_mean, m.time_s.score, m.time_s.train,
+        m.step,
+        m.loss,
+        m.completion_tokens_mean,
+        m.time_s.score,
+        m.time_s.train,
     );
     if m.trajectories_scored == 0 {
         let failures: Vec<String> = m.failures.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
-        eprintln!(
+        say!(
             "          no update: every completion's reward call failed ({}); the step trained nothing \
                  (metrics.jsonl's `failures`, and the plugin's messages above, say why)",
             failures.join(", ")
         );
     } else if m.groups_kept == 0 {
         // A loss and KL of zero read as a bug without this: nothing was trained.
-        eprintln!(
+        say!(
             "          no update: every group's samples scored alike (no signal to learn from), so this \
                  step trained nothing"
         );
@@ -146,6 +148,7 @@ fn step_lines(m: &wirl_trainer::StepMetrics, steps: usize, eta_s: f64) {
 /// A transient status line on a terminal (what the step is doing now), cleared by `""`.
 fn status(text: &str) {
     if std::io::stderr().is_terminal() {
-        eprint!("\r\x1b[2K{text}");
+        use std::io::Write as _;
+        let _ = std::io::stderr().lock().write_all(format!("\r\x1b[2K{text}").as_bytes());
     }
 }

@@ -92,7 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // A resume that would train nothing says so, before anything loads or is cut back.
     if let (Some(run_dir), Some(done)) = (&args.resume, launch.already_finished()?) {
-        eprintln!(
+        say!(
             "{}: finished: all {done} steps trained and the run summarized (summary.json); nothing to train. To \
              train further: wirl train --resume {} --steps N, with N more than {done}",
             run_dir.display(),
@@ -120,15 +120,15 @@ fn report(outcome: Outcome, run_dir: &Path) -> ExitCode {
     match outcome {
         Outcome::Finished(summary) => {
             if let (Some(b), Some(a)) = (summary.held_out_pass_rate_before, summary.held_out_pass_rate_after) {
-                eprintln!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
+                say!("held-out greedy pass rate: {b:.3} before, {a:.3} after");
             }
-            eprintln!("run written to {}", run_dir.display());
+            say!("run written to {}", run_dir.display());
             ExitCode::SUCCESS
         }
         Outcome::Stopped { steps_done, abandoned } => {
             let when =
                 if abandoned { format!("during step {}", steps_done + 1) } else { format!("after step {steps_done}") };
-            eprintln!("interrupted {when}: resume with `wirl train --resume {}`", run_dir.display());
+            say!("interrupted {when}: resume with `wirl train --resume {}`", run_dir.display());
             ExitCode::from(130)
         }
     }
@@ -161,7 +161,7 @@ fn run_mpi(launch: &TrainLaunch) -> anyhow::Result<ExitCode> {
             Ok(report(trained.outcome, &trained.run_dir))
         }
         Err(error) => {
-            eprintln!("error: rank {rank}: {error:#}");
+            say!("error: rank {rank}: {error:#}");
             wirl_engine::MpiComm::abort(1)
         }
     }
