@@ -154,7 +154,8 @@ fn a_device_it_cannot_use_is_refused_by_name() {
 
 /// `wirl model check-device --device cpu` on the tiny model: one JSON line that passes, with
 /// a difference that is not zero (the paths sum in other orders) over every variable of both
-/// backward paths; a tolerance below that difference fails with exit code 1; a tolerance
+/// backward paths, and the fixed-order kernels' check bit-equal; a tolerance below that
+/// difference fails with exit code 1; a tolerance
 /// that is not a positive number is refused.
 #[test]
 fn check_device_compares_the_generic_path_with_the_cpu() {
@@ -173,6 +174,15 @@ fn check_device_compares_the_generic_path_with_the_cpu() {
     assert_eq!(report["pass"], true);
     let worst = report["agreement"]["worst_relative"].as_f64().unwrap();
     assert!(worst > 0.0 && worst < 1e-4, "{report}");
+    // The fixed-order kernels' check: four kernels, each bit-equal across batches and
+    // positions (on a CPU without them, skipped and saying so).
+    if wirl_engine::invariant::available() {
+        let kernels = report["kernels"]["kernels"].as_array().expect("the kernels' check");
+        assert_eq!(kernels.len(), 4, "{report}");
+        assert!(kernels.iter().all(|k| k["bit_equal"] == true), "{report}");
+    } else {
+        assert!(report["kernels"]["skipped"].is_string(), "{report}");
+    }
     let variables = wirl_engine::load::load_tensors(dir.path(), &Default::default()).unwrap().2.len() as u64;
     assert_eq!(report["agreement"]["compared"].as_u64(), Some(2 * variables), "{report}");
     let strict = check(&format!("{}", worst / 4.0));

@@ -207,8 +207,10 @@ pub fn merge(base: &Path, adapter: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(wirl_engine::export::merge_to_hf_dir(base, adapter, dir)?)
 }
 
-/// Does `device` train as the CPU does (`wirl_grpo::device_check::compare_with_cpu`): the
-/// report as JSON, and whether the loss and every gradient agree within `tolerance`.
+/// Does `device` train as the CPU does (`wirl_grpo::device_check::compare_with_cpu`), and are
+/// its fixed-order kernels batch-invariant there (`wirl_engine::invariant_check`): the report
+/// as JSON, and whether the loss and every gradient agree within `tolerance` and every
+/// kernel's comparisons were bit-equal (and within `tolerance` of the CPU's kernels).
 /// `model`: as `--model` names it (None: the default model).
 pub fn check_device(model: Option<&str>, device: &str, tolerance: f32) -> anyhow::Result<(serde_json::Value, bool)> {
     if !(tolerance.is_finite() && tolerance > 0.0) {
@@ -221,13 +223,21 @@ pub fn check_device(model: Option<&str>, device: &str, tolerance: f32) -> anyhow
     let started = std::time::Instant::now();
     let agreement = wirl_grpo::device_check::compare_with_cpu(&config, &tensors, &opened)?;
     let loss_relative = (agreement.loss_cpu - agreement.loss_device).abs() / agreement.loss_cpu.abs().max(1e-6);
-    let pass = agreement.worst_relative <= tolerance && loss_relative <= tolerance;
+    // Where the kernels do not run (a CPU without AVX2, a CUDA build without them) the
+    // report says so and the gradients alone decide.
+    let kernels = match wirl_engine::invariant_check::check(&opened, tolerance) {
+        Ok(Some(report)) => serde_json::to_value(report)?,
+        Ok(None) => serde_json::json!({ "skipped": "the fixed-order kernels do not run on this device" }),
+        Err(e) => serde_json::json!({ "error": e.to_string(), "pass": false }),
+    };
+    let pass = agreement.worst_relative <= tolerance && loss_relative <= tolerance && kernels["pass"] != false;
     let report = serde_json::json!({
         "model": path.display().to_string(),
         "device": device,
         "tolerance": tolerance,
         "loss_relative": loss_relative,
         "agreement": agreement,
+        "kernels": kernels,
         "seconds": started.elapsed().as_secs_f64(),
         "pass": pass,
     });

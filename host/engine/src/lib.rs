@@ -32,7 +32,7 @@ use wirl_model::decode_matmul;
 pub(crate) use wirl_model::files;
 #[cfg(test)]
 pub(crate) use wirl_model::test_values;
-pub use wirl_model::{comm, config, decoder, family, finite, invariant, layer, lora, refused};
+pub use wirl_model::{comm, config, decoder, family, finite, invariant, invariant_check, layer, lora, refused};
 
 pub use actor::{EngineHandle, EngineOptions, Finished, InFlight, Streaming};
 pub use candle_core::{DType, Device};

@@ -71,6 +71,18 @@ impl CustomOp2 for FewRowMatmul {
         };
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
+
+    /// On a GPU: `invariant.cu`'s product, one warp per output element (issue 61, deliver 4).
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        ws: &candle_core::CudaStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::invariant_cuda::product(xs, xl, ws, wl, product_dims(xl, &[wl], self.name())?)
+    }
 }
 
 /// `x [rows, inner] · w [out, inner]ᵀ` on host slices, row-major `[rows, out]` (f32 weights).

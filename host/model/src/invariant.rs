@@ -12,8 +12,12 @@
 //! decoding attention and its sampler's log-softmax call these; so do the learner's forward
 //! ops (`wirl-grpo`'s `fused.rs` and `head.rs`), which add their own backward.
 //!
-//! f32 on the CPU only: elsewhere (CUDA, bf16 compute) both sides use candle's ops and agree
-//! within rounding, and the gap is reported (`sampler_logp_diff_max`).
+//! Both sides call these in f32 on the CPU; elsewhere (CUDA, bf16 compute) they use candle's
+//! ops and agree within rounding, and the gap is reported (`sampler_logp_diff_max`). The same
+//! reductions exist for CUDA (the `cuda` feature: `invariant.cu`, launched by
+//! `invariant_cuda.rs` as the product's, the norm's and attention's `cuda_fwd`), checked for
+//! batch invariance by `invariant_check` (`wirl model check-device`); neither side calls them
+//! on a GPU until a lent GPU has shown they pass (docs/ROADMAP.md, issue 61, item 4).
 
 use crate::decode_matmul::{self, FewRowMatmul, f32_contiguous};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Shape, Tensor, bail};
@@ -95,28 +99,58 @@ pub fn rms_norm_row(row: &[f32], weight: &[f32], eps: f64, out: &mut [f32]) {
     }
 }
 
-/// RMS norm over the last dimension of an f32 CPU tensor (no gradient): [`rms_norm_row`]
-/// row by row, reading `x` where it is stored (no host copy of the activations).
+/// RMS norm over the last dimension of an f32 tensor (no gradient): on the CPU
+/// [`rms_norm_row`] row by row, reading `x` where it is stored (no host copy of the
+/// activations); on CUDA (the `cuda` feature) `invariant.cu`'s norm, one block per row.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> crate::Result<Tensor> {
     let x = x.contiguous()?;
     let n = x.dim(candle_core::D::Minus1)?;
-    let weight: Vec<f32> = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-    if weight.len() != n {
-        return Err(crate::Error::Input(format!("rms norm: a weight of {} values for rows of {n}", weight.len())));
+    if weight.elem_count() != n {
+        return Err(crate::Error::Input(format!(
+            "rms norm: a weight of {} values for rows of {n}",
+            weight.elem_count()
+        )));
     }
-    let out = {
-        let (storage, layout) = x.storage_and_layout();
-        let candle_core::Storage::Cpu(cpu) = &*storage else {
-            return Err(crate::Error::Input("rms norm: the fixed-order norm runs on the CPU".into()));
-        };
-        let values = f32_contiguous(cpu, layout, "rms norm")?;
+    let weight = weight.to_dtype(DType::F32)?.flatten_all()?.to_device(x.device())?;
+    Ok(x.apply_op2_no_bwd(&weight, &Norm { eps })?)
+}
+
+/// [`rms_norm`]'s op: `x [..., n]` f32 and its weight `[n]` f32.
+struct Norm {
+    eps: f64,
+}
+
+impl candle_core::CustomOp2 for Norm {
+    fn name(&self) -> &'static str {
+        "invariant-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (values, weight) = (f32_contiguous(xs, xl, self.name())?, f32_contiguous(ws, wl, self.name())?);
+        let n = weight.len().max(1);
         let mut out = vec![0f32; values.len()];
-        out.par_chunks_mut(n.max(1)).zip(values.par_chunks(n.max(1))).for_each(|(out, row)| {
-            rms_norm_row(row, &weight, eps, out);
+        out.par_chunks_mut(n).zip(values.par_chunks(n)).for_each(|(out, row)| {
+            rms_norm_row(row, weight, self.eps, out);
         });
-        out
-    };
-    Ok(Tensor::from_vec(out, x.shape(), x.device())?)
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        ws: &candle_core::CudaStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::invariant_cuda::rms_norm(xs, xl, ws, wl, self.eps)
+    }
 }
 
 /// Softmax of one row in place: `exp(x − max)` normed by their sum (f64, first to last).
@@ -283,29 +317,9 @@ impl CustomOp3 for Attention {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let name = self.name();
         let (q, k, v) = (f32_contiguous(s1, l1, name)?, f32_contiguous(s2, l2, name)?, f32_contiguous(s3, l3, name)?);
-        let (batch, heads, len, dim) = l1.shape().dims4()?;
-        let (kb, kv_heads, total, kd) = l2.shape().dims4()?;
-        let mask_ok = match &self.mask {
-            None => true,
-            Some(m) => m.len() == len * total || m.len() == batch * len * total,
-        };
-        if kb != batch
-            || kd != dim
-            || l3.dims() != l2.dims()
-            || kv_heads == 0
-            || !heads.is_multiple_of(kv_heads)
-            || !mask_ok
-        {
-            bail!(
-                "{name}: q {:?}, k {:?}, v {:?}, mask of {:?} values",
-                l1.dims(),
-                l2.dims(),
-                l3.dims(),
-                self.mask.as_ref().map(|m| m.len())
-            )
-        }
+        let (batch, heads, len, total, dim, kv_heads, per_row_mask) =
+            attention_shape(name, (l1, l2, l3), self.mask.as_ref().map(|m| m.len()))?;
         let groups = heads / kv_heads;
-        let per_row_mask = self.mask.as_ref().is_some_and(|m| m.len() == batch * len * total && batch > 1);
         let mut out = vec![0f32; batch * heads * len * dim];
         let shape = Dims { heads, len, total, dim, groups, kv_heads, per_row_mask };
         out.par_chunks_mut(len * dim).enumerate().for_each(|(task, out)| {
@@ -361,10 +375,94 @@ fn attend_task(op: &Attention, s: &Dims, task: usize, (q, k, v): (&[f32], &[f32]
     }
 }
 
-/// [`Attention`] over tensors: `mask` `[len, total]` or `[batch, 1, len, total]`.
+/// [`Attention`] over tensors: `mask` `[len, total]` or `[batch, 1, len, total]`. On CUDA
+/// (the `cuda` feature) `invariant.cu`'s attention, one block per query, its sums in the
+/// same orders.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, mask: Option<&Mask>) -> crate::Result<Tensor> {
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() {
+        let mask = mask.map(|m| m.tensor(q.device(), DType::F32)).transpose()?;
+        return Ok(q.apply_op3_no_bwd(
+            &k,
+            &v,
+            &DeviceAttention { scale, mask: mask.map(|m| m.flatten_all()).transpose()? },
+        )?);
+    }
     let mask = mask.map(Mask::values).transpose()?;
-    Ok(q.contiguous()?.apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &Attention { scale, mask })?)
+    Ok(q.apply_op3_no_bwd(&k, &v, &Attention { scale, mask })?)
+}
+
+/// The shapes of an attention's operands checked (as [`Attention`] takes them): `(batch,
+/// heads, len, total, dim, kv_heads, per_row_mask)`, or an error naming them.
+fn attention_shape(
+    name: &str,
+    (l1, l2, l3): (&Layout, &Layout, &Layout),
+    mask_len: Option<usize>,
+) -> candle_core::Result<(usize, usize, usize, usize, usize, usize, bool)> {
+    let (batch, heads, len, dim) = l1.shape().dims4()?;
+    let (kb, kv_heads, total, kd) = l2.shape().dims4()?;
+    let mask_ok = mask_len.is_none_or(|m| m == len * total || m == batch * len * total);
+    if kb != batch
+        || kd != dim
+        || l3.dims() != l2.dims()
+        || kv_heads == 0
+        || !heads.is_multiple_of(kv_heads)
+        || !mask_ok
+    {
+        bail!("{name}: q {:?}, k {:?}, v {:?}, mask of {mask_len:?} values", l1.dims(), l2.dims(), l3.dims())
+    }
+    let per_row_mask = mask_len.is_some_and(|m| m == batch * len * total && batch > 1);
+    Ok((batch, heads, len, total, dim, kv_heads, per_row_mask))
+}
+
+/// [`Attention`] on CUDA, its mask on the device (flat, f32).
+#[cfg(feature = "cuda")]
+struct DeviceAttention {
+    scale: f32,
+    mask: Option<Tensor>,
+}
+
+#[cfg(feature = "cuda")]
+impl CustomOp3 for DeviceAttention {
+    fn name(&self) -> &'static str {
+        "invariant-attention-cuda"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        bail!("{} runs on CUDA tensors (the CPU's is `Attention`)", self.name())
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (batch, heads, len, total, dim, kv_heads, per_row_mask) =
+            attention_shape(self.name(), (l1, l2, l3), self.mask.as_ref().map(Tensor::elem_count))?;
+        let shape = crate::invariant_cuda::AttentionShape { batch, heads, len, total, dim, kv_heads, per_row_mask };
+        let mask = self.mask.as_ref().map(|m| m.storage_and_layout());
+        let mask = match &mask {
+            Some((storage, layout)) => match &**storage {
+                candle_core::Storage::Cuda(storage) => Some((storage, *layout)),
+                _ => bail!("{}: the mask is not on the GPU", self.name()),
+            },
+            None => None,
+        };
+        crate::invariant_cuda::attention((s1, l1), (s2, l2), (s3, l3), mask, &shape, self.scale)
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ pub mod family;
 pub mod files;
 pub mod finite;
 pub mod invariant;
+pub mod invariant_check;
+#[cfg(feature = "cuda")]
+mod invariant_cuda;
 pub mod layer;
 pub mod lora;
 pub mod ops;
@@ -33,7 +36,7 @@ pub mod weights;
 pub use config::Config;
 pub use error::{Error, Refused, Result, without_backtrace};
 
-/// Deterministic test inputs for the kernels' unit tests (here and in the engine's).
+/// Deterministic inputs for the kernels' unit tests (here and in the engine's) and their device check (`invariant_check`).
 #[doc(hidden)]
 pub fn test_values(seed: u32) -> impl FnMut() -> f32 {
     let mut state = seed;
